@@ -1,0 +1,558 @@
+"""The supervisor: owns one job inside the container, needing no laptop (stdlib only).
+
+prepare env (venv per wheel profile) → warmup → train, while it watches tokens/s
+and failure signals and rolls back to the last known-good profile by itself.
+Everything it does goes to the job's journal (see journal.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import select
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+from gpujob.agent import envs, throughput
+from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
+
+POLL = 0.05            # seconds between looks at a quiet child
+STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
+TAIL_LINES = 200
+
+
+class EnvError(Exception):
+    """Building or verifying a profile's venv failed (one line)."""
+
+
+class Stop(Exception):
+    """A stop was asked for (request or SIGTERM)."""
+
+
+class Outcome:
+    """How a phase run ended: ``done`` (exit 0), ``signal`` (a failure signal with
+    its reason), ``stop``, or ``rollback`` (asked for by the user)."""
+
+    def __init__(self, kind: str, signal_name: str = "", reason: str = "", evidence=None,
+                 to: str | None = None, exit_code=None):
+        self.kind, self.signal_name, self.reason = kind, signal_name, reason
+        self.evidence, self.to, self.exit_code = evidence or {}, to, exit_code
+
+
+def substitute(text: str, values: dict) -> str:
+    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``;
+    any other braces (``${VAR}``, ``{}``) are left alone."""
+    return re.sub(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}",
+                  lambda m: values.get(m.group(1), m.group(0)), text)
+
+
+def command_argv(command, values: dict, extra_args=()) -> list:
+    """A spec command (a shell string or an argv list) as an argv list."""
+    if isinstance(command, str):
+        text = substitute(command, values)
+        if extra_args:
+            text += " " + shlex.join(list(extra_args))
+        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        return [shell, "-c", text]
+    return [substitute(str(a), values) for a in command] + list(extra_args)
+
+
+class Supervisor:
+    def __init__(self, home: str, job_id: str):
+        self.home = Home(home)
+        self.journal = Journal(self.home, job_id)
+        self.job_id = job_id
+        self.job = self.journal.job()
+        self.spec = self.job["spec"]
+        self.ledger = Ledger(self.home, self.spec["name"])
+        self.lock = Lock(self.home)
+        self.profiles = {p["name"]: p for p in self.spec["profiles"]}
+        self.workdir = self.home.workdir(self.spec)
+        self.stop_asked = False
+        self.child: subprocess.Popen | None = None
+        self.rollbacks = list(self.journal.state().get("rollbacks") or [])
+        self.logf = None
+        tp = self.spec.get("throughput")
+        self.parse_tps = self.parse_step = None
+        if tp:
+            gpus = self.spec.get("gpus") or {}
+            scale = 1.0
+            if tp.get("scope") == "per_gpu":
+                group = tp.get("scope_group")
+                scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
+            self.parse_tps = throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
+                                                    tokens_per_step=tp.get("tokens_per_step"),
+                                                    scale=scale)
+            self.parse_step = throughput.make_step_parser(tp["format"])
+            self.policy = throughput.PolicyConfig(
+                min=tp.get("min"), min_ratio=tp.get("min_ratio"), window=tp.get("window", 5),
+                failure_limit=tp.get("failure_limit", 3),
+                initial_delay=tp.get("initial_delay", 0.0),
+                initial_delay_samples=tp.get("initial_delay_samples", 0),
+                no_data_timeout=tp.get("no_data_timeout", 600.0),
+                good_after=tp.get("good_after", 600.0))
+        self.rb = self.spec.get("rollback") or {}
+        self.signatures = list(self.rb.get("error_signatures") or [])
+
+    # ---- journal helpers -------------------------------------------------
+    def say(self, text: str) -> None:
+        """A gpujob banner line in job.log (the combined log `gpujob logs` follows)."""
+        stamp = time.strftime("%H:%M:%S")
+        self.logf.write(f"[gpujob {stamp}] {text}\n".encode())
+        self.logf.flush()
+
+    def set_state(self, state: str, **kw) -> None:
+        self.journal.set_state(state=state, **kw)
+        self.journal.event("state", state=state, **{k: v for k, v in kw.items()
+                                                    if k in ("phase", "profile", "reason")})
+
+    # ---- entry -------------------------------------------------------------
+    def main(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        os.makedirs(self.journal.dir, exist_ok=True)
+        self.logf = open(self.journal.path("job.log"), "ab")
+        self.lock.update(self.job_id, os.getpid())
+        mode = self.job.get("start", {})
+        self.journal.set_state(supervisor_pid=os.getpid(), started_at=self.journal.state().get("started_at") or now())
+        try:
+            self.lifecycle(mode)
+        except Stop:
+            self.finish("stopped", "stopped on request")
+        except EnvError as e:
+            self.finish("failed", str(e))
+        except Exception as e:  # never die silently: the journal says what happened
+            self.journal.event("error", error=f"{type(e).__name__}: {e}")
+            self.finish("failed", f"supervisor error: {type(e).__name__}: {e}")
+            raise
+        finally:
+            self.lock.release(self.job_id)
+        return 0
+
+    def _on_sigterm(self, *_):
+        self.stop_asked = True
+
+    def finish(self, state: str, reason: str, **kw) -> None:
+        self.say(f"job {state}: {reason}")
+        self.set_state(state, phase="done", reason=reason, finished_at=now(), **kw)
+
+    # ---- the job -----------------------------------------------------------
+    def lifecycle(self, mode: dict) -> None:
+        profile = mode.get("profile") or self.job["profile"]
+        resume = bool(mode.get("resume"))
+        if mode.get("rollback_from"):
+            self.ledger.mark(mode["rollback_from"], "bad", reason=mode.get("reason", "rolled back by hand"),
+                             job=self.job_id)
+            self.record_rollback(mode["rollback_from"], profile, mode.get("reason", "rolled back by hand"),
+                                 "manual", {})
+        self.set_state("preparing", phase="env", profile=profile)
+        self.activate(profile)
+        if self.job.get("clear_caches") and not resume:
+            self.clear_caches(profile)
+        while True:
+            out = self.requests() or self.warmup(profile)
+            if out.kind == "done":
+                out = self.train(profile, resume)
+            if out.kind == "done":
+                if self.parse_tps is None and self.ledger.status(profile) != "good":
+                    self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded")
+                self.finish("succeeded", "train exited 0", exit_code=0)
+                return
+            if out.kind == "stop":
+                raise Stop()
+            if out.kind == "rollback":
+                target = out.to or self.pick_known_good(profile)
+                if target is None:
+                    self.finish("failed", f"rollback asked for, but no known-good profile other than {profile}")
+                    return
+                profile = self.rollback(profile, target, out.reason, "manual", out.evidence)
+                resume = True
+                continue
+            # a failure signal
+            sig, reason = out.signal_name, out.reason
+            on = self.rb.get("on") or []
+            if not self.rb.get("enabled", True) or sig not in on:
+                self.finish("failed", reason, signal=sig, exit_code=out.exit_code)
+                return
+            if len(self.auto_rollbacks()) >= int(self.rb.get("max_rollbacks", 2)):
+                self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
+                self.finish("failed", f"max_rollbacks ({self.rb.get('max_rollbacks', 2)}) reached; "
+                                      f"last: {reason}", signal=sig, exit_code=out.exit_code)
+                return
+            self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
+            target = self.pick_known_good(profile)
+            if target is None:
+                self.finish("failed", f"no known-good profile to roll back to; {profile}: {reason}",
+                            signal=sig, exit_code=out.exit_code)
+                return
+            profile = self.rollback(profile, target, reason, sig, out.evidence)
+            resume = True
+
+    def auto_rollbacks(self) -> list:
+        return [r for r in self.rollbacks if r.get("signal") != "manual"]
+
+    def pick_known_good(self, current: str):
+        good = self.ledger.last_good(exclude=current)
+        if good in self.profiles:
+            return good
+        for name in self.rb.get("fallback") or []:
+            if name != current and name in self.profiles and self.ledger.status(name) != "bad":
+                return name
+        return None
+
+    def record_rollback(self, frm, to, reason, sig, evidence) -> dict:
+        rec = {"from": frm, "to": to, "reason": reason, "signal": sig, "decided_at": now()}
+        self.rollbacks.append(rec)
+        self.journal.event("rollback", evidence=evidence, **rec)
+        self.journal.set_state(rollbacks=self.rollbacks)
+        return rec
+
+    def rollback(self, frm: str, to: str, reason: str, sig: str, evidence: dict) -> str:
+        self.say(f"ROLLBACK {frm} -> {to}: {reason}")
+        self.record_rollback(frm, to, reason, sig, evidence)
+        self.set_state("rolling_back", phase="env", profile=to, reason=reason)
+        self.activate(to)
+        return to
+
+    # ---- environments ------------------------------------------------------
+    def env_key(self, profile: str) -> str:
+        return self.job["env_keys"][profile]
+
+    def activate(self, profile: str) -> None:
+        """Make sure the profile's venv exists, then point the job at it atomically."""
+        self.ensure_env(profile)
+        link = self.journal.path("venv")
+        tmp = f"{link}.tmp{os.getpid()}"
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(envs.env_dir(self.home.root, self.env_key(profile)), tmp)
+        os.replace(tmp, link)
+        self.journal.set_state(profile=profile, env_key=self.env_key(profile))
+        self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
+
+    def ensure_env(self, profile: str) -> None:
+        key = self.env_key(profile)
+        if envs.is_installed(self.home.root, key):
+            self.journal.event("env_reused", profile=profile, env_key=key)
+            self.say(f"profile {profile}: venv {key} already installed, reusing it")
+            return
+        prof = self.profiles[profile]
+        venv = envs.env_dir(self.home.root, key)
+        envs.remove_tree(venv)  # an interrupted build left no marker: start over
+        os.makedirs(os.path.dirname(venv), exist_ok=True)
+        uv = self.job.get("uv")
+        if not uv:
+            self.journal.event("warning", message="uv not available in the container; using pip (slower)")
+            self.say("warning: no uv in the container, installing with pip (slower)")
+        t0 = now()
+        self.journal.event("env_build", profile=profile, env_key=key, installer="uv" if uv else "pip")
+        self.say(f"profile {profile}: building venv {key} with {'uv' if uv else 'pip'}")
+        os.makedirs(venv, exist_ok=True)  # so the side files below have a place; uv venv reuses it
+        req_file = None
+        if prof.get("requirements_text"):
+            req_file = os.path.join(venv, ".gpujob-requirements.txt")
+        constraints = os.path.join(venv, ".gpujob-constraints.txt")
+        cmds = envs.build_commands(prof, venv, sys.executable, uv=uv,
+                                   uv_cache=self.home.path("uv-cache"),
+                                   common_requirements=self.spec.get("requirements") or [],
+                                   constraints_file=constraints,
+                                   profile_requirements_file=req_file)
+        try:
+            for i, argv in enumerate(cmds):
+                if i == 1:  # the venv exists now; side files go in
+                    if req_file:
+                        with open(req_file, "w") as f:
+                            f.write(prof["requirements_text"])
+                    with open(constraints, "w") as f:
+                        f.write("\n".join(prof["packages"]) + "\n")
+                code, tail = self.run_logged(argv, "prepare.log", timeout=3600)
+                if code != 0:
+                    raise EnvError(f"installing profile {profile} failed ({os.path.basename(argv[0])} "
+                                   f"exit {code}): {tail}")
+            code, out = self.capture(envs.verify_command(venv, prof))
+            try:
+                report = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                raise EnvError(f"verifying profile {profile} failed: {out.strip()[-300:]}") from None
+            problems = envs.check_verify(prof, report)
+            if problems:
+                raise EnvError(f"profile {profile} does not hold its pins: {'; '.join(problems)}")
+        except BaseException:
+            envs.remove_tree(venv)
+            raise
+        report.update(profile=profile, env_key=key, built_at=now(), seconds=round(now() - t0, 2),
+                      installer="uv" if uv else "pip")
+        write_json(os.path.join(venv, envs.OK_MARKER), report)
+        self.journal.event("env_ready", **report)
+        self.say(f"profile {profile}: venv ready in {now() - t0:.1f}s "
+                 f"({', '.join(f'{k}=={v}' for k, v in report['packages'].items())})")
+
+    def clear_caches(self, profile: str) -> None:
+        envs.remove_tree(envs.cache_dir(self.home.root, self.env_key(profile)))
+        self.journal.event("cache_cleared", profile=profile)
+        self.say(f"profile {profile}: compile caches cleared")
+
+    def child_env(self, profile: str, extra: dict | None = None) -> dict:
+        env = dict(os.environ)
+        env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
+        env.update({k: str(v) for k, v in (self.profiles[profile].get("env") or {}).items()})
+        env.update(envs.cache_env(self.home.root, self.env_key(profile)))
+        for group, ids in (self.spec.get("gpus") or {}).items():
+            env[f"GPUJOB_GPUS_{group.upper()}"] = ",".join(str(i) for i in ids)
+        venv = self.journal.path("venv")
+        env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""),
+                   PYTHONUNBUFFERED="1", GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile,
+                   GPUJOB_HOME=self.home.root)
+        env.pop("PYTHONHOME", None)
+        env.update(extra or {})
+        return env
+
+    def values(self, profile: str, gpu=None) -> dict:
+        vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
+        vals.update(profile=profile, job_id=self.job_id, workdir=self.workdir)
+        if gpu is not None:
+            vals["gpu"] = str(gpu)
+        return vals
+
+    # ---- running children -------------------------------------------------
+    def spawn(self, argv: list, env: dict | None, cwd: str | None) -> subprocess.Popen:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd)
+
+    def capture(self, argv: list) -> tuple:
+        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=600)
+        return p.returncode, p.stdout.decode("utf-8", "replace")
+
+    def run_logged(self, argv: list, logname: str, timeout: float) -> tuple:
+        """Run a preparation step with its output in ``logname`` and job.log."""
+        self.say("$ " + shlex.join(argv))
+        tail = collections.deque(maxlen=5)
+        with open(self.journal.path(logname), "ab") as log:
+            child = self.spawn(argv, None, None)
+            self.child = child
+            deadline = now() + timeout
+            split = throughput.LineSplitter()
+            for chunk in self.pump(child, log):
+                tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
+                if now() > deadline:
+                    self.kill_group(child, 5)
+            tail.extend(ln.strip() for ln in split.flush() if ln.strip())
+        self.child = None
+        return child.returncode, " | ".join(tail)
+
+    def pump(self, child: subprocess.Popen, log):
+        """Copy the child's output to its log and job.log as it comes; yield each chunk
+        (and b"" when quiet, so callers can look at the clock and the control dir)."""
+        fd = child.stdout.fileno()
+        os.set_blocking(fd, False)
+        while True:
+            ready, _, _ = select.select([fd], [], [], POLL)
+            if ready:
+                try:
+                    chunk = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    chunk = None
+                if chunk == b"":
+                    break
+                if chunk:
+                    log.write(chunk)
+                    log.flush()
+                    self.logf.write(chunk)
+                    self.logf.flush()
+                    yield chunk
+                    continue
+            yield b""
+        child.stdout.close()
+        child.wait()
+
+    def kill_group(self, child: subprocess.Popen, grace: float) -> list:
+        """SIGTERM the child's process group, SIGKILL after ``grace``; return what survived
+        (nothing, unless a process escaped to another group)."""
+        pgid = child.pid
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pgid, sig)
+            except ProcessLookupError:
+                break
+            end = now() + (grace if sig == signal.SIGTERM else 10)
+            while now() < end:
+                child.poll()
+                if not group_pids(pgid):
+                    break
+                time.sleep(0.05)
+            if not group_pids(pgid):
+                break
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        left = group_pids(pgid)
+        self.journal.event("group_stopped", pgid=pgid, left=left)
+        return left
+
+    def requests(self):
+        """Stop / rollback requests while a child runs: returns an Outcome or None."""
+        for req in self.journal.take_requests():
+            if req["kind"] == "stop":
+                self.stop_asked = True
+            elif req["kind"] == "rollback":
+                return Outcome("rollback", reason=req.get("reason") or "rolled back by hand", to=req.get("to"))
+        if self.stop_asked:
+            return Outcome("stop")
+        return None
+
+    # ---- phases ------------------------------------------------------------
+    def warmup(self, profile: str) -> Outcome:
+        w = self.spec.get("warmup")
+        if not w:
+            return Outcome("done")
+        when = w.get("when", "cold")
+        cold = envs.cache_is_cold(self.home.root, self.env_key(profile))
+        if when == "never" or (when == "cold" and not cold):
+            self.journal.event("warmup_skipped", profile=profile, cache="warm" if not cold else "cold", when=when)
+            self.say(f"warmup skipped: profile {profile}'s compile cache is warm")
+            return Outcome("done")
+        gpus = [None]
+        if w.get("per_gpu"):
+            gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
+        self.set_state("warmup", phase="warmup", profile=profile)
+        for gpu in gpus:
+            extra = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}
+            argv = command_argv(w["command"], self.values(profile, gpu))
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
+            self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
+            out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
+                             timeout=w.get("timeout", 3600.0), watch_tps=False)
+            if out.kind != "done":
+                return out
+        return Outcome("done")
+
+    def train(self, profile: str, resume: bool) -> Outcome:
+        t = self.spec["train"]
+        extra = list(t.get("resume_args") or []) if resume else []
+        argv = command_argv(t["command"], self.values(profile), extra)
+        self.set_state("training", phase="train", profile=profile, restarts=len(self.rollbacks))
+        self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
+        self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
+        if self.rollbacks and "running_at" not in self.rollbacks[-1]:
+            rec = self.rollbacks[-1]
+            rec["running_at"] = now()
+            rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
+            self.journal.event("rollback_done", **rec)
+            self.journal.set_state(rollbacks=self.rollbacks)
+        return self.watch(argv, self.child_env(profile), "train.log", profile,
+                          timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
+                          grace=t.get("grace", 30.0))
+
+    def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0) -> Outcome:
+        """Run one phase command; parse its output; act on signals and requests."""
+        os.makedirs(self.workdir, exist_ok=True)
+        start = now()
+        samples: list = []
+        baseline = self.ledger.baseline(profile) or self.ledger.baseline(self.ledger.last_good() or "")
+        good_known = self.ledger.status(profile) == "good"
+        split = throughput.LineSplitter()
+        tail = collections.deque(maxlen=TAIL_LINES)
+        hits: list = []
+        last_state = last_check = 0.0
+        last_verdict = None
+        outcome = None
+        with open(self.journal.path(logname), "ab") as log:
+            child = self.spawn(argv, env, self.workdir)
+            self.child = child
+            self.journal.set_state(child_pid=child.pid, child_pgid=child.pid, phase_started_at=start)
+            for chunk in self.pump(child, log):
+                t = now()
+                for line in split.feed(chunk) if chunk else ():
+                    tail.append(line)
+                    hit = throughput.scan_line(line, self.signatures)
+                    if hit:
+                        hits.append(line)
+                    if not watch_tps:
+                        continue
+                    value = self.parse_tps(line)
+                    if value is None:
+                        continue
+                    step = self.parse_step(line) if self.parse_step else None
+                    samples.append(throughput.Sample(t, value, step))
+                    if len(samples) > 50000:
+                        del samples[:25000]
+                    d = throughput.decide(self.policy, samples, t, start, baseline)
+                    self.journal.event("sample", value=value, step=step, verdict=d.verdict,
+                                       median=d.evidence.get("median"))
+                    if d.verdict != last_verdict or d.verdict in ("breach", "rollback"):
+                        self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+                        last_verdict = d.verdict
+                    if t - last_state > STATE_EVERY:
+                        self.publish(samples, d, baseline)
+                        last_state = t
+                    if d.verdict == "rollback":
+                        self.publish(samples, d, baseline)
+                        outcome = Outcome("signal", "low_throughput", d.reason, d.evidence)
+                        break
+                    if not good_known:
+                        base = throughput.known_good(self.policy, samples, t, start, baseline)
+                        if base is not None:
+                            good_known = True
+                            self.ledger.mark(profile, "good", baseline=base, job=self.job_id,
+                                             reason=f"held {throughput.fmt_rate(base)} tok/s for "
+                                                    f"{self.policy.good_after:g}s")
+                            self.journal.event("known_good", profile=profile, baseline=base)
+                            self.say(f"profile {profile} is now known-good "
+                                     f"(baseline {throughput.fmt_rate(base)} tok/s)")
+                            if not baseline:
+                                baseline = base
+                if outcome:
+                    break
+                if t - last_check >= 0.2:
+                    last_check = t
+                    outcome = self.requests()
+                    if outcome:
+                        break
+                    if timeout and t - start > timeout:
+                        outcome = Outcome("signal", "crash", f"{logname[:-4]} timed out after {timeout:g}s")
+                        break
+                    if watch_tps:
+                        d = throughput.decide(self.policy, samples, t, start, baseline)
+                        if d.verdict == "stall":
+                            self.journal.event("decision", verdict=d.verdict, reason=d.reason,
+                                               evidence=d.evidence)
+                            outcome = Outcome("signal", "stall", d.reason, d.evidence)
+                            break
+            if outcome is not None:
+                self.say(f"stopping {logname[:-4]}: {outcome.reason or outcome.kind}")
+                if outcome.kind == "stop":
+                    self.set_state("stopping", phase=logname[:-4])
+                self.kill_group(child, grace)
+                for _ in self.pump(child, log):  # drain what it printed while dying
+                    pass
+            self.child = None
+        code = child.returncode
+        self.journal.event("exit", phase=logname[:-4], returncode=code, profile=profile)
+        if outcome is not None:
+            return outcome
+        if code == 0:
+            return Outcome("done", exit_code=0)
+        sig = -code if code < 0 else None
+        name, reason = throughput.classify_exit(code if code >= 0 else None, sig,
+                                                hits + list(tail), self.signatures)
+        self.say(f"{logname[:-4]} failed: {reason}")
+        return Outcome("signal", name, reason, {"returncode": code, "tail": list(tail)[-10:]},
+                       exit_code=code)
+
+    def publish(self, samples: list, d, baseline) -> None:
+        values = [s.value for s in samples[-120:]]
+        self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
+                               window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
+                               baseline=baseline)
+
+
+def run(home: str, job_id: str) -> int:
+    return Supervisor(home, job_id).main()

@@ -1,0 +1,192 @@
+"""A target container and the ways into it, plus the agent shipped there.
+
+``Targets`` keeps one SSH connection per host for the whole gpujob invocation;
+every container of that host is a ``pct exec`` over it. The agent (the stdlib-only
+supervisor package as one zipapp) is addressed by its content hash, so an
+unchanged agent is never shipped twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import platform
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from gpujob.errors import ConnectError, JobError, RemoteError
+from gpujob.inventory import Inventory, ssh_settings
+from gpujob.transport.base import OnData, Result, Stdin, Transport
+from gpujob.transport.local import LocalTransport
+from gpujob.transport.pct import PctTransport
+from gpujob.transport.ssh import SshTransport
+
+AGENT_MODULES = ("__init__.py", "envs.py", "journal.py", "main.py", "supervisor.py", "throughput.py")
+AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
+BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
+             "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"
+             "os.replace(t,d)\n")
+REFUSED = 5
+
+
+@lru_cache(maxsize=1)
+def agent_zip() -> tuple[bytes, str]:
+    """The agent zipapp (deterministic bytes) and its short content hash."""
+    pkg = Path(__file__).parent
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        def add(name: str, data: bytes) -> None:
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(info, data)
+        add("__main__.py", AGENT_MAIN.encode())
+        add("gpujob/__init__.py", (pkg / "__init__.py").read_bytes())
+        for mod in AGENT_MODULES:
+            add(f"gpujob/agent/{mod}", (pkg / "agent" / mod).read_bytes())
+    data = buf.getvalue()
+    return data, hashlib.sha256(data).hexdigest()[:12]
+
+
+def uv_binary() -> Path | None:
+    try:
+        import uv
+        return Path(uv.find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+@dataclass
+class Target:
+    name: str                 # container name, e.g. ct200
+    host_name: str
+    kind: str                 # "ssh" or "local"
+    transport: Transport      # runs argv inside the container
+    host_transport: Transport | None  # runs argv on the Proxmox host (ssh kind)
+    home: str                 # gpujob's home inside the container (absolute)
+    python: str               # interpreter for the agent
+    vmid: int | None = None
+    expected_gpus: int | None = None
+    _probe: dict | None = field(default=None, repr=False)
+
+    @property
+    def label(self) -> str:
+        return f"{self.host_name}/{self.name}"
+
+    @property
+    def agent_path(self) -> str:
+        return f"{self.home}/bin/agent-{agent_zip()[1]}.pyz"
+
+    def agent_argv(self, *args: str) -> list[str]:
+        return [self.python, self.agent_path, "--home", self.home, *args]
+
+    def ship_agent(self) -> None:
+        data, _ = agent_zip()
+        r = self.transport.run([self.python, "-c", BOOTSTRAP, self.agent_path], stdin=data, timeout=120)
+        if r.exit_code == 127:
+            raise RemoteError(f"python3 not found in {self.name}", r,
+                              hint="install it in the container: apt install python3 python3-venv")
+        if not r.ok:
+            raise RemoteError(f"shipping the gpujob agent to {self.name} failed", r)
+
+    def agent(self, *args: str, stdin: Stdin = None, timeout: float | None = 120,
+              on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
+        """Run an agent command, shipping the agent first when it is not there yet."""
+        argv = self.agent_argv(*args)
+        r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+        if r.exit_code == 2 and b"can't open file" in r.stderr:
+            self.ship_agent()
+            if hasattr(stdin, "seek"):
+                stdin.seek(0)
+            r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout,
+                                   on_stderr=on_stderr)
+        if r.exit_code == 127:
+            raise RemoteError(f"python3 not found in {self.name}", r,
+                              hint="install it in the container: apt install python3 python3-venv")
+        return r
+
+    def agent_json(self, *args: str, stdin: Stdin = None, timeout: float | None = 120) -> dict:
+        r = self.agent(*args, stdin=stdin, timeout=timeout)
+        try:
+            out = json.loads(r.stdout.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise RemoteError(f"gpujob agent `{args[0]}` on {self.name} failed", r) from None
+        if r.exit_code == REFUSED:
+            raise JobError(out.get("error", "refused"))
+        if not r.ok or "error" in out:
+            raise RemoteError(f"gpujob agent `{args[0]}` on {self.name}: {out.get('error', 'failed')}")
+        return out
+
+    def probe(self, workdir: str | None = None) -> dict:
+        if self._probe is None:
+            self._probe = self.agent_json("probe", *(["--workdir", workdir] if workdir else []))
+        return self._probe
+
+    def ensure_uv(self) -> str | None:
+        """The uv the container will use: its own, or ours shipped there when our
+        binary can run there (same OS and CPU); None means pip (with a warning)."""
+        info = self.probe()
+        if info.get("uv"):
+            return info["uv"]
+        ours = uv_binary()
+        if ours is None:
+            return None
+        if self.kind == "local":
+            return str(ours)
+        if info.get("system") != platform.system() or info.get("machine") != platform.machine():
+            return None
+        dest = f"{self.home}/bin/uv"
+        with open(ours, "rb") as f:
+            self.agent_json("put", dest, "--mode", "755", stdin=f, timeout=600)
+        self._probe = None
+        return dest
+
+    def run(self, argv: Sequence[str], **kw) -> Result:
+        return self.transport.run(argv, **kw)
+
+
+class Targets:
+    """Opens targets from the inventory; one SSH connection per host, reused."""
+
+    def __init__(self, inventory: Inventory, *, accept_new: bool = False):
+        self.inventory = inventory
+        self.accept_new = accept_new
+        self._hosts: dict[str, SshTransport] = {}
+
+    def host_transport(self, host_name: str) -> SshTransport:
+        if host_name not in self._hosts:
+            host = self.inventory.hosts[host_name]
+            self._hosts[host_name] = SshTransport(ssh_settings(host_name, host), accept_new=self.accept_new)
+        return self._hosts[host_name]
+
+    def open(self, target: str) -> Target:
+        host_name, host, cname, container = self.inventory.resolve(target)
+        if host.kind == "local":
+            root = str(Path(container.root).expanduser().resolve())
+            return Target(cname, host_name, "local", LocalTransport(), None, root, sys.executable,
+                          expected_gpus=container.gpus)
+        ssh = self.host_transport(host_name)
+        home = container.home or "~/.gpujob"
+        if home.startswith("~"):
+            home = "/root" + home[1:]  # pct exec runs as root in the container
+        pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
+        return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
+                      vmid=container.vmid, expected_gpus=container.gpus)
+
+    def close(self) -> None:
+        for t in self._hosts.values():
+            t.close()
+        self._hosts.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+__all__ = ["Target", "Targets", "agent_zip", "ConnectError"]

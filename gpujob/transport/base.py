@@ -1,0 +1,156 @@
+"""The transport protocol: run an argv somewhere, stream its output, get a Result.
+
+A failed command is a value (exit code and output), not an exception; only a
+transport that cannot do its job at all (connection refused, dropped) raises.
+
+Quoting rule: a transport receives an argv (a list of strings) and is the one
+place that turns it into whatever its layer needs. ``ssh`` quotes each argument
+exactly once for the remote login shell; ``pct`` passes the argv through
+``pct exec VMID -- argv`` which hands it to ``lxc-attach`` without a shell.
+No caller ever builds a shell string, so nested ``bash -c "... \\$PATH"`` quoting
+cannot happen.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import BinaryIO, Callable, Iterable, Mapping, Sequence, Union
+
+Stdin = Union[bytes, BinaryIO, None]
+OnData = Callable[[bytes], None]
+
+#: Exit code of a command ended by its timeout (the coreutils ``timeout`` convention).
+TIMEOUT_EXIT = 124
+#: Seconds between SIGTERM and SIGKILL when a timeout ends a command.
+KILL_AFTER = 3
+
+
+@dataclass
+class Result:
+    argv: list[str]
+    exit_code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+    timed_out: bool = False
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", "replace")
+
+    def tail(self, lines: int = 3) -> str:
+        """The last lines of stderr (or stdout when stderr is empty), joined with ' | '."""
+        src = self.stderr if self.stderr.strip() else self.stdout
+        kept = [ln.strip() for ln in src.decode("utf-8", "replace").splitlines() if ln.strip()]
+        return " | ".join(kept[-lines:])
+
+
+@dataclass
+class Timer:
+    start: float = field(default_factory=time.monotonic)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+
+class Transport(ABC):
+    """Runs argv lists in one place. Subclasses override :meth:`run` and :meth:`describe`."""
+
+    @abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Stdin = None,
+        timeout: float | None = None,
+        on_stdout: OnData | None = None,
+        on_stderr: OnData | None = None,
+    ) -> Result:
+        """Run ``argv``; stream output to the callbacks as it comes.
+
+        A stream with a callback is not captured (``Result.stdout``/``stderr`` stay
+        empty for it), so a 200 MB log never sits in memory. ``timeout`` ends the
+        command and everything it started, then returns ``exit_code`` 124 and
+        ``timed_out`` True.
+        """
+
+    @abstractmethod
+    def describe(self) -> str:
+        """A short human name: ``root@10.1.2.6:22``, ``ct200 (vmid 200) via root@…``."""
+
+    def close(self) -> None:  # pragma: no cover - trivial default
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def with_timeout(argv: Sequence[str], timeout: float | None) -> list[str]:
+    """Wrap argv in coreutils ``timeout`` so the far side ends the command itself.
+
+    ``timeout`` (without --foreground) signals the whole process group it leads,
+    so children go too; SIGKILL follows after KILL_AFTER seconds.
+    """
+    if timeout is None:
+        return list(argv)
+    return ["timeout", "-k", str(KILL_AFTER), f"{max(timeout, 0.001):.3f}", *argv]
+
+
+def timed_out_by(timeout: float | None, elapsed: float, code: int) -> bool:
+    """Did a ``with_timeout`` wrapper end the command? (124 after SIGTERM, 137 after SIGKILL.)"""
+    return timeout is not None and elapsed >= timeout and code in (TIMEOUT_EXIT, 128 + 9)
+
+
+def tar_bytes(files: Mapping[str, tuple[bytes, int]]) -> bytes:
+    """A tar archive of ``{relative path: (content, mode)}``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, (data, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = mode
+            info.mtime = int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def push_files(transport: Transport, dest_dir: str, files: Mapping[str, tuple[bytes, int]],
+               *, timeout: float | None = 300) -> Result:
+    """Copy small files into ``dest_dir`` on the far side as one tar stream over stdin."""
+    return push_tar(transport, dest_dir, tar_bytes(files), timeout=timeout)
+
+
+def push_tar(transport: Transport, dest_dir: str, tar: bytes | BinaryIO,
+             *, timeout: float | None = None) -> Result:
+    """Unpack a tar stream into ``dest_dir`` (created if missing) on the far side."""
+    mk = transport.run(["mkdir", "-p", "--", dest_dir], timeout=60)
+    if not mk.ok:
+        return mk
+    return transport.run(["tar", "-x", "--no-same-owner", "-f", "-", "-C", dest_dir],
+                         stdin=tar, timeout=timeout)
+
+
+def iter_chunks(stdin: Stdin, size: int = 256 * 1024) -> Iterable[bytes]:
+    if stdin is None:
+        return
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        mv = memoryview(stdin)
+        for i in range(0, len(mv), size):
+            yield bytes(mv[i:i + size])
+        return
+    while True:
+        chunk = stdin.read(size)
+        if not chunk:
+            return
+        yield chunk

@@ -1,0 +1,111 @@
+"""Run argv on this machine: the ``local`` kind, and the Proxmox host itself when
+gpujob runs there (``pct`` wrapping a LocalTransport)."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from typing import Sequence
+
+from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
+                                   iter_chunks)
+
+
+def _feed(pipe, stdin: Stdin) -> None:
+    try:
+        for chunk in iter_chunks(stdin):
+            pipe.write(chunk)
+    except (BrokenPipeError, OSError):
+        pass
+    finally:
+        try:
+            pipe.close()
+        except OSError:
+            pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the command's process group, SIGKILL it after KILL_AFTER seconds."""
+    for sig, wait in ((signal.SIGTERM, KILL_AFTER), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            # the leader is gone; make sure nothing of its group survives it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            continue
+        return
+
+
+class LocalTransport(Transport):
+    def __init__(self, env: dict[str, str] | None = None, cwd: str | None = None):
+        self.env = env
+        self.cwd = cwd
+
+    def describe(self) -> str:
+        return "this machine"
+
+    def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
+            on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
+        argv = list(argv)
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                env=self.env, cwd=self.cwd)
+        except FileNotFoundError:
+            return Result(argv, 127, b"", f"{argv[0]}: command not found\n".encode())
+        except PermissionError:
+            return Result(argv, 126, b"", f"{argv[0]}: permission denied\n".encode())
+        feeder = None
+        if stdin is not None:
+            feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
+            feeder.start()
+        out, err = bytearray(), bytearray()
+        sinks = {proc.stdout: (on_stdout, out), proc.stderr: (on_stderr, err)}
+        sel = selectors.DefaultSelector()
+        for f in sinks:
+            os.set_blocking(f.fileno(), False)
+            sel.register(f, selectors.EVENT_READ)
+        deadline = None if timeout is None else started + timeout
+        timed_out = False
+        try:
+            while sel.get_map():
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                events = sel.select(wait)
+                if not events and deadline is not None and time.monotonic() >= deadline:
+                    timed_out = True
+                    _kill_group(proc)
+                    deadline = None  # drain what is left, then stop
+                    continue
+                for key, _ in events:
+                    chunk = key.fileobj.read1(65536) if hasattr(key.fileobj, "read1") else os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    cb, buf = sinks[key.fileobj]
+                    if cb is not None:
+                        cb(chunk)
+                    else:
+                        buf += chunk
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            sel.close()
+        code = proc.wait()
+        if feeder is not None:
+            feeder.join(1)
+        if timed_out:
+            code = TIMEOUT_EXIT
+        elif code < 0:
+            code = 128 - code  # killed by a signal: the shell's 128+N convention
+        return Result(argv, code, bytes(out), bytes(err), timed_out, time.monotonic() - started)

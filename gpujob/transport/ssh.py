@@ -1,0 +1,262 @@
+"""One persistent SSH connection to a host; every command is a channel on it.
+
+Plain paramiko (no fabric): we need the channel itself for unbuffered stdout and
+stderr, stdin streaming, a host-key policy of our own and exact argv quoting;
+fabric/invoke's runner adds threads and PTY handling we would have to switch off.
+
+Quoting: the remote sshd runs the command string with the login shell, so the
+argv is joined with :func:`shlex.join` here, once, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import select
+import shlex
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+import paramiko
+
+from gpujob.errors import ConnectError, ConnectionLost, HostKeyError
+from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
+                                   iter_chunks, timed_out_by, with_timeout)
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's ``SHA256:…`` fingerprint of a host key."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(hostname: str, port: int) -> str:
+    return hostname if port == 22 else f"[{hostname}]:{port}"
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown key: refuse with its fingerprint, or record it when accept_new (like
+    OpenSSH's StrictHostKeyChecking=accept-new). A changed key never reaches this
+    policy: paramiko raises BadHostKeyException, which we always refuse."""
+
+    def __init__(self, known_hosts: Path, accept_new: bool):
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client, hostname, key):
+        fp = fingerprint(key)
+        if not self.accept_new:
+            raise HostKeyError(
+                f"host key of {hostname} is not known ({key.get_name()} {fp}); nothing was run",
+                hint=f"check that fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
+                     f"then rerun with --accept-new to add it to {self.known_hosts}")
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.known_hosts, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def _tcp_keepalive(sock: socket.socket, idle: int) -> None:
+    """Notice a silently dead peer (laptop Wi-Fi) without waiting for TCP's hours."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for opt, val in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, opt):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+
+
+def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHClient:
+    """Open an authenticated SSH connection; raise a one-line ConnectError on failure.
+
+    ``settings`` is an :class:`gpujob.inventory.SshSettings` (hostname, port, user,
+    identity_files, known_hosts, jump, connect_timeout, keepalive).
+    """
+    where = f"{settings.user}@{settings.hostname}:{settings.port}"
+    jump_client = None
+    if sock is None and settings.jump is not None:
+        jump_client = connect(settings.jump, accept_new=accept_new)
+        try:
+            sock = jump_client.get_transport().open_channel(
+                "direct-tcpip", (settings.hostname, settings.port), ("127.0.0.1", 0),
+                timeout=settings.connect_timeout)
+        except (paramiko.SSHException, OSError) as e:
+            jump_client.close()
+            raise ConnectError(f"cannot reach {where} through jump host "
+                               f"{settings.jump.hostname}: {e}") from None
+    if sock is None:
+        try:
+            sock = socket.create_connection((settings.hostname, settings.port),
+                                            timeout=settings.connect_timeout)
+        except socket.gaierror as e:
+            raise ConnectError(f"cannot resolve host '{settings.hostname}' (DNS): {e.strerror}",
+                               hint="check `address` in hosts.yaml or HostName in ~/.ssh/config") from None
+        except ConnectionRefusedError:
+            raise ConnectError(f"connection refused by {settings.hostname}:{settings.port}",
+                               hint="is sshd running there, and is the port right?") from None
+        except (socket.timeout, TimeoutError):
+            raise ConnectError(f"timed out after {settings.connect_timeout:g}s connecting to "
+                               f"{settings.hostname}:{settings.port}") from None
+        except OSError as e:
+            raise ConnectError(f"cannot connect to {settings.hostname}:{settings.port}: "
+                               f"{e.strerror or e}") from None
+        _tcp_keepalive(sock, int(max(settings.keepalive, 1)))
+    client = paramiko.SSHClient()
+    known = Path(settings.known_hosts).expanduser()
+    if known.exists():
+        try:
+            client.load_host_keys(str(known))
+        except (paramiko.SSHException, OSError, ValueError) as e:
+            raise HostKeyError(f"cannot read known_hosts file {known}: {e}") from None
+    client.set_missing_host_key_policy(_HostKeyPolicy(known, accept_new))
+    keys = [str(Path(k).expanduser()) for k in settings.identity_files
+            if Path(k).expanduser().exists()]
+    try:
+        client.connect(
+            settings.hostname, port=settings.port, username=settings.user, sock=sock,
+            key_filename=keys or None, timeout=settings.connect_timeout,
+            banner_timeout=settings.connect_timeout, auth_timeout=settings.connect_timeout,
+            allow_agent=True, look_for_keys=not keys)
+    except HostKeyError:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as e:
+        client.close()
+        name = known_hosts_name(settings.hostname, settings.port)
+        raise HostKeyError(
+            f"host key of {name} has CHANGED: known_hosts has {fingerprint(e.expected_key)}, "
+            f"the server offered {e.key.get_name()} {fingerprint(e.key)}; refused, nothing was run",
+            hint=f"if the host was reinstalled, remove the old key: ssh-keygen -R '{name}' -f {known}") from None
+    except paramiko.AuthenticationException:
+        client.close()
+        tried = ", ".join(keys) if keys else "default keys"
+        raise ConnectError(f"authentication failed for {where} (tried {tried} and ssh-agent)",
+                           hint="check `user` and `identity_file` in hosts.yaml") from None
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        client.close()
+        raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}") from None
+    transport = client.get_transport()
+    transport.set_keepalive(int(max(settings.keepalive, 1)))
+    if jump_client is not None:
+        client._gpujob_jump = jump_client  # keep it alive as long as this client
+    return client
+
+
+class SshTransport(Transport):
+    """A lazily opened, persistent SSH connection; thread-safe to share."""
+
+    def __init__(self, settings, *, accept_new: bool = False):
+        self.settings = settings
+        self.accept_new = accept_new
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        s = self.settings
+        return f"{s.user}@{s.hostname}:{s.port}"
+
+    def client(self) -> paramiko.SSHClient:
+        with self._lock:
+            if self._client is None or not self._client.get_transport() or \
+                    not self._client.get_transport().is_active():
+                self._close_locked()
+                self._client = connect(self.settings, accept_new=self.accept_new)
+            return self._client
+
+    def reconnect(self) -> None:
+        with self._lock:
+            self._close_locked()
+        self.client()
+
+    def _close_locked(self) -> None:
+        if self._client is not None:
+            jump = getattr(self._client, "_gpujob_jump", None)
+            self._client.close()
+            if jump is not None:
+                jump.close()
+            self._client = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
+            on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
+        argv = list(argv)
+        started = time.monotonic()
+        transport = self.client().get_transport()
+        try:
+            chan = transport.open_session(timeout=self.settings.connect_timeout)
+            chan.exec_command(shlex.join(with_timeout(argv, timeout)))
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise ConnectionLost(f"lost the connection to {self.describe()}: {e}") from None
+        # the far side ends the command at `timeout`; this deadline is only the backstop
+        backstop = None if timeout is None else started + timeout + KILL_AFTER + 15
+        feeder = None
+        if stdin is None:
+            chan.shutdown_write()
+        else:
+            feeder = threading.Thread(target=self._feed, args=(chan, stdin), daemon=True)
+            feeder.start()
+        out, err = bytearray(), bytearray()
+        try:
+            while True:
+                select.select([chan], [], [], 0.5)
+                got = self._drain(chan, on_stdout, on_stderr, out, err)
+                if chan.exit_status_ready() and not got and chan.eof_received:
+                    break
+                if chan.closed and not got:
+                    break
+                if not transport.is_active():
+                    raise ConnectionLost(f"lost the connection to {self.describe()}")
+                if backstop is not None and time.monotonic() > backstop:
+                    chan.close()
+                    return Result(argv, TIMEOUT_EXIT, bytes(out), bytes(err), True,
+                                  time.monotonic() - started)
+        except BaseException:
+            chan.close()
+            raise
+        self._drain(chan, on_stdout, on_stderr, out, err)
+        if not chan.exit_status_ready():
+            raise ConnectionLost(f"lost the connection to {self.describe()} while running {argv[0]}")
+        code = chan.recv_exit_status()
+        chan.close()
+        if code < 0:  # the remote command died of a signal and sshd sent no status
+            code = 255
+        elapsed = time.monotonic() - started
+        timed_out = timed_out_by(timeout, elapsed, code)
+        return Result(argv, TIMEOUT_EXIT if timed_out else code, bytes(out), bytes(err), timed_out,
+                      elapsed)
+
+    @staticmethod
+    def _drain(chan, on_stdout, on_stderr, out: bytearray, err: bytearray) -> bool:
+        got = False
+        while chan.recv_ready():
+            chunk = chan.recv(65536)
+            if not chunk:
+                break
+            got = True
+            if on_stdout is not None:
+                on_stdout(chunk)
+            else:
+                out += chunk
+        while chan.recv_stderr_ready():
+            chunk = chan.recv_stderr(65536)
+            if not chunk:
+                break
+            got = True
+            if on_stderr is not None:
+                on_stderr(chunk)
+            else:
+                err += chunk
+        return got
+
+    @staticmethod
+    def _feed(chan, stdin: Stdin) -> None:
+        try:
+            for chunk in iter_chunks(stdin):
+                chan.sendall(chunk)
+            chan.shutdown_write()
+        except (OSError, paramiko.SSHException, EOFError):
+            pass
