@@ -235,6 +235,10 @@ def cmd_tail(home: Home, args) -> None:
     path = j.path(args.file)
     out = sys.stdout.buffer
     offset = args.offset
+    if args.last is not None:
+        offset = last_lines_offset(path, args.last)
+    sys.stderr.write(json.dumps({"offset": offset}) + "\n")
+    sys.stderr.flush()
     f = None
     idle = 0.0
     while True:
@@ -261,6 +265,32 @@ def cmd_tail(home: Home, args) -> None:
             idle = 0.0 if idle >= 0.5 else idle
         time.sleep(args.poll)
         idle += args.poll
+
+
+def last_lines_offset(path: str, n: int) -> int:
+    """The byte offset where the last ``n`` lines of ``path`` start."""
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return 0
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        pos, seen = end, 0
+        if n <= 0:
+            return end
+        while pos > 0:
+            step = min(pos, 1 << 16)
+            pos -= step
+            f.seek(pos)
+            block = f.read(step)
+            if pos + step == end and block.endswith(b"\n"):
+                block = block[:-1]  # the final newline ends the last line, it starts none
+            for i in range(len(block) - 1, -1, -1):
+                if block[i] == 10:
+                    seen += 1
+                    if seen == n:
+                        return pos + i + 1
+        return 0
 
 
 def wait_final(j: Journal, timeout: float) -> dict:
@@ -415,6 +445,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("job")
     s.add_argument("--file", default="job.log")
     s.add_argument("--offset", type=int, default=0)
+    s.add_argument("--last", type=int)
     s.add_argument("--follow", action="store_true")
     s.add_argument("--poll", type=float, default=0.05)
     s = sub.add_parser("stop")

@@ -42,6 +42,7 @@ class Outcome:
                  to: str | None = None, exit_code=None):
         self.kind, self.signal_name, self.reason = kind, signal_name, reason
         self.evidence, self.to, self.exit_code = evidence or {}, to, exit_code
+        self.at = now()  # when it was decided: a rollback's clock starts here
 
 
 def substitute(text: str, values: dict) -> str:
@@ -170,7 +171,7 @@ class Supervisor:
                 if target is None:
                     self.finish("failed", f"rollback asked for, but no known-good profile other than {profile}")
                     return
-                profile = self.rollback(profile, target, out.reason, "manual", out.evidence)
+                profile = self.rollback(profile, target, out, "manual")
                 resume = True
                 continue
             # a failure signal
@@ -190,7 +191,7 @@ class Supervisor:
                 self.finish("failed", f"no known-good profile to roll back to; {profile}: {reason}",
                             signal=sig, exit_code=out.exit_code)
                 return
-            profile = self.rollback(profile, target, reason, sig, out.evidence)
+            profile = self.rollback(profile, target, out, sig)
             resume = True
 
     def auto_rollbacks(self) -> list:
@@ -205,17 +206,18 @@ class Supervisor:
                 return name
         return None
 
-    def record_rollback(self, frm, to, reason, sig, evidence) -> dict:
-        rec = {"from": frm, "to": to, "reason": reason, "signal": sig, "decided_at": now()}
+    def record_rollback(self, frm, to, reason, sig, evidence, decided_at=None) -> dict:
+        rec = {"from": frm, "to": to, "reason": reason, "signal": sig,
+               "decided_at": decided_at or now()}
         self.rollbacks.append(rec)
         self.journal.event("rollback", evidence=evidence, **rec)
         self.journal.set_state(rollbacks=self.rollbacks)
         return rec
 
-    def rollback(self, frm: str, to: str, reason: str, sig: str, evidence: dict) -> str:
-        self.say(f"ROLLBACK {frm} -> {to}: {reason}")
-        self.record_rollback(frm, to, reason, sig, evidence)
-        self.set_state("rolling_back", phase="env", profile=to, reason=reason)
+    def rollback(self, frm: str, to: str, out: Outcome, sig: str) -> str:
+        self.say(f"ROLLBACK {frm} -> {to}: {out.reason}")
+        self.record_rollback(frm, to, out.reason, sig, out.evidence, out.at)
+        self.set_state("rolling_back", phase="env", profile=to, reason=out.reason)
         self.activate(to)
         return to
 

@@ -1,0 +1,502 @@
+"""The ``gpujob`` command line (typer). The only place that prints.
+
+Every error a user can cause ends as one line on stderr and a non-zero exit
+code (2 for bad input), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gpujob import __version__
+from gpujob.cli import render
+from gpujob.errors import GpujobError, InputError, JobError
+from gpujob.inventory import find_inventory, load_inventory
+from gpujob.target import Target, Targets
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Run GPU training jobs in Proxmox LXC containers: wheel profiles as venvs, "
+                       "a detached supervisor, throughput watch and automatic rollback.")
+cache_app = typer.Typer(no_args_is_help=True, help="Per-profile compile caches.")
+app.add_typer(cache_app, name="cache")
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class Ctx:
+    hosts: Optional[str] = None
+    accept_new: bool = False
+    _targets: Optional[Targets] = None
+    _state = None
+
+    def targets(self) -> Targets:
+        if self._targets is None:
+            self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new)
+        return self._targets
+
+    def target(self, name: str) -> Target:
+        return self.targets().open(name)
+
+    def state(self):
+        if self._state is None:
+            from gpujob.state import State
+            self._state = State()
+        return self._state
+
+    def close(self) -> None:
+        if self._targets is not None:
+            self._targets.close()
+        if self._state is not None:
+            self._state.close()
+
+
+ctx = Ctx()
+
+
+@app.callback()
+def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory file (else $GPUJOB_HOSTS, "
+                                              "./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)"),
+          accept_new: bool = typer.Option(False, "--accept-new", help="trust and record an unknown host key "
+                                          "(like OpenSSH's accept-new); a changed key is always refused"),
+          version: bool = typer.Option(False, "--version", help="print the version")):
+    ctx.hosts = hosts
+    ctx.accept_new = accept_new
+    if version:
+        out.print(f"gpujob {__version__}")
+        raise typer.Exit()
+
+
+def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
+    """(job id, target) of a job this laptop knows, or of JOB on --target."""
+    if target:
+        if job is None:
+            raise InputError("with --target, name the job too")
+        return job, ctx.target(target)
+    row = ctx.state().job(job)
+    return row["job_id"], ctx.target(row["target"])
+
+
+# ---- exec ------------------------------------------------------------------
+
+@app.command("exec", context_settings={"allow_interspersed_args": False})
+def exec_(target: str = typer.Argument(..., help="container name or host/name"),
+          argv: List[str] = typer.Argument(..., help="the command, after --"),
+          timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds")):
+    """Run one command in the container; output streamed, exit code passed through."""
+    t = ctx.target(target)
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
+    so, se = sys.stdout.buffer, sys.stderr.buffer
+    r = t.run(argv, stdin=stdin, timeout=timeout,
+              on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
+    if r.timed_out:
+        err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
+    raise typer.Exit(r.exit_code)
+
+
+# ---- doctor / hosts --------------------------------------------------------
+
+@app.command()
+def doctor(target: Optional[str] = typer.Argument(None, help="container (default: every target)"),
+           spec: Optional[Path] = typer.Option(None, "--spec", help="also check the driver against "
+                                               "the CUDA of this job's profiles"),
+           as_json: bool = typer.Option(False, "--json")):
+    """Check a target: host key, pct, container, python3, uv, disk, GPUs and driver."""
+    from gpujob import doctor as doc
+    cudas: list[str] = []
+    workdir = None
+    if spec is not None:
+        from gpujob.spec import load_spec
+        s = load_spec(spec)
+        cudas = sorted({p.cuda for p in s.profiles if p.cuda})
+        workdir = s.workdir
+        target = target or s.target
+    names = [target] if target else [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]
+    report = {}
+    failed = False
+    for name in names:
+        t = ctx.target(name)
+        checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
+        report[t.label] = [c.as_dict() for c in checks]
+        failed |= any(c.status == "fail" for c in checks)
+        if not as_json:
+            table = Table(title=f"gpujob doctor: {t.label}", title_justify="left")
+            for col in ("check", "", "detail", "fix"):
+                table.add_column(col)
+            mark = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
+            for c in checks:
+                table.add_row(c.name, mark[c.status], c.detail, c.hint)
+            out.print(table)
+    if as_json:
+        out.print_json(json.dumps(report))
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def hosts(as_json: bool = typer.Option(False, "--json")):
+    """The inventory with each container's status (hosts queried in parallel)."""
+    targets = ctx.targets()
+    inv = targets.inventory
+
+    def one(host_name: str) -> list[dict]:
+        rows = []
+        for cname in inv.hosts[host_name].containers:
+            row = {"host": host_name, "container": cname, "kind": inv.hosts[host_name].kind}
+            try:
+                t = targets.open(f"{host_name}/{cname}")
+                row["vmid"] = t.vmid
+                row["status"] = t.transport.status() if t.kind == "ssh" else "local"
+                if row["status"] in ("running", "local"):
+                    jobs = t.agent_json("status").get("jobs", [])
+                    live = [j for j in jobs if j.get("state") not in ("succeeded", "failed", "stopped", "lost")]
+                    row["job"] = live[-1]["job_id"] if live else None
+            except GpujobError as e:
+                row["status"] = "unreachable"
+                row["error"] = e.message
+            rows.append(row)
+        return rows
+
+    with ThreadPoolExecutor(max_workers=max(1, len(inv.hosts))) as pool:
+        rows = [r for part in pool.map(one, list(inv.hosts)) for r in part]
+    if as_json:
+        out.print_json(json.dumps({"source": inv.source, "targets": rows}))
+        return
+    table = Table(title=f"targets ({inv.source})", title_justify="left")
+    for col in ("target", "vmid", "status", "running job"):
+        table.add_column(col)
+    for r in rows:
+        st = r["status"]
+        colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
+        table.add_row(f"{r['host']}/{r['container']}", str(r.get("vmid") or "-"),
+                      f"[{colour}]{st}[/]" + (f" ({r['error']})" if r.get("error") else ""), r.get("job") or "-")
+    out.print(table)
+
+
+# ---- submit ----------------------------------------------------------------
+
+@app.command()
+def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
+           target: Optional[str] = typer.Option(None, "--target", "-t"),
+           profile: Optional[str] = typer.Option(None, "--profile", "-p", help="start on this wheel profile"),
+           plan: bool = typer.Option(False, "--plan", help="print every step and command; run nothing"),
+           follow: bool = typer.Option(False, "--follow", "-f", help="follow the log until the job ends"),
+           clear_caches: Optional[bool] = typer.Option(None, "--clear-caches/--keep-caches",
+                                                       help="override caches.clear_on_submit")):
+    """Ship the code and start the job under a detached supervisor in the container."""
+    from gpujob import jobs
+    from gpujob.spec import load_spec, spec_hash
+    spec = load_spec(spec_path)
+    target_name = target or spec.target
+    if not target_name:
+        raise InputError(f"{spec_path}: target: missing (required), or pass --target")
+    profile = spec.profile_by_name(profile).name if profile else spec.profile
+    t = ctx.target(target_name)
+    job_id = jobs.new_job_id(spec.name)
+    clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
+    if plan:
+        out.print(f"[bold]plan[/] for {spec_path} → {t.label} ({t.transport.describe()}), "
+                  f"job {job_id}, profile {profile}; nothing runs")
+        for i, step in enumerate(jobs.build_plan(spec, t, job_id, profile), 1):
+            when = f" [dim]({step.when})[/]" if step.when else ""
+            out.print(f"{i:>2}. [bold]{step.kind}[/] [{step.where}] {step.what}{when}")
+            if step.argv:
+                import shlex
+                out.print(f"      $ {shlex.join(step.argv)}", markup=False)
+        return
+    res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                      progress=lambda m: err.print(f"[dim]· {m}[/]"))
+    if res.get("stale_lock"):
+        err.print(f"[yellow]note:[/] took over a stale lock of job {res['stale_lock'].get('job_id')} "
+                  f"(its supervisor pid {res['stale_lock'].get('pid')} was gone)")
+    ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
+    out.print(f"submitted [bold]{job_id}[/] to {t.label} (profile {profile}, supervisor pid "
+              f"{res['supervisor_pid']})")
+    if follow:
+        _follow(job_id, t, "job.log", None)
+        raise typer.Exit(_final_code(job_id, t))
+    out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
+
+
+def _final_code(job_id: str, t: Target) -> int:
+    st = _status(job_id, t)
+    print_status_view(st, t)
+    return 0 if st.get("state") == "succeeded" else 1
+
+
+def print_status_view(st: dict, t: Target) -> None:
+    render.print_status(out, render.status_view(st, t.label))
+
+
+def _status(job_id: str, t: Target) -> dict:
+    st = t.agent_json("status", job_id)["jobs"][0]
+    ctx.state().seen(job_id, st.get("state"), st.get("ledger"), t.label, st.get("name"))
+    return st
+
+
+def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
+            events: bool = False) -> None:
+    from gpujob import jobs
+    so = sys.stdout.buffer
+    buf = bytearray()
+
+    def write(chunk: bytes) -> None:
+        if not events:
+            so.write(chunk)
+            so.flush()
+            return
+        buf.extend(chunk)
+        *lines, rest = bytes(buf).split(b"\n")
+        buf[:] = rest
+        for ln in lines:
+            if ln.strip():
+                out.print(render.event_line(json.loads(ln)), markup=False)
+
+    offset = 0
+    if last is not None:  # find where the last N lines start, then stream from there
+        r = t.agent("tail", job_id, "--file", file, "--last", str(last), timeout=60)
+        offset = json.loads(r.stderr.decode().splitlines()[0])["offset"] if r.stderr else 0
+    try:
+        jobs.follow_log(t, job_id, file=file, follow=follow, offset=offset, write=write,
+                        notice=lambda m: err.print(f"[yellow]gpujob: {m}[/]"))
+    except KeyboardInterrupt:
+        err.print(f"\ndetached from {job_id}; it keeps running (gpujob logs -f {job_id})")
+        raise typer.Exit(0)
+
+
+# ---- logs / status / ps / stop / rollback ----------------------------------
+
+@app.command()
+def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the most recent)"),
+         follow: bool = typer.Option(False, "--follow", "-f", help="follow until the job ends"),
+         phase: Optional[str] = typer.Option(None, "--phase", help="warmup, train or prepare: "
+                                             "that phase's raw log"),
+         events: bool = typer.Option(False, "--events", help="the event journal instead of the log"),
+         tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
+         target: Optional[str] = typer.Option(None, "--target", "-t")):
+    """Print a job's log; with -f follow it, surviving dropped connections."""
+    if phase not in (None, "warmup", "train", "prepare"):
+        raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
+    job_id, t = job_target(job, target)
+    file = "events.jsonl" if events else f"{phase}.log" if phase else "job.log"
+    _follow(job_id, t, file, tail, follow=follow, events=events)
+
+
+@app.command()
+def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Option(False, "--json"),
+           target: Optional[str] = typer.Option(None, "--target", "-t")):
+    """State, phase, profile, tok/s with its trend and threshold, rollbacks."""
+    job_id, t = job_target(job, target)
+    st = _status(job_id, t)
+    if as_json:
+        out.print_json(json.dumps(render.status_view(st, t.label)))
+    else:
+        print_status_view(st, t)
+
+
+@app.command()
+def ps(as_json: bool = typer.Option(False, "--json"),
+       limit: int = typer.Option(20, help="how many recent jobs")):
+    """Jobs started from this laptop, with their state fetched from the containers."""
+    rows = ctx.state().jobs(limit)
+    by_target: dict[str, list[str]] = {}
+    for r in rows:
+        by_target.setdefault(r["target"], []).append(r["job_id"])
+
+    def fetch(target: str) -> dict:
+        try:
+            t = ctx.target(target)
+            return {s["job_id"]: s for s in t.agent_json("status", *by_target[target])["jobs"]}
+        except GpujobError as e:
+            return {j: {"state": "unreachable", "reason": e.message} for j in by_target[target]}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(by_target)))) as pool:
+        states = {}
+        for part in pool.map(fetch, list(by_target)):
+            states.update(part)
+    views = []
+    for r in rows:
+        st = states.get(r["job_id"], {})
+        if st.get("state") != "unreachable":
+            ctx.state().seen(r["job_id"], st.get("state"))
+        views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
+    if as_json:
+        out.print_json(json.dumps(views))
+        return
+    table = Table(show_edge=False)
+    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime", "exit"):
+        table.add_column(col)
+    from gpujob.agent.throughput import fmt_rate
+    for v in views:
+        style = render.STATE_STYLE.get(v["state"], "")
+        table.add_row(v["job"], v["target"], f"[{style}]{v['state']}[/]", v["phase"] or "-",
+                      v["profile"] or "-", fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
+                      render.duration(v["uptime_s"]), v["exit"] or "")
+    out.print(table)
+
+
+@app.command()
+def stop(job: Optional[str] = typer.Argument(None),
+         target: Optional[str] = typer.Option(None, "--target", "-t")):
+    """SIGTERM the trainer's process group, SIGKILL after the grace period, confirm it is gone."""
+    job_id, t = job_target(job, target)
+    res = t.agent_json("stop", job_id, timeout=600)
+    if res.get("left"):
+        err.print(f"[red]gpujob: processes of {job_id} still alive: {res['left']}[/]")
+        raise typer.Exit(1)
+    out.print(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else ""))
+    ctx.state().seen(job_id, res["state"])
+
+
+@app.command()
+def rollback(job: Optional[str] = typer.Argument(None),
+             to: Optional[str] = typer.Option(None, "--to", help="profile (default: the last known-good)"),
+             target: Optional[str] = typer.Option(None, "--target", "-t")):
+    """Roll a job back to the last known-good wheel profile (or --to one), resuming training."""
+    job_id, t = job_target(job, target)
+    res = t.agent_json("rollback", job_id, *(["--to", to] if to else []), timeout=120)
+    if res.get("requested"):
+        out.print(f"{job_id}: rollback from {res['from']} asked of its supervisor"
+                  + (f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)"))
+    else:
+        out.print(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
+                  f"{res['supervisor_pid']}")
+    out.print(f"follow it: gpujob logs -f {job_id}")
+
+
+# ---- profiles / cache ------------------------------------------------------
+
+@app.command()
+def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
+    """Installed profile venvs (size) and the known-good / bad ledger of each job."""
+    t = ctx.target(target)
+    res = t.agent_json("profiles", timeout=300)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    ledgers = res["ledgers"]
+    status = {}
+    for name, led in ledgers.items():
+        for p, e in led.get("profiles", {}).items():
+            status.setdefault(p, []).append(f"{name}: {e.get('status')}")
+    table = Table(title=f"profiles on {t.label}", title_justify="left", show_edge=False)
+    for col in ("profile", "venv", "installed", "size", "packages", "ledger"):
+        table.add_column(col)
+    seen = set()
+    for e in res["envs"]:
+        seen.add(e["profile"])
+        pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
+        table.add_row(e["profile"] or "?", e["env_key"], "yes" if e["installed"] else "partial",
+                      render.size(e["size"]), pk, "; ".join(status.get(e["profile"], [])) or "untried")
+    for p in sorted(set(status) - seen):
+        table.add_row(p, "-", "no", "-", "", "; ".join(status[p]))
+    out.print(table)
+    for name, led in ledgers.items():
+        out.print(render.ledger_table(led.get("profiles", {})), f"(job {name})")
+
+
+@cache_app.command("ls")
+def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
+    """Compile cache sizes per profile (inductor, triton, torch_extensions)."""
+    t = ctx.target(target)
+    res = t.agent_json("cache", "ls", timeout=300)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    table = Table(title=f"compile caches on {t.label}", title_justify="left", show_edge=False)
+    for col in ("profile venv", "total", "inductor", "triton", "torch_extensions"):
+        table.add_column(col)
+    for c in res["caches"]:
+        table.add_row(c["env_key"], render.size(c["size"]),
+                      *(render.size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")))
+    out.print(table)
+    out.print(f"uv download cache (shared): {render.size(res['uv_cache'])}")
+
+
+@cache_app.command("clear")
+def cache_clear(target: str = typer.Argument(...),
+                profile: Optional[str] = typer.Option(None, "--profile", "-p"),
+                force: bool = typer.Option(False, "--force", help="even under a running job")):
+    """Delete compile caches (of one profile, or all)."""
+    t = ctx.target(target)
+    res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
+                       *(["--force"] if force else []), timeout=300)
+    out.print(f"cleared: {', '.join(res['cleared']) or 'nothing'}")
+
+
+# ---- demo ------------------------------------------------------------------
+
+@app.command()
+def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"),
+         target: Optional[str] = typer.Option(None, "--target", "-t")):
+    """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
+    from gpujob import jobs
+    from gpujob.spec import load_spec, spec_hash
+    from gpujob.wheelhouse import build_indexes
+    spec = load_spec(spec_path)
+    build_indexes(spec.spec_dir / "demo" / "wheelhouse")
+    t = ctx.target(target or spec.target or "demo")
+    good = next(p.name for p in spec.profiles if p.name != spec.profile)
+    acts = [(good, f"Act 1: the {good} wheel build trains and becomes known-good"),
+            (spec.profile, f"Act 2: someone switched to the {spec.profile} build: gpujob notices, "
+                           f"rolls back to {good} and resumes from the checkpoint")]
+    final = {}
+    for profile, title in acts:
+        out.rule(f"[bold]{title}")
+        job_id = jobs.new_job_id(spec.name)
+        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=False,
+                          progress=lambda m: err.print(f"[dim]· {m}[/]"))
+        ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
+        out.print(f"submitted [bold]{job_id}[/] (profile {profile}, supervisor pid {res['supervisor_pid']})")
+        _follow(job_id, t, "job.log", None)
+        final = _status(job_id, t)
+        print_status_view(final, t)
+        if final.get("state") != "succeeded":
+            raise JobError(f"demo job {job_id} ended {final.get('state')}: {final.get('reason')}")
+    rolled = [r for r in final.get("rollbacks") or [] if r.get("signal") != "manual"]
+    if not rolled:
+        raise JobError("the demo ended without a rollback: the slow build was not caught")
+    r = rolled[-1]
+    out.rule("[bold]What happened")
+    out.print(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
+              f"bad and had the trainer running on {r['to']} {r['took']:.2f}s later, resumed from "
+              f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}")
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
+    except GpujobError as e:
+        err.print(f"gpujob: {e.message}", markup=False, soft_wrap=True)
+        if e.hint:
+            err.print(f"  hint: {e.hint}", markup=False, soft_wrap=True)
+        sys.exit(e.exit_code)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("\ninterrupted")
+        sys.exit(130)
+    except Exception as e:  # click's usage errors and the like
+        import click
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+    finally:
+        ctx.close()
+
+
+if __name__ == "__main__":
+    main()

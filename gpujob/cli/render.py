@@ -1,0 +1,144 @@
+"""Turning agent answers into what people read (rich) — no I/O besides the console."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from gpujob.agent.throughput import fmt_rate, sparkline
+
+STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "preparing": "yellow",
+               "rolling_back": "magenta", "stopping": "yellow", "stopped": "dim", "failed": "red",
+               "lost": "red"}
+
+
+def ago(t: float | None) -> str:
+    if not t:
+        return "-"
+    return duration(time.time() - t) + " ago"
+
+
+def duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(max(s, 0))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d{h}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def uptime(st: dict) -> float | None:
+    if not st.get("started_at"):
+        return None
+    return (st.get("finished_at") or time.time()) - st["started_at"]
+
+
+def exit_info(st: dict) -> str:
+    if st.get("state") in ("succeeded", "failed", "stopped", "lost"):
+        bits = []
+        if st.get("exit_code") is not None:
+            bits.append(f"exit {st['exit_code']}")
+        if st.get("signal"):
+            bits.append(st["signal"])
+        if st.get("reason"):
+            bits.append(st["reason"])
+        return "; ".join(bits)
+    return ""
+
+
+def status_view(st: dict, target: str) -> dict:
+    """The status of one job as plain data (what --json prints, and what the table shows)."""
+    window = st.get("window") or {}
+    return {
+        "job": st.get("job_id"), "name": st.get("name"), "target": target,
+        "state": st.get("state"), "phase": st.get("phase"), "profile": st.get("profile"),
+        "tok_s": st.get("tps"), "window_median": window.get("median"),
+        "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
+        "consecutive_breaches": window.get("consecutive_breaches"),
+        "failure_limit": window.get("failure_limit"), "verdict": st.get("verdict"),
+        "baseline": st.get("baseline"), "trend": st.get("tps_recent") or [],
+        "sparkline": sparkline(st.get("tps_recent") or [], 40) if st.get("tps_recent") else "",
+        "uptime_s": uptime(st), "exit": exit_info(st), "reason": st.get("reason"),
+        "exit_code": st.get("exit_code"), "signal": st.get("signal"),
+        "rollbacks": st.get("rollbacks") or [],
+        "ledger": (st.get("ledger") or {}).get("profiles", {}),
+    }
+
+
+def print_status(console: Console, v: dict) -> None:
+    style = STATE_STYLE.get(v["state"], "")
+    t = Table.grid(padding=(0, 2))
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("job", f"{v['job']}  on {v['target']}")
+    t.add_row("state", f"[{style}]{v['state']}[/]" + (f"  ({v['phase']})" if v["phase"] else ""))
+    t.add_row("profile", v["profile"] or "-")
+    if v["tok_s"] is not None:
+        line = f"{fmt_rate(v['tok_s'])} tok/s"
+        if v["window_median"] is not None and v["threshold"] is not None:
+            ok = v["window_median"] >= v["threshold"]
+            line += (f"   window median {fmt_rate(v['window_median'])} "
+                     f"{'≥' if ok else '<'} {fmt_rate(v['threshold'])} ({v['threshold_source']})")
+            if v["consecutive_breaches"]:
+                line += f", {v['consecutive_breaches']}/{v['failure_limit']} breaches"
+        t.add_row("tok/s", line)
+        t.add_row("trend", f"[cyan]{v['sparkline']}[/]  "
+                  f"{fmt_rate(min(v['trend']))}–{fmt_rate(max(v['trend']))}")
+    t.add_row("uptime", duration(v["uptime_s"]))
+    if v["exit"]:
+        t.add_row("exit", v["exit"])
+    elif v["reason"] and v["state"] == "rolling_back":
+        t.add_row("why", v["reason"])
+    console.print(t)
+    if v["rollbacks"]:
+        rt = Table(title="rollbacks", title_justify="left", show_edge=False)
+        for col in ("when", "from → to", "signal", "reason", "took"):
+            rt.add_column(col)
+        for r in v["rollbacks"]:
+            rt.add_row(time.strftime("%H:%M:%S", time.localtime(r["decided_at"])),
+                       f"{r['from']} → {r['to']}", r.get("signal", ""), r.get("reason", ""),
+                       f"{r['took']:.2f}s" if r.get("took") is not None else "-")
+        console.print(rt)
+    if v["ledger"]:
+        console.print(ledger_table(v["ledger"]))
+
+
+def ledger_table(ledger: dict) -> Table:
+    lt = Table(title="profiles (ledger)", title_justify="left", show_edge=False)
+    for col in ("profile", "status", "baseline", "reason"):
+        lt.add_column(col)
+    colour = {"good": "green", "bad": "red"}
+    for name, e in sorted(ledger.items()):
+        lt.add_row(name, f"[{colour.get(e.get('status'), '')}]{e.get('status')}[/]",
+                   fmt_rate(e["baseline"]) + " tok/s" if e.get("baseline") else "-",
+                   e.get("reason") or "")
+    return lt
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def event_line(ev: dict) -> str:
+    """One events.jsonl record as a readable line."""
+    t = time.strftime("%H:%M:%S", time.localtime(ev.get("t", 0)))
+    kind = ev.get("type", "?")
+    skip = {"t", "type", "evidence", "argv"}
+    if kind == "sample":
+        body = f"{fmt_rate(ev['value'])} tok/s" + (f" step {ev['step']}" if ev.get("step") is not None else "") \
+            + f" [{ev.get('verdict')}]"
+    elif kind in ("decision", "rollback"):
+        body = ", ".join(f"{k}={ev[k]}" for k in ("verdict", "from", "to", "signal") if k in ev)
+        body += f": {ev.get('reason', '')}"
+    else:
+        body = " ".join(f"{k}={ev[k]}" for k in sorted(ev) if k not in skip)
+    return f"{t} {kind:<14} {body}"

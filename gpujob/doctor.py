@@ -1,0 +1,169 @@
+"""``gpujob doctor``: checks of a target over one connection.
+
+Gathering (``gather``) does the I/O; judging (``judge``) is pure: facts in,
+checks out, each ok / warn / fail with a one-line fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from gpujob.errors import ConnectError, GpujobError
+from gpujob.target import Target
+
+MIN_FREE_WARN = 20 * 2**30
+MIN_FREE_FAIL = 2 * 2**30
+#: Minimum driver for a CUDA major version (NVIDIA's compatibility table).
+CUDA_MIN_DRIVER = {13: "580", 12: "525.60.13", 11: "450.80.02"}
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok, warn, fail
+    detail: str
+    hint: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v))
+
+
+def host_driver(proc_version: str | None) -> str | None:
+    """``580.65.06`` from /proc/driver/nvidia/version's ``Kernel Module  580.65.06`` line."""
+    m = re.search(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)", proc_version or "")
+    return m.group(1) if m else None
+
+
+def gather(target: Target, workdir: str | None = None) -> dict:
+    """Facts about the target; stops early (with what it knows) when a layer fails."""
+    facts: dict = {"kind": target.kind, "label": target.label}
+    if target.kind == "ssh":
+        try:
+            client = target.host_transport.client()
+            key = client.get_transport().get_remote_server_key()
+            from gpujob.transport.ssh import fingerprint
+            facts["host"] = {"ok": True, "key": f"{key.get_name()} {fingerprint(key)}",
+                             "where": target.host_transport.describe()}
+        except ConnectError as e:
+            facts["host"] = {"ok": False, "error": e.message, "hint": e.hint or ""}
+            return facts
+        pct = target.transport
+        r = target.host_transport.run([pct.pct, "status", str(pct.vmid)], timeout=30)
+        facts["pct"] = {"exit": r.exit_code, "out": r.text.strip(), "err": r.tail()}
+        if r.exit_code != 0 or "running" not in r.text:
+            return facts
+        r = target.host_transport.run(["cat", "/proc/driver/nvidia/version"], timeout=30)
+        facts["host_driver"] = r.text if r.ok else None
+    try:
+        facts["probe"] = target.probe(workdir)
+    except GpujobError as e:
+        facts["probe_error"] = e.message
+    return facts
+
+
+def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
+    checks: list[Check] = []
+    add = lambda *a: checks.append(Check(*a))  # noqa: E731
+    if facts["kind"] == "ssh":
+        host = facts.get("host", {})
+        if not host.get("ok"):
+            add("host", "fail", host.get("error", "not reached"), host.get("hint", ""))
+            return checks
+        add("host", "ok", f"{host['where']} ({host['key']})")
+        pct = facts["pct"]
+        if pct["exit"] == 127:
+            add("pct", "fail", "pct not found on the host", "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
+            return checks
+        if pct["exit"] != 0:
+            text = pct["err"] or pct["out"]
+            if "does not exist" in text:
+                add("pct", "ok", "pct present")
+                add("container", "fail", text, "check the vmid in hosts.yaml (`pct list` on the host)")
+            elif "permission" in text.lower() or "must be root" in text.lower():
+                add("pct", "fail", text, "pct needs root: set `user: root` for this host")
+            else:
+                add("pct", "fail", text or f"pct status exited {pct['exit']}")
+            return checks
+        add("pct", "ok", "pct present")
+        if "running" not in pct["out"] or "not running" in pct["out"]:
+            add("container", "fail", pct["out"], "start it: pct start VMID")
+            return checks
+        add("container", "ok", pct["out"])
+    if "probe_error" in facts:
+        err = facts["probe_error"]
+        hint = "apt install python3 python3-venv in the container" if "python3" in err else ""
+        add("python3", "fail", err, hint)
+        return checks
+    p = facts["probe"]
+    add("python3", "ok", f"python {p['python']} ({p['system']} {p['machine']})")
+    if p.get("venv"):
+        add("venv", "ok", "venv and ensurepip importable")
+    else:
+        add("venv", "warn", "ensurepip missing (python3-venv not installed)",
+            "only needed when gpujob falls back to pip: apt install python3-venv")
+    if p.get("uv"):
+        add("uv", "ok", p["uv"])
+    else:
+        add("uv", "warn", "no uv in the container",
+            "gpujob ships its own uv there when the CPU and OS match, else installs with pip")
+    free = p.get("disk_free", 0)
+    gib = free / 2**30
+    status = "ok" if free >= MIN_FREE_WARN else "warn" if free >= MIN_FREE_FAIL else "fail"
+    add("disk", status, f"{gib:.1f} GiB free at {p.get('disk_path')}",
+        "" if status == "ok" else "a torch CUDA venv takes ~6 GiB and compile caches grow: free some space")
+    checks.extend(gpu_checks(p, facts.get("host_driver"), expected_gpus, cudas))
+    return checks
+
+
+def gpu_checks(p: dict, host_proc: str | None, expected: int | None, cudas) -> list[Check]:
+    out: list[Check] = []
+    smi = p.get("nvidia_smi")
+    if smi is None:
+        out.append(Check("gpus", "warn", "nvidia-smi not found in the container: no GPU visible",
+                         "pass the GPUs into the container (lxc.cgroup2.devices.allow, /dev/nvidia* mounts) "
+                         "and install the NVIDIA user-space driver matching the host"))
+        return out
+    if not smi.get("ok"):
+        err = smi.get("error", "")
+        hint = ("the container's NVIDIA libraries must match the host's kernel module exactly"
+                if "mismatch" in err.lower() else "check the device mounts and driver in the container")
+        out.append(Check("gpus", "fail", f"nvidia-smi failed: {err}", hint))
+        return out
+    gpus = smi.get("gpus", [])
+    n = len(gpus)
+    if expected is not None and n != expected:
+        out.append(Check("gpus", "fail", f"{n} GPUs visible, hosts.yaml expects {expected}",
+                         "check the container's GPU passthrough (lxc.mount.entry for each /dev/nvidiaN)"))
+    else:
+        names = ", ".join(sorted({g[1] for g in gpus if len(g) > 1})) or "?"
+        out.append(Check("gpus", "ok" if n else "warn", f"{n} GPUs ({names})"))
+    drv = gpus[0][2] if gpus and len(gpus[0]) > 2 else None
+    hdrv = host_driver(host_proc if host_proc is not None else p.get("proc_driver"))
+    if drv and hdrv:
+        if drv != hdrv:
+            out.append(Check("driver", "fail", f"container driver {drv} != host kernel module {hdrv}",
+                             f"install the {hdrv} NVIDIA user-space libraries in the container "
+                             "(--no-kernel-module)"))
+        else:
+            out.append(Check("driver", "ok", f"driver {drv} matches the host kernel module"))
+    for cuda in cudas:
+        need = CUDA_MIN_DRIVER.get(version_tuple(cuda)[0]) if cuda else None
+        if need and drv:
+            if version_tuple(drv) < version_tuple(need):
+                out.append(Check(f"cuda {cuda}", "fail", f"driver {drv} is older than {need}, "
+                                 f"the minimum for CUDA {cuda} wheels", "upgrade the host driver, "
+                                 "or use a profile built for an older CUDA"))
+            else:
+                out.append(Check(f"cuda {cuda}", "ok", f"driver {drv} >= {need}"))
+    if p.get("uvm"):
+        out.append(Check("nvidia-uvm", "ok", "/dev/nvidia-uvm present"))
+    else:
+        out.append(Check("nvidia-uvm", "warn" if not gpus else "fail", "/dev/nvidia-uvm missing",
+                         "on the host: nvidia-modprobe -u -c=0 (it vanishes after a host reboot), "
+                         "then restart the container"))
+    return out

@@ -1,0 +1,184 @@
+"""The inventory (hosts.yaml): Proxmox hosts reached over SSH, or this machine,
+and the containers on them that run jobs."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import paramiko
+from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
+
+from gpujob.errors import InputError
+from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
+
+DEFAULT_INVENTORY = {
+    "hosts": {"local": {"kind": "local", "containers": {"demo": {"root": "~/.local/share/gpujob/demo"}}}},
+}
+
+
+def _vmid(value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer VMID, got {describe(value)}")
+    if not 100 <= value <= 999_999_999:
+        raise ValueError(f"expected a VMID between 100 and 999999999, got {value}")
+    return value
+
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+Vmid = Annotated[int, BeforeValidator(_vmid)]
+
+
+class Container(Strict):
+    vmid: Vmid | None = None  # ssh hosts only (required there)
+    gpus: int | None = Field(None, ge=0)  # expected GPU count
+    root: str | None = None  # local hosts only (required there): stands in for the container
+    home: str | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
+
+
+_SSH_ONLY = ("address", "port", "user", "identity_file", "known_hosts", "proxy_jump")
+
+
+class Host(Strict):
+    kind: Literal["ssh", "local"] = "ssh"
+    address: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    user: str | None = None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    proxy_jump: str | None = None
+    pct: str = "pct"
+    connect_timeout: float = Field(10.0, gt=0)
+    keepalive: float = Field(15.0, ge=0)  # 0: off
+    containers: dict[Name, Container] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> Host:
+        ssh = self.kind == "ssh"
+        if ssh and self.address is None:
+            raise At(("address",), "missing (required)")
+        if not ssh:
+            for field in _SSH_ONLY:
+                if getattr(self, field) is not None:
+                    raise At((field,), "only for ssh hosts")
+        required, forbidden = (("vmid",), ("root",)) if ssh else (("root",), ("vmid", "home"))
+        for name, container in self.containers.items():
+            for field in required:
+                if getattr(container, field) is None:
+                    raise At(("containers", name, field), "missing (required)")
+            for field in forbidden:
+                if getattr(container, field) is not None:
+                    raise At(("containers", name, field), f"only for {'local' if ssh else 'ssh'} hosts")
+        return self
+
+
+class Inventory(Strict):
+    hosts: dict[Name, Host] = Field(min_length=1)
+    _source: str = PrivateAttr("embedded default")
+
+    @property
+    def source(self) -> str:
+        """The file this inventory came from, or 'embedded default'."""
+        return self._source
+
+    def targets(self) -> list[tuple[str, str]]:
+        return [(h, c) for h, host in self.hosts.items() for c in host.containers]
+
+    def resolve(self, target: str) -> tuple[str, Host, str, Container]:
+        """`name` or `host/name` -> (host name, host, container name, container)."""
+        targets = self.targets()
+        host_name, _, name = target.rpartition("/")
+        found = [(h, c) for h, c in targets if c == name and (not host_name or h == host_name)]
+        if len(found) > 1:
+            choices = " or ".join(f"{h}/{c}" for h, c in found)
+            raise InputError(f"target '{target}' is on several hosts; say {choices}")
+        if not found:
+            names = [c for _, c in targets]
+            known = [c if names.count(c) == 1 else f"{h}/{c}" for h, c in targets]
+            raise InputError(f"unknown target '{target}'; known: {', '.join(known)}"
+                             + suggest(target, known + [f"{h}/{c}" for h, c in targets]))
+        h, c = found[0]
+        return h, self.hosts[h], c, self.hosts[h].containers[c]
+
+
+def find_inventory(explicit: str | None) -> Path | None:
+    """--hosts, then $GPUJOB_HOSTS, then ./hosts.yaml, then $XDG_CONFIG_HOME/gpujob/hosts.yaml."""
+    for given, what in ((explicit, "--hosts"), (os.environ.get("GPUJOB_HOSTS"), "$GPUJOB_HOSTS")):
+        if given:
+            path = Path(given).expanduser()
+            if not path.is_file():
+                raise InputError(f"{what}: no such file: {path}")
+            return path
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    for path in (Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"):
+        if path.is_file():
+            return path
+    return None
+
+
+def load_inventory(path: Path | None) -> Inventory:
+    """The inventory in path (SpecError when invalid); None: the embedded default."""
+    if path is None:
+        return Inventory.model_validate(DEFAULT_INVENTORY)
+    inventory = load_yaml(path).validate(Inventory)
+    inventory._source = str(path)
+    return inventory
+
+
+@dataclass
+class SshSettings:
+    hostname: str
+    port: int
+    user: str
+    identity_files: list[str]
+    known_hosts: Path
+    proxy_jump: str | None
+    connect_timeout: float
+    keepalive: float
+    jump: SshSettings | None = None
+
+
+_JUMP = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>[^:@,]+)(?::(?P<port>\d+))?")
+
+
+def ssh_settings(host_name: str, host: Host, ssh_config_path: str | Path = "~/.ssh/config") -> SshSettings:
+    """How to reach host: hosts.yaml, filled in from ~/.ssh/config (hosts.yaml wins)."""
+    if host.kind != "ssh":
+        raise InputError(f"host '{host_name}' is local; it has no SSH settings")
+    path = Path(ssh_config_path).expanduser()
+    config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
+    return _settings(config, host, nested=False)
+
+
+def _settings(config: paramiko.SSHConfig, host: Host, nested: bool) -> SshSettings:
+    found = config.lookup(host.address)
+    proxy_jump = host.proxy_jump or found.get("proxyjump")
+    if proxy_jump and proxy_jump.lower() == "none":
+        proxy_jump = None
+    jump = None
+    if proxy_jump:
+        match = _JUMP.fullmatch(proxy_jump)
+        if not match:
+            raise InputError(f"proxy_jump '{proxy_jump}': expected one jump host, [user@]host[:port]")
+        if nested:
+            raise InputError(f"proxy_jump '{proxy_jump}' of jump host '{host.address}': "
+                             "only one level of jump is supported")
+        port = match["port"] and int(match["port"])
+        jump_host = host.model_copy(update={"address": match["host"], "user": match["user"], "port": port,
+                                            "identity_file": None, "proxy_jump": None})
+        jump = _settings(config, jump_host, nested=True)
+    identity = [host.identity_file] if host.identity_file else found.get("identityfile", [])
+    return SshSettings(
+        hostname=found["hostname"],
+        port=host.port or int(found.get("port", 22)),
+        user=host.user or found.get("user", "root"),
+        identity_files=[os.path.expanduser(path) for path in identity],
+        known_hosts=Path(host.known_hosts or "~/.ssh/known_hosts").expanduser(),
+        proxy_jump=proxy_jump,
+        connect_timeout=host.connect_timeout,
+        keepalive=host.keepalive,
+        jump=jump,
+    )

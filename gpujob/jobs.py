@@ -1,0 +1,247 @@
+"""Controller-side job operations: plan a submit, ship code, start, follow, ask.
+
+``build_plan`` is pure (spec and target in, list of steps out) and is what both
+``submit --plan`` prints and ``submit`` executes, step by step, so the plan
+cannot drift from what runs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import os
+import secrets
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from gpujob.agent import envs
+from gpujob.agent.journal import FINAL_STATES
+from gpujob.agent.supervisor import command_argv
+from gpujob.errors import ConnectError, ConnectionLost, InputError, RemoteError
+from gpujob.spec import JobSpec, spec_hash
+from gpujob.target import Target
+
+ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: ids are read aloud
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{''.join(secrets.choice(ID_ALPHABET) for _ in range(4))}"
+
+
+# ---- shipping code (pure parts first) ---------------------------------------
+
+def excluded(rel: str, patterns: list[str]) -> bool:
+    """A pattern matches the relative path or any one of its components."""
+    parts = rel.split("/")
+    return any(fnmatch.fnmatch(rel, p) or any(fnmatch.fnmatch(part, p) for part in parts)
+               for p in patterns)
+
+
+def local_manifest(src: Path, exclude: list[str]) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime seconds)} of the files to ship from ``src``."""
+    if src.is_file():
+        st = src.stat()
+        return {src.name: (st.st_size, int(st.st_mtime))}
+    out = {}
+    for dirpath, dirs, files in os.walk(src):
+        rel_dir = os.path.relpath(dirpath, src)
+        rel_dir = "" if rel_dir == "." else rel_dir + "/"
+        dirs[:] = sorted(d for d in dirs if not excluded(rel_dir + d, exclude))
+        for name in sorted(files):
+            rel = rel_dir + name
+            p = os.path.join(dirpath, name)
+            if excluded(rel, exclude) or not os.path.isfile(p) or os.path.islink(p):
+                continue
+            st = os.stat(p)
+            out[rel] = (st.st_size, int(st.st_mtime))
+    return out
+
+
+def changed(local: dict, remote: dict) -> list[str]:
+    """Files whose size or mtime differ on the far side (or that are missing there)."""
+    return [rel for rel, (size, mtime) in local.items()
+            if tuple(remote.get(rel, ())) != (size, mtime)]
+
+
+def tar_of(src: Path, files: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for rel in files:
+            path = src if src.is_file() else src / rel
+            info = tar.gettarinfo(str(path), arcname=rel)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    return buf.getvalue()
+
+
+def sync_sources(spec: JobSpec) -> list[tuple[Path, str, list[str]]]:
+    """(local source, remote dest, excludes) per sync entry; a missing source is an
+    input error raised before anything changes on the remote side."""
+    out = []
+    for i, entry in enumerate(spec.sync):
+        src = (spec.spec_dir / Path(entry.src).expanduser()).resolve()
+        if not src.exists():
+            raise InputError(f"{spec.source_path}: sync[{i}].src: no such file or directory: {src}")
+        dest = entry.dest
+        if src.is_file():  # a single file lands at dest; the tar member is its name
+            dest = os.path.dirname(dest) or "."
+        out.append((src, dest, list(entry.exclude)))
+    return out
+
+
+# ---- the plan ----------------------------------------------------------------
+
+@dataclass
+class Step:
+    kind: str          # connect, probe, ship_agent, ship_uv, manifest, submit, env, warmup, train
+    where: str         # laptop, host, container (by the controller), supervisor (in the container)
+    what: str
+    argv: list[str] = field(default_factory=list)
+    when: str = ""     # a condition, when the step is not always taken
+
+
+def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool) -> dict:
+    """What ``agent submit`` receives (besides the code), as JSON."""
+    data = spec.to_agent_dict()
+    for p in data["profiles"]:
+        url = p["index_url"]
+        if url.startswith("file:") and not url.startswith("file://"):
+            p["index_url"] = (spec.spec_dir / url[5:]).resolve().as_uri()
+    return {"job_id": job_id, "spec": data, "profile": profile,
+            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
+            "clear_caches": clear_caches, "spec_hash": spec_hash(spec)}
+
+
+def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
+    """Every step ``submit`` takes, with the exact argv of each remote command."""
+    steps: list[Step] = []
+    wrap = target.transport.host_argv if hasattr(target.transport, "host_argv") else (lambda a: a)
+    if target.kind == "ssh":
+        steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
+                          "(one connection, strict host key)"))
+    steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
+                      wrap(target.agent_argv("probe"))))
+    steps.append(Step("ship_agent", "container", f"ship the gpujob agent ({target.agent_path})",
+                      wrap([target.python, "-c", "<write stdin to file>", target.agent_path]),
+                      when="if that agent version is not there yet"))
+    if target.kind == "ssh":
+        steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
+                          wrap(target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
+                          when="if the container has no uv"))
+    dests = [d for _src, d, _ex in sync_sources(spec)]
+    if dests:
+        steps.append(Step("manifest", "container", "list the files already shipped",
+                          wrap(target.agent_argv("manifest", "--name", spec.name,
+                                                 *(["--workdir", spec.workdir] if spec.workdir else []),
+                                                 *dests))))
+    sync_note = ", ".join(f"{s} -> {d}" for s, d, _ in sync_sources(spec)) or "no code to ship"
+    steps.append(Step("submit", "container",
+                      f"take the container lock, unpack changed files ({sync_note}), start the "
+                      f"supervisor detached", wrap(target.agent_argv("submit"))))
+    # what the supervisor then runs in the container
+    home = target.home
+    req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit)
+    prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
+    venv = envs.env_dir(home, prof["env_key"])
+    for argv in envs.build_commands(prof, venv, "python3", uv="uv", uv_cache=f"{home}/uv-cache",
+                                    common_requirements=list(spec.requirements),
+                                    constraints_file=f"{venv}/.gpujob-constraints.txt",
+                                    profile_requirements_file=(f"{venv}/.gpujob-requirements.txt"
+                                                               if prof.get("requirements_text") else None)):
+        steps.append(Step("env", "supervisor", f"build venv {prof['env_key']}", argv,
+                          when="if the profile's venv is not installed yet"))
+    steps.append(Step("env", "supervisor", "verify the installed pins", envs.verify_command(venv, prof),
+                      when="after a build"))
+    if spec.caches.clear_on_submit:
+        steps.append(Step("caches", "supervisor", f"clear {envs.cache_dir(home, prof['env_key'])}"))
+    values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
+    values.update(profile=profile, job_id=job_id, workdir=spec.workdir or f"{home}/work/{spec.name}")
+    if spec.warmup:
+        gpus = spec.gpus.get(spec.warmup.per_gpu, []) if spec.warmup.per_gpu else [None]
+        for gpu in gpus:
+            vals = dict(values, gpu=str(gpu)) if gpu is not None else values
+            steps.append(Step("warmup", "supervisor",
+                              "warmup" + (f" with CUDA_VISIBLE_DEVICES={gpu}" if gpu is not None else ""),
+                              command_argv(req["spec"]["warmup"]["command"], vals),
+                              when=f"when {spec.warmup.when}" if spec.warmup.when != "always" else ""))
+    steps.append(Step("train", "supervisor", "train (own process group; caches in "
+                      f"{envs.cache_dir(home, prof['env_key'])})",
+                      command_argv(req["spec"]["train"]["command"], values)))
+    return steps
+
+
+# ---- executing ---------------------------------------------------------------
+
+def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
+           clear_caches: bool, progress: Callable[[str], None]) -> dict:
+    """Ship what is needed and start the supervisor; returns the agent's answer."""
+    sources = sync_sources(spec)  # local problems surface before any remote change
+    req = job_request(spec, job_id, profile, clear_caches=clear_caches)
+    progress(f"probing {target.label}")
+    target.probe(spec.workdir)
+    uv = target.ensure_uv()
+    if uv is None:
+        progress("no uv in the container and ours cannot run there: the venv will be built with pip")
+    req["uv"] = uv
+    streams, payload = [], []
+    if sources:
+        remote = target.agent_json("manifest", "--name", spec.name,
+                                   *(["--workdir", spec.workdir] if spec.workdir else []),
+                                   *[d for _s, d, _e in sources])
+        for src, dest, exclude in sources:
+            local = local_manifest(src, exclude)
+            todo = changed(local, remote.get(dest, {}))
+            progress(f"sync {src} -> {dest}: {len(todo)} of {len(local)} files changed")
+            if todo:
+                blob = tar_of(src, todo)
+                streams.append({"dest": dest, "size": len(blob)})
+                payload.append(blob)
+    req["sync_streams"] = streams
+    stdin = json.dumps(req).encode() + b"\n" + b"".join(payload)
+    progress("starting the supervisor")
+    return target.agent_json("submit", stdin=stdin, timeout=600)
+
+
+def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bool = True,
+               offset: int = 0, write: Callable[[bytes], None],
+               notice: Callable[[str], None], max_backoff: float = 8.0) -> int:
+    """Stream a job's log from ``offset``; after a dropped connection, reconnect with
+    backoff and resume from the byte reached, so no byte is lost or printed twice.
+    Returns the final offset."""
+    pos = offset
+
+    def sink(chunk: bytes) -> None:
+        nonlocal pos
+        write(chunk)
+        pos += len(chunk)
+
+    backoff = 0.25
+    while True:
+        try:
+            args = ["tail", job_id, "--file", file, "--offset", str(pos)] + (["--follow"] if follow else [])
+            r = target.agent(*args, timeout=None, on_stdout=sink)
+            if r.exit_code != 0:
+                raise RemoteError(f"reading {file} of {job_id} failed", r)
+            return pos
+        except ConnectionLost as e:
+            notice(f"connection lost ({e.message}); reconnecting from byte {pos}")
+        while True:
+            time.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+            try:
+                target.host_transport.reconnect()
+                notice("reconnected")
+                backoff = 0.25
+                break
+            except ConnectError as e:
+                notice(f"reconnect failed ({e.message}); next try in {backoff:g}s")
+
+
+def is_final(state: str | None) -> bool:
+    return state in FINAL_STATES or state == "lost"

@@ -1,0 +1,345 @@
+"""The job spec (jobs/*.yaml): what to ship, which wheel profiles to try, how to
+warm up and train, how to judge throughput and when to roll back."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
+                      model_validator)
+
+from gpujob.errors import InputError
+from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
+
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")
+_RATE = re.compile(rf"{_NUMBER}\s*([kKmM]?)")
+_PINNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._, -]*\])?==[A-Za-z0-9.+!_-]+")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _duration(value: Any) -> float:
+    """90, '90s', '10m', '1h30m' -> seconds."""
+    if _is_number(value) and value >= 0:
+        return float(value)
+    match = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match or not any(match.groups()):
+        raise ValueError(f"expected a duration like 90s, 10m or 1h30m, got {describe(value)}")
+    hours, minutes, seconds = (float(part or 0) for part in match.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def _rate(value: Any) -> float:
+    """12800, '12.8K', '1.2M' -> tokens/s."""
+    if _is_number(value):
+        return float(value)
+    match = _RATE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"expected a number, got {describe(value)}")
+    return float(match[1]) * {"": 1, "k": 1e3, "m": 1e6}[match[2].lower()]
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return describe(value)  # true/false for booleans
+    raise ValueError(f"expected a string, number or boolean, got {describe(value)}")
+
+
+def _gpu_list(value: Any) -> Any:
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list of GPU indices, got {describe(value)}")
+    for i, index in enumerate(value):
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise At((i,), f"expected a GPU index (an integer >= 0), got {describe(index)}")
+        if index in value[:i]:
+            raise At((i,), f"GPU {index} is listed twice")
+    return value
+
+
+def _pinned(value: Any) -> Any:
+    if not (isinstance(value, str) and _PINNED.fullmatch(value)):
+        raise ValueError(f"expected a pinned requirement like torch==2.11.0+cu128, got {describe(value)}")
+    return value
+
+
+def _url(value: Any) -> Any:
+    if not (isinstance(value, str) and value.startswith(("http://", "https://", "file:"))):
+        raise ValueError(f"expected an http(s):// or file: URL, got {describe(value)}")
+    return value
+
+
+def _cuda(value: Any) -> str:
+    """'12.8', 12.8, 13 -> 'MAJOR.MINOR'."""
+    text = {int: f"{value}.0", float: str(value)}.get(type(value), value)  # not bool: type() is exact
+    if not (isinstance(text, str) and re.fullmatch(r"\d+\.\d+", text)):
+        raise ValueError(f'expected a CUDA version like "12.8", got {describe(value)}')
+    return text
+
+
+def _command(value: Any) -> Any:
+    if (isinstance(value, str) and value.strip()) or (
+            isinstance(value, list) and value and all(isinstance(arg, str) for arg in value)):
+        return value
+    raise ValueError(f"expected a command (a string or a list of strings), got {describe(value)}")
+
+
+def _args(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return shlex.split(value)
+    except ValueError as exc:
+        raise ValueError(f"cannot split {describe(value)} into arguments: {exc}") from None
+
+
+Duration = Annotated[float, BeforeValidator(_duration)]
+Rate = Annotated[float, BeforeValidator(_rate), Field(gt=0)]
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+GroupName = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]*$")]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+Env = dict[EnvName, Annotated[str, BeforeValidator(_env_value)]]
+GpuList = Annotated[list[int], BeforeValidator(_gpu_list)]
+Pinned = Annotated[str, BeforeValidator(_pinned)]
+Url = Annotated[str, BeforeValidator(_url)]
+Cuda = Annotated[str, BeforeValidator(_cuda)]
+Command = Annotated[str | list[str], BeforeValidator(_command)]
+Args = Annotated[list[str], BeforeValidator(_args)]
+Signal = Literal["low_throughput", "stall", "error_signature", "cuda_oom", "oom_killed", "crash", "gpu_idle"]
+
+
+def _local_path(info: ValidationInfo, path: str) -> Path:
+    """A laptop-side path from the spec: relative to the spec file's directory."""
+    return Path((info.context or {}).get("spec_dir", ".")) / Path(path).expanduser()
+
+
+class Sync(Strict):
+    src: str  # laptop path, relative to the spec's directory; checked at submit
+    dest: str | None = None  # relative to workdir, or absolute; default: basename of src (set at load)
+    exclude: list[str] = [".git", "__pycache__"]
+
+    @model_validator(mode="after")
+    def _default_dest(self, info: ValidationInfo) -> Sync:
+        if self.dest is None:
+            self.dest = _local_path(info, self.src).resolve().name
+            if not self.dest:
+                raise At(("dest",), f"missing (required): cannot be derived from src {describe(self.src)}")
+        return self
+
+
+class Profile(Strict):
+    name: Name
+    index_url: Url
+    extra_index_urls: list[Url] = []
+    packages: list[Pinned] = Field(min_length=1)
+    requirements: str | None = None  # laptop path of a requirements file, relative to the spec
+    env: Env = {}
+    cuda: Cuda | None = None
+
+    @model_validator(mode="after")
+    def _requirements_exist(self, info: ValidationInfo) -> Profile:
+        if self.requirements is not None and not _local_path(info, self.requirements).is_file():
+            raise At(("requirements",), f"no such file: {_local_path(info, self.requirements)}")
+        return self
+
+
+class Caches(Strict):
+    per_profile: bool = True
+    clear_on_submit: bool = False
+
+
+class Warmup(Strict):
+    command: Command  # a string runs with `bash -c` in the workdir; a list is an argv
+    per_gpu: str | None = None  # a GPU group: one warmup per GPU of it
+    timeout: Duration = 3600.0
+    when: Literal["cold", "always", "never"] = "cold"
+
+
+class Train(Strict):
+    command: Command
+    resume_args: Args = []
+    timeout: Duration | None = None
+    grace: Duration = 30.0
+
+
+class Throughput(Strict):
+    format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"]
+    pattern: str | None = None
+    tokens_per_step: float | None = Field(None, gt=0)
+    scope: Literal["total", "per_gpu"] = "total"
+    scope_group: str | None = None
+    initial_delay: Duration = 0.0
+    initial_delay_samples: int = Field(0, ge=0)
+    window: int = Field(5, ge=1)
+    min: Rate | None = None
+    min_ratio: float | None = Field(None, gt=0, le=1)
+    failure_limit: int = Field(3, ge=1)
+    no_data_timeout: Duration = 600.0
+    good_after: Duration = 600.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Throughput:
+        for field, fmt in (("pattern", "regex"), ("tokens_per_step", "tqdm")):
+            given = getattr(self, field) is not None
+            if self.format == fmt and not given:
+                raise At((field,), f"missing (required) for format {fmt}")
+            if self.format != fmt and given:
+                raise At((field,), f"only for format {fmt}")
+        if self.pattern is not None:
+            try:
+                groups = re.compile(self.pattern).groupindex
+            except re.error as exc:
+                raise At(("pattern",), f"not a valid regex: {exc}") from None
+            if "value" not in groups:
+                raise At(("pattern",), "needs a named group (?P<value>...)")
+        if self.scope_group is not None and self.scope != "per_gpu":
+            raise At(("scope_group",), "only for scope per_gpu")
+        if self.min is None and self.min_ratio is None:
+            raise At((), "needs min, min_ratio or both")
+        return self
+
+
+class GpuIdle(Strict):
+    group: str | None = None  # None: all GPUs of gpus
+    below: float = Field(5.0, ge=0, le=100)  # percent utilisation
+    for_: Duration = Field(300.0, alias="for")
+
+
+class Rollback(Strict):
+    enabled: bool = True
+    max_rollbacks: int = Field(2, ge=0)
+    fallback: list[str] = []
+    on: list[Signal] = ["low_throughput", "stall", "error_signature", "cuda_oom"]
+    stop_on: list[Signal] = ["oom_killed", "crash"]
+    error_signatures: list[str] = ["is_fx_symbolic_tracing",
+                                   "Detected that you are using FX to symbolically trace"]
+    gpu_idle: GpuIdle | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Rollback:
+        for i, signal in enumerate(self.stop_on):
+            if signal in self.on:
+                raise At(("stop_on", i), f"'{signal}' is also in rollback.on")
+        watched = "gpu_idle" in self.on + self.stop_on
+        if watched and self.gpu_idle is None:
+            raise At((), "the gpu_idle signal needs a gpu_idle block")
+        if self.gpu_idle is not None and not watched:
+            raise At(("gpu_idle",), "'gpu_idle' is in neither rollback.on nor rollback.stop_on")
+        return self
+
+
+class JobSpec(Strict):
+    name: JobName
+    target: str | None = None  # container name or host/name; --target overrides
+    workdir: str | None = None  # in the container; None: <gpujob home>/work/<name>
+    sync: list[Sync] = []
+    env: Env = {}
+    gpus: dict[GroupName, GpuList] = {}
+    requirements: list[str] = []
+    profiles: list[Profile] = Field(min_length=1)
+    profile: str | None = None  # None at load -> the first profile
+    caches: Caches = Field(default_factory=Caches)
+    warmup: Warmup | None = None
+    train: Train
+    throughput: Throughput | None = None
+    rollback: Rollback = Field(default_factory=Rollback)
+    _source_path: Path | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        names = [p.name for p in self.profiles]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise At(("profiles", i, "name"), f"duplicate profile name '{name}'")
+        self.profile = self.profile or names[0]
+        self._check_profile(("profile",), self.profile)
+        for i, name in enumerate(self.rollback.fallback):
+            self._check_profile(("rollback", "fallback", i), name)
+        owner: dict[int, str] = {}
+        for group, indices in self.gpus.items():
+            for i, index in enumerate(indices):
+                if index in owner:
+                    raise At(("gpus", group, i), f"GPU {index} is already in group '{owner[index]}'")
+                owner[index] = group
+        self._check_group(("warmup", "per_gpu"), self.warmup and self.warmup.per_gpu)
+        self._check_group(("throughput", "scope_group"), self.throughput and self.throughput.scope_group)
+        self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
+        return self
+
+    def _check_profile(self, loc: tuple, name: str) -> None:
+        names = [p.name for p in self.profiles]
+        if name not in names:
+            raise At(loc, f"'{name}' is not a profile; profiles: {', '.join(names)}")
+
+    def _check_group(self, loc: tuple, group: str | None) -> None:
+        if group is not None and group not in self.gpus:
+            hint = suggest(group, self.gpus) if self.gpus else " (gpus defines no groups)"
+            raise At(loc, f"no GPU group '{group}' in gpus{hint}")
+
+    @property
+    def source_path(self) -> Path | None:
+        return self._source_path
+
+    @property
+    def spec_dir(self) -> Path:
+        """Where relative laptop paths (sync src, requirements files) start."""
+        return self._source_path.parent if self._source_path else Path.cwd()
+
+    def profile_by_name(self, name: str) -> Profile:
+        for profile in self.profiles:
+            if profile.name == name:
+                return profile
+        names = [p.name for p in self.profiles]
+        raise InputError(f"unknown profile '{name}'; profiles: {', '.join(names)}{suggest(name, names)}")
+
+    def requirements_text(self, profile_name: str) -> str | None:
+        """The content of the profile's requirements file, if it has one."""
+        path = self.profile_by_name(profile_name).requirements
+        return (self.spec_dir / Path(path).expanduser()).read_text(encoding="utf-8") if path else None
+
+    def env_key(self, profile_name: str) -> str:
+        """`<profile>-<hash12>`: changes whenever what goes into the profile's venv changes."""
+        profile = self.profile_by_name(profile_name)
+        content = {
+            "index_url": profile.index_url,
+            "extra_index_urls": profile.extra_index_urls,
+            "packages": sorted(profile.packages),
+            "requirements_file": self.requirements_text(profile_name),
+            "requirements": sorted(self.requirements),
+        }
+        return f"{profile.name}-{_sha256(content)[:12]}"
+
+    def to_agent_dict(self) -> dict:
+        """Plain JSON for the supervisor; each profile also gets env_key and requirements_text."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for profile in data["profiles"]:
+            profile["env_key"] = self.env_key(profile["name"])
+            profile["requirements_text"] = self.requirements_text(profile["name"])
+        return data
+
+
+def _sha256(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def spec_hash(spec: JobSpec) -> str:
+    return _sha256(spec.model_dump(mode="json", by_alias=True))[:16]
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    """Load and validate a job spec; SpecError (path:line: field: message) when it is wrong."""
+    path = Path(path)
+    spec = load_yaml(path).validate(JobSpec, context={"spec_dir": path.parent})
+    spec._source_path = path.absolute()
+    return spec

@@ -1,0 +1,109 @@
+"""The laptop's small index of jobs (SQLite under $XDG_STATE_HOME/gpujob).
+
+The container's journal is the source of truth; this file only remembers which
+jobs this laptop started, where, from which spec, and the last state and ledger
+seen, so ``gpujob logs`` and ``status`` work without an id and after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+from gpujob.errors import JobError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    target TEXT NOT NULL,
+    spec_path TEXT,
+    spec_hash TEXT,
+    profile TEXT,
+    submitted_at REAL NOT NULL,
+    state TEXT,
+    seen_at REAL
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    target TEXT NOT NULL,
+    job_name TEXT NOT NULL,
+    profile TEXT NOT NULL,
+    status TEXT NOT NULL,
+    baseline REAL,
+    reason TEXT,
+    at REAL,
+    PRIMARY KEY (target, job_name, profile)
+);
+"""
+
+
+def state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(base) / "gpujob"
+
+
+class State:
+    def __init__(self, path: Path | None = None):
+        self.path = path or state_dir() / "state.db"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(str(self.path), timeout=10)
+        self.db.row_factory = sqlite3.Row
+        self.db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def add_job(self, job_id: str, name: str, target: str, spec_path: str, spec_hash: str,
+                profile: str) -> None:
+        with self.db:
+            self.db.execute(
+                "INSERT INTO jobs (job_id, name, target, spec_path, spec_hash, profile, submitted_at,"
+                " state) VALUES (?, ?, ?, ?, ?, ?, ?, 'preparing')",
+                (job_id, name, target, spec_path, spec_hash, profile, time.time()))
+
+    def job(self, job_id: str | None) -> sqlite3.Row:
+        """A job by id (or unique id prefix); None → the most recent job."""
+        if job_id is None:
+            row = self.db.execute("SELECT * FROM jobs ORDER BY submitted_at DESC LIMIT 1").fetchone()
+            if row is None:
+                raise JobError("no jobs yet: submit one with `gpujob submit SPEC`")
+            return row
+        rows = self.db.execute("SELECT * FROM jobs WHERE job_id = ? OR job_id LIKE ? "
+                               "ORDER BY submitted_at DESC", (job_id, job_id + "%")).fetchall()
+        exact = [r for r in rows if r["job_id"] == job_id]
+        if exact:
+            return exact[0]
+        if len(rows) == 1:
+            return rows[0]
+        if not rows:
+            raise JobError(f"no job {job_id!r} on this laptop; `gpujob ps` lists them")
+        raise JobError(f"{job_id!r} matches {len(rows)} jobs: "
+                       f"{', '.join(r['job_id'] for r in rows[:5])}")
+
+    def jobs(self, limit: int = 50) -> list[sqlite3.Row]:
+        return self.db.execute("SELECT * FROM jobs ORDER BY submitted_at DESC LIMIT ?",
+                               (limit,)).fetchall()
+
+    def seen(self, job_id: str, state: str | None, ledger: dict | None = None,
+             target: str | None = None, name: str | None = None) -> None:
+        """Remember the last state seen, and mirror the container's ledger."""
+        with self.db:
+            self.db.execute("UPDATE jobs SET state = ?, seen_at = ? WHERE job_id = ?",
+                            (state, time.time(), job_id))
+            for profile, e in ((ledger or {}).get("profiles") or {}).items():
+                self.db.execute(
+                    "INSERT OR REPLACE INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (target, name, profile, e.get("status"), e.get("baseline"), e.get("reason"),
+                     e.get("at")))
+
+    def ledger(self, target: str, job_name: str) -> dict:
+        rows = self.db.execute("SELECT * FROM ledger WHERE target = ? AND job_name = ?",
+                               (target, job_name)).fetchall()
+        return {r["profile"]: dict(r) for r in rows}
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str)
