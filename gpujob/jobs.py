@@ -80,13 +80,13 @@ def tar_of(src: Path, files: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def sync_sources(spec: JobSpec) -> list[tuple[Path, str, list[str]]]:
+def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[tuple[Path, str, list[str]]]:
     """(local source, remote dest, excludes) per sync entry; a missing source is an
-    input error raised before anything changes on the remote side."""
+    input error raised before anything changes on the remote side (``strict``)."""
     out = []
     for i, entry in enumerate(spec.sync):
         src = (spec.spec_dir / Path(entry.src).expanduser()).resolve()
-        if not src.exists():
+        if strict and not src.exists():
             raise InputError(f"{spec.source_path}: sync[{i}].src: no such file or directory: {src}")
         dest = entry.dest
         if src.is_file():  # a single file lands at dest; the tar member is its name
@@ -134,13 +134,15 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
         steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
                           wrap(target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
-    dests = [d for _src, d, _ex in sync_sources(spec)]
+    sources = sync_sources(spec, strict=False)
+    dests = [d for _src, d, _ex in sources]
     if dests:
         steps.append(Step("manifest", "container", "list the files already shipped",
                           wrap(target.agent_argv("manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
-    sync_note = ", ".join(f"{s} -> {d}" for s, d, _ in sync_sources(spec)) or "no code to ship"
+    sync_note = ", ".join(f"{s} -> {d}" + ("" if s.exists() else " [MISSING: submit will refuse]")
+                          for s, d, _ in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
                       f"supervisor detached", wrap(target.agent_argv("submit"))))
@@ -156,8 +158,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                                                                if prof.get("requirements_text") else None)):
         steps.append(Step("env", "supervisor", f"build venv {prof['env_key']}", argv,
                           when="if the profile's venv is not installed yet"))
-    steps.append(Step("env", "supervisor", "verify the installed pins", envs.verify_command(venv, prof),
-                      when="after a build"))
+    verify = envs.verify_command(venv, prof)
+    verify[2] = "<verify: installed versions, torch.__version__, torch.version.cuda>"
+    steps.append(Step("env", "supervisor", "verify the installed pins", verify, when="after a build"))
     if spec.caches.clear_on_submit:
         steps.append(Step("caches", "supervisor", f"clear {envs.cache_dir(home, prof['env_key'])}"))
     values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}

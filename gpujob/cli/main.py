@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -208,10 +209,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                   f"job {job_id}, profile {profile}; nothing runs")
         for i, step in enumerate(jobs.build_plan(spec, t, job_id, profile), 1):
             when = f" [dim]({step.when})[/]" if step.when else ""
-            out.print(f"{i:>2}. [bold]{step.kind}[/] [{step.where}] {step.what}{when}")
+            out.print(f"{i:>2}. [bold]{step.kind}[/] \\[{step.where}] {step.what}{when}", soft_wrap=True)
             if step.argv:
-                import shlex
-                out.print(f"      $ {shlex.join(step.argv)}", markup=False)
+                out.print(f"      $ {shlex.join(step.argv)}", markup=False, soft_wrap=True)
         return
     res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                       progress=lambda m: err.print(f"[dim]· {m}[/]"))
