@@ -45,6 +45,36 @@ class Outcome:
         self.at = now()  # when it was decided: a rollback's clock starts here
 
 
+def idle_for(history: list, below: float) -> float:
+    """How long a GPU group has stayed under ``below`` percent: ``history`` holds
+    (time, busiest GPU's utilisation) pairs, oldest first."""
+    since = None
+    for t, util in reversed(history):
+        if util >= below:
+            break
+        since = t
+    return history[-1][0] - since if since is not None else 0.0
+
+
+def gpu_utilisation(gpus: list) -> float | None:
+    """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                            "--format=csv,noheader,nounits"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    util = {}
+    for line in p.stdout.decode("utf-8", "replace").splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                util[int(parts[0])] = float(parts[1])
+            except ValueError:
+                pass
+    seen = [util[g] for g in gpus if g in util]
+    return max(seen) if seen and len(seen) == len(gpus) else None
+
+
 def substitute(text: str, values: dict) -> str:
     """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``;
     any other braces (``${VAR}``, ``{}``) are left alone."""
@@ -463,7 +493,11 @@ class Supervisor:
         split = throughput.LineSplitter()
         tail = collections.deque(maxlen=TAIL_LINES)
         hits: list = []
-        last_state = last_check = 0.0
+        last_state = last_check = last_gpu = 0.0
+        idle_cfg = self.rb.get("gpu_idle") if logname == "train.log" else None
+        idle_gpus = list((self.spec.get("gpus") or {}).get(idle_cfg["group"], [])) if idle_cfg else []
+        idle_poll = min(10.0, max(0.5, idle_cfg["for"] / 5)) if idle_cfg else 0
+        gpu_history: list = []
         last_verdict = None
         outcome = None
         with open(self.journal.path(logname), "ab") as log:
@@ -521,6 +555,23 @@ class Supervisor:
                     if timeout and t - start > timeout:
                         outcome = Outcome("signal", "crash", f"{logname[:-4]} timed out after {timeout:g}s")
                         break
+                    if idle_gpus and t - last_gpu >= idle_poll and \
+                            t >= start + (self.policy.initial_delay if self.parse_tps else 0):
+                        last_gpu = t
+                        util = gpu_utilisation(idle_gpus)
+                        if util is not None:
+                            gpu_history.append((t, util))
+                            del gpu_history[:-1000]
+                            self.journal.event("gpu_util", group=idle_cfg["group"], max=util)
+                            idle = idle_for(gpu_history, idle_cfg["below"])
+                            if idle >= idle_cfg["for"]:
+                                outcome = Outcome("signal", "gpu_idle",
+                                                  f"GPUs {idle_cfg['group']} ({','.join(map(str, idle_gpus))}) "
+                                                  f"under {idle_cfg['below']:g}% for {idle:.0f}s",
+                                                  {"group": idle_cfg["group"], "below": idle_cfg["below"],
+                                                   "idle_for": round(idle, 1),
+                                                   "history": gpu_history[-10:]})
+                                break
                     if watch_tps:
                         d = throughput.decide(self.policy, samples, t, start, baseline)
                         if d.verdict == "stall":
@@ -536,6 +587,8 @@ class Supervisor:
                 for _ in self.pump(child, log):  # drain what it printed while dying
                     pass
             self.child = None
+        if samples and outcome is None:  # the last word on this run's throughput
+            self.publish(samples, throughput.decide(self.policy, samples, now(), start, baseline), baseline)
         code = child.returncode
         self.journal.event("exit", phase=logname[:-4], returncode=code, profile=profile)
         if outcome is not None:

@@ -1,0 +1,98 @@
+"""Shared helpers for the job tests: run the real CLI, write specs, read journals."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TRAINER_DIR = REPO / "jobs" / "demo"
+
+
+def cli(args: list[str], env: dict, *, input: bytes | None = None, timeout: float = 180,
+        check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``gpujob ARGS`` as a user would (a fresh process, real console script code)."""
+    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", *args], env=env, input=input,
+                       capture_output=True, timeout=timeout, cwd=env.get("GPUJOB_TEST_CWD", str(REPO)))
+    if check and p.returncode != 0:
+        raise AssertionError(f"gpujob {' '.join(args)} exited {p.returncode}\n"
+                             f"stdout: {p.stdout.decode()[-3000:]}\nstderr: {p.stderr.decode()[-3000:]}")
+    return p
+
+
+def cli_json(args: list[str], env: dict, **kw):
+    p = cli(args, env, check=True, **kw)
+    return json.loads(p.stdout)
+
+
+def write_spec(path: Path, *, target: str, fast_url: str, slow_url: str, profile: str = "slow",
+               trainer_args: str = "--steps 30 --interval 0.1", throughput: dict | None = None,
+               rollback: dict | None = None, warmup: bool = True, **extra) -> Path:
+    """A job spec for the stand-in trainer with two real profiles (fast, slow)."""
+    spec = {
+        "name": extra.pop("name", "tjob"),
+        "target": target,
+        "sync": [{"src": str(TRAINER_DIR), "dest": ".",
+                  "exclude": ["wheelhouse", "__pycache__", "checkpoint.json"]}],
+        "gpus": {"target": [0, 1], "drafter": [2, 3]},
+        "profiles": [
+            {"name": "fast", "index_url": fast_url, "packages": ["gpujob-demo-kernels==1.0.0+fast"]},
+            {"name": "slow", "index_url": slow_url, "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
+        ],
+        "profile": profile,
+        "train": {"command": f"python trainer.py {trainer_args}", "resume_args": ["--resume"],
+                  "grace": "3s"},
+    }
+    if warmup:
+        spec["warmup"] = {"command": "python warmup.py", "per_gpu": "drafter", "timeout": "1m"}
+    if throughput is not False:
+        spec["throughput"] = throughput or {"format": "ktok", "window": 3, "min": "10K",
+                                            "failure_limit": 2, "no_data_timeout": "30s",
+                                            "good_after": "1s"}
+    if rollback is not None:
+        spec["rollback"] = rollback
+    spec.update(extra)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def wait_for(pred, timeout: float = 60, every: float = 0.1, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def job_id_of(stdout: bytes) -> str:
+    m = re.search(r"^submitted (\S+) ", stdout.decode(), re.M)
+    if not m:
+        raise AssertionError(f"no job id in: {stdout!r}")
+    return m.group(1)
+
+
+def events(journal_dir: Path) -> list[dict]:
+    path = journal_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def local_env(tmp: Path, root: Path | None = None) -> dict:
+    """Environment for a CLI run against a private local target ``lab/box``."""
+    root = root or tmp / "root"
+    hosts = tmp / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local", "containers": {
+        "box": {"root": str(root)}}}}}))
+    env = dict(os.environ)
+    env.update(GPUJOB_HOSTS=str(hosts), XDG_STATE_HOME=str(tmp / "state"), COLUMNS="200")
+    return env

@@ -1,0 +1,296 @@
+"""The job lifecycle and automatic rollback on the `local` target (the embedded
+default): the real CLI, the real supervisor, real venvs built by uv from real
+wheel indexes on disk. Only the GPUs are absent (and, for gpu_idle, mocked)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujob.wheelhouse import build_indexes
+from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+
+
+@pytest.fixture(scope="module")
+def index_urls(tmp_path_factory):
+    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
+    return {b: p.as_uri() for b, p in idx.items()}
+
+
+@pytest.fixture
+def env(tmp_path):
+    return local_env(tmp_path)
+
+
+def journal(tmp_path: Path, job_id: str) -> Path:
+    return tmp_path / "root" / "jobs" / job_id
+
+
+def submit(spec: Path, env: dict, *extra: str) -> str:
+    p = cli(["submit", str(spec), *extra], env, check=True)
+    return job_id_of(p.stdout)
+
+
+def status(job_id: str, env: dict) -> dict:
+    return cli_json(["status", job_id, "--json"], env)
+
+
+def test_submit_follow_prints_every_line_once_and_succeeds(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast",
+                      trainer_args="--steps 25 --interval 0.05")
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    text = p.stdout.decode()
+    steps = [ln for ln in text.splitlines() if ln.startswith("step ")]
+    assert [int(ln.split()[1]) for ln in steps] == list(range(1, 26))
+    assert "succeeded" in text
+    job_id = job_id_of(p.stdout)
+    st = status(job_id, env)
+    assert st["state"] == "succeeded" and st["profile"] == "fast"
+    # the raw phase logs exist beside the combined one
+    j = journal(tmp_path, job_id)
+    assert (j / "train.log").read_text().count("step 25 |") == 1
+    assert "warmup on GPU 3" in (j / "warmup.log").read_text()
+    # caches are per profile: the warmup wrote into fast's inductor dir only
+    caches = list((tmp_path / "root" / "caches").iterdir())
+    assert [c.name.split("-")[0] for c in caches] == ["fast"]
+    assert list((caches[0] / "inductor").iterdir())
+
+
+def test_resubmit_installs_nothing_and_ships_only_changed_files(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", trainer_args="--steps 2 --interval 0.01")
+    first = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert first.returncode == 0, first.stderr.decode()
+    second = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert second.returncode == 0, second.stderr.decode()
+    assert "0 of " in second.stderr.decode()  # sync: nothing changed, nothing moved
+    ev = events(journal(tmp_path, job_id_of(second.stdout)))
+    assert any(e["type"] == "env_reused" for e in ev)
+    assert not any(e["type"] == "env_build" for e in ev)
+    assert not any(e["type"] == "phase" and e["phase"] == "warmup" for e in ev)  # cache warm
+
+
+def test_two_profiles_two_venvs_and_a_bad_pin_keeps_the_active_one(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", trainer_args="--steps 1 --interval 0.01",
+                      throughput=False)
+    for prof in ("fast", "slow"):
+        assert cli(["submit", str(spec), "--profile", prof, "--follow"], env, timeout=120).returncode == 0
+    envs = sorted(p.name for p in (tmp_path / "root" / "envs").iterdir())
+    assert [e.split("-")[0] for e in envs] == ["fast", "slow"]
+    listing = cli_json(["profiles", "box", "--json"], env)
+    assert {e["profile"] for e in listing["envs"] if e["installed"]} == {"fast", "slow"}
+    # a pin that does not exist: a clear failure, and the installed profiles still work
+    bad = write_spec(tmp_path / "bad.yaml", target="box", fast_url=index_urls["fast"],
+                     slow_url=index_urls["slow"], profile="fast", throughput=False,
+                     trainer_args="--steps 1 --interval 0.01",
+                     profiles=[{"name": "fast", "index_url": index_urls["fast"],
+                                "packages": ["gpujob-demo-kernels==9.9.9+nope"]}])
+    p = cli(["submit", str(bad), "--follow"], env, timeout=120)
+    assert p.returncode == 1
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "failed"
+    assert "installing profile fast failed" in st["reason"] and "9.9.9" in st["reason"]
+    assert sorted(p.name for p in (tmp_path / "root" / "envs").iterdir()) == envs
+    again = cli(["submit", str(spec), "--profile", "slow", "--follow"], env, timeout=120)
+    assert again.returncode == 0, again.stdout.decode()[-2000:]
+
+
+def test_plan_runs_nothing(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"])
+    p = cli(["submit", str(spec), "--plan"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    for word in ("probe", "submit", "uv venv", "uv pip install", "CUDA_VISIBLE_DEVICES=3",
+                 "python trainer.py"):
+        assert word in out
+    assert not (tmp_path / "root").exists()  # nothing was created on the target side
+    assert not (tmp_path / "state").exists()  # and no job recorded
+
+
+def test_busy_container_refused_and_stop_leaves_nothing(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", throughput=False,
+                      trainer_args="--steps 1000 --interval 0.1")
+    job_id = submit(spec, env)
+    wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="training")
+    second = cli(["submit", str(spec)], env)
+    assert second.returncode == 5
+    assert f"container busy: job {job_id} holds the lock" in second.stderr.decode()
+    pgid = json.loads((journal(tmp_path, job_id) / "state.json").read_text())["child_pgid"]
+    p = cli(["stop", job_id], env, check=True)
+    assert "stopped" in p.stdout.decode()
+    assert status(job_id, env)["state"] == "stopped"
+    ps = subprocess.run(["ps", "-eo", "pgid,pid,args"], capture_output=True, text=True).stdout
+    assert not [ln for ln in ps.splitlines()[1:] if ln.split()[0] == str(pgid)]
+    # the lock is free again
+    job2 = submit(spec, env)
+    cli(["stop", job2], env, check=True)
+
+
+def test_controller_killed_job_runs_on(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", throughput=False,
+                      trainer_args="--steps 30 --interval 0.05")
+    proc = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--follow"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for(lambda: list((tmp_path / "root" / "jobs").glob("*/train.log")) and
+             "step 3 " in next((tmp_path / "root" / "jobs").glob("*/train.log")).read_text(),
+             60, what="training output")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    job_id = next((tmp_path / "root" / "jobs").iterdir()).name
+    wait_for(lambda: status(job_id, env)["state"] == "succeeded", 60, what="the job to finish")
+    logs = cli(["logs", job_id], env, check=True).stdout.decode()
+    assert [ln.split()[1] for ln in logs.splitlines() if ln.startswith("step ")] == \
+        [str(i) for i in range(1, 31)]
+
+
+# ---- rollback (issue 4) -----------------------------------------------------
+
+def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 24 --interval 0.05")
+    # fast proves itself first
+    assert cli(["submit", str(spec), "--profile", "fast", "--follow"], env, timeout=120).returncode == 0
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    job_id = job_id_of(p.stdout)
+    st = status(job_id, env)
+    assert st["state"] == "succeeded" and st["profile"] == "fast"
+    [rb] = st["rollbacks"]
+    assert (rb["from"], rb["to"], rb["signal"]) == ("slow", "fast", "low_throughput")
+    assert rb["took"] < 5
+    assert st["window_median"] >= 10000  # throughput back above the threshold
+    assert st["sparkline"]
+    slow = st["ledger"]["slow"]
+    assert slow["status"] == "bad" and slow["evidence"]["median"] < 5000
+    assert slow["evidence"]["threshold"] == 10000
+    ev = events(journal(tmp_path, job_id))
+    trains = [e for e in ev if e["type"] == "phase" and e["phase"] == "train"]
+    assert [t["profile"] for t in trains] == ["slow", "fast"]
+    assert trains[1]["argv"][-1].endswith("--resume")
+    log = (journal(tmp_path, job_id) / "train.log").read_text()
+    assert "resumed from checkpoint at step" in log
+    human = cli(["status", job_id], env, check=True).stdout.decode()
+    assert "slow → fast" in human and "rollbacks" in human
+
+
+def test_both_profiles_slow_stops_after_max_rollbacks(tmp_path, env, index_urls):
+    # "fast" served from the slow index: both builds are slow
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 200 --interval 0.05",
+                      rollback={"max_rollbacks": 1, "fallback": ["fast"]},
+                      profiles=[{"name": "fast", "index_url": index_urls["slow"],
+                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
+                                {"name": "slow", "index_url": index_urls["slow"],
+                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]}])
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 1
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "failed"
+    assert st["reason"].startswith("max_rollbacks (1) reached")
+    assert len(st["rollbacks"]) == 1
+    assert {k: v["status"] for k, v in st["ledger"].items()} == {"fast": "bad", "slow": "bad"}
+
+
+def test_no_known_good_profile_fails_with_reason(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 200 --interval 0.05")
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 1
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "failed" and "no known-good profile" in st["reason"]
+
+
+def test_fx_signature_crash_rolls_back_plain_crash_fails(tmp_path, env, index_urls):
+    fx = "torch._dynamo.exc.Unsupported: is_fx_symbolic_tracing() is True"
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], throughput=False,
+                      trainer_args=f"--steps 8 --interval 0.02 --fail-on-build slow --fail-step 3 "
+                                   f"--fail-message '{fx}'",
+                      rollback={"fallback": ["fast"]})
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    st = status(job_id_of(p.stdout), env)
+    assert st["rollbacks"][0]["signal"] == "error_signature"
+    assert "is_fx_symbolic_tracing" in st["rollbacks"][0]["reason"]
+    assert st["ledger"]["slow"]["status"] == "bad"
+    # a plain crash: the policy's default (crash is in stop_on) stops the job
+    plain = write_spec(tmp_path / "plain.yaml", target="box", fast_url=index_urls["fast"],
+                       slow_url=index_urls["slow"], throughput=False, name="tjob2",
+                       trainer_args="--steps 8 --interval 0.02 --fail-on-build slow --fail-step 3",
+                       rollback={"fallback": ["fast"]})
+    p = cli(["submit", str(plain), "--follow"], env, timeout=120)
+    assert p.returncode == 1
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "failed" and st["signal"] == "crash" and st["rollbacks"] == []
+    assert "kernel launch failed" in st["exit"]
+
+
+def test_manual_rollback_restarts_a_stopped_job(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], throughput=False,
+                      trainer_args="--steps 400 --interval 0.05", warmup=False)
+    job_id = submit(spec, env)
+    wait_for(lambda: "step 2 " in (journal(tmp_path, job_id) / "train.log").read_text()
+             if (journal(tmp_path, job_id) / "train.log").exists() else False, 60, what="steps")
+    cli(["stop", job_id], env, check=True)
+    p = cli(["rollback", job_id, "--to", "fast"], env, check=True)
+    assert "restarted on fast" in p.stdout.decode()
+    wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="training again")
+    wait_for(lambda: "resumed from checkpoint" in (journal(tmp_path, job_id) / "train.log").read_text(),
+             30, what="resume")
+    st = status(job_id, env)
+    assert st["profile"] == "fast" and st["rollbacks"][-1]["signal"] == "manual"
+    # asked of a running supervisor: back to slow
+    cli(["rollback", job_id, "--to", "slow"], env, check=True)
+    wait_for(lambda: status(job_id, env)["profile"] == "slow" and
+             status(job_id, env)["state"] == "training", 60, what="rollback by request")
+    cli(["stop", job_id], env, check=True)
+
+
+def test_gpu_idle_signal_with_mocked_nvidia_smi(tmp_path, env, index_urls):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nprintf '0, 97\\n1, 95\\n2, 1\\n3, 0\\n'\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = dict(env, PATH=f"{fake}{os.pathsep}{env['PATH']}")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False,
+                      trainer_args="--steps 400 --interval 0.05",
+                      throughput={"format": "ktok", "min": "1K", "window": 3, "good_after": "1h"},
+                      rollback={"on": ["gpu_idle"], "gpu_idle": {"group": "drafter", "below": 5, "for": "2s"}})
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 1
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "failed" and st["signal"] == "gpu_idle"
+    assert "GPUs drafter (2,3) under 5%" in st["reason"]
+
+
+def test_logs_tail_events_and_ps(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", trainer_args="--steps 12 --interval 0.01")
+    job_id = job_id_of(cli(["submit", str(spec), "--follow"], env, check=True).stdout)
+    tail = cli(["logs", job_id, "--phase", "train", "--tail", "2"], env, check=True).stdout.decode()
+    assert tail.splitlines() == ["step 12 | " + tail.splitlines()[0].split("| ", 1)[1],
+                                 "training finished at step 12"]
+    ev = cli(["logs", "--events"], env, check=True).stdout.decode()  # default: the latest job
+    assert "sample" in ev and "tok/s" in ev and "state" in ev
+    rows = cli_json(["ps", "--json"], env)
+    assert rows[0]["job"] == job_id and rows[0]["state"] == "succeeded"
+    ls = cli_json(["cache", "ls", "box", "--json"], env)
+    assert ls["caches"] and ls["caches"][0]["parts"]["inductor"] > 0
+    cleared = cli(["cache", "clear", "box", "--profile", "fast"], env, check=True).stdout.decode()
+    assert "fast-" in cleared
+    assert cli_json(["cache", "ls", "box", "--json"], env)["caches"] == []
