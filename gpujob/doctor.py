@@ -121,8 +121,18 @@ def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = (
 
 
 def gpu_checks(p: dict, host_proc: str | None, expected: int | None, cudas) -> list[Check]:
-    out: list[Check] = []
     smi = p.get("nvidia_smi")
+    if p.get("uvm"):
+        uvm = Check("nvidia-uvm", "ok", "/dev/nvidia-uvm present")
+    else:
+        uvm = Check("nvidia-uvm", "fail" if smi and smi.get("gpus") else "warn", "/dev/nvidia-uvm missing",
+                    "on the host: nvidia-modprobe -u -c=0 (it vanishes after a host reboot), "
+                    "then restart the container")
+    return _gpu_checks(p, smi, host_proc, expected, cudas) + [uvm]
+
+
+def _gpu_checks(p: dict, smi, host_proc: str | None, expected: int | None, cudas) -> list[Check]:
+    out: list[Check] = []
     if smi is None:
         out.append(Check("gpus", "warn", "nvidia-smi not found in the container: no GPU visible",
                          "pass the GPUs into the container (lxc.cgroup2.devices.allow, /dev/nvidia* mounts) "
@@ -160,10 +170,4 @@ def gpu_checks(p: dict, host_proc: str | None, expected: int | None, cudas) -> l
                                  "or use a profile built for an older CUDA"))
             else:
                 out.append(Check(f"cuda {cuda}", "ok", f"driver {drv} >= {need}"))
-    if p.get("uvm"):
-        out.append(Check("nvidia-uvm", "ok", "/dev/nvidia-uvm present"))
-    else:
-        out.append(Check("nvidia-uvm", "warn" if not gpus else "fail", "/dev/nvidia-uvm missing",
-                         "on the host: nvidia-modprobe -u -c=0 (it vanishes after a host reboot), "
-                         "then restart the container"))
     return out

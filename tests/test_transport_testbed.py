@@ -1,0 +1,200 @@
+"""The transport end to end: laptop → real sshd on loopback → pct → lxc-attach →
+a real LXC container. No mock of paramiko anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from gpujob.errors import ConnectError, HostKeyError
+from gpujob.inventory import load_inventory
+from gpujob.target import Targets
+from helpers import cli
+
+pytestmark = pytest.mark.testbed
+
+ECHO_ARGV = "import sys, json; sys.stdout.write(json.dumps(sys.argv[1:]))"
+HOSTILE = ["plain", "two words", "it's", 'say "hi"', "$(touch /tmp/pwned)", "`touch /tmp/pwned2`",
+           "a;b", "a|b", "a && b", "line1\nline2", "*", "/etc/*", "~", "$HOME", "${PATH}", "\\", "-n",
+           "--", "ünïcödé ✓ 日本", "", " ", "\t", "'\"'\"'", "x" * 100_000]
+
+
+@pytest.fixture(scope="module")
+def inv(testbed, tmp_path_factory):
+    return testbed.write_hosts_yaml(tmp_path_factory.mktemp("inv") / "hosts.yaml")
+
+
+@pytest.fixture
+def targets(inv):
+    t = Targets(load_inventory(inv))
+    yield t
+    t.close()
+
+
+def env_for(inv: Path, tmp: Path) -> dict:
+    env = dict(os.environ)
+    env.update(GPUJOB_HOSTS=str(inv), XDG_STATE_HOME=str(tmp / "state"))
+    return env
+
+
+def test_hostile_arguments_arrive_byte_exact(targets, testbed):
+    t = targets.open("ct200")
+    r = t.run(["python3", "-c", ECHO_ARGV, *HOSTILE], timeout=60)
+    assert r.exit_code == 0, r.stderr
+    assert json.loads(r.stdout) == HOSTILE
+    assert not testbed.container_path("/tmp/pwned").exists()
+    assert not testbed.container_path("/tmp/pwned2").exists()
+
+
+def test_hostile_arguments_through_the_cli(inv, tmp_path, testbed):
+    p = cli(["exec", "tb/ct200", "--", "python3", "-c", ECHO_ARGV, *HOSTILE[:-1]], env_for(inv, tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == HOSTILE[:-1]
+
+
+@pytest.mark.parametrize("code", [0, 1, 7, 255])
+def test_exit_codes_propagate(targets, inv, tmp_path, code):
+    assert targets.open("ct200").run(["sh", "-c", f"exit {code}"]).exit_code == code
+    assert cli(["exec", "ct200", "--", "sh", "-c", f"exit {code}"], env_for(inv, tmp_path)).returncode == code
+
+
+def test_output_streams_before_the_command_ends(targets):
+    seen = []
+    t0 = time.monotonic()
+    r = targets.open("ct200").run(["sh", "-c", "echo first; echo err >&2; sleep 2; echo second"],
+                                  on_stdout=lambda b: seen.append((time.monotonic() - t0, b)),
+                                  on_stderr=lambda b: seen.append((time.monotonic() - t0, b)))
+    assert r.exit_code == 0
+    first = next(t for t, b in seen if b"first" in b)
+    err = next(t for t, b in seen if b"err" in b)
+    last = next(t for t, b in seen if b"second" in b)
+    assert first < 1.5 and err < 1.5 and last >= 2.0
+
+
+def test_stdin_reaches_the_command(targets, inv, tmp_path):
+    data = os.urandom(3 * 2**20)
+    r = targets.open("ct200").run(["sha256sum"], stdin=data, timeout=60)
+    import hashlib
+    assert r.text.split()[0] == hashlib.sha256(data).hexdigest()
+    p = cli(["exec", "ct200", "--", "wc", "-c"], env_for(inv, tmp_path), input=b"hello\n")
+    assert p.stdout.strip() == b"6"
+
+
+def test_timeout_ends_the_remote_command_and_its_children(targets, testbed):
+    marker = f"sleep {int(time.time()) % 1000 + 3000}"
+    t0 = time.monotonic()
+    r = targets.open("ct200").run(["sh", "-c", f"{marker} & {marker}; echo never"], timeout=1.5)
+    assert r.timed_out and r.exit_code == 124
+    assert time.monotonic() - t0 < 10
+    time.sleep(0.5)
+    ps = testbed.container_exec("ps", "-eo", "args").stdout.decode()
+    assert marker not in ps
+
+
+def test_one_connection_serves_many_commands(targets):
+    t = targets.open("ct200")
+    for _ in range(20):
+        assert t.run(["true"]).exit_code == 0
+    client = t.host_transport.client()
+    assert client.get_transport().is_active()
+    # the same paramiko transport carried every channel
+    assert t.host_transport.client() is client
+
+
+def test_pct_errors_are_results_not_crashes(targets):
+    r = targets.open("ct201").run(["true"])
+    assert r.exit_code == 255 and b"not running" in r.stderr
+
+
+def test_unknown_host_key_refused_nothing_runs_accept_new_records(inv, testbed, tmp_path):
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    hosts = testbed.write_hosts_yaml(tmp_path / "hosts.yaml", known_hosts=empty)
+    env = env_for(hosts, tmp_path)
+    marker = f"/tmp/should-not-exist-{os.getpid()}"
+    p = cli(["exec", "ct200", "--", "touch", marker], env)
+    assert p.returncode == 3
+    first = p.stderr.decode().splitlines()[0]
+    assert "is not known" in first and testbed.host_key_fingerprint in first
+    assert "--accept-new" in p.stderr.decode()
+    assert not testbed.container_path(marker).exists()
+    p = cli(["--accept-new", "exec", "ct200", "--", "true"], env)
+    assert p.returncode == 0, p.stderr
+    assert f"[127.0.0.1]:{testbed.port} ssh-ed25519" in empty.read_text()
+    assert cli(["exec", "ct200", "--", "true"], env).returncode == 0  # now known
+
+
+def test_changed_host_key_always_refused(testbed, tmp_path):
+    import paramiko
+    other = paramiko.Ed25519Key.from_private_key_file(str(testbed.user_key))  # any other ed25519 key
+    kh = tmp_path / "known_hosts"
+    kh.write_text(f"[127.0.0.1]:{testbed.port} ssh-ed25519 {other.get_base64()}\n")
+    hosts = testbed.write_hosts_yaml(tmp_path / "hosts.yaml", known_hosts=kh)
+    marker = f"/tmp/should-not-exist-{os.getpid()}-b"
+    for flags in ([], ["--accept-new"]):
+        p = cli([*flags, "exec", "ct200", "--", "touch", marker], env_for(hosts, tmp_path))
+        assert p.returncode == 3
+        assert "has CHANGED" in p.stderr.decode() and "ssh-keygen -R" in p.stderr.decode()
+        assert b"Traceback" not in p.stderr
+    assert not testbed.container_path(marker).exists()
+    with pytest.raises(HostKeyError):
+        Targets(load_inventory(hosts), accept_new=True).open("ct200").run(["true"])
+
+
+def _host(tmp_path, testbed, **fields) -> Path:
+    base = {"address": "127.0.0.1", "port": testbed.port, "user": "root",
+            "identity_file": str(testbed.user_key), "known_hosts": str(testbed.known_hosts),
+            "connect_timeout": 5}
+    base.update(fields)
+    import yaml
+    path = tmp_path / "hosts.yaml"
+    path.write_text(yaml.safe_dump({"hosts": {"h": dict(base, containers={"c": {"vmid": 200}})}}))
+    return path
+
+
+@pytest.mark.parametrize("fields, expect", [
+    ({"port": 1}, "connection refused by 127.0.0.1:1"),
+    ({"address": "no-such-host.invalid"}, "cannot resolve host 'no-such-host.invalid' (DNS)"),
+    ("wrong-key", "authentication failed for root@127.0.0.1"),
+])
+def test_connection_errors_say_what_failed_in_one_line(tmp_path, testbed, fields, expect):
+    if fields == "wrong-key":
+        key = tmp_path / "wrong"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        fields = {"identity_file": str(key)}
+    env = env_for(_host(tmp_path, testbed, **fields), tmp_path)
+    env["SSH_AUTH_SOCK"] = ""
+    env["HOME"] = str(tmp_path)  # no ~/.ssh keys of the machine running the tests
+    p = cli(["exec", "c", "--", "true"], env)
+    assert p.returncode == 3, p.stderr
+    lines = p.stderr.decode().splitlines()
+    assert expect in lines[0] and len(lines) <= 2 and b"Traceback" not in p.stderr
+    with pytest.raises(ConnectError):
+        Targets(load_inventory(tmp_path / "hosts.yaml")).open("c").run(["true"])
+
+
+def test_doctor_passes_non_gpu_checks_and_warns_on_gpus(inv, tmp_path):
+    p = cli(["doctor", "tb/ct200", "--json"], env_for(inv, tmp_path))
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    checks = {c["name"]: c["status"] for c in json.loads(p.stdout)["tb/ct200"]}
+    for name in ("host", "pct", "container", "python3", "venv"):
+        assert checks[name] == "ok", checks
+    assert checks["gpus"] == "warn" and checks["nvidia-uvm"] == "warn"
+    assert checks["uv"] == "warn"  # the bed's container has no uv: gpujob will ship one
+    human = cli(["doctor", "ct200"], env_for(inv, tmp_path))
+    assert b"nvidia-smi not found" in human.stdout
+    stopped = cli(["doctor", "ct201", "--json"], env_for(inv, tmp_path))
+    assert stopped.returncode == 1
+    assert {c["name"]: c["status"] for c in json.loads(stopped.stdout)["tb/ct201"]}["container"] == "fail"
+
+
+def test_hosts_lists_container_states(inv, tmp_path):
+    p = cli(["hosts", "--json"], env_for(inv, tmp_path))
+    assert p.returncode == 0, p.stderr
+    rows = {r["container"]: r["status"] for r in json.loads(p.stdout)["targets"]}
+    assert rows == {"ct200": "running", "ct201": "stopped"}
