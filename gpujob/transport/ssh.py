@@ -218,11 +218,13 @@ class SshTransport(Transport):
             chan.close()
             raise
         self._drain(chan, on_stdout, on_stderr, out, err)
-        if not chan.exit_status_ready():
-            raise ConnectionLost(f"lost the connection to {self.describe()} while running {argv[0]}")
-        code = chan.recv_exit_status()
+        # paramiko reports -1 when no exit-status message came: either the link
+        # died (a dropped connection) or sshd saw the command die of a signal
+        code = chan.recv_exit_status() if chan.exit_status_ready() else -1
         chan.close()
-        if code < 0:  # the remote command died of a signal and sshd sent no status
+        if code < 0:
+            if not transport.is_active():
+                raise ConnectionLost(f"lost the connection to {self.describe()} while running {argv[0]}")
             code = 255
         elapsed = time.monotonic() - started
         timed_out = timed_out_by(timeout, elapsed, code)

@@ -1,0 +1,146 @@
+"""Jobs on the loopback Proxmox test bed: ssh → pct → a real LXC container, with
+wheel profiles installed by uv (shipped by gpujob: the container has none) from a
+real package index served over HTTP on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpujob.wheelhouse import build_indexes, serve
+from helpers import cli, cli_json, job_id_of, wait_for, write_spec
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    root = tmp_path_factory.mktemp("index")
+    build_indexes(root)
+    server, url = serve(root)
+    yield {"fast": f"{url}/fast/simple", "slow": f"{url}/slow/simple"}
+    server.shutdown()
+
+
+@pytest.fixture
+def bed_env(testbed, tmp_path, request):
+    """An inventory whose container home is private to this test."""
+    home = f"/root/gj-{request.node.name[:40]}"
+    inv = {"hosts": {"tb": {"address": "127.0.0.1", "port": testbed.port, "user": "root",
+                            "identity_file": str(testbed.user_key), "known_hosts": str(testbed.known_hosts),
+                            "containers": {"ct200": {"vmid": 200, "home": home}}}}}
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inv))
+    env = dict(os.environ)
+    env.update(GPUJOB_HOSTS=str(tmp_path / "hosts.yaml"), XDG_STATE_HOME=str(tmp_path / "state"),
+               COLUMNS="200")
+    env["GPUJOB_TEST_HOME"] = home
+    yield env
+    testbed.container_exec("rm", "-rf", home)
+
+
+def home_path(testbed, env, *parts) -> Path:
+    return testbed.container_path(os.path.join(env["GPUJOB_TEST_HOME"], *parts))
+
+
+def status(job_id, env) -> dict:
+    return cli_json(["status", job_id, "--json"], env)
+
+
+def steps_of(text: str) -> list[int]:
+    return [int(ln.split()[1]) for ln in text.splitlines() if ln.startswith("step ")]
+
+
+def test_submit_follow_resubmit_and_rollback_on_the_bed(testbed, bed_env, tmp_path, index):
+    env = bed_env
+    spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                      profile="fast", trainer_args="--steps 40 --interval 0.05")
+    p = cli(["submit", str(spec), "--follow"], env, timeout=300)
+    assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()[-2000:]
+    assert steps_of(p.stdout.decode()) == list(range(1, 41))
+    assert "building venv" in p.stdout.decode()
+    first = job_id_of(p.stdout)
+    assert status(first, env)["state"] == "succeeded"
+    assert home_path(testbed, env, "bin", "uv").exists()  # shipped: the container had none
+    # resubmit: nothing to install, nothing to ship, no warmup (cache warm)
+    p = cli(["submit", str(spec), "--follow"], env, timeout=300)
+    assert p.returncode == 0
+    assert "already installed, reusing it" in p.stdout.decode() and "building venv" not in p.stdout.decode()
+    assert "0 of " in p.stderr.decode()
+    # the slow build: rolled back to fast (known-good now), training resumed
+    p = cli(["submit", str(spec), "--profile", "slow", "--follow"], env, timeout=300)
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "succeeded" and st["profile"] == "fast"
+    [rb] = st["rollbacks"]
+    assert (rb["from"], rb["to"], rb["signal"]) == ("slow", "fast", "low_throughput")
+    assert st["ledger"]["slow"]["status"] == "bad" and st["ledger"]["fast"]["status"] == "good"
+    assert st["window_median"] >= 10000
+    assert "resumed from checkpoint" in p.stdout.decode()
+    envs = sorted(d.name.split("-")[0] for d in home_path(testbed, env, "envs").iterdir())
+    assert envs == ["fast", "slow"]
+    profiles = cli(["profiles", "ct200"], env, check=True).stdout.decode()
+    assert "fast" in profiles and "slow" in profiles and "bad" in profiles
+
+
+def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, index):
+    env = bed_env
+    spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 150 --interval 0.08")
+    proc = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--follow"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    jobs = home_path(testbed, env, "jobs")
+    wait_for(lambda: jobs.exists() and any((d / "train.log").exists() and "step 2 " in (d / "train.log").read_text()
+                                           for d in jobs.iterdir()), 120, what="training")
+    proc.send_signal(signal.SIGKILL)  # the laptop dies mid-training
+    proc.wait()
+    job_id = next(jobs.iterdir()).name
+    assert status(job_id, env)["state"] == "training"
+    # follow it from scratch while the connection is cut 10 times
+    follower = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "logs", "-f", job_id],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cuts = 0
+    while cuts < 10 and follower.poll() is None:
+        time.sleep(0.7)
+        cuts += bool(testbed.kill_ssh_sessions())
+    out, err = follower.communicate(timeout=120)
+    assert cuts == 10
+    assert follower.returncode == 0, err.decode()
+    assert err.decode().count("connection lost") >= 10
+    assert steps_of(out.decode()) == list(range(1, 151))  # each line once, in order
+    assert status(job_id, env)["state"] == "succeeded"
+
+
+def test_busy_refused_stop_leaves_nothing_and_plan_runs_nothing(testbed, bed_env, tmp_path, index):
+    env = bed_env
+    spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.1")
+    sshd_log = [p for p in testbed.ssh_dir.rglob("sshd.log")][0]
+    before = sshd_log.read_text().count("Accepted publickey")
+    plan = cli(["submit", str(spec), "--plan"], env)
+    assert plan.returncode == 0 and b"pct exec 200 --" in plan.stdout
+    time.sleep(0.3)
+    assert sshd_log.read_text().count("Accepted publickey") == before  # not even a login
+    assert not home_path(testbed, env).exists()
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True, timeout=300).stdout)
+    wait_for(lambda: status(job_id, env)["state"] == "training", 120, what="training")
+    busy = cli(["submit", str(spec)], env)
+    assert busy.returncode == 5 and f"container busy: job {job_id}" in busy.stderr.decode()
+    pgid = status_raw(testbed, env, job_id)["child_pgid"]
+    assert cli(["stop", job_id], env).returncode == 0
+    assert status(job_id, env)["state"] == "stopped"
+    ps = testbed.container_exec("ps", "-eo", "pgid,args").stdout.decode().splitlines()[1:]
+    assert not [ln for ln in ps if ln.split()[0] == str(pgid)]
+    assert not [ln for ln in ps if job_id in ln]  # nor its supervisor
+
+
+def status_raw(testbed, env, job_id) -> dict:
+    return json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())
