@@ -90,13 +90,11 @@ def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
 
 # ---- exec ------------------------------------------------------------------
 
-@app.command("exec", context_settings={"allow_interspersed_args": False})
+@app.command("exec")
 def exec_(target: str = typer.Argument(..., help="container name or host/name"),
-          argv: List[str] = typer.Argument(..., help="the command, after --"),
+          argv: List[str] = typer.Argument(None, help="the command, after --"),
           timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds")):
     """Run one command in the container; output streamed, exit code passed through."""
-    if argv[:1] == ["--"]:  # click keeps the separator once TARGET is parsed
-        argv = argv[1:]
     if not argv:
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)

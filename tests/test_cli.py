@@ -1,0 +1,100 @@
+"""The CLI's door: bad input is one line and exit 2 (never a traceback), the
+demo runs end to end, the README's DFlash plan validates."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, cli, local_env
+
+
+@pytest.fixture
+def env(tmp_path):
+    return local_env(tmp_path)
+
+
+def one_line_error(p) -> str:
+    assert b"Traceback" not in p.stderr, p.stderr.decode()
+    lines = [ln for ln in p.stderr.decode().splitlines() if not ln.startswith("  hint:")]
+    assert len(lines) == 1, p.stderr.decode()
+    return lines[0]
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("name: x\ntarget: box\nprofiles: []\ntrain: {command: t}\n", "job.yaml:3: profiles: "),
+    ("name: x\n  bad: [\n", "job.yaml:2: not valid YAML"),
+    ("- a\n- b\n", "job.yaml:1: "),
+    ("name: x\ntrian: {command: t}\n", "job.yaml:2: trian: unknown field; did you mean 'train'?"),
+    ("name: x\nprofiles:\n  - {name: a, index_url: 'https://x', packages: [torch==1]}\ntrain: {command: t}\n"
+     "throughput:\n  format: ktok\n  min: fast\n", "job.yaml:7: throughput.min: expected a number, got 'fast'"),
+])
+def test_bad_specs_give_one_line_and_exit_2(tmp_path, env, text, expect):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    for args in (["submit", str(spec)], ["submit", str(spec), "--plan"]):
+        p = cli(args, env)
+        assert p.returncode == 2
+        assert expect in one_line_error(p)
+    assert not (tmp_path / "root").exists()  # nothing half-changed on the target side
+
+
+def test_bad_inventory_and_targets(tmp_path):
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    bad = tmp_path / "hosts.yaml"
+    bad.write_text("hosts:\n  pve:\n    address: 10.0.0.1\n    containers:\n      ct: {vmid: '200'}\n")
+    p = cli(["--hosts", str(bad), "exec", "ct", "--", "true"], env)
+    assert p.returncode == 2 and "hosts.yaml:5: " in one_line_error(p) and "vmid" in one_line_error(p)
+    p = cli(["--hosts", str(tmp_path / "missing.yaml"), "hosts"], env)
+    assert p.returncode == 2 and "no such file" in one_line_error(p)
+    good = local_env(tmp_path)
+    p = cli(["exec", "bx", "--", "true"], good)
+    assert p.returncode == 2 and "unknown target 'bx'" in one_line_error(p) and "did you mean 'box'" in p.stderr.decode()
+    p = cli(["logs", "--phase", "bogus"], good)
+    assert p.returncode == 2 and "--phase" in one_line_error(p)
+    p = cli(["status"], good)
+    assert p.returncode == 5 and "no jobs yet" in one_line_error(p)
+
+
+def test_exec_on_the_local_target(env):
+    p = cli(["exec", "box", "--", "sh", "-c", "echo out; echo err >&2; exit 3"], env)
+    assert (p.returncode, p.stdout, p.stderr) == (3, b"out\n", b"err\n")
+    p = cli(["exec", "box", "--timeout", "0.5", "--", "sleep", "30"], env)
+    assert p.returncode == 124 and b"timed out" in p.stderr
+
+
+def test_doctor_on_the_local_target_warns_on_gpus(env):
+    p = cli(["doctor", "box", "--json"], env)
+    assert p.returncode == 0, p.stdout
+    checks = {c["name"]: c["status"] for c in json.loads(p.stdout)["lab/box"]}
+    assert checks["python3"] == "ok" and checks["gpus"] == "warn"
+
+
+def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    p = cli(["submit", "jobs/dflash.yaml", "--plan"], env)  # ./hosts.yaml: pve1/ct200 at 10.1.2.6
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    assert "root@10.1.2.6:22" in out and "pct exec 200 --" in out
+    assert "--index-url https://download.pytorch.org/whl/cu128 torch==2.11.0+cu128 torchvision==0.26.0+cu128" in out
+    assert len(re.findall(r"warmup with CUDA_VISIBLE_DEVICES=[567]", out)) == 3
+    assert "torchrun --standalone --nproc_per_node 8" in out
+    p = cli(["submit", "jobs/dflash.yaml", "--plan", "--profile", "cu130"], env)
+    assert "whl/cu130 torch==2.11.0+cu130" in p.stdout.decode()
+
+
+def test_demo_shows_a_rollback_and_recovers(tmp_path):
+    env = dict(os.environ, HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="120")
+    p = cli(["demo"], env, timeout=300)
+    out = p.stdout.decode()
+    assert p.returncode == 0, out[-3000:] + p.stderr.decode()[-2000:]
+    assert "ROLLBACK slow -> fast" in out
+    assert "resumed from checkpoint" in out
+    assert "slow → fast" in out and "What happened" in out
+    st = json.loads(cli(["status", "--json"], env, check=True).stdout)
+    assert st["state"] == "succeeded" and st["profile"] == "fast"
+    assert st["window_median"] >= 10000 and st["rollbacks"][0]["signal"] == "low_throughput"
