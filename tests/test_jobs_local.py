@@ -294,3 +294,25 @@ def test_logs_tail_events_and_ps(tmp_path, env, index_urls):
     cleared = cli(["cache", "clear", "box", "--profile", "fast"], env, check=True).stdout.decode()
     assert "fast-" in cleared
     assert cli_json(["cache", "ls", "box", "--json"], env)["caches"] == []
+
+
+def test_lost_supervisor_is_reported_and_its_stale_lock_taken_over(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 100000 --interval 0.1")
+    job_id = submit(spec, env)
+    wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="training")
+    st = json.loads((journal(tmp_path, job_id) / "state.json").read_text())
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: status(job_id, env)["state"] == "lost", 10, what="lost")
+    assert "supervisor is gone" in status(job_id, env)["reason"]
+    # a new submit notices the dead holder, says so, and takes the lock
+    p = cli(["submit", str(spec)], env, check=True)
+    assert f"took over a stale lock of job {job_id}" in p.stderr.decode()
+    job2 = job_id_of(p.stdout)
+    cli(["stop", job2], env, check=True)
+    # stopping the lost job cleans up whatever of it is left and marks it stopped
+    out = cli(["stop", job_id], env, check=True).stdout.decode()
+    assert "stopped" in out and status(job_id, env)["state"] == "stopped"
+    ps = subprocess.run(["ps", "-eo", "pgid"], capture_output=True, text=True).stdout.split()
+    assert str(st["child_pgid"]) not in ps

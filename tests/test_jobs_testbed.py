@@ -144,3 +144,26 @@ def test_busy_refused_stop_leaves_nothing_and_plan_runs_nothing(testbed, bed_env
 
 def status_raw(testbed, env, job_id) -> dict:
     return json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())
+
+
+def test_a_cut_connection_leaves_no_tail_behind_on_a_quiet_log(testbed, bed_env, tmp_path, index):
+    env = bed_env
+    spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 3 --interval 60")
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True, timeout=300).stdout)
+    wait_for(lambda: status(job_id, env)["state"] == "training", 120, what="training")
+    follower = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "logs", "-f", job_id],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def tails():
+        return [ln for ln in testbed.container_exec("ps", "-eo", "args").stdout.decode().splitlines()
+                if f" tail {job_id} " in ln]
+    try:
+        wait_for(lambda: len(tails()) == 1, 30, what="the follower's tail")
+        for _ in range(3):
+            assert testbed.kill_ssh_sessions()
+            time.sleep(1.5)
+        assert len(tails()) == 1, tails()  # only the reconnected follower's; the cut ones left
+    finally:
+        follower.kill()
+        cli(["stop", job_id], env)

@@ -239,6 +239,7 @@ def cmd_tail(home: Home, args) -> None:
         offset = last_lines_offset(path, args.last)
     sys.stderr.write(json.dumps({"offset": offset}) + "\n")
     sys.stderr.flush()
+    reader_gone = stdout_watch()
     f = None
     idle = 0.0
     while True:
@@ -255,6 +256,8 @@ def cmd_tail(home: Home, args) -> None:
             return
         # quiet: is the job over? read state only now and then
         if idle == 0.0 or idle >= 0.5:
+            if reader_gone():  # the connection that asked is gone: do not linger for weeks
+                return
             st = j.effective_state()
             if st.get("state") in FINAL_STATES + ("lost",):
                 data = f.read() if f else b""
@@ -265,6 +268,16 @@ def cmd_tail(home: Home, args) -> None:
             idle = 0.0 if idle >= 0.5 else idle
         time.sleep(args.poll)
         idle += args.poll
+
+
+def stdout_watch():
+    """A check that says when nobody reads our stdout any more (its pipe or socket
+    was closed: a dropped SSH connection), without having to write to it."""
+    import select
+    poller = select.poll()
+    poller.register(sys.stdout.fileno(), 0)  # POLLERR and POLLHUP are always reported
+    bad = select.POLLERR | select.POLLHUP | select.POLLNVAL
+    return lambda: any(ev & bad for _fd, ev in poller.poll(0))
 
 
 def last_lines_offset(path: str, n: int) -> int:

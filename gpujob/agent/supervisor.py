@@ -22,6 +22,10 @@ from gpujob.agent import envs, throughput
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
+COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
+                       # ~20 lines instead of per line of a chatty trainer (CPU), at most
+                       # 20 ms later in job.log
+COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 TAIL_LINES = 200
 
@@ -378,9 +382,11 @@ class Supervisor:
         self.child = None
         return child.returncode, " | ".join(tail)
 
-    def pump(self, child: subprocess.Popen, log):
+    def pump(self, child: subprocess.Popen, log, coalesce: float = COALESCE):
         """Copy the child's output to its log and job.log as it comes; yield each chunk
-        (and b"" when quiet, so callers can look at the clock and the control dir)."""
+        (and b"" when quiet, so callers can look at the clock and the control dir).
+        After a small chunk it waits ``coalesce`` seconds before reading again, so a
+        trainer flushing every line does not wake the supervisor for every line."""
         fd = child.stdout.fileno()
         os.set_blocking(fd, False)
         while True:
@@ -398,6 +404,8 @@ class Supervisor:
                     self.logf.write(chunk)
                     self.logf.flush()
                     yield chunk
+                    if coalesce and len(chunk) < COALESCE_BELOW:
+                        time.sleep(coalesce)
                     continue
             yield b""
         child.stdout.close()
@@ -413,11 +421,13 @@ class Supervisor:
             except ProcessLookupError:
                 break
             end = now() + (grace if sig == signal.SIGTERM else 10)
+            wait = 0.002  # most trainers are gone within milliseconds: look again soon, then less often
             while now() < end:
                 child.poll()
                 if not group_pids(pgid):
                     break
-                time.sleep(0.05)
+                time.sleep(wait)
+                wait = min(wait * 2, 0.05)
             if not group_pids(pgid):
                 break
         try:
@@ -584,7 +594,7 @@ class Supervisor:
                 if outcome.kind == "stop":
                     self.set_state("stopping", phase=logname[:-4])
                 self.kill_group(child, grace)
-                for _ in self.pump(child, log):  # drain what it printed while dying
+                for _ in self.pump(child, log, coalesce=0):  # drain what it printed while dying
                     pass
             self.child = None
         if samples and outcome is None:  # the last word on this run's throughput

@@ -125,6 +125,8 @@ _ANSI = re.compile(
 
 def strip_ansi(s: str) -> str:
     """Remove ANSI escape sequences (CSI, OSC, DCS, two-char ESC)."""
+    if "\x1b" not in s and "\x9b" not in s:  # every sequence starts with one of them
+        return s
     return _ANSI.sub("", s)
 
 
@@ -203,7 +205,10 @@ def make_parser(
     if fmt == "ktok":
 
         def parse(line: str) -> Optional[float]:
-            m = _KTOK.search(strip_ansi(line))
+            text = strip_ansi(line)
+            if "tok" not in text.lower():  # every match holds tok(ens)/s: skip the regex
+                return None
+            m = _KTOK.search(text)
             if not m:
                 return None
             value, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
