@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Callable
 
 from gpujob.agent import envs
-from gpujob.agent.journal import FINAL_STATES
 from gpujob.agent.supervisor import command_argv
 from gpujob.errors import ConnectError, ConnectionLost, InputError, RemoteError
 from gpujob.spec import JobSpec, spec_hash
@@ -245,6 +244,3 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
             except ConnectError as e:
                 notice(f"reconnect failed ({e.message}); next try in {backoff:g}s")
 
-
-def is_final(state: str | None) -> bool:
-    return state in FINAL_STATES or state == "lost"

@@ -7,7 +7,6 @@ seen, so ``gpujob logs`` and ``status`` work without an id and after a restart.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -98,12 +97,3 @@ class State:
                     "INSERT OR REPLACE INTO ledger VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (target, name, profile, e.get("status"), e.get("baseline"), e.get("reason"),
                      e.get("at")))
-
-    def ledger(self, target: str, job_name: str) -> dict:
-        rows = self.db.execute("SELECT * FROM ledger WHERE target = ? AND job_name = ?",
-                               (target, job_name)).fetchall()
-        return {r["profile"]: dict(r) for r in rows}
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, sort_keys=True, default=str)

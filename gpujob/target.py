@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from gpujob.errors import ConnectError, JobError, RemoteError
+from gpujob.errors import JobError, RemoteError
 from gpujob.inventory import Inventory, ssh_settings
 from gpujob.transport.base import OnData, Result, Stdin, Transport
 from gpujob.transport.local import LocalTransport
@@ -188,5 +188,3 @@ class Targets:
     def __exit__(self, *exc):
         self.close()
 
-
-__all__ = ["Target", "Targets", "agent_zip", "ConnectError"]

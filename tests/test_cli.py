@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
-from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli, local_env
+from helpers import cli, local_env
 
 
 @pytest.fixture

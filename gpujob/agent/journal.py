@@ -114,6 +114,7 @@ class Journal:
         self.home = home
         self.job_id = job_id
         self.dir = home.job_dir(job_id)
+        self._events = None  # events.jsonl, opened once: a supervisor appends ~100 events/s
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -134,8 +135,10 @@ class Journal:
     def event(self, kind: str, **data) -> None:
         rec = {"t": round(now(), 3), "type": kind}
         rec.update(data)
-        with open(self.path("events.jsonl"), "a") as f:
-            f.write(json.dumps(rec, sort_keys=True) + "\n")
+        if self._events is None:
+            self._events = open(self.path("events.jsonl"), "a")
+        self._events.write(json.dumps(rec, sort_keys=True) + "\n")
+        self._events.flush()  # O_APPEND: one write per event, whole lines for every reader
 
     def effective_state(self) -> dict:
         """state.json, with ``lost`` when its supervisor is gone without a final state."""

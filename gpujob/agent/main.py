@@ -21,7 +21,7 @@ import time
 
 from gpujob.agent import envs
 from gpujob.agent.journal import (FINAL_STATES, Home, Journal, Ledger, Lock, group_pids, now,
-                                  pid_alive, read_json, write_json)
+                                  read_json, write_json)
 
 REFUSED = 5
 
@@ -52,7 +52,6 @@ def cmd_probe(home: Home, args) -> None:
         info["venv"] = False
     uv = home.path("bin", "uv")
     info["uv"] = uv if os.access(uv, os.X_OK) else shutil.which("uv")
-    info["uv_version"] = read_json(home.path("bin", "uv.json"), {}).get("version")
     probe_dir = expand(args.workdir) if args.workdir else home.root
     while not os.path.exists(probe_dir):
         probe_dir = os.path.dirname(probe_dir)
@@ -87,9 +86,6 @@ def cmd_put(home: Home, args) -> None:
         shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
     os.chmod(tmp, int(args.mode, 8))
     os.replace(tmp, dest)
-    if args.meta:
-        write_json(dest[:-len(os.path.basename(dest))] + os.path.basename(dest) + ".json",
-                   json.loads(args.meta))
     emit({"written": dest, "size": os.path.getsize(dest)})
 
 
@@ -444,7 +440,6 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("put")
     s.add_argument("dest")
     s.add_argument("--mode", default="644")
-    s.add_argument("--meta")
     s = sub.add_parser("manifest")
     s.add_argument("--name", required=True)
     s.add_argument("--workdir")

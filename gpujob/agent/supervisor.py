@@ -22,7 +22,7 @@ from gpujob.agent import envs, throughput
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
-COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
+COALESCE = 0.02        # after a small read, let output gather this long: one wakeup per
                        # ~20 lines instead of per line of a chatty trainer (CPU), at most
                        # 20 ms later in job.log
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle

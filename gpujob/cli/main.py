@@ -7,10 +7,8 @@ code (2 for bad input), never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional

@@ -14,12 +14,6 @@ STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "prep
                "lost": "red"}
 
 
-def ago(t: float | None) -> str:
-    if not t:
-        return "-"
-    return duration(time.time() - t) + " ago"
-
-
 def duration(s: float | None) -> str:
     if s is None:
         return "-"

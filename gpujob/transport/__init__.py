@@ -1,5 +1,5 @@
 """Transports: run argv in a place. ``local``, ``ssh``, and ``pct`` wrapping another."""
 
-from gpujob.transport.base import Result, Transport, push_files
+from gpujob.transport.base import Result, Transport
 
-__all__ = ["Result", "Transport", "push_files"]
+__all__ = ["Result", "Transport"]

@@ -13,12 +13,9 @@ cannot happen.
 
 from __future__ import annotations
 
-import io
-import tarfile
-import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
-from typing import BinaryIO, Callable, Iterable, Mapping, Sequence, Union
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, Iterable, Sequence, Union
 
 Stdin = Union[bytes, BinaryIO, None]
 OnData = Callable[[bytes], None]
@@ -51,14 +48,6 @@ class Result:
         src = self.stderr if self.stderr.strip() else self.stdout
         kept = [ln.strip() for ln in src.decode("utf-8", "replace").splitlines() if ln.strip()]
         return " | ".join(kept[-lines:])
-
-
-@dataclass
-class Timer:
-    start: float = field(default_factory=time.monotonic)
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
 
 
 class Transport(ABC):
@@ -110,35 +99,6 @@ def with_timeout(argv: Sequence[str], timeout: float | None) -> list[str]:
 def timed_out_by(timeout: float | None, elapsed: float, code: int) -> bool:
     """Did a ``with_timeout`` wrapper end the command? (124 after SIGTERM, 137 after SIGKILL.)"""
     return timeout is not None and elapsed >= timeout and code in (TIMEOUT_EXIT, 128 + 9)
-
-
-def tar_bytes(files: Mapping[str, tuple[bytes, int]]) -> bytes:
-    """A tar archive of ``{relative path: (content, mode)}``."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, (data, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = mode
-            info.mtime = int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def push_files(transport: Transport, dest_dir: str, files: Mapping[str, tuple[bytes, int]],
-               *, timeout: float | None = 300) -> Result:
-    """Copy small files into ``dest_dir`` on the far side as one tar stream over stdin."""
-    return push_tar(transport, dest_dir, tar_bytes(files), timeout=timeout)
-
-
-def push_tar(transport: Transport, dest_dir: str, tar: bytes | BinaryIO,
-             *, timeout: float | None = None) -> Result:
-    """Unpack a tar stream into ``dest_dir`` (created if missing) on the far side."""
-    mk = transport.run(["mkdir", "-p", "--", dest_dir], timeout=60)
-    if not mk.ok:
-        return mk
-    return transport.run(["tar", "-x", "--no-same-owner", "-f", "-", "-C", dest_dir],
-                         stdin=tar, timeout=timeout)
 
 
 def iter_chunks(stdin: Stdin, size: int = 256 * 1024) -> Iterable[bytes]:
