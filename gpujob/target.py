@@ -13,6 +13,7 @@ import io
 import json
 import platform
 import sys
+import threading
 import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -156,12 +157,15 @@ class Targets:
         self.inventory = inventory
         self.accept_new = accept_new
         self._hosts: dict[str, SshTransport] = {}
+        self._lock = threading.Lock()
 
     def host_transport(self, host_name: str) -> SshTransport:
-        if host_name not in self._hosts:
-            host = self.inventory.hosts[host_name]
-            self._hosts[host_name] = SshTransport(ssh_settings(host_name, host), accept_new=self.accept_new)
-        return self._hosts[host_name]
+        with self._lock:  # `hosts` and `ps` open targets from several threads
+            if host_name not in self._hosts:
+                host = self.inventory.hosts[host_name]
+                self._hosts[host_name] = SshTransport(ssh_settings(host_name, host),
+                                                      accept_new=self.accept_new)
+            return self._hosts[host_name]
 
     def open(self, target: str) -> Target:
         host_name, host, cname, container = self.inventory.resolve(target)

@@ -22,10 +22,10 @@ def now() -> float:
     return time.time()
 
 
-def write_json(path: str, data) -> None:
+def write_json(path: str, data, mode: int = 0o644) -> None:
     """Atomic: readers see the old file or the new one, never half of one."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)

@@ -179,7 +179,7 @@ def cmd_submit(home: Home, args) -> None:
             dest = entry["dest"] if os.path.isabs(entry["dest"]) else os.path.join(workdir, entry["dest"])
             synced[entry["dest"]] = untar(stdin, entry["size"], dest)
         job["submitted_at"] = now()
-        write_json(j.path("job.json"), job)
+        write_json(j.path("job.json"), job, mode=0o600)  # the spec's env may hold secrets
         write_json(j.path("state.json"), {"job_id": job_id, "name": job["spec"]["name"],
                                           "state": "preparing", "phase": "start",
                                           "profile": job["profile"], "started_at": now()})
@@ -367,7 +367,7 @@ def cmd_rollback(home: Home, args) -> None:
     acquire(home, args.job)
     try:
         job["start"] = {"profile": target, "resume": True, "rollback_from": current, "reason": reason}
-        write_json(j.path("job.json"), job)
+        write_json(j.path("job.json"), job, mode=0o600)
         j.set_state(state="rolling_back", phase="env", profile=target, reason=reason,
                     finished_at=None)
         pid = spawn_supervisor(home, args.job)

@@ -22,9 +22,9 @@ from gpujob.agent import envs, throughput
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
-COALESCE = 0.02        # after a small read, let output gather this long: one wakeup per
-                       # ~20 lines instead of per line of a chatty trainer (CPU), at most
-                       # 20 ms later in job.log
+COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
+                       # 50 lines of a trainer printing 1000 lines/s instead of one per line
+                       # (CPU); job.log lags the trainer by 50 ms at most
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 TAIL_LINES = 200
