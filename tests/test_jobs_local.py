@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,32 @@ def test_lost_supervisor_is_reported_and_its_stale_lock_taken_over(tmp_path, env
     assert "stopped" in out and status(job_id, env)["state"] == "stopped"
     ps = subprocess.run(["ps", "-eo", "pgid"], capture_output=True, text=True).stdout.split()
     assert str(st["child_pgid"]) not in ps
+
+
+def test_stop_during_a_slow_install_ends_it_and_leaves_no_partial_venv(tmp_path, env, index_urls):
+    import http.server
+    import threading
+
+    class Hang(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(20)
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hang)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=url, slow_url=url,
+                          profile="fast", throughput=False, warmup=False)
+        job_id = submit(spec, env)
+        wait_for(lambda: any(e["type"] == "env_build" for e in events(journal(tmp_path, job_id))),
+                 30, what="the install to start")
+        t0 = time.monotonic()
+        cli(["stop", job_id], env, check=True)
+        assert time.monotonic() - t0 < 10
+        st = status(job_id, env)
+        assert st["state"] == "stopped"
+        assert not list((tmp_path / "root" / "envs").iterdir())
+    finally:
+        server.shutdown()

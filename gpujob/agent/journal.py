@@ -156,10 +156,12 @@ class Journal:
         write_json(os.path.join(self.path("control"), name), dict(data, kind=kind))
         return name
 
-    def take_requests(self) -> list:
+    def take_requests(self, kind: str | None = None) -> list:
+        """Consume the pending requests (of ``kind`` only, when given), oldest first."""
         ctl = self.path("control")
+        suffix = f"-{kind}.json" if kind else ".json"
         try:
-            names = sorted(n for n in os.listdir(ctl) if n.endswith(".json"))
+            names = sorted(n for n in os.listdir(ctl) if n.endswith(suffix))
         except OSError:
             return []
         out = []

@@ -374,12 +374,21 @@ class Supervisor:
             self.child = child
             deadline = now() + timeout
             split = throughput.LineSplitter()
+            last_check = 0.0
             for chunk in self.pump(child, log):
                 tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
-                if now() > deadline:
+                t = now()
+                if t > deadline:
                     self.kill_group(child, 5)
+                elif t - last_check > 0.2:  # a stop need not wait for a 10-minute install
+                    last_check = t
+                    if self.stop_asked or self.journal.take_requests("stop"):
+                        self.stop_asked = True
+                        self.kill_group(child, 5)
             tail.extend(ln.strip() for ln in split.flush() if ln.strip())
         self.child = None
+        if self.stop_asked:
+            raise Stop()
         return child.returncode, " | ".join(tail)
 
     def pump(self, child: subprocess.Popen, log, coalesce: float = COALESCE):
