@@ -41,7 +41,7 @@ def host_driver(proc_version: str | None) -> str | None:
 
 def gather(target: Target, workdir: str | None = None) -> dict:
     """Facts about the target; stops early (with what it knows) when a layer fails."""
-    facts: dict = {"kind": target.kind, "label": target.label}
+    facts: dict = {"kind": target.kind, "label": target.label, "vmid": target.vmid}
     if target.kind == "ssh":
         try:
             client = target.host_transport.client()
@@ -83,7 +83,7 @@ def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = (
             text = pct["err"] or pct["out"]
             if "does not exist" in text:
                 add("pct", "ok", "pct present")
-                add("container", "fail", text, "check the vmid in hosts.yaml (`pct list` on the host)")
+                add("container", "fail", text, "check the vmid in hosts.yaml (`pct list` on the host lists them)")
             elif "permission" in text.lower() or "must be root" in text.lower():
                 add("pct", "fail", text, "pct needs root: set `user: root` for this host")
             else:
@@ -91,7 +91,7 @@ def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = (
             return checks
         add("pct", "ok", "pct present")
         if "running" not in pct["out"] or "not running" in pct["out"]:
-            add("container", "fail", pct["out"], "start it: pct start VMID")
+            add("container", "fail", pct["out"], f"start it on the host: pct start {facts.get('vmid')}")
             return checks
         add("container", "ok", pct["out"])
     if "probe_error" in facts:

@@ -16,7 +16,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from gpujob.agent import envs
 from gpujob.agent.supervisor import command_argv
@@ -40,11 +40,12 @@ def excluded(rel: str, patterns: list[str]) -> bool:
                for p in patterns)
 
 
-def local_manifest(src: Path, exclude: list[str]) -> dict[str, tuple[int, int]]:
-    """{relative path: (size, mtime seconds)} of the files to ship from ``src``."""
+def local_manifest(src: Path, exclude: list[str], name: str | None = None) -> dict[str, tuple[int, int]]:
+    """{relative path: (size, mtime seconds)} of the files to ship from ``src``; a
+    single file is listed under ``name`` (its name on the far side)."""
     if src.is_file():
         st = src.stat()
-        return {src.name: (st.st_size, int(st.st_mtime))}
+        return {name or src.name: (st.st_size, int(st.st_mtime))}
     out = {}
     for dirpath, dirs, files in os.walk(src):
         rel_dir = os.path.relpath(dirpath, src)
@@ -79,18 +80,26 @@ def tar_of(src: Path, files: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[tuple[Path, str, list[str]]]:
-    """(local source, remote dest, excludes) per sync entry; a missing source is an
-    input error raised before anything changes on the remote side (``strict``)."""
+class Source(NamedTuple):
+    src: Path          # on the laptop
+    dest: str          # directory on the far side (relative to the workdir, or absolute)
+    exclude: list[str]
+    name: str | None   # a single file's name on the far side
+
+
+def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
+    """One Source per sync entry; a missing source is an input error raised before
+    anything changes on the remote side (``strict``)."""
     out = []
     for i, entry in enumerate(spec.sync):
         src = (spec.spec_dir / Path(entry.src).expanduser()).resolve()
         if strict and not src.exists():
             raise InputError(f"{spec.source_path}: sync[{i}].src: no such file or directory: {src}")
-        dest = entry.dest
-        if src.is_file():  # a single file lands at dest; the tar member is its name
-            dest = os.path.dirname(dest) or "."
-        out.append((src, dest, list(entry.exclude)))
+        if src.is_file():  # a single file lands at dest: its directory, and its name there
+            out.append(Source(src, os.path.dirname(entry.dest) or ".", list(entry.exclude),
+                              os.path.basename(entry.dest)))
+        else:
+            out.append(Source(src, entry.dest, list(entry.exclude), None))
     return out
 
 
@@ -134,14 +143,14 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           wrap(target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
     sources = sync_sources(spec, strict=False)
-    dests = [d for _src, d, _ex in sources]
+    dests = [s.dest for s in sources]
     if dests:
         steps.append(Step("manifest", "container", "list the files already shipped",
                           wrap(target.agent_argv("manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
-    sync_note = ", ".join(f"{s} -> {d}" + ("" if s.exists() else " [MISSING: submit will refuse]")
-                          for s, d, _ in sources) or "no code to ship"
+    sync_note = ", ".join(f"{s.src} -> {s.dest}" + ("" if s.src.exists() else " [MISSING: submit will refuse]")
+                          for s in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
                       f"supervisor detached", wrap(target.agent_argv("submit"))))
@@ -195,14 +204,14 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     if sources:
         remote = target.agent_json("manifest", "--name", spec.name,
                                    *(["--workdir", spec.workdir] if spec.workdir else []),
-                                   *[d for _s, d, _e in sources])
-        for src, dest, exclude in sources:
-            local = local_manifest(src, exclude)
-            todo = changed(local, remote.get(dest, {}))
-            progress(f"sync {src} -> {dest}: {len(todo)} of {len(local)} files changed")
+                                   *[s.dest for s in sources])
+        for s in sources:
+            local = local_manifest(s.src, s.exclude, s.name)
+            todo = changed(local, remote.get(s.dest, {}))
+            progress(f"sync {s.src} -> {s.dest}: {len(todo)} of {len(local)} files changed")
             if todo:
-                blob = tar_of(src, todo)
-                streams.append({"dest": dest, "size": len(blob)})
+                blob = tar_of(s.src, todo)
+                streams.append({"dest": s.dest, "size": len(blob)})
                 payload.append(blob)
     req["sync_streams"] = streams
     stdin = json.dumps(req).encode() + b"\n" + b"".join(payload)

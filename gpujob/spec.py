@@ -185,17 +185,22 @@ class Throughput(Strict):
     min: Rate | None = None
     min_ratio: float | None = Field(None, gt=0, le=1)
     failure_limit: int = Field(3, ge=1)
-    no_data_timeout: Duration = 600.0
+    no_data_timeout: Duration | None = 600.0  # null: no stall detection
     good_after: Duration = 600.0
 
     @model_validator(mode="after")
     def _consistent(self) -> Throughput:
-        for field, fmt in (("pattern", "regex"), ("tokens_per_step", "tqdm")):
+        for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "regex"))):
             given = getattr(self, field) is not None
-            if self.format == fmt and not given:
-                raise At((field,), f"missing (required) for format {fmt}")
-            if self.format != fmt and given:
-                raise At((field,), f"only for format {fmt}")
+            if self.format == fmts[0] and not given:
+                raise At((field,), f"missing (required) for format {fmts[0]}")
+            if self.format not in fmts and given:
+                raise At((field,), f"only for format {' or '.join(fmts)}")
+        for field in ("no_data_timeout", "good_after"):
+            value = getattr(self, field)
+            if value is not None and value <= 0:
+                raise At((field,), "expected a duration > 0" +
+                         (" (or null to turn stall detection off)" if field == "no_data_timeout" else ""))
         if self.pattern is not None:
             try:
                 groups = re.compile(self.pattern).groupindex

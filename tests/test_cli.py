@@ -97,3 +97,13 @@ def test_demo_shows_a_rollback_and_recovers(tmp_path):
     st = json.loads(cli(["status", "--json"], env, check=True).stdout)
     assert st["state"] == "succeeded" and st["profile"] == "fast"
     assert st["window_median"] >= 10000 and st["rollbacks"][0]["signal"] == "low_throughput"
+
+
+@pytest.mark.parametrize("args", [[], ["nosuch"], ["logs", "--tail", "x"], ["exec"], ["submit"]])
+def test_usage_errors_exit_2_without_a_traceback(env, args):
+    p = cli(args, env)
+    assert p.returncode == 2 and b"Traceback" not in p.stderr + p.stdout
+
+
+def test_version(env):
+    assert cli(["--version"], env, check=True).stdout.decode().startswith("gpujob ")

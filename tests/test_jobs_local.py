@@ -253,10 +253,15 @@ def test_manual_rollback_restarts_a_stopped_job(tmp_path, env, index_urls):
              30, what="resume")
     st = status(job_id, env)
     assert st["profile"] == "fast" and st["rollbacks"][-1]["signal"] == "manual"
-    # asked of a running supervisor: back to slow
+    # asked of a running supervisor: back to slow; the profile left is recorded bad
     cli(["rollback", job_id, "--to", "slow"], env, check=True)
     wait_for(lambda: status(job_id, env)["profile"] == "slow" and
              status(job_id, env)["state"] == "training", 60, what="rollback by request")
+    assert status(job_id, env)["ledger"]["fast"]["status"] == "bad"
+    # nowhere known-good to go: refused up front, the running job untouched
+    p = cli(["rollback", job_id], env)
+    assert p.returncode == 5 and "no known-good profile other than slow" in p.stderr.decode()
+    assert status(job_id, env)["state"] == "training"
     cli(["stop", job_id], env, check=True)
 
 
@@ -345,3 +350,35 @@ def test_stop_during_a_slow_install_ends_it_and_leaves_no_partial_venv(tmp_path,
         assert not list((tmp_path / "root" / "envs").iterdir())
     finally:
         server.shutdown()
+
+
+def test_error_signature_of_a_trainer_that_hangs_rolls_back(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], throughput=False, warmup=False,
+                      trainer_args="--steps 6 --interval 0.02 --fail-on-build slow --fail-step 2 --hang-on-fail "
+                                   "--fail-message 'Detected that you are using FX to symbolically trace'",
+                      rollback={"fallback": ["fast"]})
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0, p.stdout.decode()[-2000:]
+    st = status(job_id_of(p.stdout), env)
+    [rb] = st["rollbacks"]
+    assert rb["signal"] == "error_signature" and "kept running" in rb["reason"]
+    assert st["profile"] == "fast" and st["state"] == "succeeded"
+
+
+def test_single_file_sync_and_shared_caches(tmp_path, env, index_urls):
+    tool = tmp_path / "tool.py"
+    tool.write_text("print('tool ran')\n")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", throughput=False,
+                      trainer_args="--steps 1 --interval 0.01",
+                      caches={"per_profile": False})
+    import yaml
+    data = yaml.safe_load(spec.read_text())
+    data["sync"].append({"src": str(tool), "dest": "bin/renamed.py"})
+    spec.write_text(yaml.safe_dump(data))
+    assert cli(["submit", str(spec), "--follow"], env, timeout=120).returncode == 0
+    work = tmp_path / "root" / "work" / "tjob"
+    assert (work / "bin" / "renamed.py").read_text() == "print('tool ran')\n"
+    assert not (work / "bin" / "tool.py").exists()
+    assert [c.name for c in (tmp_path / "root" / "caches").iterdir()] == ["shared"]

@@ -261,6 +261,17 @@ class Ledger:
         e = self.read()["profiles"].get(profile, {})
         return e.get("baseline") if e.get("status") == "good" else None
 
+    def pick(self, current: str, profiles, fallback) -> str | None:
+        """Where to roll back to from ``current``: the last known-good profile, else the
+        first of ``fallback`` not known to be bad; None when there is nowhere to go."""
+        good = self.last_good(exclude=current)
+        if good in profiles:
+            return good
+        for name in fallback or []:
+            if name != current and name in profiles and self.status(name) != "bad":
+                return name
+        return None
+
     def last_good(self, exclude: str | None = None):
         """The most recently proven good profile other than ``exclude``."""
         led = self.read()

@@ -312,6 +312,21 @@ def wait_final(j: Journal, timeout: float) -> dict:
     return j.effective_state()
 
 
+def kill_leftovers(st: dict) -> None:
+    """End what a lost supervisor left running (its trainer's process group)."""
+    pgid = st.get("child_pgid")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not pgid or not group_pids(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        end = time.time() + 10
+        while time.time() < end and group_pids(pgid):
+            time.sleep(0.1)
+
+
 def cmd_stop(home: Home, args) -> None:
     j = job_or_refuse(home, args.job)
     st = j.effective_state()
@@ -322,14 +337,7 @@ def cmd_stop(home: Home, args) -> None:
         j.request("stop")
         st = wait_final(j, args.wait)
     if st.get("state") == "lost":  # no supervisor to ask: stop what it left ourselves
-        pgid = st.get("child_pgid")
-        if pgid and group_pids(pgid):
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    break
-                time.sleep(2)
+        kill_leftovers(st)
         j.set_state(state="stopped", phase="done", reason="stopped by hand after its supervisor was lost",
                     finished_at=now())
         Lock(home).release(args.job)
@@ -349,21 +357,16 @@ def cmd_rollback(home: Home, args) -> None:
     if args.to == current:
         raise Refused(f"job {args.job} already runs on profile {current}")
     reason = args.reason or "rolled back by hand"
-    if st.get("state") not in FINAL_STATES + ("lost",):
-        j.request("rollback", to=args.to, reason=reason)
-        emit({"job_id": args.job, "requested": True, "from": current, "to": args.to})
-        return
-    target = args.to
-    if target is None:
-        led = Ledger(home, job["spec"]["name"])
-        target = led.last_good(exclude=current)
-        if target is None:
-            for name in (job["spec"].get("rollback") or {}).get("fallback") or []:
-                if name != current and led.status(name) != "bad":
-                    target = name
-                    break
+    target = args.to or Ledger(home, job["spec"]["name"]).pick(
+        current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to")
+    if st.get("state") not in FINAL_STATES + ("lost",):
+        j.request("rollback", to=target, reason=reason)
+        emit({"job_id": args.job, "requested": True, "from": current, "to": target})
+        return
+    if st.get("state") == "lost":
+        kill_leftovers(st)  # never two trainers on the same GPUs
     acquire(home, args.job)
     try:
         job["start"] = {"profile": target, "resume": True, "rollback_from": current, "reason": reason}

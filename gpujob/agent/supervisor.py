@@ -28,6 +28,7 @@ COALESCE = 0.05        # after a small read, let output gather this long: one wa
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 TAIL_LINES = 200
+SIGNATURE_GRACE = 10.0  # a trainer still running this long after an error signature is stuck
 
 
 class EnvError(Exception):
@@ -132,6 +133,7 @@ class Supervisor:
                 no_data_timeout=tp.get("no_data_timeout", 600.0),
                 good_after=tp.get("good_after", 600.0))
         self.rb = self.spec.get("rollback") or {}
+        self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
         self.signatures = list(self.rb.get("error_signatures") or [])
 
     # ---- journal helpers -------------------------------------------------
@@ -200,12 +202,9 @@ class Supervisor:
                 return
             if out.kind == "stop":
                 raise Stop()
-            if out.kind == "rollback":
-                target = out.to or self.pick_known_good(profile)
-                if target is None:
-                    self.finish("failed", f"rollback asked for, but no known-good profile other than {profile}")
-                    return
-                profile = self.rollback(profile, target, out, "manual")
+            if out.kind == "rollback":  # asked for by the user, who named the target
+                self.ledger.mark(profile, "bad", reason=out.reason, job=self.job_id)
+                profile = self.rollback(profile, out.to, out, "manual")
                 resume = True
                 continue
             # a failure signal
@@ -232,13 +231,7 @@ class Supervisor:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]
 
     def pick_known_good(self, current: str):
-        good = self.ledger.last_good(exclude=current)
-        if good in self.profiles:
-            return good
-        for name in self.rb.get("fallback") or []:
-            if name != current and name in self.profiles and self.ledger.status(name) != "bad":
-                return name
-        return None
+        return self.ledger.pick(current, self.profiles, self.rb.get("fallback"))
 
     def record_rollback(self, frm, to, reason, sig, evidence, decided_at=None) -> dict:
         rec = {"from": frm, "to": to, "reason": reason, "signal": sig,
@@ -258,6 +251,10 @@ class Supervisor:
     # ---- environments ------------------------------------------------------
     def env_key(self, profile: str) -> str:
         return self.job["env_keys"][profile]
+
+    def cache_key(self, profile: str) -> str:
+        """Caches are per profile (the venv's key) unless the spec shares them."""
+        return self.env_key(profile) if self.per_profile_caches else "shared"
 
     def activate(self, profile: str) -> None:
         """Make sure the profile's venv exists, then point the job at it atomically."""
@@ -329,7 +326,7 @@ class Supervisor:
                  f"({', '.join(f'{k}=={v}' for k, v in report['packages'].items())})")
 
     def clear_caches(self, profile: str) -> None:
-        envs.remove_tree(envs.cache_dir(self.home.root, self.env_key(profile)))
+        envs.remove_tree(envs.cache_dir(self.home.root, self.cache_key(profile)))
         self.journal.event("cache_cleared", profile=profile)
         self.say(f"profile {profile}: compile caches cleared")
 
@@ -337,7 +334,7 @@ class Supervisor:
         env = dict(os.environ)
         env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
         env.update({k: str(v) for k, v in (self.profiles[profile].get("env") or {}).items()})
-        env.update(envs.cache_env(self.home.root, self.env_key(profile)))
+        env.update(envs.cache_env(self.home.root, self.cache_key(profile)))
         for group, ids in (self.spec.get("gpus") or {}).items():
             env[f"GPUJOB_GPUS_{group.upper()}"] = ",".join(str(i) for i in ids)
         venv = self.journal.path("venv")
@@ -464,7 +461,7 @@ class Supervisor:
         if not w:
             return Outcome("done")
         when = w.get("when", "cold")
-        cold = envs.cache_is_cold(self.home.root, self.env_key(profile))
+        cold = envs.cache_is_cold(self.home.root, self.cache_key(profile))
         if when == "never" or (when == "cold" and not cold):
             self.journal.event("warmup_skipped", profile=profile, cache="warm" if not cold else "cold", when=when)
             self.say(f"warmup skipped: profile {profile}'s compile cache is warm")
@@ -512,9 +509,14 @@ class Supervisor:
         split = throughput.LineSplitter()
         tail = collections.deque(maxlen=TAIL_LINES)
         hits: list = []
+        hit_at = None  # (when, signal) of the first error signature printed
         last_state = last_check = last_gpu = 0.0
         idle_cfg = self.rb.get("gpu_idle") if logname == "train.log" else None
-        idle_gpus = list((self.spec.get("gpus") or {}).get(idle_cfg["group"], [])) if idle_cfg else []
+        gpus = self.spec.get("gpus") or {}
+        idle_gpus = []
+        if idle_cfg:
+            idle_gpus = list(gpus[idle_cfg["group"]]) if idle_cfg.get("group") else \
+                sorted({g for ids in gpus.values() for g in ids})
         idle_poll = min(10.0, max(0.5, idle_cfg["for"] / 5)) if idle_cfg else 0
         gpu_history: list = []
         last_verdict = None
@@ -530,6 +532,7 @@ class Supervisor:
                     hit = throughput.scan_line(line, self.signatures)
                     if hit:
                         hits.append(line)
+                        hit_at = hit_at or (t, hit)
                     if not watch_tps:
                         continue
                     value = self.parse_tps(line)
@@ -571,6 +574,11 @@ class Supervisor:
                     outcome = self.requests()
                     if outcome:
                         break
+                    if hit_at and t - hit_at[0] > SIGNATURE_GRACE and hit_at[1] in (self.rb.get("on") or []):
+                        name, reason = throughput.classify_exit(1, None, hits, self.signatures)
+                        outcome = Outcome("signal", hit_at[1], f"{reason} (the process kept running "
+                                          f"{SIGNATURE_GRACE:g}s after it)", {"lines": hits[-5:]})
+                        break
                     if timeout and t - start > timeout:
                         outcome = Outcome("signal", "crash", f"{logname[:-4]} timed out after {timeout:g}s")
                         break
@@ -585,7 +593,7 @@ class Supervisor:
                             idle = idle_for(gpu_history, idle_cfg["below"])
                             if idle >= idle_cfg["for"]:
                                 outcome = Outcome("signal", "gpu_idle",
-                                                  f"GPUs {idle_cfg['group']} ({','.join(map(str, idle_gpus))}) "
+                                                  f"GPUs {idle_cfg.get('group') or 'all'} ({','.join(map(str, idle_gpus))}) "
                                                   f"under {idle_cfg['below']:g}% for {idle:.0f}s",
                                                   {"group": idle_cfg["group"], "below": idle_cfg["below"],
                                                    "idle_for": round(idle, 1),
@@ -629,4 +637,12 @@ class Supervisor:
 
 
 def run(home: str, job_id: str) -> int:
-    return Supervisor(home, job_id).main()
+    try:
+        sup = Supervisor(home, job_id)
+    except Exception as e:  # a job it cannot even read must not look merely "lost"
+        journal = Journal(Home(home), job_id)
+        journal.set_state(state="failed", phase="done", finished_at=now(),
+                          reason=f"supervisor could not start: {type(e).__name__}: {e}")
+        Lock(Home(home)).release(job_id)
+        raise
+    return sup.main()

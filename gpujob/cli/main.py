@@ -63,17 +63,21 @@ class Ctx:
 ctx = Ctx()
 
 
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"gpujob {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory file (else $GPUJOB_HOSTS, "
                                               "./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)"),
           accept_new: bool = typer.Option(False, "--accept-new", help="trust and record an unknown host key "
                                           "(like OpenSSH's accept-new); a changed key is always refused"),
-          version: bool = typer.Option(False, "--version", help="print the version")):
+          version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="print the version")):
     ctx.hosts = hosts
     ctx.accept_new = accept_new
-    if version:
-        out.print(f"gpujob {__version__}")
-        raise typer.Exit()
 
 
 def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
@@ -474,26 +478,15 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
 
 def main() -> None:
     try:
-        rc = app(standalone_mode=False)
-        sys.exit(rc if isinstance(rc, int) else 0)
+        app()  # standalone: click reports usage errors itself (one line, exit 2)
     except GpujobError as e:
         err.print(f"gpujob: {e.message}", markup=False, soft_wrap=True)
         if e.hint:
             err.print(f"  hint: {e.hint}", markup=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("\ninterrupted")
         sys.exit(130)
-    except Exception as e:  # click's usage errors and the like
-        import click
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
-        raise
     finally:
         ctx.close()
 

@@ -61,10 +61,14 @@ class LocalTransport(Transport):
                 argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 env=self.env, cwd=self.cwd)
-        except FileNotFoundError:
-            return Result(argv, 127, b"", f"{argv[0]}: command not found\n".encode())
-        except PermissionError:
-            return Result(argv, 126, b"", f"{argv[0]}: permission denied\n".encode())
+        except (FileNotFoundError, PermissionError) as e:
+            code, what = (127, "command not found") if isinstance(e, FileNotFoundError) else \
+                (126, "permission denied")
+            msg = f"{argv[0]}: {what}\n".encode()
+            if on_stderr is not None:
+                on_stderr(msg)
+                msg = b""
+            return Result(argv, code, b"", msg)
         feeder = None
         if stdin is not None:
             feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import select
 import shlex
 import socket
@@ -25,6 +26,10 @@ import paramiko
 from gpujob.errors import ConnectError, ConnectionLost, HostKeyError
 from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
                                    iter_chunks, timed_out_by, with_timeout)
+
+# paramiko logs failed handshakes with a traceback; our errors say it in one line
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -101,7 +106,8 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
         except OSError as e:
             raise ConnectError(f"cannot connect to {settings.hostname}:{settings.port}: "
                                f"{e.strerror or e}") from None
-        _tcp_keepalive(sock, int(max(settings.keepalive, 1)))
+        if settings.keepalive > 0:
+            _tcp_keepalive(sock, int(max(settings.keepalive, 1)))
     client = paramiko.SSHClient()
     known = Path(settings.known_hosts).expanduser()
     if known.exists():
@@ -136,8 +142,8 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     except (paramiko.SSHException, OSError, EOFError) as e:
         client.close()
         raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}") from None
-    transport = client.get_transport()
-    transport.set_keepalive(int(max(settings.keepalive, 1)))
+    if settings.keepalive > 0:  # 0 turns keepalives off
+        client.get_transport().set_keepalive(int(max(settings.keepalive, 1)))
     if jump_client is not None:
         client._gpujob_jump = jump_client  # keep it alive as long as this client
     return client

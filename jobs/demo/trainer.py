@@ -24,6 +24,7 @@ p.add_argument("--checkpoint", default="checkpoint.json")
 p.add_argument("--fail-on-build", default=None, help="crash at --fail-step on this build")
 p.add_argument("--fail-step", type=int, default=5)
 p.add_argument("--fail-message", default="RuntimeError: kernel launch failed")
+p.add_argument("--hang-on-fail", action="store_true", help="print the failure, then hang instead of exiting")
 args = p.parse_args()
 
 step = 0
@@ -39,6 +40,8 @@ while step < args.steps:
     step += 1
     if args.fail_on_build == demo_kernels.BUILD and step >= args.fail_step:
         print(f"Traceback (most recent call last):\n  ...\n{args.fail_message}", file=sys.stderr, flush=True)
+        if args.hang_on_fail:
+            time.sleep(3600)
         sys.exit(1)
     tps = demo_kernels.TOKENS_PER_SECOND * rng.uniform(0.97, 1.03)
     loss = 8.0 / (1 + step * 0.05)
