@@ -239,25 +239,19 @@ class SshTransport(Transport):
 
     @staticmethod
     def _drain(chan, on_stdout, on_stderr, out: bytearray, err: bytearray) -> bool:
+        """Hand on whatever stdout and stderr data has arrived; True when there was some."""
         got = False
-        while chan.recv_ready():
-            chunk = chan.recv(65536)
-            if not chunk:
-                break
-            got = True
-            if on_stdout is not None:
-                on_stdout(chunk)
-            else:
-                out += chunk
-        while chan.recv_stderr_ready():
-            chunk = chan.recv_stderr(65536)
-            if not chunk:
-                break
-            got = True
-            if on_stderr is not None:
-                on_stderr(chunk)
-            else:
-                err += chunk
+        for ready, recv, cb, buf in ((chan.recv_ready, chan.recv, on_stdout, out),
+                                     (chan.recv_stderr_ready, chan.recv_stderr, on_stderr, err)):
+            while ready():
+                chunk = recv(65536)
+                if not chunk:
+                    break
+                got = True
+                if cb is not None:
+                    cb(chunk)
+                else:
+                    buf += chunk
         return got
 
     @staticmethod
