@@ -392,9 +392,21 @@ class Supervisor:
         """Copy the child's output to its log and job.log as it comes; yield each chunk
         (and b"" when quiet, so callers can look at the clock and the control dir).
         After a small chunk it waits ``coalesce`` seconds before reading again, so a
-        trainer flushing every line does not wake the supervisor for every line."""
+        trainer flushing every line does not wake the supervisor for every line; the
+        child's exit ends that wait at once (a pidfd), so a phase's end is not delayed."""
         fd = child.stdout.fileno()
         os.set_blocking(fd, False)
+        try:
+            exited = [os.pidfd_open(child.pid)] if coalesce and hasattr(os, "pidfd_open") else []
+        except OSError:
+            exited = []
+        try:
+            yield from self._pump(child, log, fd, coalesce, exited)
+        finally:
+            for pidfd in exited:
+                os.close(pidfd)
+
+    def _pump(self, child: subprocess.Popen, log, fd: int, coalesce: float, exited: list):
         while True:
             ready, _, _ = select.select([fd], [], [], POLL)
             if ready:
@@ -411,7 +423,10 @@ class Supervisor:
                     self.logf.flush()
                     yield chunk
                     if coalesce and len(chunk) < COALESCE_BELOW:
-                        time.sleep(coalesce)
+                        if exited:
+                            select.select(exited, [], [], coalesce)
+                        else:
+                            time.sleep(coalesce)
                     continue
             yield b""
         child.stdout.close()
