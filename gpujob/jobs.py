@@ -129,31 +129,35 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool)
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = []
-    wrap = target.transport.host_argv if hasattr(target.transport, "host_argv") else (lambda a: a)
     if target.kind == "ssh":
         steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
                           "(one connection, strict host key)"))
+        mux = target.transport.mux_argv()
+        mux[-1] = "<gpujob exec channel: gpujob/transport/mux_server.py>"
+        steps.append(Step("channel", "host", "open one exec channel into the container; the container "
+                          "commands below run over it (a pct exec each when the container lacks python3)",
+                          mux))
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
-                      wrap(target.agent_argv("probe"))))
+                      (target.agent_argv("probe"))))
     steps.append(Step("ship_agent", "container", f"ship the gpujob agent ({target.agent_path})",
-                      wrap([target.python, "-c", "<write stdin to file>", target.agent_path]),
+                      [target.python, "-c", "<write stdin to file>", target.agent_path],
                       when="if that agent version is not there yet"))
     if target.kind == "ssh":
         steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
-                          wrap(target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
+                          (target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
     sources = sync_sources(spec, strict=False)
     dests = [s.dest for s in sources]
     if dests:
         steps.append(Step("manifest", "container", "list the files already shipped",
-                          wrap(target.agent_argv("manifest", "--name", spec.name,
+                          (target.agent_argv("manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
     sync_note = ", ".join(f"{s.src} -> {s.dest}" + ("" if s.src.exists() else " [MISSING: submit will refuse]")
                           for s in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
-                      f"supervisor detached", wrap(target.agent_argv("submit"))))
+                      f"supervisor detached", (target.agent_argv("submit"))))
     # what the supervisor then runs in the container
     home = target.home
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit)

@@ -113,3 +113,43 @@ class LocalTransport(Transport):
         elif code < 0:
             code = 128 - code  # killed by a signal: the shell's 128+N convention
         return Result(argv, code, bytes(out), bytes(err), timed_out, time.monotonic() - started)
+
+    def open_stream(self, argv: Sequence[str]) -> "LocalStream":
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, env=self.env, cwd=self.cwd)
+        return LocalStream(proc)
+
+
+class LocalStream:
+    """A child process as a byte stream (``pct`` run on the Proxmox host itself)."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except ValueError as e:  # written after close()
+            raise OSError(str(e)) from None
+
+    def recv(self, n: int) -> bytes:
+        return os.read(self.proc.stdout.fileno(), n)
+
+    def stderr(self) -> bytes:
+        os.set_blocking(self.proc.stderr.fileno(), False)
+        try:
+            return self.proc.stderr.read() or b""
+        except (BlockingIOError, OSError):
+            return b""
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.proc)

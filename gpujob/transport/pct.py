@@ -3,24 +3,37 @@
 ``pct exec`` hands its arguments to ``lxc-attach`` as an argv, without a shell,
 so the argv reaches the container exactly as the inner transport delivered it:
 quoted once by ``ssh`` (for the host's login shell), never again.
+
+Commands ride one multiplexed ``pct exec`` (see mux.py) opened on first use;
+when the container cannot run it (no python3), each command gets a ``pct exec``
+of its own instead.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
+from gpujob.errors import ConnectionLost
 from gpujob.transport.base import (KILL_AFTER, OnData, Result, Stdin, Transport, timed_out_by,
                                    with_timeout)
+from gpujob.transport.mux import SERVER_SOURCE, MuxClient
+
+MUX_START_TIMEOUT = 30.0
 
 
 class PctTransport(Transport):
-    def __init__(self, inner: Transport, vmid: int, *, pct: str = "pct", name: str | None = None):
+    def __init__(self, inner: Transport, vmid: int, *, pct: str = "pct", name: str | None = None,
+                 mux: bool = True):
         if isinstance(vmid, bool) or not isinstance(vmid, int):
             raise TypeError(f"vmid must be an integer, got {vmid!r}")
         self.inner = inner
         self.vmid = vmid
         self.pct = pct
         self.name = name or f"vmid {vmid}"
+        self.use_mux = mux and hasattr(inner, "open_stream")
+        self._mux: MuxClient | None = None
+        self._mux_lock = threading.Lock()
 
     def describe(self) -> str:
         return f"{self.name} (vmid {self.vmid}) on {self.inner.describe()}"
@@ -29,17 +42,50 @@ class PctTransport(Transport):
         """The argv the host runs: ``pct exec VMID -- argv``."""
         return [self.pct, "exec", str(self.vmid), "--", *argv]
 
+    def mux_argv(self) -> list[str]:
+        return self.host_argv(["python3", "-c", SERVER_SOURCE])
+
+    def mux(self) -> MuxClient | None:
+        """The open exec channel (started on first use, restarted after a drop), or
+        None when this container cannot run it."""
+        with self._mux_lock:
+            if self._mux is not None and self._mux.alive:
+                return self._mux
+            if not self.use_mux:
+                return None
+            client = MuxClient(self.inner.open_stream(self.mux_argv()), self.describe())
+            if not client.wait_ready(MUX_START_TIMEOUT):
+                client.close()
+                # the channel itself failing is a lost connection, not a container limit
+                if hasattr(self.inner, "client"):
+                    transport = self.inner.client().get_transport()
+                    if not transport.is_active():
+                        raise ConnectionLost(f"lost the connection to {self.inner.describe()}")
+                self.use_mux = False  # e.g. no python3 in the container: one pct exec a command
+                return None
+            self._mux = client
+            return client
+
+    def close(self) -> None:
+        with self._mux_lock:
+            if self._mux is not None:
+                self._mux.close()
+                self._mux = None
+
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
+        mux = self.mux()
+        if mux is not None:
+            return mux.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         # The timeout is enforced inside the container, so the command and its
         # children end there; the inner transport only gets a later backstop.
         inner_timeout = None if timeout is None else timeout + KILL_AFTER + 5
         result = self.inner.run(self.host_argv(with_timeout(argv, timeout)), stdin=stdin,
                                 timeout=inner_timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         result.argv = list(argv)
-        if timeout is not None and not result.timed_out:
-            if timed_out_by(timeout, result.duration, result.exit_code):
-                result.timed_out, result.exit_code = True, 124
+        if timeout is not None and not result.timed_out and \
+                timed_out_by(timeout, result.duration, result.exit_code):
+            result.timed_out, result.exit_code = True, 124
         return result
 
     def status(self) -> str:

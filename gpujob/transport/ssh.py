@@ -240,6 +240,15 @@ class SshTransport(Transport):
         return Result(argv, TIMEOUT_EXIT if timed_out else code, bytes(out), bytes(err), timed_out,
                       elapsed)
 
+    def open_stream(self, argv: Sequence[str]) -> "SshStream":
+        """Start ``argv`` on a channel of its own and hand back its raw byte stream."""
+        try:
+            chan = self.client().get_transport().open_session(timeout=self.settings.connect_timeout)
+            chan.exec_command(shlex.join(argv))
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise ConnectionLost(f"lost the connection to {self.describe()}: {e}") from None
+        return SshStream(chan)
+
     @staticmethod
     def _drain(chan, on_stdout, on_stderr, out: bytearray, err: bytearray) -> bool:
         """Hand on whatever stdout and stderr data has arrived; True when there was some."""
@@ -265,3 +274,31 @@ class SshTransport(Transport):
             chan.shutdown_write()
         except (OSError, paramiko.SSHException, EOFError):
             pass
+
+
+class SshStream:
+    """A channel as a plain byte stream: stdin in, stdout out (stderr kept for errors)."""
+
+    def __init__(self, chan):
+        self.chan = chan
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (paramiko.SSHException, socket.error) as e:
+            raise OSError(str(e)) from None
+
+    def recv(self, n: int) -> bytes:
+        try:
+            return self.chan.recv(n)
+        except (paramiko.SSHException, socket.error):
+            return b""
+
+    def stderr(self) -> bytes:
+        out = b""
+        while self.chan.recv_stderr_ready():
+            out += self.chan.recv_stderr(65536)
+        return out
+
+    def close(self) -> None:
+        self.chan.close()

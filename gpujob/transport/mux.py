@@ -1,0 +1,145 @@
+"""Many commands over one ``pct exec``: the client of ``mux_server.py``.
+
+One server per container and connection runs every command as its own child,
+so a command costs a frame on an open channel instead of a new SSH channel, a
+``pct`` process (Perl on Proxmox) and an ``lxc-attach``. Output still streams as
+it comes, stdin still streams in, exit codes and timeouts mean what they mean
+for every other transport, and commands may run concurrently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from gpujob.errors import ConnectionLost
+from gpujob.transport.base import KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, iter_chunks
+
+HEADER = struct.Struct("!cII")
+SERVER_SOURCE = (Path(__file__).parent / "mux_server.py").read_text()
+
+
+class MuxClient:
+    """Speaks the frame protocol over a byte stream (``send``, ``recv``, ``close``)."""
+
+    def __init__(self, stream, where: str):
+        self.stream = stream
+        self.where = where
+        self.alive = True
+        self.hello = threading.Event()
+        self._calls: dict[int, queue.Queue] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        threading.Thread(target=self._reader, daemon=True, name="gpujob-mux").start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        return self.hello.wait(timeout) and self.alive
+
+    def close(self) -> None:
+        self.alive = False
+        self.stream.close()
+
+    def _send(self, kind: bytes, cid: int, payload: bytes = b"") -> None:
+        with self._send_lock:
+            try:
+                self.stream.send(HEADER.pack(kind, cid, len(payload)) + payload)
+            except (OSError, EOFError) as e:
+                self.alive = False
+                raise ConnectionLost(f"lost the exec channel to {self.where}: {e}") from None
+
+    def _reader(self) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                data = self.stream.recv(1 << 18)
+                if not data:
+                    break
+                buf += data
+                while len(buf) >= HEADER.size:
+                    kind, cid, n = HEADER.unpack_from(buf)
+                    if len(buf) < HEADER.size + n:
+                        break
+                    payload = bytes(buf[HEADER.size:HEADER.size + n])
+                    del buf[:HEADER.size + n]
+                    if kind == b"H":
+                        self.hello.set()
+                        continue
+                    with self._lock:
+                        q = self._calls.get(cid)
+                    if q is not None:
+                        q.put((kind, payload))
+        except (OSError, EOFError):
+            pass
+        finally:
+            self.alive = False
+            self.hello.set()
+            with self._lock:
+                for q in self._calls.values():
+                    q.put((b"!", b""))
+
+    def _feed(self, cid: int, stdin: Stdin) -> None:
+        try:
+            for chunk in iter_chunks(stdin, 1 << 16):
+                if cid not in self._calls:  # the command is over (it stopped reading)
+                    return
+                self._send(b"I", cid, chunk)
+            self._send(b"E", cid)
+        except ConnectionLost:
+            pass
+
+    def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
+            on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
+        argv = list(argv)
+        started = time.monotonic()
+        q: queue.Queue = queue.Queue()
+        cid = next(self._ids)
+        with self._lock:
+            self._calls[cid] = q
+        out, err = bytearray(), bytearray()
+        sinks = {b"o": (on_stdout, out), b"e": (on_stderr, err)}
+        backstop = None if timeout is None else started + timeout + KILL_AFTER + 15
+        try:
+            if not self.alive:
+                raise ConnectionLost(f"lost the exec channel to {self.where}")
+            self._send(b"O", cid, json.dumps({"argv": argv, "timeout": timeout,
+                                              "stdin": stdin is not None}).encode())
+            if stdin is not None:
+                threading.Thread(target=self._feed, args=(cid, stdin), daemon=True).start()
+            while True:
+                try:
+                    kind, payload = q.get(timeout=0.5)
+                except queue.Empty:
+                    if backstop is not None and time.monotonic() > backstop:
+                        self._send(b"K", cid)
+                        return Result(argv, TIMEOUT_EXIT, bytes(out), bytes(err), True,
+                                      time.monotonic() - started)
+                    continue
+                if kind in sinks:
+                    cb, buf = sinks[kind]
+                    if cb is not None:
+                        cb(payload)
+                    else:
+                        buf += payload
+                elif kind == b"x":
+                    info = json.loads(payload)
+                    return Result(argv, info["code"], bytes(out), bytes(err), info["timed_out"],
+                                  time.monotonic() - started)
+                else:
+                    raise ConnectionLost(f"lost the connection to {self.where} while running {argv[0]}")
+        except BaseException:
+            if self.alive:  # Ctrl-C or an error on our side: the command must not live on
+                try:
+                    self._send(b"K", cid)
+                except (OSError, EOFError):
+                    pass
+            raise
+        finally:
+            with self._lock:
+                self._calls.pop(cid, None)

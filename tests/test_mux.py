@@ -1,0 +1,96 @@
+"""The multiplexed exec channel, driven over a local pipe (the same server and
+client that run over ssh → pct exec on the test bed)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from gpujob.errors import ConnectionLost
+from gpujob.transport.local import LocalTransport
+from gpujob.transport.mux import SERVER_SOURCE, MuxClient
+
+
+@pytest.fixture
+def mux():
+    client = MuxClient(LocalTransport().open_stream([sys.executable, "-c", SERVER_SOURCE]), "test")
+    assert client.wait_ready(10)
+    yield client
+    client.close()
+
+
+def test_argv_exit_codes_and_both_streams(mux):
+    args = ["a b", "", "$(x)", "ü", "x" * 100_000]
+    r = mux.run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:])); "
+                                       "print('e', file=sys.stderr); sys.exit(7)", *args])
+    import json
+    assert (r.exit_code, json.loads(r.stdout), r.stderr) == (7, args, b"e\n")
+    assert mux.run(["sh", "-c", "kill -TERM $$"]).exit_code == 128 + 15
+    r = mux.run(["no-such-command"])
+    assert r.exit_code == 127 and b"command not found" in r.stderr
+
+
+def test_big_stdin_to_a_child_that_writes_as_it_reads_does_not_deadlock(mux):
+    data = os.urandom(16 * 2**20)
+    r = mux.run(["cat"], stdin=data, timeout=60)
+    assert r.ok and r.stdout == data
+    r = mux.run(["head", "-c", "5"], stdin=data, timeout=60)  # stops reading early
+    assert r.ok and r.stdout == data[:5]
+
+
+def test_output_streams_while_the_command_runs(mux):
+    seen = []
+    t0 = time.monotonic()
+    mux.run(["sh", "-c", "echo one; sleep 1; echo two"], on_stdout=lambda b: seen.append(time.monotonic() - t0))
+    assert seen[0] < 0.5 and seen[-1] >= 1.0
+
+
+def test_timeout_kills_the_group_and_output_closed_early_still_waits_for_exit(mux):
+    t0 = time.monotonic()
+    r = mux.run(["sh", "-c", "sleep 60 & sleep 60"], timeout=0.5)
+    assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 5
+    r = mux.run(["sh", "-c", "exec >/dev/null 2>&1; sleep 0.5; exit 4"])
+    assert r.exit_code == 4 and r.duration >= 0.5
+
+
+def test_concurrent_commands_share_the_channel(mux):
+    results = {}
+
+    def one(i):
+        results[i] = mux.run(["sh", "-c", f"sleep 0.3; echo {i}"]).stdout
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert time.monotonic() - t0 < 2  # in parallel, not 8 × 0.3 s one after another
+    assert results == {i: f"{i}\n".encode() for i in range(8)}
+
+
+def test_a_dead_channel_is_a_lost_connection_and_takes_its_children(mux):
+    marker = f"sleep {4000 + os.getpid() % 1000}"
+    started = threading.Event()
+
+    def long_call():
+        started.set()
+        with pytest.raises(ConnectionLost):
+            mux.run(["sh", "-c", marker])
+
+    t = threading.Thread(target=long_call)
+    t.start()
+    started.wait()
+    time.sleep(0.5)
+    mux.stream.proc.stdin.close()  # the link goes, like a dropped connection
+    t.join(10)
+    with pytest.raises(ConnectionLost):
+        mux.run(["true"])
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert marker not in ps
