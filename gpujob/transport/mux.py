@@ -25,6 +25,33 @@ HEADER = struct.Struct("!cII")
 SERVER_SOURCE = (Path(__file__).parent / "mux_server.py").read_text()
 
 
+class _Call:
+    """One command in flight. Output goes to its sinks straight from the reader
+    thread; only the end (or a sink's error) travels to the waiting caller."""
+
+    def __init__(self, on_stdout: OnData | None, on_stderr: OnData | None):
+        self.out, self.err = bytearray(), bytearray()
+        self.sinks = {b"o": (on_stdout, self.out), b"e": (on_stderr, self.err)}
+        self.done: queue.Queue = queue.Queue()
+        self.failed = False
+
+    def deliver(self, kind: bytes, payload: bytes) -> None:
+        if kind in self.sinks:
+            if self.failed:
+                return
+            cb, buf = self.sinks[kind]
+            if cb is None:
+                buf += payload
+                return
+            try:
+                cb(payload)
+            except BaseException as e:  # the caller's sink failed: end the command there
+                self.failed = True
+                self.done.put((b"!!", e))
+        else:
+            self.done.put((kind, payload))
+
+
 class MuxClient:
     """Speaks the frame protocol over a byte stream (``send``, ``recv``, ``close``)."""
 
@@ -58,31 +85,34 @@ class MuxClient:
         buf = bytearray()
         try:
             while True:
-                data = self.stream.recv(1 << 18)
+                data = self.stream.recv(1 << 20)
                 if not data:
                     break
                 buf += data
-                while len(buf) >= HEADER.size:
-                    kind, cid, n = HEADER.unpack_from(buf)
-                    if len(buf) < HEADER.size + n:
+                pos = 0  # parse every whole frame, then drop them from buf at once
+                while len(buf) - pos >= HEADER.size:
+                    kind, cid, n = HEADER.unpack_from(buf, pos)
+                    end = pos + HEADER.size + n
+                    if len(buf) < end:
                         break
-                    payload = bytes(buf[HEADER.size:HEADER.size + n])
-                    del buf[:HEADER.size + n]
+                    payload = bytes(buf[pos + HEADER.size:end])
+                    pos = end
                     if kind == b"H":
                         self.hello.set()
                         continue
                     with self._lock:
-                        q = self._calls.get(cid)
-                    if q is not None:
-                        q.put((kind, payload))
+                        call = self._calls.get(cid)
+                    if call is not None:
+                        call.deliver(kind, payload)
+                del buf[:pos]
         except (OSError, EOFError):
             pass
         finally:
             self.alive = False
             self.hello.set()
             with self._lock:
-                for q in self._calls.values():
-                    q.put((b"!", b""))
+                for call in self._calls.values():
+                    call.done.put((b"!", b""))
 
     def _feed(self, cid: int, stdin: Stdin) -> None:
         try:
@@ -98,12 +128,10 @@ class MuxClient:
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
         argv = list(argv)
         started = time.monotonic()
-        q: queue.Queue = queue.Queue()
+        call = _Call(on_stdout, on_stderr)
         cid = next(self._ids)
         with self._lock:
-            self._calls[cid] = q
-        out, err = bytearray(), bytearray()
-        sinks = {b"o": (on_stdout, out), b"e": (on_stderr, err)}
+            self._calls[cid] = call
         backstop = None if timeout is None else started + timeout + KILL_AFTER + 15
         try:
             if not self.alive:
@@ -114,30 +142,25 @@ class MuxClient:
                 threading.Thread(target=self._feed, args=(cid, stdin), daemon=True).start()
             while True:
                 try:
-                    kind, payload = q.get(timeout=0.5)
+                    kind, payload = call.done.get(timeout=0.5)
                 except queue.Empty:
                     if backstop is not None and time.monotonic() > backstop:
                         self._send(b"K", cid)
-                        return Result(argv, TIMEOUT_EXIT, bytes(out), bytes(err), True,
+                        return Result(argv, TIMEOUT_EXIT, bytes(call.out), bytes(call.err), True,
                                       time.monotonic() - started)
                     continue
-                if kind in sinks:
-                    cb, buf = sinks[kind]
-                    if cb is not None:
-                        cb(payload)
-                    else:
-                        buf += payload
-                elif kind == b"x":
+                if kind == b"x":
                     info = json.loads(payload)
-                    return Result(argv, info["code"], bytes(out), bytes(err), info["timed_out"],
+                    return Result(argv, info["code"], bytes(call.out), bytes(call.err), info["timed_out"],
                                   time.monotonic() - started)
-                else:
-                    raise ConnectionLost(f"lost the connection to {self.where} while running {argv[0]}")
+                if kind == b"!!":
+                    raise payload
+                raise ConnectionLost(f"lost the connection to {self.where} while running {argv[0]}")
         except BaseException:
             if self.alive:  # Ctrl-C or an error on our side: the command must not live on
                 try:
                     self._send(b"K", cid)
-                except (OSError, EOFError):
+                except ConnectionLost:
                     pass
             raise
         finally:
