@@ -7,13 +7,15 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
-import paramiko
 from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
+
+if TYPE_CHECKING:
+    import paramiko
 
 DEFAULT_INVENTORY = {
     "hosts": {"local": {"kind": "local", "containers": {"demo": {"root": "~/.local/share/gpujob/demo"}}}},
@@ -149,11 +151,13 @@ def ssh_settings(host_name: str, host: Host, ssh_config_path: str | Path = "~/.s
     if host.kind != "ssh":
         raise InputError(f"host '{host_name}' is local; it has no SSH settings")
     path = Path(ssh_config_path).expanduser()
+    import paramiko  # only ssh hosts need it: the local demo starts faster without
+
     config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
     return _settings(config, host, nested=False)
 
 
-def _settings(config: paramiko.SSHConfig, host: Host, nested: bool) -> SshSettings:
+def _settings(config: "paramiko.SSHConfig", host: Host, nested: bool) -> SshSettings:
     found = config.lookup(host.address)
     proxy_jump = host.proxy_jump or found.get("proxyjump")
     if proxy_jump and proxy_jump.lower() == "none":

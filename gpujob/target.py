@@ -18,14 +18,16 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gpujob.errors import JobError, RemoteError
 from gpujob.inventory import Inventory, ssh_settings
 from gpujob.transport.base import OnData, Result, Stdin, Transport
 from gpujob.transport.local import LocalTransport
 from gpujob.transport.pct import PctTransport
-from gpujob.transport.ssh import SshTransport
+
+if TYPE_CHECKING:
+    from gpujob.transport.ssh import SshTransport
 
 AGENT_MODULES = ("__init__.py", "envs.py", "journal.py", "main.py", "supervisor.py", "throughput.py")
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
@@ -156,12 +158,13 @@ class Targets:
     def __init__(self, inventory: Inventory, *, accept_new: bool = False):
         self.inventory = inventory
         self.accept_new = accept_new
-        self._hosts: dict[str, SshTransport] = {}
+        self._hosts: dict[str, "SshTransport"] = {}
         self._lock = threading.Lock()
 
-    def host_transport(self, host_name: str) -> SshTransport:
+    def host_transport(self, host_name: str) -> "SshTransport":
         with self._lock:  # `hosts` and `ps` open targets from several threads
             if host_name not in self._hosts:
+                from gpujob.transport.ssh import SshTransport  # paramiko: only for ssh hosts
                 host = self.inventory.hosts[host_name]
                 self._hosts[host_name] = SshTransport(ssh_settings(host_name, host),
                                                       accept_new=self.accept_new)
