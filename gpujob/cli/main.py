@@ -199,7 +199,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                        help="override caches.clear_on_submit")):
     """Ship the code and start the job under a detached supervisor in the container."""
     from gpujob import jobs
-    from gpujob.spec import load_spec, spec_hash
+    from gpujob.spec import load_spec
     spec = load_spec(spec_path)
     target_name = target or spec.target
     if not target_name:
@@ -217,6 +217,17 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
             if step.argv:
                 out.print(f"      $ {shlex.join(step.argv)}", markup=False, soft_wrap=True)
         return
+    _start(spec, spec_path, t, profile, job_id, clear)
+    if follow:
+        _follow(job_id, t, "job.log", None)
+        raise typer.Exit(0 if _print_final(job_id, t).get("state") == "succeeded" else 1)
+    out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
+
+
+def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool) -> None:
+    """Submit, record the job on this laptop, say so."""
+    from gpujob import jobs
+    from gpujob.spec import spec_hash
     res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                       progress=lambda m: err.print(f"[dim]· {m}[/]"))
     if res.get("stale_lock"):
@@ -225,16 +236,12 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
     out.print(f"submitted [bold]{job_id}[/] to {t.label} (profile {profile}, supervisor pid "
               f"{res['supervisor_pid']})")
-    if follow:
-        _follow(job_id, t, "job.log", None)
-        raise typer.Exit(_final_code(job_id, t))
-    out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
-def _final_code(job_id: str, t: Target) -> int:
+def _print_final(job_id: str, t: Target) -> dict:
     st = _status(job_id, t)
     print_status_view(st, t)
-    return 0 if st.get("state") == "succeeded" else 1
+    return st
 
 
 def print_status_view(st: dict, t: Target) -> None:
@@ -444,7 +451,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
          target: Optional[str] = typer.Option(None, "--target", "-t")):
     """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
     from gpujob import jobs
-    from gpujob.spec import load_spec, spec_hash
+    from gpujob.spec import load_spec
     from gpujob.wheelhouse import build_indexes
     spec = load_spec(spec_path)
     build_indexes(spec.spec_dir / "demo" / "wheelhouse")
@@ -457,13 +464,9 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
     for profile, title in acts:
         out.rule(f"[bold]{title}")
         job_id = jobs.new_job_id(spec.name)
-        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=False,
-                          progress=lambda m: err.print(f"[dim]· {m}[/]"))
-        ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
-        out.print(f"submitted [bold]{job_id}[/] (profile {profile}, supervisor pid {res['supervisor_pid']})")
+        _start(spec, spec_path, t, profile, job_id, False)
         _follow(job_id, t, "job.log", None)
-        final = _status(job_id, t)
-        print_status_view(final, t)
+        final = _print_final(job_id, t)
         if final.get("state") != "succeeded":
             raise JobError(f"demo job {job_id} ended {final.get('state')}: {final.get('reason')}")
     rolled = [r for r in final.get("rollbacks") or [] if r.get("signal") != "manual"]
