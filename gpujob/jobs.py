@@ -1,8 +1,10 @@
 """Controller-side job operations: plan a submit, ship code, start, follow, ask.
 
-``build_plan`` is pure (spec and target in, list of steps out) and is what both
-``submit --plan`` prints and ``submit`` executes, step by step, so the plan
-cannot drift from what runs.
+``build_plan`` is pure (spec and target in, list of steps out): what
+``submit --plan`` prints. It builds every argv with the same functions that
+``submit`` and the supervisor run (``Target.agent_argv``,
+``envs.build_commands``, ``supervisor.command_argv``), so the commands it shows
+are the commands that run.
 """
 
 from __future__ import annotations
