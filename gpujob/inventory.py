@@ -174,6 +174,8 @@ def _settings(config: "paramiko.SSHConfig", host: Host, nested: bool) -> SshSett
         jump_host = host.model_copy(update={"address": match["host"], "user": match["user"], "port": port,
                                             "identity_file": None, "proxy_jump": None})
         jump = _settings(config, jump_host, nested=True)
+        if not jump.identity_files and host.identity_file:  # no key of its own: try the host's
+            jump.identity_files = [os.path.expanduser(host.identity_file)]
     identity = [host.identity_file] if host.identity_file else found.get("identityfile", [])
     return SshSettings(
         hostname=found["hostname"],

@@ -245,3 +245,11 @@ def test_ssh_settings_errors(tmp_path):
     local = load_inventory(None).hosts["local"]
     with pytest.raises(InputError, match="^host 'local' is local; it has no SSH settings$"):
         ssh_settings("local", local, config)
+
+
+def test_jump_host_without_a_key_of_its_own_tries_the_hosts_key(tmp_path):
+    config = write(tmp_path, SSH_CONFIG, "ssh_config")
+    s = ssh_settings("pve1", ssh_host(address="10.9.9.9", identity_file="~/k", proxy_jump="root@10.0.0.9"), config)
+    assert s.jump.identity_files == [str(Path.home() / "k")]
+    s = ssh_settings("pve1", ssh_host(address="10.9.9.9", identity_file="~/k", proxy_jump="bastion"), config)
+    assert s.jump.identity_files == ["/keys/jump"]  # the jump's own config entry wins

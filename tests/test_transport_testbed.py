@@ -198,3 +198,20 @@ def test_hosts_lists_container_states(inv, tmp_path):
     assert p.returncode == 0, p.stderr
     rows = {r["container"]: r["status"] for r in json.loads(p.stdout)["targets"]}
     assert rows == {"ct200": "running", "ct201": "stopped"}
+
+
+def test_proxy_jump_reaches_the_container_through_a_jump_host(testbed, tmp_path):
+    """The bed's sshd is both the jump host and the target (a direct-tcpip hop to itself)."""
+    hosts = _host(tmp_path, testbed, proxy_jump=f"root@127.0.0.1:{testbed.port}")
+    env = env_for(hosts, tmp_path)
+    p = cli(["exec", "c", "--", "cat", "/etc/debian_version"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.strip()[:2].isdigit()
+    bad = _host(tmp_path, testbed, proxy_jump="root@127.0.0.1:1")
+    p = cli(["exec", "c", "--", "true"], env_for(bad, tmp_path))
+    assert p.returncode == 3 and "connection refused by 127.0.0.1:1" in one_line(p)
+
+
+def one_line(p) -> str:
+    assert b"Traceback" not in p.stderr
+    return p.stderr.decode().splitlines()[0]
