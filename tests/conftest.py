@@ -23,3 +23,27 @@ def testbed():
         yield bed
     finally:
         bed.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reap_job_processes(tmp_path):
+    """After each test: no supervisor, trainer or agent of that test's jobs lives on,
+    even when the test failed half-way (they would otherwise run detached for hours)."""
+    yield
+    import os
+    import signal
+    mine = str(tmp_path)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().decode("utf-8", "replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if mine in cmd or cwd.startswith(mine):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
