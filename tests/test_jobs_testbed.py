@@ -114,7 +114,9 @@ def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, 
     out, err = follower.communicate(timeout=120)
     assert cuts == 10
     assert follower.returncode == 0, err.decode()
-    assert err.decode().count("connection lost") >= 10
+    # every cut was noticed: as a lost connection, or (cut mid-reconnect) as a failed reconnect
+    notices = err.decode().count("connection lost") + err.decode().count("reconnect failed")
+    assert notices >= 10, err.decode()
     assert steps_of(out.decode()) == list(range(1, 151))  # each line once, in order
     assert status(job_id, env)["state"] == "succeeded"
 

@@ -53,18 +53,21 @@ class PctTransport(Transport):
                 return self._mux
             if not self.use_mux:
                 return None
-            client = MuxClient(self.inner.open_stream(self.mux_argv()), self.describe())
-            if not client.wait_ready(MUX_START_TIMEOUT):
-                client.close()
-                # the channel itself failing is a lost connection, not a container limit
-                if hasattr(self.inner, "client"):
-                    transport = self.inner.client().get_transport()
-                    if not transport.is_active():
-                        raise ConnectionLost(f"lost the connection to {self.inner.describe()}")
-                self.use_mux = False  # e.g. no python3 in the container: one pct exec a command
+            stream = self.inner.open_stream(self.mux_argv())
+            client = MuxClient(stream, self.describe())
+            if client.wait_ready(MUX_START_TIMEOUT):
+                self._mux = client
+                return client
+            said = stream.stderr()
+            client.close()
+            if said.strip():
+                # pct or the container said why (stopped, no python3): a pct exec per
+                # command from now on, whose results carry that same message
+                self.use_mux = False
                 return None
-            self._mux = client
-            return client
+            # nothing said: the link itself went (a connection cut while starting)
+            raise ConnectionLost(f"lost the connection to {self.inner.describe()} while opening "
+                                 f"the exec channel into {self.name}")
 
     def close(self) -> None:
         with self._mux_lock:
