@@ -382,3 +382,17 @@ def test_single_file_sync_and_shared_caches(tmp_path, env, index_urls):
     assert (work / "bin" / "renamed.py").read_text() == "print('tool ran')\n"
     assert not (work / "bin" / "tool.py").exists()
     assert [c.name for c in (tmp_path / "root" / "caches").iterdir()] == ["shared"]
+
+
+def test_no_throughput_lines_is_a_stall_not_low_throughput(tmp_path, env, index_urls):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False,
+                      trainer_args="--steps 5 --interval 60",
+                      throughput={"format": "ktok", "min": "10K", "window": 3, "no_data_timeout": "2s"})
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 1
+    st = status(job_id_of(p.stdout), env)
+    assert st["state"] == "failed" and st["signal"] == "stall"
+    assert "no known-good profile" in st["reason"]
+    ev = events(journal(tmp_path, job_id_of(p.stdout)))
+    assert [e["verdict"] for e in ev if e["type"] == "decision"][-1] == "stall"

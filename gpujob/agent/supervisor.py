@@ -98,6 +98,33 @@ def command_argv(command, values: dict, extra_args=()) -> list:
     return [substitute(str(a), values) for a in command] + list(extra_args)
 
 
+class _Run:
+    """What one run of a phase command knows while the supervisor watches it."""
+
+    def __init__(self, sup: "Supervisor", logname: str, profile: str, timeout, watch_tps: bool):
+        self.phase = logname[:-len(".log")]
+        self.profile = profile
+        self.timeout = timeout
+        self.watch_tps = watch_tps
+        self.start = now()
+        self.samples: list = []
+        self.baseline = sup.ledger.baseline(profile) or sup.ledger.baseline(sup.ledger.last_good() or "")
+        self.good_known = sup.ledger.status(profile) == "good"
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.hits: list = []
+        self.hit_at = None  # (when, signal) of the first error signature printed
+        self.last_state = self.last_check = self.last_gpu = 0.0
+        self.last_verdict = None
+        self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
+        gpus = sup.spec.get("gpus") or {}
+        self.idle_gpus: list = []
+        if self.idle_cfg:
+            self.idle_gpus = list(gpus[self.idle_cfg["group"]]) if self.idle_cfg.get("group") else \
+                sorted({g for ids in gpus.values() for g in ids})
+        self.idle_poll = min(10.0, max(0.5, self.idle_cfg["for"] / 5)) if self.idle_cfg else 0
+        self.gpu_history: list = []
+
+
 class Supervisor:
     def __init__(self, home: str, job_id: str):
         self.home = Home(home)
@@ -213,12 +240,11 @@ class Supervisor:
             if not self.rb.get("enabled", True) or sig not in on:
                 self.finish("failed", reason, signal=sig, exit_code=out.exit_code)
                 return
+            self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
             if len(self.auto_rollbacks()) >= int(self.rb.get("max_rollbacks", 2)):
-                self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
                 self.finish("failed", f"max_rollbacks ({self.rb.get('max_rollbacks', 2)}) reached; "
                                       f"last: {reason}", signal=sig, exit_code=out.exit_code)
                 return
-            self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
             target = self.pick_known_good(profile)
             if target is None:
                 self.finish("failed", f"no known-good profile to roll back to; {profile}: {reason}",
@@ -517,132 +543,129 @@ class Supervisor:
     def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0) -> Outcome:
         """Run one phase command; parse its output; act on signals and requests."""
         os.makedirs(self.workdir, exist_ok=True)
-        start = now()
-        samples: list = []
-        baseline = self.ledger.baseline(profile) or self.ledger.baseline(self.ledger.last_good() or "")
-        good_known = self.ledger.status(profile) == "good"
+        run = _Run(self, logname, profile, timeout, watch_tps)
         split = throughput.LineSplitter()
-        tail = collections.deque(maxlen=TAIL_LINES)
-        hits: list = []
-        hit_at = None  # (when, signal) of the first error signature printed
-        last_state = last_check = last_gpu = 0.0
-        idle_cfg = self.rb.get("gpu_idle") if logname == "train.log" else None
-        gpus = self.spec.get("gpus") or {}
-        idle_gpus = []
-        if idle_cfg:
-            idle_gpus = list(gpus[idle_cfg["group"]]) if idle_cfg.get("group") else \
-                sorted({g for ids in gpus.values() for g in ids})
-        idle_poll = min(10.0, max(0.5, idle_cfg["for"] / 5)) if idle_cfg else 0
-        gpu_history: list = []
-        last_verdict = None
         outcome = None
         with open(self.journal.path(logname), "ab") as log:
             child = self.spawn(argv, env, self.workdir)
             self.child = child
-            self.journal.set_state(child_pid=child.pid, child_pgid=child.pid, phase_started_at=start)
+            self.journal.set_state(child_pid=child.pid, child_pgid=child.pid, phase_started_at=run.start)
             for chunk in self.pump(child, log):
                 t = now()
                 for line in split.feed(chunk) if chunk else ():
-                    tail.append(line)
-                    hit = throughput.scan_line(line, self.signatures)
-                    if hit:
-                        hits.append(line)
-                        hit_at = hit_at or (t, hit)
-                    if not watch_tps:
-                        continue
-                    value = self.parse_tps(line)
-                    if value is None:
-                        continue
-                    step = self.parse_step(line) if self.parse_step else None
-                    samples.append(throughput.Sample(t, value, step))
-                    if len(samples) > 50000:
-                        del samples[:25000]
-                    d = throughput.decide(self.policy, samples, t, start, baseline)
-                    self.journal.event("sample", value=value, step=step, verdict=d.verdict,
-                                       median=d.evidence.get("median"))
-                    if d.verdict != last_verdict or d.verdict in ("breach", "rollback"):
-                        self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
-                        last_verdict = d.verdict
-                    if t - last_state > STATE_EVERY:
-                        self.publish(samples, d, baseline)
-                        last_state = t
-                    if d.verdict == "rollback":
-                        self.publish(samples, d, baseline)
-                        outcome = Outcome("signal", "low_throughput", d.reason, d.evidence)
-                        break
-                    if not good_known:
-                        base = throughput.known_good(self.policy, samples, t, start, baseline)
-                        if base is not None:
-                            good_known = True
-                            self.ledger.mark(profile, "good", baseline=base, job=self.job_id,
-                                             reason=f"held {throughput.fmt_rate(base)} tok/s for "
-                                                    f"{self.policy.good_after:g}s")
-                            self.journal.event("known_good", profile=profile, baseline=base)
-                            self.say(f"profile {profile} is now known-good "
-                                     f"(baseline {throughput.fmt_rate(base)} tok/s)")
-                            if not baseline:
-                                baseline = base
-                if outcome:
-                    break
-                if t - last_check >= 0.2:
-                    last_check = t
-                    outcome = self.requests()
+                    outcome = self.on_line(run, line, t)
                     if outcome:
                         break
-                    if hit_at and t - hit_at[0] > SIGNATURE_GRACE and hit_at[1] in (self.rb.get("on") or []):
-                        name, reason = throughput.classify_exit(1, None, hits, self.signatures)
-                        outcome = Outcome("signal", hit_at[1], f"{reason} (the process kept running "
-                                          f"{SIGNATURE_GRACE:g}s after it)", {"lines": hits[-5:]})
-                        break
-                    if timeout and t - start > timeout:
-                        outcome = Outcome("signal", "crash", f"{logname[:-4]} timed out after {timeout:g}s")
-                        break
-                    if idle_gpus and t - last_gpu >= idle_poll and \
-                            t >= start + (self.policy.initial_delay if self.parse_tps else 0):
-                        last_gpu = t
-                        util = gpu_utilisation(idle_gpus)
-                        if util is not None:
-                            gpu_history.append((t, util))
-                            del gpu_history[:-1000]
-                            self.journal.event("gpu_util", group=idle_cfg["group"], max=util)
-                            idle = idle_for(gpu_history, idle_cfg["below"])
-                            if idle >= idle_cfg["for"]:
-                                outcome = Outcome("signal", "gpu_idle",
-                                                  f"GPUs {idle_cfg.get('group') or 'all'} ({','.join(map(str, idle_gpus))}) "
-                                                  f"under {idle_cfg['below']:g}% for {idle:.0f}s",
-                                                  {"group": idle_cfg["group"], "below": idle_cfg["below"],
-                                                   "idle_for": round(idle, 1),
-                                                   "history": gpu_history[-10:]})
-                                break
-                    if watch_tps:
-                        d = throughput.decide(self.policy, samples, t, start, baseline)
-                        if d.verdict == "stall":
-                            self.journal.event("decision", verdict=d.verdict, reason=d.reason,
-                                               evidence=d.evidence)
-                            outcome = Outcome("signal", "stall", d.reason, d.evidence)
-                            break
+                if not outcome and t - run.last_check >= 0.2:
+                    run.last_check = t
+                    outcome = self.check(run, t)
+                if outcome:
+                    break
             if outcome is not None:
-                self.say(f"stopping {logname[:-4]}: {outcome.reason or outcome.kind}")
+                self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
                 if outcome.kind == "stop":
-                    self.set_state("stopping", phase=logname[:-4])
+                    self.set_state("stopping", phase=run.phase)
                 self.kill_group(child, grace)
                 for _ in self.pump(child, log, coalesce=0):  # drain what it printed while dying
                     pass
             self.child = None
-        if samples and outcome is None:  # the last word on this run's throughput
-            self.publish(samples, throughput.decide(self.policy, samples, now(), start, baseline), baseline)
+        if run.samples and outcome is None:  # the last word on this run's throughput
+            self.publish(run.samples, throughput.decide(self.policy, run.samples, now(), run.start,
+                                                        run.baseline), run.baseline)
         code = child.returncode
-        self.journal.event("exit", phase=logname[:-4], returncode=code, profile=profile)
+        self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
         if outcome is not None:
             return outcome
         if code == 0:
             return Outcome("done", exit_code=0)
         sig = -code if code < 0 else None
         name, reason = throughput.classify_exit(code if code >= 0 else None, sig,
-                                                hits + list(tail), self.signatures)
-        self.say(f"{logname[:-4]} failed: {reason}")
-        return Outcome("signal", name, reason, {"returncode": code, "tail": list(tail)[-10:]},
+                                                run.hits + list(run.tail), self.signatures)
+        self.say(f"{run.phase} failed: {reason}")
+        return Outcome("signal", name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
                        exit_code=code)
+
+    def on_line(self, run: "_Run", line: str, t: float):
+        """One line of output: error signatures, then (in training) a throughput sample."""
+        run.tail.append(line)
+        hit = throughput.scan_line(line, self.signatures)
+        if hit:
+            run.hits.append(line)
+            run.hit_at = run.hit_at or (t, hit)
+        if not run.watch_tps:
+            return None
+        value = self.parse_tps(line)
+        if value is None:
+            return None
+        step = self.parse_step(line) if self.parse_step else None
+        run.samples.append(throughput.Sample(t, value, step))
+        if len(run.samples) > 50000:
+            del run.samples[:25000]
+        d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+        self.journal.event("sample", value=value, step=step, verdict=d.verdict,
+                           median=d.evidence.get("median"))
+        if d.verdict != run.last_verdict or d.verdict in ("breach", "rollback"):
+            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+            run.last_verdict = d.verdict
+        if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
+            self.publish(run.samples, d, run.baseline)
+            run.last_state = t
+        if d.verdict == "rollback":
+            return Outcome("signal", "low_throughput", d.reason, d.evidence)
+        if not run.good_known:
+            base = throughput.known_good(self.policy, run.samples, t, run.start, run.baseline)
+            if base is not None:
+                run.good_known = True
+                self.ledger.mark(run.profile, "good", baseline=base, job=self.job_id,
+                                 reason=f"held {throughput.fmt_rate(base)} tok/s for "
+                                        f"{self.policy.good_after:g}s")
+                self.journal.event("known_good", profile=run.profile, baseline=base)
+                self.say(f"profile {run.profile} is now known-good "
+                         f"(baseline {throughput.fmt_rate(base)} tok/s)")
+                run.baseline = run.baseline or base
+        return None
+
+    def check(self, run: "_Run", t: float):
+        """The checks made every 0.2 s whether or not output came: requests, a hung
+        trainer after an error signature, the phase timeout, idle GPUs, a stall."""
+        outcome = self.requests()
+        if outcome:
+            return outcome
+        if run.hit_at and t - run.hit_at[0] > SIGNATURE_GRACE and run.hit_at[1] in (self.rb.get("on") or []):
+            _name, reason = throughput.classify_exit(1, None, run.hits, self.signatures)
+            return Outcome("signal", run.hit_at[1], f"{reason} (the process kept running "
+                           f"{SIGNATURE_GRACE:g}s after it)", {"lines": run.hits[-5:]})
+        if run.timeout and t - run.start > run.timeout:
+            return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
+        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and \
+                t >= run.start + (self.policy.initial_delay if self.parse_tps else 0):
+            run.last_gpu = t
+            outcome = self.check_gpu_idle(run, t)
+            if outcome:
+                return outcome
+        if run.watch_tps:
+            d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+            if d.verdict == "stall":
+                self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+                return Outcome("signal", "stall", d.reason, d.evidence)
+        return None
+
+    def check_gpu_idle(self, run: "_Run", t: float):
+        cfg = run.idle_cfg
+        util = gpu_utilisation(run.idle_gpus)
+        if util is None:
+            return None
+        run.gpu_history.append((t, util))
+        del run.gpu_history[:-1000]
+        self.journal.event("gpu_util", group=cfg["group"], max=util)
+        idle = idle_for(run.gpu_history, cfg["below"])
+        if idle < cfg["for"]:
+            return None
+        return Outcome("signal", "gpu_idle",
+                       f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
+                       f"under {cfg['below']:g}% for {idle:.0f}s",
+                       {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
+                        "history": run.gpu_history[-10:]})
 
     def publish(self, samples: list, d, baseline) -> None:
         values = [s.value for s in samples[-120:]]
