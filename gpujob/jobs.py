@@ -226,28 +226,36 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
 
 
 def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bool = True,
-               offset: int = 0, write: Callable[[bytes], None],
+               offset: int = 0, last: int | None = None, write: Callable[[bytes], None],
                notice: Callable[[str], None], max_backoff: float = 8.0) -> int:
-    """Stream a job's log from ``offset``; after a dropped connection, reconnect with
-    backoff and resume from the byte reached, so no byte is lost or printed twice.
-    Returns the final offset."""
-    pos = offset
+    """Stream a job's log from ``offset`` (or from its last ``last`` lines); after a
+    dropped connection, reconnect with backoff and resume from the byte reached, so
+    no byte is lost or printed twice. Returns the final offset."""
+    base, got = offset, 0  # where the agent started, and what has been written since
+    located = last is None  # with ``last``, the agent tells the offset it starts from
 
     def sink(chunk: bytes) -> None:
-        nonlocal pos
+        nonlocal got
         write(chunk)
-        pos += len(chunk)
+        got += len(chunk)
+
+    def started_at(data: bytes) -> None:
+        nonlocal base, located
+        for line in data.decode("utf-8", "replace").splitlines():
+            if line.startswith('{"offset"') and not located:
+                base, located = json.loads(line)["offset"], True
 
     backoff = 0.25
     while True:
+        start = ["--offset", str(base + got)] if located else ["--last", str(last)]
         try:
-            args = ["tail", job_id, "--file", file, "--offset", str(pos)] + (["--follow"] if follow else [])
-            r = target.agent(*args, timeout=None, on_stdout=sink)
+            args = ["tail", job_id, "--file", file, *start] + (["--follow"] if follow else [])
+            r = target.agent(*args, timeout=None, on_stdout=sink, on_stderr=started_at)
             if r.exit_code != 0:
                 raise RemoteError(f"reading {file} of {job_id} failed", r)
-            return pos
+            return base + got
         except ConnectionLost as e:
-            notice(f"connection lost ({e.message}); reconnecting from byte {pos}")
+            notice(f"connection lost ({e.message}); reconnecting from byte {base + got}")
         while True:
             time.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)

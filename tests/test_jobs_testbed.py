@@ -119,6 +119,8 @@ def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, 
     assert notices >= 10, err.decode()
     assert steps_of(out.decode()) == list(range(1, 151))  # each line once, in order
     assert status(job_id, env)["state"] == "succeeded"
+    tail = cli(["logs", job_id, "--phase", "train", "--tail", "3"], env, check=True).stdout.decode()
+    assert steps_of(tail) == [149, 150] and tail.endswith("training finished at step 150\n")
 
 
 def test_busy_refused_stop_leaves_nothing_and_plan_runs_nothing(testbed, bed_env, tmp_path, index):

@@ -272,12 +272,8 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
             if ln.strip():
                 out.print(render.event_line(json.loads(ln)), markup=False)
 
-    offset = 0
-    if last is not None:  # find where the last N lines start, then stream from there
-        r = t.agent("tail", job_id, "--file", file, "--last", str(last), timeout=60)
-        offset = json.loads(r.stderr.decode().splitlines()[0])["offset"] if r.stderr else 0
     try:
-        jobs.follow_log(t, job_id, file=file, follow=follow, offset=offset, write=write,
+        jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=write,
                         notice=lambda m: err.print(f"[yellow]gpujob: {m}[/]"))
     except KeyboardInterrupt:
         err.print(f"\ndetached from {job_id}; it keeps running (gpujob logs -f {job_id})")
