@@ -119,10 +119,14 @@ class Step:
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool) -> dict:
     """What ``agent submit`` receives (besides the code), as JSON."""
     data = spec.to_agent_dict()
-    for p in data["profiles"]:
-        url = p["index_url"]
+
+    def resolved(url: str) -> str:  # relative file: URLs start at the spec's folder
         if url.startswith("file:") and not url.startswith("file://"):
-            p["index_url"] = (spec.spec_dir / url[5:]).resolve().as_uri()
+            return (spec.spec_dir / url[5:]).resolve().as_uri()
+        return url
+    for p in data["profiles"]:
+        p["index_url"] = resolved(p["index_url"])
+        p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
     return {"job_id": job_id, "spec": data, "profile": profile,
             "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
             "clear_caches": clear_caches, "spec_hash": spec_hash(spec)}

@@ -91,9 +91,7 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     ``python3 -m venv`` and pip.
     """
     vpy = os.path.join(venv, "bin", "python")
-    idx = ["--index-url", profile["index_url"]]
-    for extra in profile.get("extra_index_urls") or []:
-        idx += ["--extra-index-url", extra]
+    extras = [a for url in profile.get("extra_index_urls") or [] for a in ("--extra-index-url", url)]
     pins = list(profile["packages"])
     if uv:
         base = [uv, "pip", "install", "--python", vpy, "--cache-dir", uv_cache]
@@ -101,15 +99,13 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     else:
         base = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
         cmds = [[python, "-m", "venv", venv]]
-    step = base + idx + pins
+    step = base + ["--index-url", profile["index_url"]] + extras + pins
     if profile_requirements_file:
         step += ["-r", profile_requirements_file]
     cmds.append(step)
     if common_requirements:
-        extra_idx = ["--extra-index-url", profile["index_url"]]
-        for extra in profile.get("extra_index_urls") or []:
-            extra_idx += ["--extra-index-url", extra]
-        step = base + extra_idx + (["-c", constraints_file] if constraints_file else [])
+        step = base + ["--extra-index-url", profile["index_url"]] + extras + \
+            (["-c", constraints_file] if constraints_file else [])
         if uv:
             step += ["--index-strategy", "unsafe-best-match"]
         cmds.append(step + list(common_requirements))
