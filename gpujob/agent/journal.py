@@ -15,6 +15,7 @@ import os
 import time
 
 FINAL_STATES = ("stopped", "succeeded", "failed")
+ENDED = FINAL_STATES + ("lost",)  # nothing runs any more (lost: its supervisor is gone)
 STATES = ("preparing", "warmup", "training", "rolling_back", "stopping") + FINAL_STATES + ("lost",)
 
 

@@ -20,7 +20,7 @@ import tarfile
 import time
 
 from gpujob.agent import envs
-from gpujob.agent.journal import (FINAL_STATES, Home, Journal, Ledger, Lock, group_pids, now,
+from gpujob.agent.journal import (ENDED, FINAL_STATES, Home, Journal, Ledger, Lock, group_pids, now,
                                   read_json, write_json)
 
 REFUSED = 5
@@ -255,7 +255,7 @@ def cmd_tail(home: Home, args) -> None:
             if reader_gone():  # the connection that asked is gone: do not linger for weeks
                 return
             st = j.effective_state()
-            if st.get("state") in FINAL_STATES + ("lost",):
+            if st.get("state") in ENDED:
                 data = f.read() if f else b""
                 if data:
                     out.write(data)
@@ -306,7 +306,7 @@ def wait_final(j: Journal, timeout: float) -> dict:
     end = time.time() + timeout
     while time.time() < end:
         st = j.effective_state()
-        if st.get("state") in FINAL_STATES + ("lost",):
+        if st.get("state") in ENDED:
             return st
         time.sleep(0.1)
     return j.effective_state()
@@ -361,7 +361,7 @@ def cmd_rollback(home: Home, args) -> None:
         current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to")
-    if st.get("state") not in FINAL_STATES + ("lost",):
+    if st.get("state") not in ENDED:
         j.request("rollback", to=target, reason=reason)
         emit({"job_id": args.job, "requested": True, "from": current, "to": target})
         return
@@ -405,7 +405,7 @@ def active_keys(home: Home) -> set:
     keys = set()
     for i in home.job_ids():
         st = Journal(home, i).effective_state()
-        if st.get("state") not in FINAL_STATES + ("lost",) and st.get("env_key"):
+        if st.get("state") not in ENDED and st.get("env_key"):
             keys.add(st["env_key"])
     return keys
 

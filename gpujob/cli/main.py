@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gpujob import __version__
+from gpujob.agent.journal import ENDED
 from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError, JobError
 from gpujob.inventory import find_inventory, load_inventory
@@ -163,7 +164,7 @@ def hosts(as_json: bool = typer.Option(False, "--json")):
                 row["status"] = t.transport.status() if t.kind == "ssh" else "local"
                 if row["status"] in ("running", "local"):
                     jobs = t.agent_json("status").get("jobs", [])
-                    live = [j for j in jobs if j.get("state") not in ("succeeded", "failed", "stopped", "lost")]
+                    live = [j for j in jobs if j.get("state") not in ENDED]
                     row["job"] = live[-1]["job_id"] if live else None
             except GpujobError as e:
                 row["status"] = "unreachable"

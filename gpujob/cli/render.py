@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from gpujob.agent.journal import ENDED
 from gpujob.agent.throughput import fmt_rate, sparkline
 
 STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "preparing": "yellow",
@@ -31,7 +32,7 @@ def uptime(st: dict) -> float | None:
 
 
 def exit_info(st: dict) -> str:
-    if st.get("state") in ("succeeded", "failed", "stopped", "lost"):
+    if st.get("state") in ENDED:
         bits = []
         if st.get("exit_code") is not None:
             bits.append(f"exit {st['exit_code']}")
