@@ -10,6 +10,7 @@ known-good ledger of wheel profiles.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -23,13 +24,39 @@ def now() -> float:
     return time.time()
 
 
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_json(path: str, data, mode: int = 0o644) -> None:
-    """Atomic: readers see the old file or the new one, never half of one."""
+    """Atomic and durable: readers see the old file or the new one, never half of
+    one, and after a crash of the machine the rename has reached the disk with the
+    data (temp file, fsync, rename, fsync of the directory). A failed write (disk
+    full) leaves the old file as it was."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.replace(tmp, path)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def read_json(path: str, default=None):
@@ -40,43 +67,60 @@ def read_json(path: str, default=None):
         return default
 
 
-def pid_alive(pid, needle: str | None = None) -> bool:
-    """Is ``pid`` running (and, when ``needle`` is given, does its cmdline hold it)?
-
-    The needle guards against a recycled pid: a supervisor's cmdline holds its job id.
-    """
-    if not pid:
-        return False
+def append_record(fd: int, line: bytes) -> None:
+    """Append one whole line to an O_APPEND file in one write; a short write (disk
+    full) is cut off again, so the file never ends in half a record."""
+    size = os.fstat(fd).st_size
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        written = os.write(fd, line)
+    except OSError:
+        _truncate(fd, size)
+        raise
+    if written != len(line):
+        _truncate(fd, size)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def _truncate(fd: int, size: int) -> None:
+    try:
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
+    except OSError:
         pass
-    if needle is None:
+
+
+def read_records(path: str) -> tuple:
+    """(records, skipped): the whole JSON lines of a .jsonl file, and how many lines
+    could not be read (a torn tail left by a crash, or damage)."""
+    records, skipped = [], 0
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return records, skipped
+    with f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                records.append(json.loads(raw))
+            except ValueError:
+                skipped += 1
+    return records, skipped
+
+
+def pid_alive(pid, needle: str | None = None, ticks=None) -> bool:
+    """Is ``pid`` running (not a zombie)? ``ticks`` (its start time) or ``needle``
+    (a string its command line holds) guard against a recycled pid."""
+    from gpujob.agent.proc import is_alive
+    if not is_alive(pid, ticks):
+        return False
+    if needle is None or ticks is not None:
         return True
     try:
         with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
             return needle.encode() in f.read()
     except OSError:
         return False
-
-
-def group_pids(pgid: int) -> list:
-    """Pids whose process group is ``pgid`` (read from /proc; zombies excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(entry))
-    return found
 
 
 class Home:
@@ -109,13 +153,15 @@ class Home:
 
 
 class Journal:
-    """One job's directory."""
+    """One job's directory. ``generation`` is the lock generation its writer holds
+    (None for readers and for writes that need no lock)."""
 
-    def __init__(self, home: Home, job_id: str):
+    def __init__(self, home: Home, job_id: str, generation: int | None = None):
         self.home = home
         self.job_id = job_id
         self.dir = home.job_dir(job_id)
-        self._events = None  # events.jsonl, opened once: a supervisor appends ~100 events/s
+        self.generation = generation
+        self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -127,7 +173,15 @@ class Journal:
         return read_json(self.path("state.json"), {})
 
     def set_state(self, **changes) -> dict:
+        """Update state.json durably. A writer whose lock generation is older than
+        the one that last wrote the state is refused (``Fenced``)."""
+        from gpujob.agent.lock import Fenced
         st = self.state()
+        if self.generation is not None:
+            if int(st.get("generation") or 0) > self.generation:
+                raise Fenced(f"job {self.job_id}: state written by lock generation "
+                             f"{st.get('generation')}, ours is {self.generation}")
+            st["generation"] = self.generation
         st.update(changes)
         st["updated_at"] = now()
         write_json(self.path("state.json"), st)
@@ -137,100 +191,63 @@ class Journal:
         rec = {"t": round(now(), 3), "type": kind}
         rec.update(data)
         if self._events is None:
-            self._events = open(self.path("events.jsonl"), "a")
-        self._events.write(json.dumps(rec, sort_keys=True) + "\n")
-        self._events.flush()  # O_APPEND: one write per event, whole lines for every reader
+            self._events = os.open(self.path("events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                   | os.O_CLOEXEC, 0o644)
+        append_record(self._events, (json.dumps(rec, sort_keys=True) + "\n").encode())
+
+    def events(self) -> tuple:
+        """(records, skipped lines) of events.jsonl."""
+        return read_records(self.path("events.jsonl"))
 
     def effective_state(self) -> dict:
         """state.json, with ``lost`` when its supervisor is gone without a final state."""
         st = self.state()
-        if st and st.get("state") not in FINAL_STATES and \
-                not pid_alive(st.get("supervisor_pid"), self.job_id):
-            st = dict(st, state="lost", reason=st.get("reason") or
+        if st and st.get("state") not in ENDED and not self.supervisor_alive(st):
+            st = dict(st, state="lost", reason=st.get("lost_reason") or
                       "the supervisor is gone without reaching a final state")
         return st
 
+    def supervisor_alive(self, st: dict | None = None, starting: bool = True) -> bool:
+        """The job's supervisor runs: the one in its state, or (``starting``) one
+        being started right now (the lock's holder, which the starting agent names)."""
+        st = self.state() if st is None else st
+        if pid_alive(st.get("supervisor_pid"), self.job_id, st.get("supervisor_ticks")):
+            return True
+        if not starting:
+            return False
+        from gpujob.agent.lock import Lock
+        holder = Lock(self.home.root).holder()
+        return bool(holder and holder.get("job_id") == self.job_id)
+
+    # ---- requests: one ordered queue, kept until acted on ----------------
     def request(self, kind: str, **data) -> str:
-        """Leave a control request for the supervisor (stop, rollback)."""
+        """Leave a request for the supervisor (stop, rollback); they are taken in
+        the order they came, except that a pending stop always wins."""
         os.makedirs(self.path("control"), exist_ok=True)
-        name = f"{time.time_ns()}-{kind}.json"
-        write_json(os.path.join(self.path("control"), name), dict(data, kind=kind))
+        name = f"{time.time_ns():020d}-{os.getpid()}-{kind}.json"
+        write_json(os.path.join(self.path("control"), name), dict(data, kind=kind, at=now()))
         return name
 
-    def take_requests(self, kind: str | None = None) -> list:
-        """Consume the pending requests (of ``kind`` only, when given), oldest first."""
+    def pending(self) -> list:
+        """[(name, request)] oldest first; unreadable ones are skipped."""
         ctl = self.path("control")
-        suffix = f"-{kind}.json" if kind else ".json"
         try:
-            names = sorted(n for n in os.listdir(ctl) if n.endswith(suffix))
+            names = sorted(n for n in os.listdir(ctl) if n.endswith(".json"))
         except OSError:
             return []
         out = []
         for n in names:
             req = read_json(os.path.join(ctl, n))
-            try:
-                os.unlink(os.path.join(ctl, n))
-            except OSError:
-                pass
-            if req:
-                out.append(req)
+            if isinstance(req, dict) and req.get("kind"):
+                out.append((n, req))
         return out
 
-
-class Lock:
-    """The per-container lock: one job at a time. Held by job id; the pid of the
-    supervisor (or of the submitting agent while it prepares) proves it alive."""
-
-    def __init__(self, home: Home):
-        self.path = home.path("lock")
-
-    def holder(self) -> dict | None:
-        return read_json(self.path)
-
-    def holder_alive(self, holder: dict) -> bool:
-        return pid_alive(holder.get("pid"), holder.get("job_id"))
-
-    def acquire(self, job_id: str, pid: int) -> tuple:
-        """(True, None) or (True, stale holder) when a dead holder was replaced, or
-        (False, live holder)."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        stale = None
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                holder = self.holder()
-                if holder is None:  # being written right now, or empty: look again
-                    time.sleep(0.05)
-                    holder = self.holder() or {}
-                if holder.get("job_id") == job_id:
-                    self.update(job_id, pid)
-                    return True, stale
-                if self.holder_alive(holder):
-                    return False, holder
-                stale = holder
-                try:
-                    os.replace(self.path, f"{self.path}.stale")
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump({"job_id": job_id, "pid": pid, "since": now()}, f)
-            return True, stale
-        return False, self.holder() or {}
-
-    def update(self, job_id: str, pid: int) -> None:
-        h = self.holder() or {}
-        if h.get("job_id") == job_id:
-            write_json(self.path, {"job_id": job_id, "pid": pid, "since": h.get("since", now())})
-
-    def release(self, job_id: str) -> None:
-        h = self.holder()
-        if h and h.get("job_id") == job_id:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+    def done(self, name: str) -> None:
+        """A request has been acted on: it leaves the queue."""
+        try:
+            os.unlink(os.path.join(self.path("control"), name))
+        except OSError:
+            pass
 
 
 class Ledger:

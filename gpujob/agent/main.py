@@ -13,15 +13,15 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tarfile
 import time
 
 from gpujob.agent import envs
-from gpujob.agent.journal import (ENDED, FINAL_STATES, Home, Journal, Ledger, Lock, group_pids, now,
-                                  read_json, write_json)
+from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now, read_json, write_json
+from gpujob.agent.lock import Held, Lock
+from gpujob.agent.proc import group_pids, kill_group
 
 REFUSED = 5
 
@@ -145,23 +145,96 @@ class _Limited:
 
 # ---- jobs ------------------------------------------------------------------
 
-def spawn_supervisor(home: Home, job_id: str) -> int:
+def spawn_supervisor(home: Home, job_id: str, held: Held) -> int:
+    """Start the job's supervisor detached; it inherits the lock ``held`` (our copy
+    of the descriptor is closed: from now on the lock lives as long as it does)."""
     j = Journal(home, job_id)
     log = open(j.path("supervisor.log"), "ab")
     p = subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0]), "--home", home.root,
-                          "run", job_id], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                          "run", job_id, "--lock-fd", str(held.fd), "--generation", str(held.generation)],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(held.fd,),
                          start_new_session=True, close_fds=True, cwd=home.root)
     log.close()
+    held.set_pid(p.pid)
+    held.close_quietly()
     return p.pid
 
 
-def acquire(home: Home, job_id: str) -> dict | None:
-    ok, holder = Lock(home).acquire(job_id, os.getpid())
-    if not ok:
-        raise Refused(f"container busy: job {holder.get('job_id')} holds the lock "
-                      f"(supervisor pid {holder.get('pid')}, since "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(holder.get('since', 0)))})")
-    return holder
+def live_processes(st: dict) -> list:
+    """Pids of a job's phase command (trainer, warmup, install) still alive."""
+    child = st.get("child") or {}
+    pgid = child.get("pgid") or st.get("child_pgid")
+    return group_pids(int(pgid)) if pgid else []
+
+
+def acquire(home: Home, job_id: str) -> tuple:
+    """(the container lock, the job it was taken over from or None); refuses while
+    another job's supervisor lives, or while a job whose supervisor died still has
+    a phase command running (never two trainers on the same GPUs)."""
+    lock = Lock(home.root)
+    held = lock.try_acquire(job_id)
+    if held is None:
+        h = lock.holder() or {}
+        since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get("since", 0))) if h.get("since") else "?"
+        raise Refused(f"container busy: job {h.get('job_id') or '?'} holds the lock "
+                      f"(supervisor pid {h.get('pid') or '?'}, since {since})")
+    taken_over = None
+    for other in home.job_ids():
+        if other == job_id:
+            continue
+        oj = Journal(home, other)
+        st = oj.state()
+        if not st or st.get("state") in ENDED:
+            continue
+        if oj.supervisor_alive(st):  # a supervisor of an older agent, which knew no flock
+            held.release()
+            raise Refused(f"container busy: job {other}'s supervisor (pid {st.get('supervisor_pid')}) runs")
+        left = live_processes(st)
+        if left:
+            held.release()
+            raise Refused(f"job {other} has no supervisor but its {(st.get('child') or {}).get('phase') or 'phase'} "
+                          f"command still runs (pids {', '.join(map(str, left[:5]))}); `gpujob status {other}` "
+                          f"restarts its supervisor, `gpujob stop {other}` ends it")
+        # nothing of it runs and nobody holds the lock: that job is over, as lost
+        Journal(home, other, held.generation).set_state(
+            state="lost", phase="done", finished_at=now(), child=None,
+            reason=f"its supervisor died; the container was taken over by job {job_id}")
+        taken_over = {"job_id": other, "pid": st.get("supervisor_pid")}
+    return held, taken_over
+
+
+def revive(home: Home, job_id: str) -> dict | None:
+    """Restart the supervisor of a job whose supervisor died before the job ended,
+    at most 3 times in 10 minutes; it re-adopts what still runs. Returns what was
+    done (None: nothing needed or allowed)."""
+    j = Journal(home, job_id)
+    st = j.state()
+    if not st or st.get("state") in ENDED or j.supervisor_alive(st):
+        return None
+    t = now()
+    recent = [r for r in st.get("revivals") or [] if t - r < 600]
+    if len(recent) >= 3:
+        if not st.get("lost_reason"):
+            Journal(home, job_id).set_state(lost_reason="its supervisor died 3 times within 10 minutes; "
+                                            "not restarted again (gpujob stop or rollback finishes it)")
+        return {"revived": False, "why": "its supervisor died 3 times within 10 minutes"}
+    held = Lock(home.root).try_acquire(job_id)
+    if held is None:
+        return None  # another process holds the lock: a supervisor is (re)starting
+    try:
+        st = j.state()
+        if st.get("state") in ENDED or j.supervisor_alive(st, starting=False):
+            held.release()
+            return None
+        Journal(home, job_id, held.generation).set_state(revivals=recent + [t])
+        j.event("supervisor_revived", previous_pid=st.get("supervisor_pid"), step=st.get("step"),
+                child_running=bool(live_processes(st)))
+        pid = spawn_supervisor(home, job_id, held)
+    except BaseException:
+        held.release()
+        raise
+    return {"revived": True, "previous_pid": st.get("supervisor_pid"), "supervisor_pid": pid,
+            "readopted": bool(live_processes(st))}
 
 
 def cmd_submit(home: Home, args) -> None:
@@ -169,9 +242,12 @@ def cmd_submit(home: Home, args) -> None:
     stdin = sys.stdin.buffer
     job = json.loads(stdin.readline())
     job_id = job["job_id"]
-    stale = acquire(home, job_id)
+    j = Journal(home, job_id)
+    if os.path.exists(j.dir):
+        raise Refused(f"job id {job_id} already exists in this container; nothing was changed")
+    held, stale = acquire(home, job_id)
     try:
-        j = Journal(home, job_id)
+        j = Journal(home, job_id, held.generation)
         os.makedirs(j.dir, exist_ok=False)
         workdir = home.workdir(job["spec"])
         synced = {}
@@ -180,19 +256,15 @@ def cmd_submit(home: Home, args) -> None:
             synced[entry["dest"]] = untar(stdin, entry["size"], dest)
         job["submitted_at"] = now()
         write_json(j.path("job.json"), job, mode=0o600)  # the spec's env may hold secrets
-        write_json(j.path("state.json"), {"job_id": job_id, "name": job["spec"]["name"],
-                                          "state": "preparing", "phase": "start",
-                                          "profile": job["profile"], "started_at": now()})
+        j.set_state(job_id=job_id, name=job["spec"]["name"], state="preparing", phase="start",
+                    step="env", profile=job["profile"], resume=False, started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
-        pid = spawn_supervisor(home, job_id)
-        Lock(home).update(job_id, pid)
-        j.set_state(supervisor_pid=pid)
+        pid = spawn_supervisor(home, job_id, held)
     except BaseException:
-        Lock(home).release(job_id)
+        held.release()
         raise
-    emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced,
-          "stale_lock": stale})
+    emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced, "stale_lock": stale})
 
 
 def summary(home: Home, job_id: str) -> dict:
@@ -207,6 +279,9 @@ def summary(home: Home, job_id: str) -> dict:
         tp = job["spec"]["throughput"]
         st["policy"] = {k: tp.get(k) for k in ("min", "min_ratio", "window", "failure_limit")}
     st["ledger"] = Ledger(home, st["name"]).read() if st["name"] else {}
+    t = now()  # durations on the container's own clock: the laptop's may be off
+    st["now"] = t
+    st["uptime_s"] = max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at") else None
     return st
 
 
@@ -218,10 +293,24 @@ def job_or_refuse(home: Home, job_id: str) -> Journal:
 
 
 def cmd_status(home: Home, args) -> None:
+    """The jobs' states; a job whose supervisor died is given a new one (which
+    re-adopts what still runs), and its entry says so under ``revived``."""
     ids = args.jobs or home.job_ids()
     for i in ids:
         job_or_refuse(home, i)
-    emit({"jobs": [summary(home, i) for i in ids], "lock": Lock(home).holder()})
+    revived = {}
+    if not args.no_revive:
+        for i in ids:
+            r = revive(home, i)
+            if r:
+                revived[i] = r
+    jobs = []
+    for i in ids:
+        st = summary(home, i)
+        if i in revived:
+            st["revived"] = revived[i]
+        jobs.append(st)
+    emit({"jobs": jobs, "lock": Lock(home.root).holder()})
 
 
 def cmd_tail(home: Home, args) -> None:
@@ -238,6 +327,7 @@ def cmd_tail(home: Home, args) -> None:
     reader_gone = stdout_watch()
     f = None
     idle = 0.0
+    revive_tried = False
     while True:
         if f is None and os.path.exists(path):
             f = open(path, "rb")
@@ -255,6 +345,11 @@ def cmd_tail(home: Home, args) -> None:
             if reader_gone():  # the connection that asked is gone: do not linger for weeks
                 return
             st = j.effective_state()
+            if st.get("state") == "lost" and not revive_tried:
+                revive_tried = True
+                if (revive(home, args.job) or {}).get("revived"):
+                    idle = 0.0
+                    continue
             if st.get("state") in ENDED:
                 data = f.read() if f else b""
                 if data:
@@ -312,19 +407,22 @@ def wait_final(j: Journal, timeout: float) -> dict:
     return j.effective_state()
 
 
-def kill_leftovers(st: dict) -> None:
-    """End what a lost supervisor left running (its trainer's process group)."""
-    pgid = st.get("child_pgid")
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not pgid or not group_pids(pgid):
-            return
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        end = time.time() + 10
-        while time.time() < end and group_pids(pgid):
-            time.sleep(0.1)
+def end_leftovers(home: Home, job_id: str, final: dict) -> tuple:
+    """A job with no supervisor: end what it left running (its phase command's
+    whole process group) and write its final state. Returns (state, survivors)."""
+    held = Lock(home.root).try_acquire(job_id)  # so that nobody revives it meanwhile
+    try:
+        j = Journal(home, job_id, held.generation if held else None)
+        st = j.state()
+        child = st.get("child") or {}
+        pgid = child.get("pgid") or st.get("child_pgid")
+        left = kill_group(int(pgid), 10) if pgid else []
+        j.set_state(child=None, finished_at=now(), **final)
+        j.event("state", state=final.get("state"), reason=final.get("reason"))
+        return j.effective_state(), left
+    finally:
+        if held:
+            held.release()
 
 
 def cmd_stop(home: Home, args) -> None:
@@ -334,16 +432,13 @@ def cmd_stop(home: Home, args) -> None:
         emit({"job_id": args.job, "state": st["state"], "already": True})
         return
     if st.get("state") != "lost":
-        j.request("stop")
+        j.request("stop")  # stays queued until the job has ended: a stop always wins
         st = wait_final(j, args.wait)
+    left = []
     if st.get("state") == "lost":  # no supervisor to ask: stop what it left ourselves
-        kill_leftovers(st)
-        j.set_state(state="stopped", phase="done", reason="stopped by hand after its supervisor was lost",
-                    finished_at=now())
-        Lock(home).release(args.job)
-        st = j.effective_state()
-    left = group_pids(st["child_pgid"]) if st.get("child_pgid") else []
-    emit({"job_id": args.job, "state": st.get("state"), "left": left})
+        st, left = end_leftovers(home, args.job, {"state": "stopped", "phase": "done",
+                                                  "reason": "stopped by hand after its supervisor was lost"})
+    emit({"job_id": args.job, "state": st.get("state"), "left": left or live_processes(st)})
 
 
 def cmd_rollback(home: Home, args) -> None:
@@ -353,31 +448,39 @@ def cmd_rollback(home: Home, args) -> None:
     profiles = [p["name"] for p in job["spec"]["profiles"]]
     if args.to and args.to not in profiles:
         raise Refused(f"no profile {args.to!r} in job {args.job}; profiles: {', '.join(profiles)}")
-    current = st.get("profile") or job["profile"]
-    if args.to == current:
+    pending = st.get("pending_rollback")
+    current = st.get("profile") or job["profile"]  # the profile that ran last (a switch not done: its 'from')
+    if pending and args.to in (None, pending["to"]) and st.get("state") not in ENDED:
+        emit({"job_id": args.job, "requested": True, "from": pending["from"], "to": pending["to"],
+              "already": True})
+        return
+    if args.to == current and not pending:
         raise Refused(f"job {args.job} already runs on profile {current}")
     reason = args.reason or "rolled back by hand"
     target = args.to or Ledger(home, job["spec"]["name"]).pick(
         current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to")
+    if st.get("state") == "lost" and st.get("lost_reason") is None:
+        revive(home, args.job)  # a supervisor again, which finishes what the last one began
+        st = j.effective_state()
     if st.get("state") not in ENDED:
         j.request("rollback", to=target, reason=reason)
         emit({"job_id": args.job, "requested": True, "from": current, "to": target})
         return
-    if st.get("state") == "lost":
-        kill_leftovers(st)  # never two trainers on the same GPUs
-    acquire(home, args.job)
+    held, _stale = acquire(home, args.job)
     try:
-        job["start"] = {"profile": target, "resume": True, "rollback_from": current, "reason": reason}
-        write_json(j.path("job.json"), job, mode=0o600)
-        j.set_state(state="rolling_back", phase="env", profile=target, reason=reason,
-                    finished_at=None)
-        pid = spawn_supervisor(home, args.job)
-        Lock(home).update(args.job, pid)
-        j.set_state(supervisor_pid=pid)
+        jj = Journal(home, args.job, held.generation)
+        pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
+        if pgid:
+            kill_group(int(pgid), 10)  # never two trainers on the same GPUs
+        jj.set_state(state="rolling_back", phase="env", step="rollback", reason=reason, finished_at=None,
+                     child=None, lost_reason=None, revivals=[],
+                     pending_rollback={"from": current, "to": target, "reason": reason, "signal": "manual",
+                                       "decided_at": now(), "mark_bad": True, "request": None})
+        pid = spawn_supervisor(home, args.job, held)
     except BaseException:
-        Lock(home).release(args.job)
+        held.release()
         raise
     emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid})
 
@@ -431,7 +534,7 @@ def cmd_cache(home: Home, args) -> None:
 
 def cmd_run(home: Home, args) -> None:
     from gpujob.agent.supervisor import run
-    sys.exit(run(home.root, args.job))
+    sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
 
 
 def parser() -> argparse.ArgumentParser:
@@ -450,8 +553,11 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("submit")
     s = sub.add_parser("run")
     s.add_argument("job")
+    s.add_argument("--lock-fd", type=int)
+    s.add_argument("--generation", type=int)
     s = sub.add_parser("status")
     s.add_argument("jobs", nargs="*")
+    s.add_argument("--no-revive", action="store_true", help="only look: restart no dead supervisor")
     s = sub.add_parser("tail")
     s.add_argument("job")
     s.add_argument("--file", default="job.log")
@@ -489,7 +595,7 @@ def main(argv=None) -> int:
         return REFUSED
     except BrokenPipeError:
         return 0
-    except (OSError, ValueError, KeyError) as e:
+    except Exception as e:  # every failure is one JSON line, never a traceback
         emit({"error": f"{type(e).__name__}: {e}"})
         return 1
     return 0

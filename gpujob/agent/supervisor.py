@@ -8,10 +8,10 @@ Everything it does goes to the job's journal (see journal.py).
 from __future__ import annotations
 
 import collections
+import errno
 import json
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -19,66 +19,12 @@ import sys
 import time
 
 from gpujob.agent import envs, throughput
-from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
-
-POLL = 0.05            # seconds between looks at a quiet child
-COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
-                       # 50 lines of a trainer printing 1000 lines/s instead of one per line
-                       # (CPU); job.log lags the trainer by 50 ms at most
-COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
-STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
-TAIL_LINES = 200
-SIGNATURE_GRACE = 10.0  # a trainer still running this long after an error signature is stuck
-
-
-class EnvError(Exception):
-    """Building or verifying a profile's venv failed (one line)."""
-
-
-class Stop(Exception):
-    """A stop was asked for (request or SIGTERM)."""
-
-
-class Outcome:
-    """How a phase run ended: ``done`` (exit 0), ``signal`` (a failure signal with
-    its reason), ``stop``, or ``rollback`` (asked for by the user)."""
-
-    def __init__(self, kind: str, signal_name: str = "", reason: str = "", evidence=None,
-                 to: str | None = None, exit_code=None):
-        self.kind, self.signal_name, self.reason = kind, signal_name, reason
-        self.evidence, self.to, self.exit_code = evidence or {}, to, exit_code
-        self.at = now()  # when it was decided: a rollback's clock starts here
-
-
-def idle_for(history: list, below: float) -> float:
-    """How long a GPU group has stayed under ``below`` percent: ``history`` holds
-    (time, busiest GPU's utilisation) pairs, oldest first."""
-    since = None
-    for t, util in reversed(history):
-        if util >= below:
-            break
-        since = t
-    return history[-1][0] - since if since is not None else 0.0
-
-
-def gpu_utilisation(gpus: list) -> float | None:
-    """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
-                            "--format=csv,noheader,nounits"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    util = {}
-    for line in p.stdout.decode("utf-8", "replace").splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            try:
-                util[int(parts[0])] = float(parts[1])
-            except ValueError:
-                pass
-    seen = [util[g] for g in gpus if g in util]
-    return max(seen) if seen and len(seen) == len(gpus) else None
-
+from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, write_json
+from gpujob.agent.lock import Fenced, Held, Lock
+from gpujob.agent.proc import Phase, start_ticks
+from gpujob.agent.relay import JobLog, Relay
+from gpujob.agent.watch import (POLL, TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop,  # noqa: F401
+                                gpu_utilisation, idle_for)
 
 def substitute(text: str, values: dict) -> str:
     """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``;
@@ -101,12 +47,13 @@ def command_argv(command, values: dict, extra_args=()) -> list:
 class _Run:
     """What one run of a phase command knows while the supervisor watches it."""
 
-    def __init__(self, sup: "Supervisor", logname: str, profile: str, timeout, watch_tps: bool):
+    def __init__(self, sup: "Supervisor", logname: str, profile: str, timeout, watch_tps: bool,
+                 start: float | None = None):
         self.phase = logname[:-len(".log")]
         self.profile = profile
         self.timeout = timeout
         self.watch_tps = watch_tps
-        self.start = now()
+        self.start = start or now()
         self.samples: list = []
         self.baseline = sup.ledger.baseline(profile) or sup.ledger.baseline(sup.ledger.last_good() or "")
         self.good_known = sup.ledger.status(profile) == "good"
@@ -125,21 +72,26 @@ class _Run:
         self.gpu_history: list = []
 
 
-class Supervisor:
-    def __init__(self, home: str, job_id: str):
+class Supervisor(PhaseWatch):
+    """One job's owner in the container. Everything it decides is written to the
+    job's state before it acts, so a supervisor that dies at any moment can be
+    followed by a new one that re-adopts the running command and carries on."""
+
+    def __init__(self, home: str, job_id: str, held: Held | None = None):
         self.home = Home(home)
-        self.journal = Journal(self.home, job_id)
+        self.held = held
+        self.journal = Journal(self.home, job_id, generation=held.generation if held else None)
         self.job_id = job_id
         self.job = self.journal.job()
         self.spec = self.job["spec"]
         self.ledger = Ledger(self.home, self.spec["name"])
-        self.lock = Lock(self.home)
         self.profiles = {p["name"]: p for p in self.spec["profiles"]}
         self.workdir = self.home.workdir(self.spec)
         self.stop_asked = False
-        self.child: subprocess.Popen | None = None
         self.rollbacks = list(self.journal.state().get("rollbacks") or [])
-        self.logf = None
+        self.restarts = list(self.journal.state().get("restarts") or [])
+        self.joblog = self.relay = None
+        self.phase_proc: Phase | None = None
         tp = self.spec.get("throughput")
         self.parse_tps = self.parse_step = None
         if tp:
@@ -160,15 +112,15 @@ class Supervisor:
                 no_data_timeout=tp.get("no_data_timeout", 600.0),
                 good_after=tp.get("good_after", 600.0))
         self.rb = self.spec.get("rollback") or {}
+        self.restart_cfg = (self.spec.get("train") or {}).get("restarts") or {}
         self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
         self.signatures = list(self.rb.get("error_signatures") or [])
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:
-        """A gpujob banner line in job.log (the combined log `gpujob logs` follows)."""
-        stamp = time.strftime("%H:%M:%S")
-        self.logf.write(f"[gpujob {stamp}] {text}\n".encode())
-        self.logf.flush()
+        """A gpujob banner line in job.log (the combined log `gpujob logs` follows),
+        always on a line of its own."""
+        self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
 
     def set_state(self, state: str, **kw) -> None:
         self.journal.set_state(state=state, **kw)
@@ -180,99 +132,259 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         os.makedirs(self.journal.dir, exist_ok=True)
-        self.logf = open(self.journal.path("job.log"), "ab")
-        self.lock.update(self.job_id, os.getpid())
-        mode = self.job.get("start", {})
-        self.journal.set_state(supervisor_pid=os.getpid(), started_at=self.journal.state().get("started_at") or now())
         try:
-            self.lifecycle(mode)
+            self.joblog = JobLog(self.journal.path("job.log"))
+            self.relay = Relay(self.journal.dir, self.joblog)
+            self.relay.recover()
+            self.make_reserve()
+            self.announce()
+            self.lifecycle()
         except Stop:
             self.finish("stopped", "stopped on request")
         except EnvError as e:
             self.finish("failed", str(e))
+        except Fenced as e:  # a newer holder owns the job now: touch nothing more
+            sys.stderr.write(f"gpujob supervisor: {e}; leaving\n")
+            return 3
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self.crashed(e)
+                raise
+            self.disk_full(e)
         except Exception as e:  # never die silently: the journal says what happened
-            self.journal.event("error", error=f"{type(e).__name__}: {e}")
-            self.finish("failed", f"supervisor error: {type(e).__name__}: {e}")
+            self.crashed(e)
             raise
         finally:
-            self.lock.release(self.job_id)
+            if self.held:
+                self.held.release()
         return 0
+
+    def announce(self) -> None:
+        """Record that this supervisor owns the job now (and if it took over)."""
+        st = self.journal.state()
+        before = st.get("supervisor_pid")
+        self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()),
+                               started_at=st.get("started_at") or now(),
+                               supervisors=int(st.get("supervisors") or 0) + 1)
+        if self.held:
+            self.held.set_pid(os.getpid())
+        if before and st.get("step"):
+            child = st.get("child")
+            what = f"re-adopting its {child['phase']} (process group {child['pgid']})" if child else \
+                f"resuming at step {st['step']}"
+            self.say(f"supervisor restarted (the previous one, pid {before}, was gone); {what}")
+            self.journal.event("supervisor_restarted", previous_pid=before, step=st.get("step"),
+                               child=child, generation=self.journal.generation)
 
     def _on_sigterm(self, *_):
         self.stop_asked = True
 
-    def finish(self, state: str, reason: str, **kw) -> None:
-        self.say(f"job {state}: {reason}")
-        self.set_state(state, phase="done", reason=reason, finished_at=now(), **kw)
+    def crashed(self, e: BaseException) -> None:
+        try:
+            self.journal.event("error", error=f"{type(e).__name__}: {e}")
+            self.finish("failed", f"supervisor error: {type(e).__name__}: {e}")
+        except Exception:
+            pass
 
-    # ---- the job -----------------------------------------------------------
-    def lifecycle(self, mode: dict) -> None:
-        profile = mode.get("profile") or self.job["profile"]
-        resume = bool(mode.get("resume"))
-        if mode.get("rollback_from"):
-            self.ledger.mark(mode["rollback_from"], "bad", reason=mode.get("reason", "rolled back by hand"),
-                             job=self.job_id)
-            self.record_rollback(mode["rollback_from"], profile, mode.get("reason", "rolled back by hand"),
-                                 "manual", {})
-        self.set_state("preparing", phase="env", profile=profile)
-        self.activate(profile)
-        if self.job.get("clear_caches") and not resume:
-            self.clear_caches(profile)
+    def finish(self, state: str, reason: str, **kw) -> None:
+        if self.phase_proc is not None and self.phase_proc.running():
+            left = self.phase_proc.kill(5)
+            kw.setdefault("left", left)
+        self.say(f"job {state}: {reason}")
+        self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
+        for name, _req in self.journal.pending():  # nothing is left to act on them
+            self.journal.done(name)
+        self.drop_reserve()
+
+    # ---- disk full ---------------------------------------------------------
+    RESERVE = 256 * 1024
+
+    def make_reserve(self) -> None:
+        """A little space held back in the job's directory, freed when the disk is
+        full so that the final state can still be written."""
+        path = self.journal.path(".reserve")
+        if os.path.exists(path):
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.RESERVE)
+            finally:
+                os.close(fd)
+        except OSError:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def drop_reserve(self) -> None:
+        try:
+            os.unlink(self.journal.path(".reserve"))
+        except OSError:
+            pass
+
+    def disk_full(self, e: OSError) -> None:
+        where = os.path.dirname(e.filename) if getattr(e, "filename", None) else self.journal.dir
+        code = None
+        if self.phase_proc is not None and self.phase_proc.running():
+            self.phase_proc.kill(5)
+        if self.phase_proc is not None:
+            code = self.phase_proc.returncode
+        self.drop_reserve()
+        reason = f"no space left on device in {where}"
+        self.journal.set_state(state="failed", phase="done", reason=reason, finished_at=now(),
+                               child=None, exit_code=code, signal="disk_full")
+        try:
+            self.journal.event("state", state="failed", phase="done", reason=reason)
+            self.say(f"job failed: {reason}")
+        except OSError:
+            pass
+
+    def disk_is_full(self) -> bool:
+        try:
+            st = os.statvfs(self.journal.dir)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < 64 * 1024
+
+    # ---- the job: a state machine whose every step is in state.json --------
+    def lifecycle(self) -> None:
         while True:
-            out = self.requests() or self.warmup(profile)
-            if out.kind == "done":
-                out = self.train(profile, resume)
-            if out.kind == "done":
-                if self.parse_tps is None and self.ledger.status(profile) != "good":
-                    self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded")
-                self.finish("succeeded", "train exited 0", exit_code=0)
+            st = self.journal.state()
+            if st.get("state") in ENDED:
                 return
-            if out.kind == "stop":
-                raise Stop()
-            if out.kind == "rollback":  # asked for by the user, who named the target
-                self.ledger.mark(profile, "bad", reason=out.reason, job=self.job_id)
-                profile = self.rollback(profile, out.to, out, "manual")
-                resume = True
-                continue
-            # a failure signal
-            sig, reason = out.signal_name, out.reason
-            on = self.rb.get("on") or []
-            if not self.rb.get("enabled", True) or sig not in on:
-                self.finish("failed", reason, signal=sig, exit_code=out.exit_code)
+            step = st.get("step") or "env"
+            profile = st.get("profile") or self.job["profile"]
+            child = st.get("child")
+            if child:
+                out = self.readopt(child, profile)
+                if out is None:
+                    continue
+                if child.get("phase") == "warmup" and out.kind == "done":
+                    self.journal.set_state(warmup_done=sorted(set(st.get("warmup_done") or [])
+                                                              | {child.get("gpu")}, key=str))
+                    continue
+            else:
+                out = self.requests()
+                if out is None:
+                    if step == "rollback":
+                        self.switch(st["pending_rollback"])
+                        continue
+                    if step == "env":
+                        self.set_state("preparing", phase="env", profile=profile)
+                        self.activate(profile)
+                        if self.job.get("clear_caches") and not st.get("resume"):
+                            self.clear_caches(profile)
+                        self.journal.set_state(step="warmup", warmup_done=[])
+                        continue
+                    if step == "warmup":
+                        out = self.warmup(profile, st.get("warmup_done") or [])
+                        if out.kind == "done":
+                            self.journal.set_state(step="train")
+                            continue
+                    else:
+                        out = self.train(profile, bool(st.get("resume")))
+            if self.handle(out, profile):
                 return
+
+    def handle(self, out: Outcome, profile: str) -> bool:
+        """Act on how a phase ended; True when the job is over."""
+        if out.kind == "done":
+            if self.parse_tps is None and self.ledger.status(profile) != "good":
+                self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded")
+            self.finish("succeeded", "train exited 0", exit_code=0)
+            return True
+        if out.kind == "stop":
+            raise Stop()
+        if out.kind == "rollback":  # asked for by the user, who named the target
+            if out.to == profile:
+                self.journal.done(out.request)
+                self.say(f"rollback to {out.to} asked, but the job already runs on it")
+                return False
+            self.plan_rollback(profile, out.to, out, "manual", mark_bad=out.mark_bad)
+            return False
+        if self.disk_is_full():
+            raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
+        sig, reason = out.signal_name, out.reason
+        if sig in (self.rb.get("stop_on") or []):
+            self.finish("failed", f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
+            return True
+        if self.rb.get("enabled", True) and sig in (self.rb.get("on") or []):
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
-            if len(self.auto_rollbacks()) >= int(self.rb.get("max_rollbacks", 2)):
-                self.finish("failed", f"max_rollbacks ({self.rb.get('max_rollbacks', 2)}) reached; "
-                                      f"last: {reason}", signal=sig, exit_code=out.exit_code)
-                return
-            target = self.pick_known_good(profile)
+            limit = int(self.rb.get("max_rollbacks", 2))
+            if len(self.auto_rollbacks()) >= limit:
+                self.finish("failed", f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
+                            exit_code=out.exit_code)
+                return True
+            target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
             if target is None:
                 self.finish("failed", f"no known-good profile to roll back to; {profile}: {reason}",
                             signal=sig, exit_code=out.exit_code)
-                return
-            profile = self.rollback(profile, target, out, sig)
-            resume = True
+                return True
+            self.plan_rollback(profile, target, out, sig, mark_bad=False)  # marked just above
+            return False
+        if sig in (self.restart_cfg.get("on") or []):
+            refusal = restart_refusal(self.restart_cfg, self.restarts, sig, now())
+            if refusal is None:
+                rec = {"at": now(), "signal": sig, "reason": reason, "profile": profile,
+                       "exit_code": out.exit_code}
+                self.restarts.append(rec)
+                self.journal.event("restart", **rec)
+                self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
+                self.journal.set_state(restarts=self.restarts, step="train", resume=True)
+                return False
+            self.finish("failed", f"{refusal}; last: {reason}", signal=sig, exit_code=out.exit_code)
+            return True
+        self.finish("failed", reason, signal=sig, exit_code=out.exit_code)
+        return True
 
     def auto_rollbacks(self) -> list:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]
 
-    def pick_known_good(self, current: str):
-        return self.ledger.pick(current, self.profiles, self.rb.get("fallback"))
+    def plan_rollback(self, frm: str, to: str, out: Outcome, sig: str, mark_bad: bool) -> None:
+        """Write the rollback down before doing any of it, then let ``switch`` do it."""
+        pending = {"from": frm, "to": to, "reason": out.reason, "signal": sig,
+                   "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
+                   "request": out.request}
+        self.journal.set_state(step="rollback", pending_rollback=pending)
+        if out.request:
+            self.journal.done(out.request)
 
-    def record_rollback(self, frm, to, reason, sig, evidence, decided_at=None) -> dict:
-        rec = {"from": frm, "to": to, "reason": reason, "signal": sig,
-               "decided_at": decided_at or now()}
-        self.rollbacks.append(rec)
-        self.journal.event("rollback", evidence=evidence, **rec)
-        self.journal.set_state(rollbacks=self.rollbacks)
-        return rec
+    def switch(self, p: dict) -> None:
+        """Carry out a written-down rollback (again, if a supervisor died during it)."""
+        if not p.get("recorded"):
+            if p.get("mark_bad"):
+                self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id)
+            rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
+                   "decided_at": p["decided_at"], "request": p.get("request")}
+            self.rollbacks.append(rec)
+            self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            p = dict(p, recorded=True)
+            self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
+            self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
+        self.set_state("rolling_back", phase="env", reason=p["reason"])
+        self.activate(p["to"])
+        self.journal.set_state(step="warmup", profile=p["to"], resume=True, warmup_done=[],
+                               pending_rollback=None)
 
-    def rollback(self, frm: str, to: str, out: Outcome, sig: str) -> str:
-        self.say(f"ROLLBACK {frm} -> {to}: {out.reason}")
-        self.record_rollback(frm, to, out.reason, sig, out.evidence, out.at)
-        self.set_state("rolling_back", phase="env", profile=to, reason=out.reason)
-        self.activate(to)
-        return to
+    def requests(self):
+        """The next request to act on: a pending stop always wins; else the oldest
+        rollback not yet taken. Requests stay queued until acted on."""
+        if self.stop_asked:
+            return Outcome("stop")
+        taken = {r.get("request") for r in self.rollbacks}
+        rollback = None
+        for name, req in self.journal.pending():
+            if req["kind"] == "stop":
+                self.stop_asked = True
+                return Outcome("stop")
+            if req["kind"] == "rollback" and rollback is None:
+                if name in taken:
+                    self.journal.done(name)
+                    continue
+                rollback = Outcome("rollback", reason=req.get("reason") or "rolled back by hand",
+                                   to=req.get("to"), request=name, mark_bad=req.get("mark_bad", True))
+        return rollback
 
     # ---- environments ------------------------------------------------------
     def env_key(self, profile: str) -> str:
@@ -293,7 +405,6 @@ class Supervisor:
         os.replace(tmp, link)
         self.journal.set_state(profile=profile, env_key=self.env_key(profile))
         self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
-
     def ensure_env(self, profile: str) -> None:
         key = self.env_key(profile)
         if envs.is_installed(self.home.root, key):
@@ -379,131 +490,57 @@ class Supervisor:
         return vals
 
     # ---- running children -------------------------------------------------
-    def spawn(self, argv: list, env: dict | None, cwd: str | None) -> subprocess.Popen:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=cwd)
-
     def capture(self, argv: list) -> tuple:
         p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, timeout=600)
         return p.returncode, p.stdout.decode("utf-8", "replace")
 
     def run_logged(self, argv: list, logname: str, timeout: float) -> tuple:
-        """Run a preparation step with its output in ``logname`` and job.log."""
+        """Run a preparation step with its output in ``logname`` and job.log. A stop
+        ends it at once (its whole process group); so does its timeout."""
         self.say("$ " + shlex.join(argv))
         tail = collections.deque(maxlen=5)
-        with open(self.journal.path(logname), "ab") as log:
-            child = self.spawn(argv, None, None)
-            self.child = child
-            deadline = now() + timeout
-            split = throughput.LineSplitter()
-            last_check = 0.0
-            for chunk in self.pump(child, log):
-                tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
-                t = now()
-                if t > deadline:
-                    self.kill_group(child, 5)
-                elif t - last_check > 0.2:  # a stop need not wait for a 10-minute install
-                    last_check = t
-                    if self.stop_asked or self.journal.take_requests("stop"):
-                        self.stop_asked = True
-                        self.kill_group(child, 5)
-            tail.extend(ln.strip() for ln in split.flush() if ln.strip())
-        self.child = None
+        split = throughput.LineSplitter()
+        proc = self.start_phase(argv, None, None, logname, {"profile": None})
+        deadline = now() + timeout
+        last_check = 0.0
+        while True:
+            chunk = self.relay.poll()
+            tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
+            if not chunk:
+                if not proc.running():
+                    for chunk in self.relay.drain():
+                        tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
+                    break
+                self.nap(proc, POLL)
+            t = now()
+            if t > deadline:
+                self.say(f"{os.path.basename(argv[0])} timed out after {timeout:g}s")
+                proc.kill(5)
+            elif t - last_check > 0.2:  # a stop need not wait for a 10-minute install
+                last_check = t
+                if self.requests_stop():
+                    proc.kill(5)
+        tail.extend(ln.strip() for ln in split.flush() if ln.strip())
+        self.end_phase()
         if self.stop_asked:
             raise Stop()
-        return child.returncode, " | ".join(tail)
+        code = proc.returncode
+        return (code if code is not None else -1), " | ".join(tail)
 
-    def pump(self, child: subprocess.Popen, log, coalesce: float = COALESCE):
-        """Copy the child's output to its log and job.log as it comes; yield each chunk
-        (and b"" when quiet, so callers can look at the clock and the control dir).
-        After a small chunk it waits ``coalesce`` seconds before reading again, so a
-        trainer flushing every line does not wake the supervisor for every line; the
-        child's exit ends that wait at once (a pidfd), so a phase's end is not delayed."""
-        fd = child.stdout.fileno()
-        os.set_blocking(fd, False)
-        try:
-            exited = [os.pidfd_open(child.pid)] if coalesce and hasattr(os, "pidfd_open") else []
-        except OSError:
-            exited = []
-        try:
-            yield from self._pump(child, log, fd, coalesce, exited)
-        finally:
-            for pidfd in exited:
-                os.close(pidfd)
-
-    def _pump(self, child: subprocess.Popen, log, fd: int, coalesce: float, exited: list):
-        while True:
-            ready, _, _ = select.select([fd], [], [], POLL)
-            if ready:
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except BlockingIOError:
-                    chunk = None
-                if chunk == b"":
-                    break
-                if chunk:
-                    log.write(chunk)
-                    log.flush()
-                    self.logf.write(chunk)
-                    self.logf.flush()
-                    yield chunk
-                    if coalesce and len(chunk) < COALESCE_BELOW:
-                        if exited:
-                            select.select(exited, [], [], coalesce)
-                        else:
-                            time.sleep(coalesce)
-                    continue
-            yield b""
-        child.stdout.close()
-        child.wait()
-
-    def kill_group(self, child: subprocess.Popen, grace: float) -> list:
-        """SIGTERM the child's process group, SIGKILL after ``grace``; return what survived
-        (nothing, unless a process escaped to another group)."""
-        pgid = child.pid
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            end = now() + (grace if sig == signal.SIGTERM else 10)
-            wait = 0.002  # most trainers are gone within milliseconds: look again soon, then less often
-            while now() < end:
-                child.poll()
-                if not group_pids(pgid):
-                    break
-                time.sleep(wait)
-                wait = min(wait * 2, 0.05)
-            if not group_pids(pgid):
-                break
-        try:
-            child.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-        left = group_pids(pgid)
-        self.journal.event("group_stopped", pgid=pgid, left=left)
-        return left
-
-    def requests(self):
-        """Stop / rollback requests while a child runs: returns an Outcome or None."""
-        for req in self.journal.take_requests():
-            if req["kind"] == "stop":
-                self.stop_asked = True
-            elif req["kind"] == "rollback":
-                return Outcome("rollback", reason=req.get("reason") or "rolled back by hand", to=req.get("to"))
-        if self.stop_asked:
-            return Outcome("stop")
-        return None
+    def requests_stop(self) -> bool:
+        if not self.stop_asked and any(req["kind"] == "stop" for _n, req in self.journal.pending()):
+            self.stop_asked = True
+        return self.stop_asked
 
     # ---- phases ------------------------------------------------------------
-    def warmup(self, profile: str) -> Outcome:
+    def warmup(self, profile: str, done: list) -> Outcome:
         w = self.spec.get("warmup")
         if not w:
             return Outcome("done")
         when = w.get("when", "cold")
         cold = envs.cache_is_cold(self.home.root, self.cache_key(profile))
-        if when == "never" or (when == "cold" and not cold):
+        if not done and (when == "never" or (when == "cold" and not cold)):
             self.journal.event("warmup_skipped", profile=profile, cache="warm" if not cold else "cold", when=when)
             self.say(f"warmup skipped: profile {profile}'s compile cache is warm")
             return Outcome("done")
@@ -512,22 +549,26 @@ class Supervisor:
             gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
         self.set_state("warmup", phase="warmup", profile=profile)
         for gpu in gpus:
+            if gpu in done:
+                continue
             extra = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}
             argv = command_argv(w["command"], self.values(profile, gpu))
             where = f" on GPU {gpu}" if gpu is not None else ""
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
             self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
             out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
-                             timeout=w.get("timeout", 3600.0), watch_tps=False)
+                             timeout=w.get("timeout", 3600.0), watch_tps=False, gpu=gpu)
             if out.kind != "done":
                 return out
+            done = list(done) + [gpu]
+            self.journal.set_state(warmup_done=done)
         return Outcome("done")
 
     def train(self, profile: str, resume: bool) -> Outcome:
         t = self.spec["train"]
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)
-        self.set_state("training", phase="train", profile=profile, restarts=len(self.rollbacks))
+        self.set_state("training", phase="train", profile=profile, restarts_count=len(self.restarts))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         if self.rollbacks and "running_at" not in self.rollbacks[-1]:
@@ -540,147 +581,51 @@ class Supervisor:
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
                           grace=t.get("grace", 30.0))
 
-    def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0) -> Outcome:
-        """Run one phase command; parse its output; act on signals and requests."""
-        os.makedirs(self.workdir, exist_ok=True)
-        run = _Run(self, logname, profile, timeout, watch_tps)
-        split = throughput.LineSplitter()
-        outcome = None
-        with open(self.journal.path(logname), "ab") as log:
-            child = self.spawn(argv, env, self.workdir)
-            self.child = child
-            self.journal.set_state(child_pid=child.pid, child_pgid=child.pid, phase_started_at=run.start)
-            for chunk in self.pump(child, log):
-                t = now()
-                for line in split.feed(chunk) if chunk else ():
-                    outcome = self.on_line(run, line, t)
-                    if outcome:
-                        break
-                if not outcome and t - run.last_check >= 0.2:
-                    run.last_check = t
-                    outcome = self.check(run, t)
-                if outcome:
-                    break
-            if outcome is not None:
-                self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
-                if outcome.kind == "stop":
-                    self.set_state("stopping", phase=run.phase)
-                self.kill_group(child, grace)
-                for _ in self.pump(child, log, coalesce=0):  # drain what it printed while dying
-                    pass
-            self.child = None
-        if run.samples and outcome is None:  # the last word on this run's throughput
-            self.publish(run.samples, throughput.decide(self.policy, run.samples, now(), run.start,
-                                                        run.baseline), run.baseline)
-        code = child.returncode
-        self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
-        if outcome is not None:
-            return outcome
-        if code == 0:
-            return Outcome("done", exit_code=0)
-        sig = -code if code < 0 else None
-        name, reason = throughput.classify_exit(code if code >= 0 else None, sig,
-                                                run.hits + list(run.tail), self.signatures)
-        self.say(f"{run.phase} failed: {reason}")
-        return Outcome("signal", name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
-                       exit_code=code)
-
-    def on_line(self, run: "_Run", line: str, t: float):
-        """One line of output: error signatures, then (in training) a throughput sample."""
-        run.tail.append(line)
-        hit = throughput.scan_line(line, self.signatures)
-        if hit:
-            run.hits.append(line)
-            run.hit_at = run.hit_at or (t, hit)
-        if not run.watch_tps:
+    def readopt(self, child: dict, profile: str):
+        """A phase command recorded in state by a supervisor that is gone: watch it
+        on (warmup, train) or end it (an install: its venv is rebuilt from scratch).
+        Returns its outcome, or None when there is nothing to go on with."""
+        if child.get("phase") == "prepare":
+            proc = Phase.adopt(child)
+            if proc.running():
+                left = proc.kill(5)
+                self.say(f"ended the install left by the previous supervisor (process group "
+                         f"{child['pgid']}{', survivors ' + str(left) if left else ''})")
+                self.journal.event("install_ended", pgid=child["pgid"], left=left)
+            for _ in self.relay.drain():
+                pass
+            self.journal.set_state(child=None)
             return None
-        value = self.parse_tps(line)
-        if value is None:
-            return None
-        step = self.parse_step(line) if self.parse_step else None
-        run.samples.append(throughput.Sample(t, value, step))
-        if len(run.samples) > 50000:
-            del run.samples[:25000]
-        d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
-        self.journal.event("sample", value=value, step=step, verdict=d.verdict,
-                           median=d.evidence.get("median"))
-        if d.verdict != run.last_verdict or d.verdict in ("breach", "rollback"):
-            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
-            run.last_verdict = d.verdict
-        if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
-            self.publish(run.samples, d, run.baseline)
-            run.last_state = t
-        if d.verdict == "rollback":
-            return Outcome("signal", "low_throughput", d.reason, d.evidence)
-        if not run.good_known:
-            base = throughput.known_good(self.policy, run.samples, t, run.start, run.baseline)
-            if base is not None:
-                run.good_known = True
-                self.ledger.mark(run.profile, "good", baseline=base, job=self.job_id,
-                                 reason=f"held {throughput.fmt_rate(base)} tok/s for "
-                                        f"{self.policy.good_after:g}s")
-                self.journal.event("known_good", profile=run.profile, baseline=base)
-                self.say(f"profile {run.profile} is now known-good "
-                         f"(baseline {throughput.fmt_rate(base)} tok/s)")
-                run.baseline = run.baseline or base
-        return None
-
-    def check(self, run: "_Run", t: float):
-        """The checks made every 0.2 s whether or not output came: requests, a hung
-        trainer after an error signature, the phase timeout, idle GPUs, a stall."""
-        outcome = self.requests()
-        if outcome:
-            return outcome
-        if run.hit_at and t - run.hit_at[0] > SIGNATURE_GRACE and run.hit_at[1] in (self.rb.get("on") or []):
-            _name, reason = throughput.classify_exit(1, None, run.hits, self.signatures)
-            return Outcome("signal", run.hit_at[1], f"{reason} (the process kept running "
-                           f"{SIGNATURE_GRACE:g}s after it)", {"lines": run.hits[-5:]})
-        if run.timeout and t - run.start > run.timeout:
-            return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
-        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and \
-                t >= run.start + (self.policy.initial_delay if self.parse_tps else 0):
-            run.last_gpu = t
-            outcome = self.check_gpu_idle(run, t)
-            if outcome:
-                return outcome
-        if run.watch_tps:
-            d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
-            if d.verdict == "stall":
-                self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
-                return Outcome("signal", "stall", d.reason, d.evidence)
-        return None
-
-    def check_gpu_idle(self, run: "_Run", t: float):
-        cfg = run.idle_cfg
-        util = gpu_utilisation(run.idle_gpus)
-        if util is None:
-            return None
-        run.gpu_history.append((t, util))
-        del run.gpu_history[:-1000]
-        self.journal.event("gpu_util", group=cfg["group"], max=util)
-        idle = idle_for(run.gpu_history, cfg["below"])
-        if idle < cfg["for"]:
-            return None
-        return Outcome("signal", "gpu_idle",
-                       f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
-                       f"under {cfg['below']:g}% for {idle:.0f}s",
-                       {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
-                        "history": run.gpu_history[-10:]})
-
-    def publish(self, samples: list, d, baseline) -> None:
-        values = [s.value for s in samples[-120:]]
-        self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
-                               window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
-                               baseline=baseline)
+        logname = child.get("log") or f"{child.get('phase')}.log"
+        watch_tps = bool(child.get("watch_tps"))
+        timeout = (self.spec.get("warmup") or {}).get("timeout", 3600.0) if child.get("phase") == "warmup" \
+            else self.spec["train"].get("timeout")
+        return self.watch(None, None, logname, child.get("profile") or profile, timeout=timeout,
+                          watch_tps=watch_tps, grace=self.spec["train"].get("grace", 30.0), adopt=child)
 
 
-def run(home: str, job_id: str) -> int:
+def restart_refusal(cfg: dict, restarts: list, sig: str, t: float) -> str | None:
+    """Why the restart policy will not restart the trainer after ``sig`` (None: it will).
+    Pure: ``restarts`` are the earlier restarts of the job, newest last."""
+    limit = int(cfg.get("max", 3))
+    within = float(cfg.get("within", 3600.0))
+    recent = [r for r in restarts if t - r["at"] <= within]
+    if sig == "oom_killed" and restarts and restarts[-1].get("signal") == "oom_killed":
+        return "OOM-kill loop: killed by the OOM killer again right after a restart"
+    if len(recent) >= limit:
+        return f"crash loop: {len(recent)} restarts within {within:g}s (train.restarts.max {limit})"
+    return None
+
+
+def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | None = None) -> int:
+    held = Lock.inherit(lock_fd, generation, job_id, home) if lock_fd is not None else None
     try:
-        sup = Supervisor(home, job_id)
+        sup = Supervisor(home, job_id, held)
     except Exception as e:  # a job it cannot even read must not look merely "lost"
-        journal = Journal(Home(home), job_id)
+        journal = Journal(Home(home), job_id, generation)
         journal.set_state(state="failed", phase="done", finished_at=now(),
                           reason=f"supervisor could not start: {type(e).__name__}: {e}")
-        Lock(Home(home)).release(job_id)
+        if held:
+            held.release()
         raise
     return sup.main()

@@ -232,8 +232,8 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                       progress=lambda m: err.print(f"[dim]· {m}[/]"))
     if res.get("stale_lock"):
-        err.print(f"[yellow]note:[/] took over a stale lock of job {res['stale_lock'].get('job_id')} "
-                  f"(its supervisor pid {res['stale_lock'].get('pid')} was gone)")
+        err.print(f"note: took over the container from job {res['stale_lock'].get('job_id')} (its supervisor, "
+                  f"pid {res['stale_lock'].get('pid')}, was gone and nothing of it ran)", markup=False)
     ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
     out.print(f"submitted [bold]{job_id}[/] to {t.label} (profile {profile}, supervisor pid "
               f"{res['supervisor_pid']})")
@@ -251,8 +251,22 @@ def print_status_view(st: dict, t: Target) -> None:
 
 def _status(job_id: str, t: Target) -> dict:
     st = t.agent_json("status", job_id)["jobs"][0]
+    _say_revived(st)
     ctx.state().seen(job_id, st.get("state"), st.get("ledger"), t.label, st.get("name"))
     return st
+
+
+def _say_revived(st: dict) -> None:
+    r = st.get("revived")
+    if not r:
+        return
+    if r.get("revived"):
+        what = "it re-adopted the running command" if r.get("readopted") else "it carries on from the journal"
+        err.print(f"note: the supervisor of {st.get('job_id')} (pid {r.get('previous_pid')}) was gone; "
+                  f"restarted its supervisor (pid {r.get('supervisor_pid')}): {what}", markup=False)
+    else:
+        err.print(f"warning: the supervisor of {st.get('job_id')} is gone and was not restarted: {r.get('why')}",
+                  markup=False)
 
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,

@@ -26,9 +26,12 @@ def duration(s: float | None) -> str:
 
 
 def uptime(st: dict) -> float | None:
-    if not st.get("started_at"):
+    """How long the job has run, on the container's clock (the agent says)."""
+    if st.get("uptime_s") is not None:
+        return st["uptime_s"]
+    if not st.get("started_at") or not st.get("now"):
         return None
-    return (st.get("finished_at") or time.time()) - st["started_at"]
+    return max(0.0, (st.get("finished_at") or st["now"]) - st["started_at"])
 
 
 def exit_info(st: dict) -> str:

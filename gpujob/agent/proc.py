@@ -1,0 +1,187 @@
+"""The processes a supervisor starts, watches, re-adopts and ends (stdlib only).
+
+A phase command (install step, warmup, trainer) never hangs on its supervisor:
+
+- its stdout and stderr go straight to the phase's log file, not to a pipe, so a
+  dying supervisor takes nothing with it;
+- it runs under a tiny *keeper* (``KEEPER`` below, ``python3 -E -s -c``) that is
+  the leader of a new process group, waits for the command and writes its exit
+  status to a file; the keeper shrugs off SIGTERM/SIGINT/SIGHUP (they reach the
+  command, which gets default handlers), so its status file is written whenever
+  the command ends, whether or not anybody is watching;
+- the group id and the leader's start time (``/proc/PID/stat``, in clock ticks since
+  boot) are recorded in the job's state, so a new supervisor can tell its own
+  group from a recycled pid and re-adopt it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+KEEPER = r"""
+import json, os, signal, subprocess, sys
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(s, lambda *a: None)  # handled (not ignored): the command gets the defaults back
+out = sys.argv[1]
+try:
+    p = subprocess.Popen(sys.argv[2:])
+except OSError as e:
+    sys.stdout.write("gpujob: cannot start %s: %s\n" % (sys.argv[2], e.strerror or e))
+    sys.stdout.flush()
+    code = 127
+else:
+    code = p.wait()
+tmp = out + ".tmp"
+with open(tmp, "w") as f:
+    f.write(json.dumps({"returncode": code}))
+os.replace(tmp, out)
+"""
+
+
+def stat_fields(pid: int) -> list | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            stat = f.read()
+    except (OSError, ValueError):
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (None: no such process)."""
+    fields = stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def is_alive(pid, ticks=None) -> bool:
+    """``pid`` runs (not a zombie) and, when ``ticks`` is given, is the process that
+    started then (not a recycled pid)."""
+    if not pid:
+        return False
+    fields = stat_fields(pid)
+    if not fields or fields[0] in ("Z", "X"):
+        return False
+    return ticks is None or int(fields[19]) == int(ticks)
+
+
+def group_pids(pgid: int) -> list:
+    """Live (non-zombie) pids whose process group is ``pgid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = stat_fields(int(entry))
+        if fields and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
+
+
+def kill_group(pgid: int, grace: float, reap=None) -> list:
+    """SIGTERM the process group ``pgid``, SIGKILL what is left after ``grace``
+    seconds; returns the pids that survived both (none, unless one escaped into
+    another group). ``reap`` is called while waiting (to reap a child of ours)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            break
+        end = time.monotonic() + (grace if sig == signal.SIGTERM else 10)
+        wait = 0.002  # most processes are gone within milliseconds: look soon, then less often
+        while time.monotonic() < end:
+            if reap:
+                reap()
+            if not group_pids(pgid):
+                break
+            time.sleep(wait)
+            wait = min(wait * 2, 0.05)
+        if not group_pids(pgid):
+            break
+    if reap:
+        reap()
+    return group_pids(pgid)
+
+
+def read_exit(path: str):
+    """The return code a keeper wrote, or None when it wrote none."""
+    try:
+        with open(path) as f:
+            return int(json.load(f)["returncode"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Phase:
+    """One phase command under its keeper: started by us, or re-adopted."""
+
+    def __init__(self, pgid: int, ticks: int | None, exit_file: str, popen=None):
+        self.pgid, self.ticks, self.exit_file, self.popen = pgid, ticks, exit_file, popen
+        self.returncode = None
+        self._done = False
+        self._pidfd = None
+        try:
+            self._pidfd = os.pidfd_open(pgid) if hasattr(os, "pidfd_open") else None
+        except OSError:
+            self._pidfd = None
+
+    @classmethod
+    def start(cls, argv: list, *, env, cwd, log_path: str, exit_file: str) -> "Phase":
+        """Start ``argv`` under a keeper, its output appended to ``log_path``."""
+        for stale in (exit_file, exit_file + ".tmp"):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        with open(log_path, "ab") as log:
+            popen = subprocess.Popen([sys.executable, "-E", "-s", "-c", KEEPER, exit_file, *argv],
+                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, close_fds=True, env=env, cwd=cwd)
+        return cls(popen.pid, start_ticks(popen.pid), exit_file, popen)
+
+    @classmethod
+    def adopt(cls, rec: dict) -> "Phase":
+        return cls(int(rec["pgid"]), rec.get("ticks"), rec["exit_file"])
+
+    def record(self) -> dict:
+        return {"pgid": self.pgid, "ticks": self.ticks, "exit_file": self.exit_file}
+
+    def running(self) -> bool:
+        """Whether the phase still runs: its keeper, or anything left in its group."""
+        if self._done:
+            return False
+        if self.popen is not None:
+            if self.popen.poll() is None:
+                return True
+        elif is_alive(self.pgid, self.ticks):
+            return True
+        elif self.ticks is not None and is_alive(self.pgid):
+            self._finish()  # the pid was recycled by another process: ours is long gone
+            return False
+        if group_pids(self.pgid):  # the keeper is gone but the command lives on
+            return True
+        self._finish()
+        return False
+
+    def _finish(self) -> None:
+        self._done = True
+        code = read_exit(self.exit_file)
+        if code is None and self.popen is not None and self.popen.returncode not in (None, 0):
+            code = self.popen.returncode  # the keeper itself was killed (SIGKILL to the group)
+        self.returncode = code
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def wait_fd(self):
+        """A file descriptor that becomes readable when the keeper exits (or None)."""
+        return self._pidfd
+
+    def kill(self, grace: float) -> list:
+        left = kill_group(self.pgid, grace, reap=self.popen.poll if self.popen else None)
+        self.running()
+        return left

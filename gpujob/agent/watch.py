@@ -1,0 +1,274 @@
+"""Watching one phase command (stdlib only): start it under its keeper, relay its
+log into job.log, read its lines for throughput samples and failure signals, and
+end it when a decision or a request says so. The same loop watches a command a
+previous supervisor started (re-adoption): the command never depended on it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import time
+
+from gpujob.agent import throughput
+from gpujob.agent.journal import now
+from gpujob.agent.proc import Phase
+
+POLL = 0.05            # seconds between looks at a quiet log
+COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
+                       # 50 lines of a trainer printing 1000 lines/s instead of one per line
+                       # (CPU); job.log lags the trainer by 50 ms at most
+COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
+STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
+TAIL_LINES = 200
+SIGNATURE_GRACE = 10.0  # a trainer still running this long after an error signature is stuck
+
+
+class EnvError(Exception):
+    """Building or verifying a profile's venv failed (one line)."""
+
+
+class Stop(Exception):
+    """A stop was asked for (request or SIGTERM)."""
+
+
+class Outcome:
+    """How a phase run ended: ``done`` (exit 0), ``signal`` (a failure signal with
+    its reason), ``stop``, or ``rollback`` (asked for by the user)."""
+
+    def __init__(self, kind: str, signal_name: str = "", reason: str = "", evidence=None,
+                 to: str | None = None, exit_code=None, request: str | None = None,
+                 mark_bad: bool = True):
+        self.kind, self.signal_name, self.reason = kind, signal_name, reason
+        self.evidence, self.to, self.exit_code = evidence or {}, to, exit_code
+        self.request, self.mark_bad = request, mark_bad
+        self.at = now()  # when it was decided: a rollback's clock starts here
+
+
+def idle_for(history: list, below: float) -> float:
+    """How long a GPU group has stayed under ``below`` percent: ``history`` holds
+    (time, busiest GPU's utilisation) pairs, oldest first."""
+    since = None
+    for t, util in reversed(history):
+        if util >= below:
+            break
+        since = t
+    return history[-1][0] - since if since is not None else 0.0
+
+
+def gpu_utilisation(gpus: list) -> float | None:
+    """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                            "--format=csv,noheader,nounits"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    util = {}
+    for line in p.stdout.decode("utf-8", "replace").splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                util[int(parts[0])] = float(parts[1])
+            except ValueError:
+                pass
+    seen = [util[g] for g in gpus if g in util]
+    return max(seen) if seen and len(seen) == len(gpus) else None
+
+
+class PhaseWatch:
+    """The supervisor's half that runs and watches phase commands (a mixin: it
+    uses the supervisor's journal, relay, policy and requests)."""
+
+    grace_after_signature = SIGNATURE_GRACE
+
+    def start_phase(self, argv, env, cwd, logname: str, extra: dict) -> Phase:
+        """Start a phase command; its record goes to state before anything else."""
+        log_path = self.journal.path(logname)
+        log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        phase = logname[:-len(".log")]
+        proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path,
+                           exit_file=self.journal.path(f"{phase}.exit"))
+        self.phase_proc = proc
+        rec = dict(proc.record(), phase=phase, log=logname, log_start=log_start, started_at=now(), **extra)
+        self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid)
+        self.relay.follow(logname, log_start)
+        return proc
+
+    def end_phase(self) -> None:
+        self.phase_proc = None
+        self.journal.set_state(child=None, child_pid=None)
+
+    def nap(self, proc: Phase, seconds: float) -> None:
+        """Wait ``seconds``, or less if the command exits meanwhile."""
+        fd = proc.wait_fd()
+        if fd is not None:
+            select.select([fd], [], [], seconds)
+        else:
+            time.sleep(seconds)
+
+    def samples_since(self, start: float) -> list:
+        """The samples a previous supervisor recorded for this run (re-adoption)."""
+        records, _skipped = self.journal.events()
+        return [throughput.Sample(r["t"], r["value"], r.get("step")) for r in records
+                if r.get("type") == "sample" and r.get("t", 0) >= start and "value" in r]
+
+    def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0, gpu=None,
+              adopt: dict | None = None) -> Outcome:
+        """Run one phase command (or go on watching ``adopt``, a command a previous
+        supervisor started); parse its output; act on signals and requests."""
+        os.makedirs(self.workdir, exist_ok=True)
+        if adopt is not None:
+            proc = Phase.adopt(adopt)
+            self.phase_proc = proc
+            run = self.new_run(logname, profile, timeout, watch_tps, adopt.get("started_at"))
+            run.samples = self.samples_since(run.start) if watch_tps else []
+            self.relay.follow(logname, adopt.get("log_start", 0))
+            self.journal.event("readopted", phase=run.phase, pgid=proc.pgid, running=proc.running(),
+                               samples=len(run.samples))
+        else:
+            run = self.new_run(logname, profile, timeout, watch_tps, None)
+            proc = self.start_phase(argv, env, self.workdir, logname,
+                                    {"profile": profile, "gpu": gpu, "watch_tps": watch_tps})
+            self.journal.set_state(phase_started_at=run.start)
+        split = throughput.LineSplitter()
+        outcome = None
+        while outcome is None:
+            chunk = self.relay.poll()
+            t = now()
+            lines = split.feed(chunk) if chunk else []
+            if not chunk and not proc.running():
+                for rest in self.relay.drain():
+                    lines += split.feed(rest)
+                lines += split.flush()  # a last line without a newline counts too
+            for line in lines:
+                outcome = self.on_line(run, line, t)
+                if outcome:
+                    break
+            if outcome is None and t - run.last_check >= 0.2:
+                run.last_check = t
+                outcome = self.check(run, t)
+            if outcome is not None or (not chunk and not proc.running()):
+                break
+            if not chunk:
+                self.nap(proc, POLL)
+            elif len(chunk) < COALESCE_BELOW:
+                self.nap(proc, COALESCE)
+        if outcome is not None:
+            self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
+            if outcome.kind == "stop":
+                self.set_state("stopping", phase=run.phase)
+            left = proc.kill(grace)
+            self.journal.event("group_stopped", pgid=proc.pgid, left=left)
+            for _ in self.relay.drain():  # what it printed while dying
+                pass
+        if run.samples and outcome is None:  # the last word on this run's throughput
+            self.publish(run.samples, throughput.decide(self.policy, run.samples, now(), run.start,
+                                                        run.baseline), run.baseline)
+        code = proc.returncode
+        self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
+        self.end_phase()
+        if outcome is not None:
+            return outcome
+        if code == 0:
+            return Outcome("done", exit_code=0)
+        sig = -code if code is not None and code < 0 else None
+        name, reason = throughput.classify_exit(code if code is None or code >= 0 else None, sig,
+                                                run.hits + list(run.tail), self.signatures)
+        self.say(f"{run.phase} failed: {reason}")
+        return Outcome("signal", name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
+                       exit_code=code)
+
+    def new_run(self, logname, profile, timeout, watch_tps, start):
+        from gpujob.agent.supervisor import _Run
+        return _Run(self, logname, profile, timeout, watch_tps, start)
+
+    def on_line(self, run, line: str, t: float):
+        """One line of output: error signatures, then (in training) a throughput sample."""
+        run.tail.append(line)
+        hit = throughput.scan_line(line, self.signatures)
+        if hit:
+            run.hits.append(line)
+            run.hit_at = run.hit_at or (t, hit)
+        if not run.watch_tps:
+            return None
+        value = self.parse_tps(line)
+        if value is None:
+            return None
+        step = self.parse_step(line) if self.parse_step else None
+        run.samples.append(throughput.Sample(t, value, step))
+        if len(run.samples) > 50000:
+            del run.samples[:25000]
+        d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+        self.journal.event("sample", value=value, step=step, verdict=d.verdict,
+                           median=d.evidence.get("median"))
+        if d.verdict != run.last_verdict or d.verdict in ("breach", "rollback"):
+            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+            run.last_verdict = d.verdict
+        if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
+            self.publish(run.samples, d, run.baseline)
+            run.last_state = t
+        if d.verdict == "rollback":
+            return Outcome("signal", "low_throughput", d.reason, d.evidence)
+        if not run.good_known:
+            base = throughput.known_good(self.policy, run.samples, t, run.start, run.baseline)
+            if base is not None:
+                run.good_known = True
+                self.ledger.mark(run.profile, "good", baseline=base, job=self.job_id,
+                                 reason=f"held {throughput.fmt_rate(base)} tok/s for "
+                                        f"{self.policy.good_after:g}s")
+                self.journal.event("known_good", profile=run.profile, baseline=base)
+                self.say(f"profile {run.profile} is now known-good "
+                         f"(baseline {throughput.fmt_rate(base)} tok/s)")
+                run.baseline = run.baseline or base
+        return None
+
+    def check(self, run, t: float):
+        """The checks made every 0.2 s whether or not output came: requests, a hung
+        trainer after an error signature, the phase timeout, idle GPUs, a stall."""
+        outcome = self.requests()
+        if outcome:
+            return outcome
+        acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or [])
+        if run.hit_at and t - run.hit_at[0] > self.grace_after_signature and run.hit_at[1] in acted_on:
+            _name, reason = throughput.classify_exit(1, None, run.hits, self.signatures)
+            return Outcome("signal", run.hit_at[1], f"{reason} (the process kept running "
+                           f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
+        if run.timeout and t - run.start > run.timeout:
+            return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
+        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and \
+                t >= run.start + (self.policy.initial_delay if self.parse_tps else 0):
+            run.last_gpu = t
+            outcome = self.check_gpu_idle(run, t)
+            if outcome:
+                return outcome
+        if run.watch_tps:
+            d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+            if d.verdict == "stall":
+                self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+                return Outcome("signal", "stall", d.reason, d.evidence)
+        return None
+
+    def check_gpu_idle(self, run, t: float):
+        cfg = run.idle_cfg
+        util = gpu_utilisation(run.idle_gpus)
+        if util is None:
+            return None
+        run.gpu_history.append((t, util))
+        del run.gpu_history[:-1000]
+        self.journal.event("gpu_util", group=cfg["group"], max=util)
+        idle = idle_for(run.gpu_history, cfg["below"])
+        if idle < cfg["for"]:
+            return None
+        return Outcome("signal", "gpu_idle",
+                       f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
+                       f"under {cfg['below']:g}% for {idle:.0f}s",
+                       {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
+                        "history": run.gpu_history[-10:]})
+
+    def publish(self, samples: list, d, baseline) -> None:
+        values = [s.value for s in samples[-120:]]
+        self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
+                               window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
+                               baseline=baseline)
+

@@ -1,0 +1,231 @@
+"""The journal's promises, tested on real files and real processes: one lock holder
+at a time under a race with stale locks, fenced writes, durable state, whole
+event records, exactly-once log relay, the ordered request queue, re-adoptable
+phase commands and the restart policy's rules."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpujob.agent import journal as jn
+from gpujob.agent.journal import Home, Journal, read_records, write_json
+from gpujob.agent.lock import Fenced, Lock
+from gpujob.agent.proc import Phase, group_pids, is_alive, start_ticks
+from gpujob.agent.relay import JobLog, Relay
+from gpujob.agent.supervisor import restart_refusal
+
+RACERS, ROUNDS = 8, 500
+
+
+def _racer(root: str, idx: int, barrier, wins, rounds: int) -> None:
+    lock = Lock(root)
+    for r in range(rounds):
+        barrier.wait()
+        held = lock.try_acquire(f"job{idx}")
+        if held is not None:
+            with wins.get_lock():
+                wins[r] += 1
+        barrier.wait()  # every racer has tried while the winner still holds it
+        if held is not None:
+            # half the rounds the winner dies without releasing (lock.json says it still
+            # holds the lock: a stale lock for the next round); half it releases properly
+            if r % 2:
+                held.release()
+            else:
+                held.close_quietly()
+        barrier.wait()
+
+
+def test_lock_race_has_exactly_one_winner_every_round_with_stale_locks(tmp_path):
+    root = str(tmp_path)
+    # start from a stale lock: a holder that died without a word
+    write_json(os.path.join(root, "lock.json"), {"job_id": "dead", "pid": 999999, "generation": 7})
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(RACERS)
+    wins = ctx.Array("i", ROUNDS)
+    procs = [ctx.Process(target=_racer, args=(root, i, barrier, wins, ROUNDS)) for i in range(RACERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(240)
+        assert p.exitcode == 0
+    counts = list(wins)
+    assert counts == [1] * ROUNDS, {c: counts.count(c) for c in set(counts)}
+    info = json.loads((tmp_path / "lock.json").read_text())
+    assert info["generation"] == 7 + ROUNDS  # one generation per acquisition, none skipped
+    print(f"lock race: {RACERS} processes x {ROUNDS} rounds: exactly one winner in {counts.count(1)} rounds")
+
+
+def test_a_killed_holder_frees_the_lock_at_once(tmp_path):
+    code = ("import sys,time; sys.path.insert(0, %r)\n"
+            "from gpujob.agent.lock import Lock\n"
+            "h = Lock(%r).try_acquire('j1'); print('held', flush=True); time.sleep(60)") % (
+        os.getcwd(), str(tmp_path))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert p.stdout.readline().strip() == b"held"
+    assert Lock(str(tmp_path)).try_acquire("j2") is None
+    assert Lock(str(tmp_path)).holder()["job_id"] == "j1"
+    p.kill()
+    p.wait()
+    assert Lock(str(tmp_path)).holder() is None  # its pid is gone: nobody holds it
+    held = Lock(str(tmp_path)).try_acquire("j2")
+    assert held is not None and held.generation == 2
+
+
+def test_a_stale_writer_is_fenced_off(tmp_path):
+    home = Home(str(tmp_path))
+    os.makedirs(home.job_dir("j"))
+    Journal(home, "j", generation=1).set_state(state="training", step="train")
+    Journal(home, "j", generation=2).set_state(step="rollback")
+    with pytest.raises(Fenced):
+        Journal(home, "j", generation=1).set_state(step="train")  # a late write of the old holder
+    assert Journal(home, "j").state()["step"] == "rollback"
+    Journal(home, "j").set_state(note="readers and lock-free writes are not fenced")
+    assert Journal(home, "j").state()["generation"] == 2
+
+
+def test_state_writes_are_durable_and_atomic(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real(fd)
+    monkeypatch.setattr(jn.os, "fsync", fsync)
+    path = tmp_path / "state.json"
+    write_json(str(path), {"a": 1})
+    assert any(s.startswith(str(path) + ".tmp") for s in synced)  # the data, before the rename
+    assert str(tmp_path) in synced  # then the directory, so the rename itself is on disk
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 64 KiB tmpfs: a real disk that fills."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    assert r.returncode == 0, f"cannot mount a tmpfs here: {r.stderr.decode()}"
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_events_stay_whole_records_when_the_disk_fills(tiny_fs):
+    home = Home(str(tiny_fs))
+    os.makedirs(home.job_dir("j"))
+    j = Journal(home, "j")
+    j.set_state(state="training")
+    n = 0
+    with pytest.raises(OSError) as exc:
+        while True:
+            j.event("sample", value=n, pad="x" * 300)
+            n += 1
+    assert exc.value.errno == 28  # ENOSPC
+    records, skipped = j.events()
+    assert skipped == 0 and len(records) == n and records[-1]["value"] == n - 1
+    with pytest.raises(OSError):  # a state write that cannot fit leaves the old state whole
+        j.set_state(big="y" * 100_000)
+    assert j.state()["state"] == "training"
+    assert not [p for p in os.listdir(j.dir) if ".tmp" in p]
+
+
+def test_a_torn_tail_is_skipped_and_reported(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"t": 1, "type": "a"}\n{"t": 2, "type": "b"}\n{"t": 3, "ty')
+    records, skipped = read_records(str(path))
+    assert [r["type"] for r in records] == ["a", "b"] and skipped == 1
+
+
+def test_relay_copies_every_byte_once_across_a_death_at_any_point(tmp_path):
+    (tmp_path / "train.log").write_bytes(b"".join(b"line %d\n" % i for i in range(1000)))
+    src_bytes = (tmp_path / "train.log").read_bytes()
+    for cut in (0, 1, 7, 100, 1023):  # how much of the last append landed before the death
+        d = tmp_path / f"case{cut}"
+        d.mkdir()
+        os.symlink(tmp_path / "train.log", d / "train.log")
+        log = JobLog(str(d / "job.log"))
+        relay = Relay(str(d), log)
+        relay.follow("train.log", 0)
+        relay.poll(limit=3000)
+        # the second append dies after `cut` of its 1024 bytes: its intent is on disk
+        relay._write_cursor({"src": "train.log", "off": relay.offset, "len": 1024, "dst": log.size()})
+        log.append(src_bytes[relay.offset:relay.offset + cut])
+        # a new supervisor
+        log2 = JobLog(str(d / "job.log"))
+        relay2 = Relay(str(d), log2)
+        relay2.recover()
+        relay2.follow("train.log", 0)
+        for _ in relay2.drain():
+            pass
+        assert (d / "job.log").read_bytes() == src_bytes, cut
+
+
+def test_banner_lines_start_on_a_line_of_their_own(tmp_path):
+    log = JobLog(str(tmp_path / "job.log"))
+    log.append(b"partial line without newline")
+    log.banner("[gpujob] job succeeded")
+    assert (tmp_path / "job.log").read_text() == "partial line without newline\n[gpujob] job succeeded\n"
+    assert JobLog(str(tmp_path / "job.log")).at_line_start
+
+
+def test_requests_queue_in_order_and_stay_until_done(tmp_path):
+    home = Home(str(tmp_path))
+    os.makedirs(home.job_dir("j"))
+    j = Journal(home, "j")
+    a = j.request("rollback", to="fast")
+    b = j.request("stop")
+    assert [n for n, _ in j.pending()] == [a, b]
+    j.done(a)
+    assert [r["kind"] for _, r in j.pending()] == ["stop"]
+
+
+def test_a_phase_runs_on_when_its_watcher_dies_and_is_readopted(tmp_path):
+    code = ("import sys,time\nprint('started', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
+            "sys.stdout.write('last line without newline'); sys.stdout.flush(); sys.exit(7)")
+    proc = Phase.start([sys.executable, "-c", code, "1.0"], env=None, cwd=str(tmp_path),
+                       log_path=str(tmp_path / "train.log"), exit_file=str(tmp_path / "train.exit"))
+    rec = proc.record()
+    assert rec["ticks"] == start_ticks(rec["pgid"]) and proc.running()
+    adopted = Phase.adopt(rec)  # what a new supervisor does with the record in state
+    assert adopted.running()
+    end = time.monotonic() + 10
+    while adopted.running() and time.monotonic() < end:
+        time.sleep(0.02)
+    proc.popen.wait()
+    assert adopted.returncode == 7  # the keeper wrote it: nobody had to be its parent
+    assert (tmp_path / "train.log").read_text() == "started\nlast line without newline"
+
+
+def test_a_recycled_pid_is_not_mistaken_for_the_phase(tmp_path):
+    me = os.getpid()
+    assert is_alive(me, start_ticks(me))
+    assert not is_alive(me, start_ticks(me) - 1)  # same pid, another start: another process
+    stale = Phase.adopt({"pgid": me, "ticks": start_ticks(me) - 1, "exit_file": str(tmp_path / "x")})
+    assert not stale.running() and stale.returncode is None
+
+
+def test_the_keeper_outlives_sigterm_and_reports_the_command_s_fate(tmp_path):
+    proc = Phase.start([sys.executable, "-c", "import time; time.sleep(30)"], env=None, cwd=str(tmp_path),
+                       log_path=str(tmp_path / "w.log"), exit_file=str(tmp_path / "w.exit"))
+    time.sleep(0.3)
+    left = proc.kill(5)
+    assert left == [] and not group_pids(proc.pgid)
+    assert proc.returncode == -signal.SIGTERM
+
+
+def test_restart_policy_rules():
+    cfg = {"max": 2, "within": 600}
+    assert restart_refusal(cfg, [], "crash", 1000) is None
+    two = [{"at": 900, "signal": "crash"}, {"at": 950, "signal": "nccl_timeout"}]
+    assert "crash loop: 2 restarts" in restart_refusal(cfg, two, "crash", 1000)
+    assert restart_refusal(cfg, two, "crash", 1600) is None  # the first fell out of the window
+    assert "OOM-kill loop" in restart_refusal(cfg, [{"at": 990, "signal": "oom_killed"}], "oom_killed", 1000)
