@@ -540,7 +540,7 @@ class Bench:
         db = State(state_home / "gpujob" / "state.db")
         hosts = self.bed.host_names[:4]
         for job, host in zip(done[-4:], hosts):
-            db.add_job(job, "bench", f"{host}/ct{self.bed.vmid}", "", "", "fast")
+            db.reserve(job, "bench", f"{host}/ct{self.bed.vmid}", "", "", "fast")
         db.close()
         saved = {k: os.environ.get(k) for k in ("GPUJOB_HOSTS", "XDG_STATE_HOME")}
         os.environ.update(GPUJOB_HOSTS=str(self.hosts), XDG_STATE_HOME=str(state_home))

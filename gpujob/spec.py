@@ -116,7 +116,9 @@ Url = Annotated[str, BeforeValidator(_url)]
 Cuda = Annotated[str, BeforeValidator(_cuda)]
 Command = Annotated[str | list[str], BeforeValidator(_command)]
 Args = Annotated[list[str], BeforeValidator(_args)]
-Signal = Literal["low_throughput", "stall", "error_signature", "cuda_oom", "oom_killed", "crash", "gpu_idle"]
+Signal = Literal["low_throughput", "stall", "error_signature", "cuda_oom", "oom_killed", "crash", "gpu_idle",
+                 "nccl_timeout", "hw_error", "driver_mismatch"]
+UNFIXABLE = ("driver_mismatch",)  # a restart on the same wheels cannot help: the host changed
 
 
 def _local_path(info: ValidationInfo, path: str) -> Path:
@@ -166,11 +168,27 @@ class Warmup(Strict):
     when: Literal["cold", "always", "never"] = "cold"
 
 
+class Restarts(Strict):
+    """Restart the trainer on the same profile after a transient failure, like
+    torchrun's --max-restarts; a crash loop ends the job."""
+    max: int = Field(3, ge=0, le=1000)
+    within: Duration = 3600.0
+    on: list[Signal] = ["crash", "nccl_timeout", "hw_error"]
+
+    @model_validator(mode="after")
+    def _fixable(self) -> Restarts:
+        for i, signal in enumerate(self.on):
+            if signal in UNFIXABLE:
+                raise At(("on", i), f"'{signal}' cannot be fixed by a restart on the same wheels")
+        return self
+
+
 class Train(Strict):
     command: Command
     resume_args: Args = []
     timeout: Duration | None = None
     grace: Duration = 30.0
+    restarts: Restarts | None = None
 
 
 class Throughput(Strict):
@@ -226,9 +244,10 @@ class Rollback(Strict):
     max_rollbacks: int = Field(2, ge=0)
     fallback: list[str] = []
     on: list[Signal] = ["low_throughput", "stall", "error_signature", "cuda_oom"]
-    stop_on: list[Signal] = ["oom_killed", "crash"]
+    stop_on: list[Signal] = []
     error_signatures: list[str] = ["is_fx_symbolic_tracing",
                                    "Detected that you are using FX to symbolically trace"]
+    signature_grace: Duration = 10.0  # a process still running this long after a signature is stuck
     gpu_idle: GpuIdle | None = None
 
     @model_validator(mode="after")
@@ -277,6 +296,11 @@ class JobSpec(Strict):
                 if index in owner:
                     raise At(("gpus", group, i), f"GPU {index} is already in group '{owner[index]}'")
                 owner[index] = group
+        restarts = self.train.restarts.on if self.train.restarts else []
+        for i, signal in enumerate(restarts):
+            for where, listed in (("rollback.on", self.rollback.on), ("rollback.stop_on", self.rollback.stop_on)):
+                if signal in listed:
+                    raise At(("train", "restarts", "on", i), f"'{signal}' is also in {where}")
         self._check_group(("warmup", "per_gpu"), self.warmup and self.warmup.per_gpu)
         self._check_group(("throughput", "scope_group"), self.throughput and self.throughput.scope_group)
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)

@@ -39,6 +39,11 @@ CREATE TABLE IF NOT EXISTS ledger (
 """
 
 
+def _like(text: str) -> str:
+    """``text`` as a literal LIKE prefix (``%`` and ``_`` are not wildcards)."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
 def state_dir() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     return Path(base) / "gpujob"
@@ -55,23 +60,39 @@ class State:
     def close(self) -> None:
         self.db.close()
 
-    def add_job(self, job_id: str, name: str, target: str, spec_path: str, spec_hash: str,
+    def reserve(self, job_id: str, name: str, target: str, spec_path: str, spec_hash: str,
                 profile: str) -> None:
+        """Record a job about to be submitted, before anything starts remotely; a job
+        id this laptop already knows is refused (ids are unique in the index)."""
+        try:
+            with self.db:
+                self.db.execute(
+                    "INSERT INTO jobs (job_id, name, target, spec_path, spec_hash, profile, submitted_at,"
+                    " state) VALUES (?, ?, ?, ?, ?, ?, ?, 'submitting')",
+                    (job_id, name, target, spec_path, spec_hash, profile, time.time()))
+        except sqlite3.IntegrityError:
+            row = self.db.execute("SELECT target FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+            raise JobError(f"job id {job_id} is already taken on this laptop (a job on "
+                           f"{row['target'] if row else '?'}); nothing was started") from None
+
+    def unreserve(self, job_id: str) -> None:
+        """The submit failed before the job started: forget it."""
         with self.db:
-            self.db.execute(
-                "INSERT INTO jobs (job_id, name, target, spec_path, spec_hash, profile, submitted_at,"
-                " state) VALUES (?, ?, ?, ?, ?, ?, ?, 'preparing')",
-                (job_id, name, target, spec_path, spec_hash, profile, time.time()))
+            self.db.execute("DELETE FROM jobs WHERE job_id = ? AND state = 'submitting'", (job_id,))
+
+    def known(self, job_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None
 
     def job(self, job_id: str | None) -> sqlite3.Row:
-        """A job by id (or unique id prefix); None → the most recent job."""
+        """A job by id (or unique id prefix); None → the most recent job, in the order
+        this laptop recorded them (never by a clock, which can step back)."""
         if job_id is None:
-            row = self.db.execute("SELECT * FROM jobs ORDER BY submitted_at DESC LIMIT 1").fetchone()
+            row = self.db.execute("SELECT * FROM jobs ORDER BY rowid DESC LIMIT 1").fetchone()
             if row is None:
                 raise JobError("no jobs yet: submit one with `gpujob submit SPEC`")
             return row
-        rows = self.db.execute("SELECT * FROM jobs WHERE job_id = ? OR job_id LIKE ? "
-                               "ORDER BY submitted_at DESC", (job_id, job_id + "%")).fetchall()
+        rows = self.db.execute("SELECT * FROM jobs WHERE job_id = ? OR job_id LIKE ? ESCAPE '\\' "
+                               "ORDER BY rowid DESC", (job_id, _like(job_id) + "%")).fetchall()
         exact = [r for r in rows if r["job_id"] == job_id]
         if exact:
             return exact[0]
@@ -83,7 +104,7 @@ class State:
                        f"{', '.join(r['job_id'] for r in rows[:5])}")
 
     def jobs(self, limit: int = 50) -> list[sqlite3.Row]:
-        return self.db.execute("SELECT * FROM jobs ORDER BY submitted_at DESC LIMIT ?",
+        return self.db.execute("SELECT * FROM jobs ORDER BY rowid DESC LIMIT ?",
                                (limit,)).fetchall()
 
     def seen(self, job_id: str, state: str | None, ledger: dict | None = None,

@@ -135,7 +135,7 @@ def test_minimal_defaults(tmp_path):
     assert spec.train.resume_args == [] and spec.train.grace == 30 and spec.train.timeout is None
     assert spec.rollback.enabled and spec.rollback.max_rollbacks == 2
     assert spec.rollback.on == ["low_throughput", "stall", "error_signature", "cuda_oom"]
-    assert spec.rollback.stop_on == ["oom_killed", "crash"]
+    assert spec.rollback.stop_on == [] and spec.train.restarts is None
     assert spec.rollback.error_signatures == ["is_fx_symbolic_tracing",
                                               "Detected that you are using FX to symbolically trace"]
 
@@ -236,7 +236,7 @@ def test_profile_by_name(tmp_path):
      "job.yaml:10: throughput.min_ratio: must be <= 1, got 1.5"),
     (BASE + "rollback:\n  on: [explode]\n",
      "job.yaml:9: rollback.on[0]: expected one of low_throughput, stall, error_signature, cuda_oom, oom_killed, "
-     "crash, gpu_idle, got 'explode'"),
+     "crash, gpu_idle, nccl_timeout, hw_error, driver_mismatch, got 'explode'"),
     (BASE + "rollback:\n  max_rollbacks: 1.5\n", "job.yaml:9: rollback.max_rollbacks: expected an integer, got 1.5"),
     (BASE.replace("command: python train.py", "command: x\n  resume_args: \"--tag 'open\""),
      "job.yaml:8: train.resume_args: cannot split \"--tag 'open\" into arguments: No closing quotation"),
@@ -302,6 +302,10 @@ def test_profile_by_name(tmp_path):
     (BASE + "rollback:\n  fallback: [cu128, cu130]\n",
      "job.yaml:9: rollback.fallback[1]: 'cu130' is not a profile; profiles: cu128"),
     (BASE + "rollback:\n  stop_on: [crash, stall]\n", "job.yaml:9: rollback.stop_on[1]: 'stall' is also in rollback.on"),
+    (BASE.replace("train:\n", "train:\n  restarts: {on: [crash, driver_mismatch]}\n"),
+     "job.yaml:7: train.restarts.on[1]: 'driver_mismatch' cannot be fixed by a restart on the same wheels"),
+    (BASE.replace("train:\n", "train:\n  restarts: {max: 2}\n") + "rollback:\n  stop_on: [hw_error]\n",
+     "job.yaml:7: train.restarts.on[2]: 'hw_error' is also in rollback.stop_on"),
     (BASE + "rollback:\n  on: [gpu_idle]\n", "job.yaml:8: rollback: the gpu_idle signal needs a gpu_idle block"),
     (BASE + "rollback:\n  gpu_idle: {below: 5}\n",
      "job.yaml:9: rollback.gpu_idle: 'gpu_idle' is in neither rollback.on nor rollback.stop_on"),

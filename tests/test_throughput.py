@@ -518,3 +518,16 @@ def test_sparkline():
     assert len(long) == 40 and long[0] == "▁" and long[-1] == "█"
     assert len(sparkline([1.0, 2.0], width=40)) == 2  # never stretched
     assert sparkline([1, float("nan"), 2]) == "▁█"
+
+
+@pytest.mark.parametrize("line,name", [
+    ("[rank3]:[E] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9)", "nccl_timeout"),
+    ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.", "hw_error"),
+    ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "hw_error"),
+    ("Failed to initialize NVML: Driver/library version mismatch", "driver_mismatch"),
+    ("RuntimeError: The NVIDIA driver on your system is too old (CUDA driver version is insufficient)",
+     "driver_mismatch"),
+])
+def test_classify_exit_names_the_failures_a_restart_policy_tells_apart(line, name):
+    got, reason = classify_exit(1, None, ["step 9", line], [])
+    assert got == name and line[:40] in reason

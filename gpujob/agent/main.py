@@ -296,8 +296,10 @@ def cmd_status(home: Home, args) -> None:
     """The jobs' states; a job whose supervisor died is given a new one (which
     re-adopts what still runs), and its entry says so under ``revived``."""
     ids = args.jobs or home.job_ids()
-    for i in ids:
-        job_or_refuse(home, i)
+    missing = [i for i in ids if not os.path.exists(Journal(home, i).path("job.json"))]
+    if missing and not args.missing_ok:
+        job_or_refuse(home, missing[0])
+    ids = [i for i in ids if i not in missing]
     revived = {}
     if not args.no_revive:
         for i in ids:
@@ -310,6 +312,8 @@ def cmd_status(home: Home, args) -> None:
         if i in revived:
             st["revived"] = revived[i]
         jobs.append(st)
+    jobs += [{"job_id": i, "state": "not_found", "reason": "no such job in this container (its submit "
+              "never got there)"} for i in missing]
     emit({"jobs": jobs, "lock": Lock(home.root).holder()})
 
 
@@ -558,6 +562,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status")
     s.add_argument("jobs", nargs="*")
     s.add_argument("--no-revive", action="store_true", help="only look: restart no dead supervisor")
+    s.add_argument("--missing-ok", action="store_true", help="list unknown ids as not_found")
     s = sub.add_parser("tail")
     s.add_argument("job")
     s.add_argument("--file", default="job.log")

@@ -115,6 +115,7 @@ class Supervisor(PhaseWatch):
         self.restart_cfg = (self.spec.get("train") or {}).get("restarts") or {}
         self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
         self.signatures = list(self.rb.get("error_signatures") or [])
+        self.grace_after_signature = float(self.rb.get("signature_grace", self.grace_after_signature))
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:

@@ -312,6 +312,12 @@ def make_step_parser(fmt: str, *, pattern: Optional[str] = None) -> Callable[[st
 # --------------------------------------------------------------------------
 
 _CUDA_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory")
+# failures a restart on the same wheels may cure (the job goes on) or never can
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL (?:watchdog )?timeout|"
+                           r"ProcessGroupNCCL.*(?:timed out|Timeout)", re.IGNORECASE)
+_HW_ERROR = re.compile(r"\bXid\b|uncorrectable ECC error|ECC error encountered|GPU has fallen off the bus")
+_DRIVER_MISMATCH = re.compile(r"Driver/library version mismatch|CUDA driver version is insufficient|"
+                              r"NVML library version mismatch")
 _EXC_LINE = re.compile(r"\b\w*(?:Error|Exception|Interrupt)\b")
 
 
@@ -385,9 +391,10 @@ def classify_exit(
     ``signal_name`` is one of ``ok`` (return code 0 and no signal: a clean
     exit is ok even if a signature was printed — live detection is
     :func:`scan_line`'s job), ``error_signature`` (a spec signature in the
-    tail; wins over everything else), ``cuda_oom``, ``oom_killed`` (SIGKILL:
-    signal 9, exit -9 or 137) or ``crash`` (any other failure, including an
-    unknown exit status).
+    tail; wins over everything else), ``cuda_oom``, ``driver_mismatch``,
+    ``nccl_timeout``, ``hw_error`` (an Xid or ECC line), ``oom_killed``
+    (SIGKILL: signal 9, exit -9 or 137) or ``crash`` (any other failure,
+    including an unknown exit status).
     """
     if returncode == 0 and signal is None:
         return "ok", "exited with code 0"
@@ -399,6 +406,12 @@ def classify_exit(
     oom = next((l for l in reversed(lines) if _CUDA_OOM.search(l)), None)
     if oom is not None:
         return "cuda_oom", f"CUDA out of memory ({how}): {_clip(oom)}"
+    for name, rx, what in (("driver_mismatch", _DRIVER_MISMATCH, "driver/library mismatch"),
+                           ("nccl_timeout", _NCCL_TIMEOUT, "NCCL timeout"),
+                           ("hw_error", _HW_ERROR, "GPU hardware error")):
+        hit = next((l for l in reversed(lines) if rx.search(l)), None)
+        if hit is not None:
+            return name, f"{what} ({how}): {_clip(hit)}"
     if sig == _signal.SIGKILL:
         return "oom_killed", f"{how}, likely the OOM killer"
     last = next((l for l in reversed(lines) if _EXC_LINE.search(l)), None)

@@ -197,7 +197,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
            plan: bool = typer.Option(False, "--plan", help="print every step and command; run nothing"),
            follow: bool = typer.Option(False, "--follow", "-f", help="follow the log until the job ends"),
            clear_caches: Optional[bool] = typer.Option(None, "--clear-caches/--keep-caches",
-                                                       help="override caches.clear_on_submit")):
+                                                       help="override caches.clear_on_submit"),
+           job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
+                                                    "NAME-xxxx); refused if this laptop knows it already")):
     """Ship the code and start the job under a detached supervisor in the container."""
     from gpujob import jobs
     from gpujob.spec import load_spec
@@ -207,7 +209,12 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         raise InputError(f"{spec_path}: target: missing (required), or pass --target")
     profile = spec.profile_by_name(profile).name if profile else spec.profile
     t = ctx.target(target_name)
-    job_id = jobs.new_job_id(spec.name)
+    if job_id_opt is not None:
+        import re
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
+            raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
+                             f"got {job_id_opt[:70]!r}")
+    job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
         out.print(f"[bold]plan[/] for {spec_path} → {t.label} ({t.transport.describe()}), "
@@ -225,16 +232,32 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
+def _fresh_id(name: str) -> str:
+    """A new job id this laptop has not used."""
+    from gpujob import jobs
+    while True:
+        job_id = jobs.new_job_id(name)
+        if not ctx.state().known(job_id):
+            return job_id
+
+
 def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool) -> None:
-    """Submit, record the job on this laptop, say so."""
+    """Record the job on this laptop, submit it, say so. The record comes first, so
+    an id this laptop already knows is refused before anything starts remotely."""
     from gpujob import jobs
     from gpujob.spec import spec_hash
-    res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
-                      progress=lambda m: err.print(f"[dim]· {m}[/]"))
+    state = ctx.state()
+    state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
+    try:
+        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                          progress=lambda m: err.print(f"· {m}", style="dim", markup=False))
+    except BaseException:
+        state.unreserve(job_id)
+        raise
+    state.seen(job_id, "preparing")
     if res.get("stale_lock"):
         err.print(f"note: took over the container from job {res['stale_lock'].get('job_id')} (its supervisor, "
                   f"pid {res['stale_lock'].get('pid')}, was gone and nothing of it ran)", markup=False)
-    ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
     out.print(f"submitted [bold]{job_id}[/] to {t.label} (profile {profile}, supervisor pid "
               f"{res['supervisor_pid']})")
 
@@ -337,7 +360,7 @@ def ps(as_json: bool = typer.Option(False, "--json"),
     def fetch(target: str) -> dict:
         try:
             t = ctx.target(target)
-            return {s["job_id"]: s for s in t.agent_json("status", *by_target[target])["jobs"]}
+            return {s["job_id"]: s for s in t.agent_json("status", "--missing-ok", *by_target[target])["jobs"]}
         except GpujobError as e:
             return {j: {"state": "unreachable", "reason": e.message} for j in by_target[target]}
 
@@ -461,7 +484,6 @@ def cache_clear(target: str = typer.Argument(...),
 def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"),
          target: Optional[str] = typer.Option(None, "--target", "-t")):
     """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
-    from gpujob import jobs
     from gpujob.spec import load_spec
     from gpujob.wheelhouse import build_indexes
     spec = load_spec(spec_path)
@@ -474,7 +496,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
     final = {}
     for profile, title in acts:
         out.rule(f"[bold]{title}")
-        job_id = jobs.new_job_id(spec.name)
+        job_id = _fresh_id(spec.name)
         _start(spec, spec_path, t, profile, job_id, False)
         _follow(job_id, t, "job.log", None)
         final = _print_final(job_id, t)

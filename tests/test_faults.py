@@ -1,0 +1,344 @@
+"""Fault injection on the `local` target: a process dies (supervisor, uv, trainer),
+the disk fills, the laptop's clock steps back, two requests race. After each, the
+checks are the same: at most one trainer, a clear final state, a journal that
+parses, no lost or doubled log line, and gpujob can finish the job.
+(The container and sshd faults run on the test bed: test_faults_testbed.py.)"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpujob.agent.journal import read_records
+from gpujob.agent.proc import group_pids
+from gpujob.wheelhouse import build_indexes
+from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+from test_jobs_local import trainers_of
+
+
+@pytest.fixture(scope="module")
+def wheelhouse(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wheelhouse")
+    idx = build_indexes(root)
+    return root, {b: p.as_uri() for b, p in idx.items()}
+
+
+class GatedIndex:
+    """The wheelhouse over loopback HTTP; while the gate is shut every request
+    waits (an install that hangs on a slow mirror)."""
+
+    def __init__(self, root: Path):
+        gate = self.gate = threading.Event()
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, directory=str(root), **kw)
+
+            def do_GET(self):
+                gate.wait(60)
+                super().do_GET()
+
+            def log_message(self, *a):
+                pass
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.gate.set()
+        self.server.shutdown()
+
+
+@pytest.fixture
+def gated(wheelhouse):
+    g = GatedIndex(wheelhouse[0])
+    yield g
+    g.close()
+
+
+@pytest.fixture
+def env(tmp_path):
+    return local_env(tmp_path)
+
+
+def state_of(tmp_path, job_id) -> dict:
+    try:
+        return json.loads((tmp_path / "root" / "jobs" / job_id / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def jdir(tmp_path, job_id) -> Path:
+    return tmp_path / "root" / "jobs" / job_id
+
+
+def submit(spec, env, *extra) -> str:
+    return job_id_of(cli(["submit", str(spec), *extra], env, check=True).stdout)
+
+
+def journal_is_sound(d: Path) -> list:
+    """The journal parses whole; returns its events."""
+    json.loads((d / "state.json").read_text())
+    records, skipped = read_records(str(d / "events.jsonl"))
+    assert skipped == 0
+    return records
+
+
+def group_alive(pgid: int) -> bool:
+    """Any live (non-zombie) process left in the group."""
+    return bool(group_pids(pgid))
+
+
+def test_supervisor_killed_during_install_the_old_uv_is_ended_before_a_new_one(tmp_path, env, wheelhouse,
+                                                                               gated):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=f"{gated.url}/fast/simple",
+                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 3 --interval 0.01")
+    job_id = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "prepare", 30,
+             what="the install to start")
+    wait_for(lambda: "pip install" in (jdir(tmp_path, job_id) / "job.log").read_text(), 30, what="uv pip")
+    st = state_of(tmp_path, job_id)
+    old = st["child"]["pgid"]
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    # a resubmit is refused while the old install runs: never two uv in one venv
+    p = cli(["submit", str(spec)], env)
+    assert p.returncode == 5 and "prepare command still runs" in p.stderr.decode(), p.stderr.decode()
+    assert group_alive(old)
+    # status restarts the supervisor; it ends the old install's whole group, then installs anew
+    cli(["status", job_id], env, check=True)
+    wait_for(lambda: any(e["type"] == "install_ended" for e in events(jdir(tmp_path, job_id))), 20,
+             what="the old install to be ended")
+    assert not group_alive(old)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("pgid") not in (None, old), 20,
+             what="a new install")
+    gated.gate.set()
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "succeeded", 60, what="success")
+    ev = journal_is_sound(jdir(tmp_path, job_id))
+    assert [e["type"] for e in ev].count("env_ready") == 1
+
+
+def test_supervisor_killed_mid_rollback_the_next_one_finishes_it(tmp_path, env, wheelhouse, gated):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=f"{gated.url}/fast/simple",
+                      slow_url=wheelhouse[1]["slow"], profile="slow", warmup=False,
+                      trainer_args="--steps 40 --interval 0.05", rollback={"fallback": ["fast"]})
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("step") == "rollback" and
+             (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "prepare", 60,
+             what="the rollback's install of fast")
+    st = state_of(tmp_path, job_id)
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    assert cli_json(["status", job_id, "--json"], env)["state"] in ("rolling_back", "lost")
+    # `rollback --to fast` is not refused: the job is finished by a new supervisor
+    p = cli(["rollback", job_id, "--to", "fast"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    gated.gate.set()
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") in ("succeeded", "failed"), 60, what="the end")
+    st = state_of(tmp_path, job_id)
+    assert st["state"] == "succeeded" and st["profile"] == "fast", st.get("reason")
+    ev = journal_is_sound(jdir(tmp_path, job_id))
+    assert [e["type"] for e in ev].count("rollback") == 1  # decided once, finished by the next supervisor
+    assert len(st["rollbacks"]) == 1 and st["rollbacks"][0]["to"] == "fast"
+    assert "resumed from checkpoint" in (jdir(tmp_path, job_id) / "job.log").read_text()
+
+
+def test_rollback_then_stop_in_20_interleavings_the_stop_always_wins(tmp_path, env, wheelhouse):
+    urls = wheelhouse[1]
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 100000 --interval 0.05")
+    agent = [sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path / "root")]
+    outcomes = []
+    for i in range(20):
+        job_id = submit(spec, env)
+        wait_for(lambda: state_of(tmp_path, job_id).get("state") == "training", 60, what="training")
+        # the stop lands anywhere in the rollback: queued behind it, during the switch of
+        # venvs, while the new trainer starts (the switch takes ~0.5-1 s here)
+        delay = i * 0.05
+        first, second = (["rollback", job_id, "--to", "slow"], ["stop", job_id, "--wait", "60"])
+        a = subprocess.Popen(agent + first, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        time.sleep(delay)
+        b = subprocess.Popen(agent + second, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        a.wait(90)
+        b.wait(90)
+        wait_for(lambda: state_of(tmp_path, job_id).get("state") in ("stopped", "succeeded", "failed"), 60,
+                 what=f"interleaving {i} to end")
+        st = state_of(tmp_path, job_id)
+        outcomes.append(st["state"])
+        assert st["state"] == "stopped", (i, st.get("reason"))
+        assert not trainers_of(tmp_path), i
+        journal_is_sound(jdir(tmp_path, job_id))
+        assert not list((jdir(tmp_path, job_id) / "control").glob("*.json"))  # nothing left unacted
+    assert outcomes == ["stopped"] * 20
+
+
+@pytest.fixture
+def small_root(tmp_path):
+    """The local target's home on a 3 MiB tmpfs: a disk that fills."""
+    root = tmp_path / "root"
+    root.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(root)], capture_output=True)
+    assert r.returncode == 0, r.stderr.decode()
+    yield root
+    subprocess.run(["umount", "-l", str(root)])
+
+
+def test_disk_full_while_training_ends_the_job_clearly(tmp_path, env, wheelhouse, small_root):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "filler.py").write_text(
+        "import sys, time\nline = 'x' * 4000\nfor i in range(100000):\n"
+        "    print(f'step {i} | {line}', flush=True)\n    time.sleep(0.001)\n")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
+                      sync=[{"src": str(code), "dest": "."}], train={"command": "python filler.py"})
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") in ("failed", "succeeded", "stopped"), 60,
+             what="the job to end")
+    st = cli_json(["status", job_id, "--json"], env)
+    assert st["state"] == "failed" and st["reason"].startswith("no space left on device in "), st["reason"]
+    assert str(small_root) in st["reason"]
+    journal_is_sound(jdir(tmp_path, job_id))
+    assert not trainers_of(tmp_path)
+    assert "filler.py" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_a_clock_step_on_the_laptop_changes_no_default_job(tmp_path, env, wheelhouse):
+    urls = wheelhouse[1]
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+    older = job_id_of(cli(["submit", str(spec), "--follow"], env, check=True).stdout)
+    spec2 = write_spec(tmp_path / "job2.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                       profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.1")
+    newer = submit(spec2, env)
+    # the laptop's clock had stepped back an hour when `newer` was recorded
+    db = sqlite3.connect(str(tmp_path / "state" / "gpujob" / "state.db"))
+    with db:
+        db.execute("UPDATE jobs SET submitted_at = submitted_at + 3600 WHERE job_id = ?", (older,))
+    db.close()
+    st = cli_json(["status", "--json"], env)
+    assert st["job"] == newer and st["uptime_s"] >= 0
+    assert cli_json(["ps", "--json"], env)[0]["job"] == newer
+    out = cli(["stop"], env, check=True).stdout.decode()
+    assert out.startswith(f"{newer}: stopped")
+
+
+def test_a_job_id_the_laptop_knows_is_refused_before_anything_starts(tmp_path, wheelhouse):
+    env = local_env(tmp_path)
+    hosts = tmp_path / "two.yaml"
+    hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local", "containers": {
+        "box": {"root": str(tmp_path / "root")}, "box2": {"root": str(tmp_path / "root2")}}}}}))
+    env["GPUJOB_HOSTS"] = str(hosts)
+    urls = wheelhouse[1]
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+    cli(["submit", str(spec), "--job-id", "same-1", "--follow"], env, check=True)
+    p = cli(["submit", str(spec), "--job-id", "same-1", "--target", "box2"], env)
+    assert p.returncode == 5 and "same-1 is already taken" in p.stderr.decode()
+    assert "Traceback" not in p.stderr.decode() and len(p.stderr.decode().strip().splitlines()) == 1
+    assert not (tmp_path / "root2" / "jobs").exists()  # nothing started on box2
+    assert cli_json(["status", "same-1", "--json"], env)["target"] == "lab/box"
+
+
+def _trainer_dir(tmp_path: Path, name: str, code: str) -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "t.py").write_text(code)
+    return d
+
+
+def test_a_last_line_without_newline_is_read_and_gpujob_s_line_starts_a_new_one(tmp_path, env, wheelhouse):
+    d = _trainer_dir(tmp_path, "oom", "import sys\nprint('step 1 | 12.8K tok/s', flush=True)\n"
+                     "sys.stdout.write('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB')\n"
+                     "sys.exit(1)\n")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="fast", warmup=False,
+                      sync=[{"src": str(d), "dest": "."}], train={"command": "python t.py"})
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")
+    st = state_of(tmp_path, job_id)
+    assert st["signal"] == "cuda_oom", st
+    log = (jdir(tmp_path, job_id) / "job.log").read_text().splitlines()
+    oom = next(i for i, ln in enumerate(log) if ln.startswith("torch.OutOfMemoryError"))
+    assert log[oom].endswith("2 GiB") and log[oom + 1].startswith("[gpujob ")
+
+
+def test_stop_on_stops_a_trainer_that_hangs_after_an_error_signature(tmp_path, env, wheelhouse):
+    d = _trainer_dir(tmp_path, "hang", "import time\nprint('step 1 | 12.8K tok/s', flush=True)\n"
+                     "print('torch._dynamo: is_fx_symbolic_tracing', flush=True)\ntime.sleep(600)\n")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="fast", warmup=False, throughput=False,
+                      sync=[{"src": str(d), "dest": "."}], train={"command": "python t.py", "grace": "1s"},
+                      rollback={"on": ["low_throughput"], "stop_on": ["error_signature"],
+                                "signature_grace": "1s"})
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the stop")
+    st = state_of(tmp_path, job_id)
+    assert "error_signature is in rollback.stop_on" in st["reason"] and "kept running 1s" in st["reason"]
+    assert not trainers_of(tmp_path)
+
+
+def test_restarts_on_the_same_profile_then_a_crash_loop_ends_the_job(tmp_path, env, wheelhouse):
+    d = _trainer_dir(tmp_path, "flaky", (
+        "import os, sys, time\n"
+        "resume = '--resume' in sys.argv\n"
+        "start = int(open('ckpt').read()) if resume and os.path.exists('ckpt') else 0\n"
+        "print('resumed at', start, flush=True) if resume else None\n"
+        "for step in range(start + 1, 9):\n"
+        "    time.sleep(0.02)\n"
+        "    print(f'step {step} | 12.8K tok/s', flush=True)\n"
+        "    open('ckpt', 'w').write(str(step))\n"
+        "    if (step == 4 and not resume) or (os.environ.get('ALWAYS_CRASH') and step == start + 2):\n"
+        "        print('RuntimeError: NCCL watchdog timeout', flush=True); sys.exit(1)\n"))
+    base = dict(target="box", fast_url=wheelhouse[1]["fast"], slow_url=wheelhouse[1]["slow"], profile="fast",
+                warmup=False, throughput=False, sync=[{"src": str(d), "dest": "."}])
+    spec = write_spec(tmp_path / "job.yaml", **base,
+                      train={"command": "python t.py", "resume_args": ["--resume"],
+                             "restarts": {"max": 2, "within": "1h"}})
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") in ("succeeded", "failed"), 60, what="the end")
+    st = state_of(tmp_path, job_id)
+    assert st["state"] == "succeeded" and len(st["restarts"]) == 1 and st["restarts"][0]["signal"] == "nccl_timeout"
+    assert not st.get("rollbacks")  # restarts are counted apart from rollbacks
+    steps = [ln for ln in (jdir(tmp_path, job_id) / "train.log").read_text().splitlines() if ln.startswith("step")]
+    assert steps[-1].startswith("step 8") and "resumed at 4" in (jdir(tmp_path, job_id) / "job.log").read_text()
+    # a trainer that crashes every time: two restarts, then the loop ends the job
+    (tmp_path / "root" / "work" / "tjob" / "ckpt").unlink()
+    spec = write_spec(tmp_path / "job2.yaml", **base, env={"ALWAYS_CRASH": "1"},
+                      train={"command": "python t.py", "resume_args": ["--resume"],
+                             "restarts": {"max": 2, "within": "1h"}})
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") in ("succeeded", "failed"), 60, what="the end")
+    st = state_of(tmp_path, job_id)
+    assert st["state"] == "failed" and "crash loop: 2 restarts" in st["reason"] and len(st["restarts"]) == 2
+
+
+def test_a_killed_trainer_is_classified_and_the_job_can_be_restarted_by_hand(tmp_path, env, wheelhouse):
+    urls = wheelhouse[1]
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
+    job_id = submit(spec, env)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "training", 60, what="training")
+    os.killpg(state_of(tmp_path, job_id)["child"]["pgid"], signal.SIGKILL)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")
+    st = state_of(tmp_path, job_id)
+    assert st["signal"] == "oom_killed" and "SIGKILL" in st["reason"]
+    # the user finishes it: a rollback by hand onto the other profile resumes it
+    cli(["rollback", job_id, "--to", "slow"], env, check=True)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "training", 60, what="training on slow")
+    wait_for(lambda: trainers_of(tmp_path), 10, what="the trainer")
+    time.sleep(0.3)
+    assert len(trainers_of(tmp_path)) == 1
+    cli(["stop", job_id], env, check=True)
+    assert state_of(tmp_path, job_id)["state"] == "stopped"
