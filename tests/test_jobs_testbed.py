@@ -171,3 +171,44 @@ def test_a_cut_connection_leaves_no_tail_behind_on_a_quiet_log(testbed, bed_env,
     finally:
         follower.kill()
         cli(["stop", job_id], env)
+
+
+def _container_trainers(testbed) -> list[str]:
+    ps = testbed.container_exec("ps", "-eo", "pid,stat,args").stdout.decode().splitlines()
+    return [ln for ln in ps if "trainer.py" in ln and "bash -c" not in ln and "-E -s -c" not in ln
+            and " Z" not in ln]
+
+
+def test_sshd_restart_and_container_restart_the_job_goes_on(testbed, bed_env, tmp_path, index):
+    """Faults on the host: sshd restarts (the job does not notice), then the container
+    restarts (everything in it dies): the next `status` gives the job a new supervisor,
+    which finds its trainer gone and restarts it on the same profile from its checkpoint."""
+    env = bed_env
+    spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 100000 --interval 0.05",
+                      train={"command": "python trainer.py --steps 100000 --interval 0.05",
+                             "resume_args": ["--resume"], "grace": "3s",
+                             "restarts": {"max": 2, "on": ["crash", "oom_killed"]}})
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True, timeout=300).stdout)
+    wait_for(lambda: status(job_id, env)["state"] == "training", 120, what="training")
+    wait_for(lambda: len(_container_trainers(testbed)) == 1, 30, what="the trainer")
+    pgid = json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())["child"]["pgid"]
+    testbed.restart_sshd(0)
+    st = status(job_id, env)
+    assert st["state"] == "training" and _container_trainers(testbed)
+    assert json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())["child"]["pgid"] == pgid
+    testbed.restart_container()
+    assert not _container_trainers(testbed)
+    p = cli(["status", job_id], env, check=True)
+    assert "restarted its supervisor" in p.stderr.decode()
+    log = home_path(testbed, env, "jobs", job_id, "job.log")
+    wait_for(lambda: "resumed from checkpoint" in log.read_text(), 60, what="the resume")
+    st = status(job_id, env)
+    assert st["state"] == "training"
+    raw = json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())
+    assert len(raw["restarts"]) == 1 and "exit status unknown" in raw["restarts"][0]["reason"]
+    time.sleep(0.5)
+    assert len(_container_trainers(testbed)) == 1
+    cli(["stop", job_id], env, check=True)
+    assert status(job_id, env)["state"] == "stopped" and not _container_trainers(testbed)

@@ -1036,6 +1036,47 @@ class TestBed:
 
     # -- helpers for tests -----------------------------------------------------------
 
+    def restart_sshd(self, index: int = 0) -> None:
+        """Restart sshd ``index`` the way a host's sshd restarts: the listener goes,
+        every open connection is cut, and a new sshd comes up on the same port and key."""
+        old = self.sshd_procs[index]
+        self.kill_ssh_sessions()
+        old.terminate()
+        old.wait(10)
+        d = self.ssh_dir / f"sshd{index}"
+        cfg, log = d / "sshd_config", d / "sshd.log"
+        env = {"PATH": HOST_PATH, "LANG": "C.UTF-8", MARKER: str(self.root)}
+        port = self.ports[index]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            proc = subprocess.Popen([SSHD, "-D", "-f", str(cfg), "-E", str(log)],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+            up_by = time.monotonic() + 5
+            while time.monotonic() < up_by and proc.poll() is None:
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                        sock.settimeout(2)
+                        if sock.recv(64).startswith(b"SSH-2.0-"):
+                            self.sshd_procs[index] = proc
+                            self._write_meta()
+                            return
+                except OSError:
+                    pass
+                time.sleep(0.02)
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            time.sleep(0.2)  # the old listener's port may linger a moment
+        raise TestBedError(f"sshd {index} did not come back on port {port}")
+
+    def restart_container(self, vmid: int | None = None) -> None:
+        """Stop the container hard (every process in it dies, as at a host reboot or
+        `pct stop`) and start it again; its filesystem stays."""
+        vmid = vmid or self.vmid
+        _lxc("lxc-stop", "-P", str(self.lxcpath), "-n", str(vmid), "-k", timeout=30)
+        self._lxc_start(vmid)
+
     def ssh_argv(self, *remote_argv: str, port: int | None = None) -> list[str]:
         """OpenSSH client argv to run ``remote_argv`` (joined by ssh with spaces and
         parsed by the remote shell: quoting is the caller's business)."""
