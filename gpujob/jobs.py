@@ -235,7 +235,8 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
     """Stream a job's log from ``offset`` (or from its last ``last`` lines); after a
     dropped connection, reconnect with backoff and resume from the byte reached, so
     no byte is lost or printed twice. Returns the final offset."""
-    base, got = offset, 0  # where the agent started, and what has been written since
+    base, got = offset, 0  # position = base + got: base is fixed by what the agent reports
+    got0 = 0  # bytes written before the current agent call
     located = last is None  # with ``last``, the agent tells the offset it starts from
 
     def sink(chunk: bytes) -> None:
@@ -244,14 +245,21 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
         got += len(chunk)
 
     def started_at(data: bytes) -> None:
+        # the agent says where it starts: where we asked, or later when the part of the
+        # log we asked for was trimmed away (it then says how much we skip)
         nonlocal base, located
         for line in data.decode("utf-8", "replace").splitlines():
-            if line.startswith('{"offset"') and not located:
-                base, located = json.loads(line)["offset"], True
+            if line.startswith('{"offset"'):
+                rec = json.loads(line)
+                base, located = rec["offset"] - got0, True
+                if rec.get("skipped"):
+                    notice(f"{rec['skipped']} bytes of {file} before this point were trimmed "
+                           f"(journal.keep_log)")
 
     backoff = 0.25
     while True:
         start = ["--offset", str(base + got)] if located else ["--last", str(last)]
+        got0 = got
         try:
             args = ["tail", job_id, "--file", file, *start] + (["--follow"] if follow else [])
             r = target.agent(*args, timeout=None, on_stdout=sink, on_stderr=started_at)

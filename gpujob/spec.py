@@ -48,6 +48,20 @@ def _rate(value: Any) -> float:
     return float(match[1]) * {"": 1, "k": 1e3, "m": 1e6}[match[2].lower()]
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?B)?")
+
+
+def _size(value: Any) -> int:
+    """1048576, '256M', '256MiB', '1G' -> bytes (binary units)."""
+    if _is_number(value) and value >= 0:
+        return int(value)
+    match = _SIZE.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"expected a size like 256M or 1G, got {describe(value)}")
+    scale = 1024 ** ("kmgt".find(match[2].lower()) + 1) if match[2] else 1
+    return int(float(match[1]) * scale)
+
+
 def _env_value(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -104,6 +118,7 @@ def _args(value: Any) -> Any:
 
 
 Duration = Annotated[float, BeforeValidator(_duration)]
+Size = Annotated[int, BeforeValidator(_size)]
 Rate = Annotated[float, BeforeValidator(_rate), Field(gt=0)]
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
@@ -263,6 +278,12 @@ class Rollback(Strict):
         return self
 
 
+class Journal(Strict):
+    """How much of a long job's journal is kept in the container."""
+    keep_log: Size = Field(256 << 20, ge=1 << 20, le=1 << 40)  # per log: older bytes are freed
+    full_rate_samples: Duration = Field(3600.0, ge=60)  # then one summary a minute
+
+
 class JobSpec(Strict):
     name: JobName
     target: str | None = None  # container name or host/name; --target overrides
@@ -278,6 +299,7 @@ class JobSpec(Strict):
     train: Train
     throughput: Throughput | None = None
     rollback: Rollback = Field(default_factory=Rollback)
+    journal: Journal = Field(default_factory=Journal)
     _source_path: Path | None = PrivateAttr(None)
 
     @model_validator(mode="after")

@@ -29,8 +29,8 @@ from gpujob.transport.pct import PctTransport
 if TYPE_CHECKING:
     from gpujob.transport.ssh import SshTransport
 
-AGENT_MODULES = ("__init__.py", "envs.py", "journal.py", "lock.py", "main.py", "proc.py", "relay.py",
-                 "supervisor.py", "throughput.py", "watch.py")
+# every module of gpujob/agent/ ships (they are stdlib-only by rule): none can be forgotten
+AGENT_MODULES = tuple(sorted(p.name for p in (Path(__file__).parent / "agent").glob("*.py")))
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
 BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
              "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"

@@ -342,3 +342,29 @@ def test_a_killed_trainer_is_classified_and_the_job_can_be_restarted_by_hand(tmp
     assert len(trainers_of(tmp_path)) == 1
     cli(["stop", job_id], env, check=True)
     assert state_of(tmp_path, job_id)["state"] == "stopped"
+
+
+def test_a_chatty_trainer_s_logs_stay_within_journal_keep_log(tmp_path, env, wheelhouse):
+    code = tmp_path / "chatty"
+    code.mkdir()
+    (code / "t.py").write_text("line = 'z' * 1000\nfor i in range(6000):\n    print(f'step {i} | {line}')\n"
+                               "print('last line', flush=True)\n")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
+                      sync=[{"src": str(code), "dest": "."}], train={"command": "python t.py"},
+                      journal={"keep_log": "1M"})
+    job_id = job_id_of(cli(["submit", str(spec), "--follow"], env, check=True, timeout=120).stdout)
+    d = jdir(tmp_path, job_id)
+    for name in ("job.log", "train.log"):
+        st = os.stat(d / name)
+        assert st.st_size > 5_000_000 and st.st_blocks * 512 < 2_200_000, (name, st.st_size, st.st_blocks)
+    begins = json.loads((d / "trimmed.json").read_text())
+    assert begins["job.log"] > 0 and begins["train.log"] > 0
+    tail = cli(["logs", job_id, "-n", "2"], env, check=True).stdout.decode().splitlines()
+    assert tail[0] == "last line" and "job succeeded" in tail[1]
+    whole = cli(["logs", job_id], env, check=True)
+    assert "bytes of job.log before this point were trimmed" in whole.stderr.decode()
+    out = whole.stdout.decode()
+    assert "\0" not in out and out.endswith("job succeeded: train exited 0\n")
+    steps = [int(ln.split()[1]) for ln in out.splitlines() if ln.startswith("step ")]
+    assert steps == list(range(steps[0], 6000))  # from where it begins: every line once, none cut

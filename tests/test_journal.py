@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -229,3 +230,49 @@ def test_restart_policy_rules():
     assert "crash loop: 2 restarts" in restart_refusal(cfg, two, "crash", 1000)
     assert restart_refusal(cfg, two, "crash", 1600) is None  # the first fell out of the window
     assert "OOM-kill loop" in restart_refusal(cfg, [{"at": 990, "signal": "oom_killed"}], "oom_killed", 1000)
+
+
+def test_trimming_frees_old_log_bytes_without_moving_an_offset(tmp_path):
+    from gpujob.agent.trim import Trimmer, read_jsonl_from
+    log = tmp_path / "job.log"
+    lines = [b"line %06d %s\n" % (i, b"x" * 90) for i in range(30000)]  # ~3 MB
+    log.write_bytes(b"".join(lines))
+    size = log.stat().st_size
+    tr = Trimmer(str(tmp_path))
+    freed = tr.trim("job.log", keep=1 << 20)
+    assert freed > 1 << 20 and log.stat().st_size == size  # same length: offsets stay valid
+    begins = tr.start_of("job.log")
+    kept = b"".join(lines)[begins:]
+    with open(log, "rb") as f:
+        f.seek(begins)
+        assert f.read() == kept and kept.startswith(b"line ")  # whole lines, from a line start
+        f.seek(begins - 1)
+        assert f.read(1) == b"\0"  # what came before is a hole now
+    assert os.stat(log).st_blocks * 512 < size - (1 << 20)  # the disk blocks are really freed
+    assert tr.trim("job.log", keep=1 << 20) == 0  # nothing more until it grows again
+    # a phase log is never freed past what the relay has copied
+    (tmp_path / "train.log").write_bytes(b"".join(lines))
+    assert tr.trim("train.log", keep=1 << 20, upto=1000) == 0
+    # samples: whole records from where the file now begins
+    s = tmp_path / "samples.jsonl"
+    s.write_bytes(b"".join(b'{"t": %d, "value": 1.0}\n' % i for i in range(100000)))
+    cut = s.read_bytes().index(b'{"t": 90000,')
+    assert tr.trim_before("samples.jsonl", cut) == cut
+    recs = read_jsonl_from(str(s), tr.start_of("samples.jsonl"))
+    assert recs[0]["t"] == 90000 and len(recs) == 10000
+
+
+def test_tail_starts_where_a_trimmed_log_begins_and_says_what_it_skipped(tmp_path):
+    from gpujob.agent.trim import Trimmer
+    home = Home(str(tmp_path))
+    os.makedirs(home.job_dir("j"))
+    d = Path(home.job_dir("j"))
+    (d / "job.json").write_text("{}")
+    (d / "state.json").write_text('{"state": "succeeded"}')
+    (d / "job.log").write_bytes(b"".join(b"line %06d %s\n" % (i, b"y" * 90) for i in range(30000)))
+    Trimmer(str(d)).trim("job.log", keep=1 << 20)
+    p = subprocess.run([sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path), "tail", "j",
+                        "--offset", "0"], capture_output=True)
+    info = json.loads(p.stderr.decode().splitlines()[0])
+    assert info["offset"] == Trimmer(str(d)).start_of("job.log") and info["skipped"] == info["offset"]
+    assert p.stdout.startswith(b"line ") and b"\0" not in p.stdout

@@ -162,6 +162,7 @@ class Journal:
         self.dir = home.job_dir(job_id)
         self.generation = generation
         self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
+        self._samples = None  # samples.jsonl's
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -194,6 +195,17 @@ class Journal:
             self._events = os.open(self.path("events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                    | os.O_CLOEXEC, 0o644)
         append_record(self._events, (json.dumps(rec, sort_keys=True) + "\n").encode())
+
+    def sample(self, **rec) -> int:
+        """Append one full-rate throughput sample to samples.jsonl; returns the byte
+        offset where its record starts."""
+        if self._samples is None:
+            self._samples = os.open(self.path("samples.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                    | os.O_CLOEXEC, 0o644)
+        at = os.fstat(self._samples).st_size
+        rec = dict(rec, type="sample")
+        append_record(self._samples, (json.dumps(rec, sort_keys=True) + "\n").encode())
+        return at
 
     def events(self) -> tuple:
         """(records, skipped lines) of events.jsonl."""

@@ -22,6 +22,7 @@ from gpujob.agent import envs
 from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Held, Lock
 from gpujob.agent.proc import group_pids, kill_group
+from gpujob.agent.trim import Trimmer
 
 REFUSED = 5
 
@@ -326,7 +327,10 @@ def cmd_tail(home: Home, args) -> None:
     offset = args.offset
     if args.last is not None:
         offset = last_lines_offset(path, args.last)
-    sys.stderr.write(json.dumps({"offset": offset}) + "\n")
+    begins = Trimmer(j.dir).start_of(args.file)  # the part before was trimmed (journal.keep_log)
+    skipped = max(0, begins - offset) if args.last is None else 0
+    offset = max(offset, begins)
+    sys.stderr.write(json.dumps({"offset": offset, "skipped": skipped}) + "\n")
     sys.stderr.flush()
     reader_gone = stdout_watch()
     f = None

@@ -23,6 +23,7 @@ from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
 from gpujob.agent.relay import JobLog, Relay
+from gpujob.agent.trim import Trimmer
 from gpujob.agent.watch import (POLL, TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop,  # noqa: F401
                                 gpu_utilisation, idle_for)
 
@@ -61,6 +62,9 @@ class _Run:
         self.hits: list = []
         self.hit_at = None  # (when, signal) of the first error signature printed
         self.last_state = self.last_check = self.last_gpu = 0.0
+        self.last_trim = self.start
+        self.minute: list = []  # sample values since the last samples_1m summary
+        self.minute_start = self.start
         self.last_verdict = None
         self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
         gpus = sup.spec.get("gpus") or {}
@@ -116,6 +120,11 @@ class Supervisor(PhaseWatch):
         self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
         self.signatures = list(self.rb.get("error_signatures") or [])
         self.grace_after_signature = float(self.rb.get("signature_grace", self.grace_after_signature))
+        jcfg = self.spec.get("journal") or {}
+        self.keep_log = int(jcfg.get("keep_log", 256 << 20))
+        self.full_rate = float(jcfg.get("full_rate_samples", 3600.0))
+        self.trimmer = Trimmer(self.journal.dir)
+        self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:

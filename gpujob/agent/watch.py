@@ -14,6 +14,7 @@ import time
 from gpujob.agent import throughput
 from gpujob.agent.journal import now
 from gpujob.agent.proc import Phase
+from gpujob.agent.trim import read_jsonl_from
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -109,9 +110,37 @@ class PhaseWatch:
 
     def samples_since(self, start: float) -> list:
         """The samples a previous supervisor recorded for this run (re-adoption)."""
-        records, _skipped = self.journal.events()
+        records = read_jsonl_from(self.journal.path("samples.jsonl"), self.trimmer.start_of("samples.jsonl"))
         return [throughput.Sample(r["t"], r["value"], r.get("step")) for r in records
-                if r.get("type") == "sample" and r.get("t", 0) >= start and "value" in r]
+                if r.get("t", 0) >= start and "value" in r]
+
+    def keep_small(self, run, t: float) -> None:
+        """The logs cut to their size (a stat each); once a minute a summary of the
+        minute's samples into events.jsonl and the samples cut to their full-rate span."""
+        self.trimmer.trim("job.log", self.keep_log)
+        if self.relay.src:
+            self.trimmer.trim(self.relay.src, self.keep_log, upto=self.relay.offset)
+        if t - run.last_trim < 60:
+            return
+        run.last_trim = t
+        self.summarise(run, t)
+        for t_mark, offset in list(self.sample_marks):
+            if t - t_mark <= self.full_rate:
+                break
+            self.sample_marks.popleft()
+            self.trimmer.trim_before("samples.jsonl", offset)
+
+    def summarise(self, run, t: float) -> None:
+        """One ``samples_1m`` record for the samples since the last one."""
+        fresh = run.minute
+        run.minute = []
+        if not fresh:
+            return
+        values = sorted(fresh)
+        self.journal.event("samples_1m", since=round(run.minute_start, 3), n=len(values),
+                           median=values[len(values) // 2], min=values[0], max=values[-1],
+                           profile=run.profile, verdict=run.last_verdict)
+        run.minute_start = t
 
     def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0, gpu=None,
               adopt: dict | None = None) -> Outcome:
@@ -148,6 +177,7 @@ class PhaseWatch:
             if outcome is None and t - run.last_check >= 0.2:
                 run.last_check = t
                 outcome = self.check(run, t)
+                self.keep_small(run, t)
             if outcome is not None or (not chunk and not proc.running()):
                 break
             if not chunk:
@@ -162,6 +192,8 @@ class PhaseWatch:
             self.journal.event("group_stopped", pgid=proc.pgid, left=left)
             for _ in self.relay.drain():  # what it printed while dying
                 pass
+        self.keep_small(run, now())
+        self.summarise(run, now())
         if run.samples and outcome is None:  # the last word on this run's throughput
             self.publish(run.samples, throughput.decide(self.policy, run.samples, now(), run.start,
                                                         run.baseline), run.baseline)
@@ -200,8 +232,11 @@ class PhaseWatch:
         if len(run.samples) > 50000:
             del run.samples[:25000]
         d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
-        self.journal.event("sample", value=value, step=step, verdict=d.verdict,
-                           median=d.evidence.get("median"))
+        at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
+                                 median=d.evidence.get("median"), profile=run.profile)
+        if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
+            self.sample_marks.append((t, at))
+        run.minute.append(value)
         if d.verdict != run.last_verdict or d.verdict in ("breach", "rollback"):
             self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
             run.last_verdict = d.verdict

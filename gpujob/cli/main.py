@@ -307,8 +307,15 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
         *lines, rest = bytes(buf).split(b"\n")
         buf[:] = rest
         for ln in lines:
-            if ln.strip():
-                out.print(render.event_line(json.loads(ln)), markup=False)
+            ln = ln.lstrip(b"\0")
+            if not ln.strip():
+                continue
+            try:
+                rec = json.loads(ln)
+            except ValueError:  # a torn record (the writer died mid-line): say so, go on
+                err.print(f"gpujob: skipped a damaged record in {file} ({len(ln)} bytes)", markup=False)
+                continue
+            out.print(render.event_line(rec), markup=False)
 
     try:
         jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=write,
@@ -326,14 +333,16 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          phase: Optional[str] = typer.Option(None, "--phase", help="warmup, train or prepare: "
                                              "that phase's raw log"),
          events: bool = typer.Option(False, "--events", help="the event journal instead of the log"),
+         samples: bool = typer.Option(False, "--samples", help="every throughput sample of the last "
+                                      "journal.full_rate_samples (events hold one summary a minute)"),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
          target: Optional[str] = typer.Option(None, "--target", "-t")):
     """Print a job's log; with -f follow it, surviving dropped connections."""
     if phase not in (None, "warmup", "train", "prepare"):
         raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
     job_id, t = job_target(job, target)
-    file = "events.jsonl" if events else f"{phase}.log" if phase else "job.log"
-    _follow(job_id, t, file, tail, follow=follow, events=events)
+    file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+    _follow(job_id, t, file, tail, follow=follow, events=events or samples)
 
 
 @app.command()

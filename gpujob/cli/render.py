@@ -134,6 +134,9 @@ def event_line(ev: dict) -> str:
     if kind == "sample":
         body = f"{fmt_rate(ev['value'])} tok/s" + (f" step {ev['step']}" if ev.get("step") is not None else "") \
             + f" [{ev.get('verdict')}]"
+    elif kind == "samples_1m":
+        body = (f"{fmt_rate(ev['median'])} tok/s median of {ev.get('n')} samples "
+                f"({fmt_rate(ev['min'])}–{fmt_rate(ev['max'])}) on {ev.get('profile')} [{ev.get('verdict')}]")
     elif kind in ("decision", "rollback"):
         body = ", ".join(f"{k}={ev[k]}" for k in ("verdict", "from", "to", "signal") if k in ev)
         body += f": {ev.get('reason', '')}"
