@@ -120,8 +120,8 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool)
     """What ``agent submit`` receives (besides the code), as JSON."""
     data = spec.to_agent_dict()
 
-    def resolved(url: str) -> str:  # relative file: URLs start at the spec's folder
-        if url.startswith("file:") and not url.startswith("file://"):
+    def resolved(url: str | None) -> str | None:  # relative file: URLs start at the spec's folder
+        if url and url.startswith("file:") and not url.startswith("file://"):
             return (spec.spec_dir / url[5:]).resolve().as_uri()
         return url
     for p in data["profiles"]:
@@ -169,11 +169,13 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit)
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
-    for argv in envs.build_commands(prof, venv, "python3", uv="uv", uv_cache=f"{home}/uv-cache",
+    for argv in envs.build_commands(prof, venv, target.python, uv="uv", uv_cache=f"{home}/uv-cache",
                                     common_requirements=list(spec.requirements),
                                     constraints_file=f"{venv}/.gpujob-constraints.txt",
                                     profile_requirements_file=(f"{venv}/.gpujob-requirements.txt"
                                                                if prof.get("requirements_text") else None)):
+        if argv[1:3] == ["-c", envs.LINK_BASE_SCRIPT]:
+            argv = [argv[0], "-c", "<link the base interpreter's site-packages: _gpujob_base.pth>", argv[3]]
         steps.append(Step("env", "supervisor", f"build venv {prof['env_key']}", argv,
                           when="if the profile's venv is not installed yet"))
     verify = envs.verify_command(venv, prof)

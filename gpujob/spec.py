@@ -138,19 +138,35 @@ class Sync(Strict):
         return self
 
 
+def _interpreter(value: Any) -> Any:
+    if not (isinstance(value, str) and value.strip() and "\n" not in value):
+        raise ValueError(f"expected an interpreter path or name like /opt/torch/bin/python3, got {describe(value)}")
+    return value
+
+
+Interpreter = Annotated[str, BeforeValidator(_interpreter)]
+
+
 class Profile(Strict):
     name: Name
-    index_url: Url
+    index_url: Url | None = None  # required when the profile installs anything
     extra_index_urls: list[Url] = []
-    packages: list[Pinned] = Field(min_length=1)
+    packages: list[Pinned] = []  # at least one, unless system_site_packages
     requirements: str | None = None  # laptop path of a requirements file, relative to the spec
     env: Env = {}
     cuda: Cuda | None = None
+    python: Interpreter | None = None  # in the container; None: the agent's interpreter
+    system_site_packages: bool = False  # the venv sees python's packages (its own still win)
 
     @model_validator(mode="after")
-    def _requirements_exist(self, info: ValidationInfo) -> Profile:
+    def _consistent(self, info: ValidationInfo) -> Profile:
         if self.requirements is not None and not _local_path(info, self.requirements).is_file():
             raise At(("requirements",), f"no such file: {_local_path(info, self.requirements)}")
+        if not self.packages and not self.system_site_packages:
+            raise At(("packages",), "expected at least one pinned package "
+                                    "(or system_site_packages: true to use the base interpreter's)")
+        if self.index_url is None and (self.packages or self.requirements):
+            raise At(("index_url",), "missing (required when the profile installs packages)")
         return self
 
 
@@ -323,6 +339,8 @@ class JobSpec(Strict):
             "requirements_file": self.requirements_text(profile_name),
             "requirements": sorted(self.requirements),
         }
+        if profile.python or profile.system_site_packages:  # older keys stay as they were
+            content.update(python=profile.python, system_site_packages=profile.system_site_packages)
         return f"{profile.name}-{_sha256(content)[:12]}"
 
     def to_agent_dict(self) -> dict:
