@@ -116,7 +116,8 @@ class Step:
     when: str = ""     # a condition, when the step is not always taken
 
 
-def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool) -> dict:
+def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
+                env_passthrough: list | None = None) -> dict:
     """What ``agent submit`` receives (besides the code), as JSON."""
     data = spec.to_agent_dict()
 
@@ -129,7 +130,8 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool)
         p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
     return {"job_id": job_id, "spec": data, "profile": profile,
             "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
-            "clear_caches": clear_caches, "spec_hash": spec_hash(spec)}
+            "clear_caches": clear_caches, "spec_hash": spec_hash(spec),
+            "env_passthrough": list(env_passthrough or [])}
 
 
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
@@ -166,7 +168,8 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       f"supervisor detached", (target.agent_argv("submit"))))
     # what the supervisor then runs in the container
     home = target.home
-    req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit)
+    req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
+                      env_passthrough=target.env_passthrough)
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
     for argv in envs.build_commands(prof, venv, target.python, uv="uv", uv_cache=f"{home}/uv-cache",
@@ -183,6 +186,10 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     steps.append(Step("env", "supervisor", "verify the installed pins", verify, when="after a build"))
     if spec.caches.clear_on_submit:
         steps.append(Step("caches", "supervisor", f"clear {envs.cache_dir(home, prof['env_key'])}"))
+    keep = ", ".join(target.env_passthrough) or "none (hosts.yaml: env_passthrough)"
+    steps.append(Step("env", "supervisor", "job environment: the container's login environment "
+                      f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "
+                      "env, the cache variables, the venv first on PATH"))
     values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
     values.update(profile=profile, job_id=job_id, workdir=spec.workdir or f"{home}/work/{spec.name}")
     if spec.warmup:
@@ -205,7 +212,8 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None]) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer."""
     sources = sync_sources(spec)  # local problems surface before any remote change
-    req = job_request(spec, job_id, profile, clear_caches=clear_caches)
+    req = job_request(spec, job_id, profile, clear_caches=clear_caches,
+                      env_passthrough=target.env_passthrough)
     progress(f"probing {target.label}")
     target.probe(spec.workdir)
     uv = target.ensure_uv()

@@ -29,7 +29,8 @@ from gpujob.transport.pct import PctTransport
 if TYPE_CHECKING:
     from gpujob.transport.ssh import SshTransport
 
-AGENT_MODULES = ("__init__.py", "envs.py", "journal.py", "main.py", "supervisor.py", "throughput.py")
+AGENT_MODULES = ("__init__.py", "envs.py", "jobenv.py", "journal.py", "main.py", "supervisor.py",
+                 "throughput.py")
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
 BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
              "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"
@@ -74,6 +75,7 @@ class Target:
     python: str               # interpreter for the agent
     vmid: int | None = None
     expected_gpus: int | None = None
+    env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
     _probe: dict | None = field(default=None, repr=False)
 
     @property
@@ -175,14 +177,16 @@ class Targets:
         if host.kind == "local":
             root = str(Path(container.root).expanduser().resolve())
             return Target(cname, host_name, "local", LocalTransport(), None, root, sys.executable,
-                          expected_gpus=container.gpus)
+                          expected_gpus=container.gpus,
+                          env_passthrough=host.env_passthrough + container.env_passthrough)
         ssh = self.host_transport(host_name)
         home = container.home or "~/.gpujob"
         if home.startswith("~"):
             home = "/root" + home[1:]  # pct exec runs as root in the container
         pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
         return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
-                      vmid=container.vmid, expected_gpus=container.gpus)
+                      vmid=container.vmid, expected_gpus=container.gpus,
+                      env_passthrough=host.env_passthrough + container.env_passthrough)
 
     def close(self) -> None:
         for t in self._hosts.values():

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import envs, throughput
+from gpujob.agent import envs, jobenv, throughput
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
@@ -162,6 +162,8 @@ class Supervisor:
         self.rb = self.spec.get("rollback") or {}
         self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
         self.signatures = list(self.rb.get("error_signatures") or [])
+        self._login: dict | None = None
+        self._passed: dict = {}
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:
@@ -357,19 +359,18 @@ class Supervisor:
         self.say(f"profile {profile}: compile caches cleared")
 
     def child_env(self, profile: str, extra: dict | None = None) -> dict:
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
-        env.update({k: str(v) for k, v in (self.profiles[profile].get("env") or {}).items()})
-        env.update(envs.cache_env(self.home.root, self.cache_key(profile)))
-        for group, ids in (self.spec.get("gpus") or {}).items():
-            env[f"GPUJOB_GPUS_{group.upper()}"] = ",".join(str(i) for i in ids)
-        venv = self.journal.path("venv")
-        env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""),
-                   PYTHONUNBUFFERED="1", GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile,
-                   GPUJOB_HOME=self.home.root)
-        env.pop("PYTHONHOME", None)
-        env.update(extra or {})
-        return env
+        if self._login is None:  # once per supervisor: a login shell costs ~10 ms
+            self._login, source = jobenv.login_env()
+            passed = jobenv.passed_through(dict(os.environ), self.job.get("env_passthrough") or [])
+            self.journal.event("job_env", login=source, passthrough=sorted(passed))
+            self._passed = passed
+        own = {f"GPUJOB_GPUS_{group.upper()}": ",".join(str(i) for i in ids)
+               for group, ids in (self.spec.get("gpus") or {}).items()}
+        own.update(GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile, GPUJOB_HOME=self.home.root)
+        return jobenv.job_env(self._login, self._passed,
+                              [self.spec.get("env"), self.profiles[profile].get("env"),
+                               envs.cache_env(self.home.root, self.cache_key(profile)), own],
+                              self.journal.path("venv"), extra)
 
     def values(self, profile: str, gpu=None) -> dict:
         vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
