@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import envs
+from gpujob.agent import checkpoint, envs
 from gpujob.agent.supervisor import command_argv
 from gpujob.errors import ConnectError, ConnectionLost, InputError, RemoteError
 from gpujob.spec import JobSpec, spec_hash
@@ -136,7 +136,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
 
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
-    steps: list[Step] = []
+    steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     if target.kind == "ssh":
         steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
                           "(one connection, strict host key)"))
@@ -214,6 +214,8 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     sources = sync_sources(spec)  # local problems surface before any remote change
     req = job_request(spec, job_id, profile, clear_caches=clear_caches,
                       env_passthrough=target.env_passthrough)
+    for w in checkpoint.warnings(req["spec"]):
+        progress(f"warning: {w}")
     progress(f"probing {target.label}")
     target.probe(spec.workdir)
     uv = target.ensure_uv()

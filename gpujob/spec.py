@@ -182,8 +182,22 @@ class Warmup(Strict):
     when: Literal["cold", "always", "never"] = "cold"
 
 
+class Checkpoint(Strict):
+    path: str  # glob, relative to the workdir: the trainer's checkpoint files
+    every: Duration  # how often the trainer writes one
+
+    @model_validator(mode="after")
+    def _positive(self) -> Checkpoint:
+        if self.every <= 0:
+            raise At(("every",), "expected a duration > 0")
+        if not self.path.strip():
+            raise At(("path",), "expected a glob like ckpt/step_*.pt")
+        return self
+
+
 class Train(Strict):
     command: Command
+    checkpoint: Checkpoint | None = None
     resume_args: Args = []
     timeout: Duration | None = None
     grace: Duration = 30.0
@@ -246,6 +260,7 @@ class Rollback(Strict):
     error_signatures: list[str] = ["is_fx_symbolic_tracing",
                                    "Detected that you are using FX to symbolically trace"]
     gpu_idle: GpuIdle | None = None
+    wait_for_checkpoint: bool = False  # hold an automatic rollback until train.checkpoint exists
 
     @model_validator(mode="after")
     def _consistent(self) -> Rollback:
@@ -296,6 +311,8 @@ class JobSpec(Strict):
         self._check_group(("warmup", "per_gpu"), self.warmup and self.warmup.per_gpu)
         self._check_group(("throughput", "scope_group"), self.throughput and self.throughput.scope_group)
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
+        if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
+            raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
         return self
 
     def _check_profile(self, loc: tuple, name: str) -> None:

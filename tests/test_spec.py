@@ -315,6 +315,12 @@ def test_profile_by_name(tmp_path):
      "job.yaml:9: rollback.gpu_idle: 'gpu_idle' is in neither rollback.on nor rollback.stop_on"),
     (BASE + "rollback:\n  on: [gpu_idle]\n  gpu_idle: {below: 500}\n",
      "job.yaml:10: rollback.gpu_idle.below: must be <= 100, got 500"),
+    (BASE + "rollback:\n  wait_for_checkpoint: true\n",
+     "job.yaml:9: rollback.wait_for_checkpoint: needs train.checkpoint (path and every)"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: 'c/*.pt', every: 0}"),
+     "job.yaml:8: train.checkpoint.every: expected a duration > 0"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: 'c/*.pt'}"),
+     "job.yaml:8: train.checkpoint.every: missing (required)"),
     # sync
     (BASE + "sync:\n  - dest: x\n", "job.yaml:9: sync[0].src: missing (required)"),
     (BASE + "sync:\n  - src: /\n", "job.yaml:9: sync[0].dest: missing (required): cannot be derived from src '/'"),

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import envs, jobenv, throughput
+from gpujob.agent import checkpoint, envs, jobenv, throughput
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
@@ -123,6 +123,9 @@ class _Run:
                 sorted({g for ids in gpus.values() for g in ids})
         self.idle_poll = min(10.0, max(0.5, self.idle_cfg["for"] / 5)) if self.idle_cfg else 0
         self.gpu_history: list = []
+        self.held = None  # an automatic rollback waiting for the first checkpoint
+        self.held_at = 0.0
+        self.ck_seen = False
 
 
 class Supervisor:
@@ -531,8 +534,11 @@ class Supervisor:
         self.set_state("training", phase="train", profile=profile, restarts=len(self.rollbacks))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
+        point = self.resume_point(profile) if resume else None
         if self.rollbacks and "running_at" not in self.rollbacks[-1]:
             rec = self.rollbacks[-1]
+            if point is not None:
+                rec["resumed"] = checkpoint.describe(point)
             rec["running_at"] = now()
             rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
             self.journal.event("rollback_done", **rec)
@@ -540,6 +546,45 @@ class Supervisor:
         return self.watch(argv, self.child_env(profile), "train.log", profile,
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
                           grace=t.get("grace", 30.0))
+
+    def resume_point(self, profile: str):
+        """The checkpoint a resumed trainer starts from (train.checkpoint), journalled."""
+        ck = self.spec["train"].get("checkpoint")
+        if not ck:
+            return None
+        point = checkpoint.resume_point(self.workdir, substitute(ck["path"], self.values(profile)), now())
+        note = checkpoint.describe(point)
+        self.journal.event("resume_point", note=note, **point)
+        self.journal.set_state(resumed=note)
+        self.say(note)
+        return point
+
+    def gate(self, run: "_Run", outcome, t: float):
+        """rollback.wait_for_checkpoint: an automatic rollback of a running trainer waits
+        until a checkpoint exists (at most checkpoint.hold_limit); anything else passes."""
+        ck = self.spec["train"].get("checkpoint")
+        if not (ck and self.rb.get("wait_for_checkpoint") and run.phase == "train"):
+            return outcome
+        if outcome is None:
+            if run.held is None:
+                return None
+            outcome = run.held
+        elif outcome.kind != "signal" or outcome.signal_name not in (self.rb.get("on") or []):
+            return outcome
+        if not run.ck_seen:
+            run.ck_seen = bool(checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))))
+        waited = t - run.held_at if run.held is not None else 0.0
+        if run.ck_seen or waited > checkpoint.hold_limit(float(ck["every"])):
+            if run.held is not None:
+                why = "a checkpoint exists" if run.ck_seen else "no checkpoint came; rolling back anyway"
+                self.journal.event("rollback_released", waited=round(waited, 2), why=why)
+                self.say(f"rollback held {waited:.1f}s: {why}")
+            return outcome
+        if run.held is None:
+            run.held, run.held_at = outcome, t
+            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
+            self.say(f"{outcome.signal_name}: rollback held until the first checkpoint exists ({ck['path']})")
+        return None
 
     def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0) -> Outcome:
         """Run one phase command; parse its output; act on signals and requests."""
@@ -560,6 +605,7 @@ class Supervisor:
                 if not outcome and t - run.last_check >= 0.2:
                     run.last_check = t
                     outcome = self.check(run, t)
+                outcome = self.gate(run, outcome, t)
                 if outcome:
                     break
             if outcome is not None:

@@ -90,12 +90,13 @@ def print_status(console: Console, v: dict) -> None:
     console.print(t)
     if v["rollbacks"]:
         rt = Table(title="rollbacks", title_justify="left", show_edge=False)
-        for col in ("when", "from → to", "signal", "reason", "took"):
+        for col in ("when", "from → to", "signal", "reason", "took", "resumed"):
             rt.add_column(col)
         for r in v["rollbacks"]:
             rt.add_row(time.strftime("%H:%M:%S", time.localtime(r["decided_at"])),
                        f"{r['from']} → {r['to']}", r.get("signal", ""), r.get("reason", ""),
-                       f"{r['took']:.2f}s" if r.get("took") is not None else "-")
+                       f"{r['took']:.2f}s" if r.get("took") is not None else "-",
+                       r.get("resumed") or "-")
         console.print(rt)
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
