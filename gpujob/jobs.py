@@ -199,7 +199,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
             steps.append(Step("warmup", "supervisor",
                               "warmup" + (f" with CUDA_VISIBLE_DEVICES={gpu}" if gpu is not None else ""),
                               command_argv(req["spec"]["warmup"]["command"], vals),
-                              when=f"when {spec.warmup.when}" if spec.warmup.when != "always" else ""))
+                              when={"cold": "unless a warmup of this command and profile succeeded "
+                                            "before (marker in the profile's cache)",
+                                    "never": "never", "always": ""}[spec.warmup.when]))
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])})",
                       command_argv(req["spec"]["train"]["command"], values)))

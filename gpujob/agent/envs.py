@@ -12,6 +12,7 @@ Layout under the gpujob home ``H`` in the container::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -76,14 +77,34 @@ def cache_env(home: str, key: str) -> dict:
     return {var: os.path.join(base, sub) for var, sub in CACHE_VARS.items()}
 
 
-def cache_is_cold(home: str, key: str) -> bool:
-    """Cold when no compile cache of this profile holds a single file yet."""
-    for path in cache_env(home, key).values():
-        if os.path.isdir(path):
-            for _root, _dirs, files in os.walk(path):
-                if files:
-                    return False
-    return True
+WARM_MARKER = ".gpujob-warm"
+
+
+def warm_hash(warmup: dict, gpus: list, profile: dict, env_key: str) -> str:
+    """What a warmup's result depends on: its command and GPUs, the profile's venv
+    (env_key) and env. A change of any of them makes the cache cold again."""
+    data = {"command": warmup.get("command"), "per_gpu": warmup.get("per_gpu"), "gpus": gpus,
+            "env_key": env_key, "env": profile.get("env") or {}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_state(home: str, key: str, digest: str) -> str:
+    """``warm`` when a successful warmup with this hash left its marker in the
+    profile's cache; else ``cold (no marker)`` or ``cold (marker of another warmup)``."""
+    try:
+        with open(os.path.join(cache_dir(home, key), WARM_MARKER)) as f:
+            got = json.load(f).get("hash")
+    except (OSError, ValueError, AttributeError):
+        return "cold (no marker)"
+    return "warm" if got == digest else "cold (marker of another warmup or profile)"
+
+
+def mark_warm(home: str, key: str, digest: str, **info) -> None:
+    os.makedirs(cache_dir(home, key), exist_ok=True)
+    path = os.path.join(cache_dir(home, key), WARM_MARKER)
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(info, hash=digest), f)
+    os.replace(path + ".tmp", path)
 
 
 def is_installed(home: str, key: str) -> bool:

@@ -506,14 +506,16 @@ class Supervisor:
         if not w:
             return Outcome("done")
         when = w.get("when", "cold")
-        cold = envs.cache_is_cold(self.home.root, self.cache_key(profile))
-        if when == "never" or (when == "cold" and not cold):
-            self.journal.event("warmup_skipped", profile=profile, cache="warm" if not cold else "cold", when=when)
-            self.say(f"warmup skipped: profile {profile}'s compile cache is warm")
-            return Outcome("done")
         gpus = [None]
         if w.get("per_gpu"):
             gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
+        digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
+        cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
+        if when == "never" or (when == "cold" and cache == "warm"):
+            self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
+            self.say(f"warmup skipped: profile {profile}'s compile cache is {cache}"
+                     + (" (this warmup succeeded on it before)" if cache == "warm" else ""))
+            return Outcome("done")
         self.set_state("warmup", phase="warmup", profile=profile)
         for gpu in gpus:
             extra = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}
@@ -525,6 +527,9 @@ class Supervisor:
                              timeout=w.get("timeout", 3600.0), watch_tps=False)
             if out.kind != "done":
                 return out
+        envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
+                       at=now(), was=cache)
+        self.journal.event("warm_marked", profile=profile, hash=digest)
         return Outcome("done")
 
     def train(self, profile: str, resume: bool) -> Outcome:
