@@ -84,3 +84,30 @@ def warnings(spec: dict) -> list:
         out.append(f"rollback.gpu_idle.for ({float(idle['for']):g}s) is shorter than train.checkpoint.every "
                    f"({every:g}s): a gpu_idle rollback can come before the first checkpoint exists; {fix}")
     return out
+
+
+def idle_gap(history: list, below: float, last_saved: float, save_time: float) -> tuple:
+    """Pure: (idle seconds that count, the longest checkpoint save seen).
+
+    ``history`` holds (time, busiest GPU's utilisation) pairs, oldest first. A
+    checkpoint save idles the GPUs: idle time up to the moment the newest
+    checkpoint landed (``last_saved``, its mtime) does not count, and an idle
+    stretch that a checkpoint ended teaches how long a save takes (``save_time``,
+    the longest seen). The caller takes a gap shorter than twice that for a save
+    in progress: it compares the idle time with max(for, 2 x save_time)."""
+    i = len(history) - 1
+    ongoing = i >= 0 and history[i][1] < below
+    while i >= 0 and history[i][1] >= below:  # the busy tail, if the last stretch ended
+        i -= 1
+    if i < 0:
+        return 0.0, save_time
+    j = i
+    while j > 0 and history[j - 1][1] < below:
+        j -= 1
+    since = history[j][0]
+    end = history[i + 1][0] if i + 1 < len(history) else history[-1][0]
+    if since <= last_saved <= end:
+        save_time = max(save_time, last_saved - since)
+    if not ongoing:
+        return 0.0, save_time
+    return max(0.0, history[-1][0] - max(since, last_saved)), save_time

@@ -50,17 +50,6 @@ class Outcome:
         self.at = now()  # when it was decided: a rollback's clock starts here
 
 
-def idle_for(history: list, below: float) -> float:
-    """How long a GPU group has stayed under ``below`` percent: ``history`` holds
-    (time, busiest GPU's utilisation) pairs, oldest first."""
-    since = None
-    for t, util in reversed(history):
-        if util >= below:
-            break
-        since = t
-    return history[-1][0] - since if since is not None else 0.0
-
-
 def gpu_utilisation(gpus: list) -> float | None:
     """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
     try:
@@ -123,6 +112,7 @@ class _Run:
                 sorted({g for ids in gpus.values() for g in ids})
         self.idle_poll = min(10.0, max(0.5, self.idle_cfg["for"] / 5)) if self.idle_cfg else 0
         self.gpu_history: list = []
+        self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
         self.held = None  # an automatic rollback waiting for the first checkpoint
         self.held_at = 0.0
         self.ck_seen = False
@@ -689,8 +679,9 @@ class Supervisor:
                            f"{SIGNATURE_GRACE:g}s after it)", {"lines": run.hits[-5:]})
         if run.timeout and t - run.start > run.timeout:
             return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
-        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and \
+        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
                 t >= run.start + (self.policy.initial_delay if self.parse_tps else 0):
+            # start-up (imports, compile) idles the GPUs: watched from the first sample on
             run.last_gpu = t
             outcome = self.check_gpu_idle(run, t)
             if outcome:
@@ -710,8 +701,11 @@ class Supervisor:
         run.gpu_history.append((t, util))
         del run.gpu_history[:-1000]
         self.journal.event("gpu_util", group=cfg["group"], max=util)
-        idle = idle_for(run.gpu_history, cfg["below"])
-        if idle < cfg["for"]:
+        ck = self.spec["train"].get("checkpoint")
+        saved = checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
+                                                  saved[0][1] if saved else 0.0, run.save_time)
+        if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
             return None
         return Outcome("signal", "gpu_idle",
                        f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
