@@ -526,6 +526,7 @@ class Supervisor:
         t = self.spec["train"]
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)
+        env = self.child_env(profile)  # before "training": the state then names a child soon
         self.set_state("training", phase="train", profile=profile, restarts=len(self.rollbacks))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
@@ -538,7 +539,7 @@ class Supervisor:
             rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
             self.journal.event("rollback_done", **rec)
             self.journal.set_state(rollbacks=self.rollbacks)
-        return self.watch(argv, self.child_env(profile), "train.log", profile,
+        return self.watch(argv, env, "train.log", profile,
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
                           grace=t.get("grace", 30.0))
 
