@@ -210,6 +210,7 @@ class Throughput(Strict):
     scope: Literal["total", "per_gpu"] = "total"
     scope_group: str | None = None
     initial_delay: Duration = 0.0
+    resume_initial_delay: Duration | None = None  # instead, for a known-good profile resumed
     initial_delay_samples: int = Field(0, ge=0)
     window: int = Field(5, ge=1)
     min: Rate | None = None

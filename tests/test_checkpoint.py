@@ -51,15 +51,16 @@ def index_urls(tmp_path_factory):
     return {b: p.as_uri() for b, p in build_indexes(tmp_path_factory.mktemp("wh")).items()}
 
 
-def rollback_job(tmp_path, index_urls, *, ck_every: int, wait: bool, path: str = "checkpoint.json"):
+def rollback_job(tmp_path, index_urls, *, ck_every: int, wait: bool, path: str = "checkpoint.json",
+                 every: str = "1s", throughput: dict | None = None, steps: int = 40):
     env = local_env(tmp_path)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
-                      slow_url=index_urls["slow"], warmup=False,
-                      trainer_args=f"--steps 40 --interval 0.05 --checkpoint-every {ck_every}",
+                      slow_url=index_urls["slow"], warmup=False, throughput=throughput,
+                      trainer_args=f"--steps {steps} --interval 0.05 --checkpoint-every {ck_every}",
                       rollback={"wait_for_checkpoint": wait} if wait else None)
     import yaml
     data = yaml.safe_load(spec.read_text())
-    data["train"]["checkpoint"] = {"path": path, "every": "1s"}
+    data["train"]["checkpoint"] = {"path": path, "every": every}
     spec.write_text(yaml.safe_dump(data))
     plan = cli(["submit", str(spec), "--plan"], env, check=True).stdout.decode()
     assert cli(["submit", str(spec), "--profile", "fast", "--follow"], env, timeout=120).returncode == 0
@@ -87,9 +88,20 @@ def test_wait_for_checkpoint_holds_the_rollback_and_resumes_from_it(tmp_path, in
 
 
 def test_without_a_checkpoint_the_rollback_says_restarted_from_scratch(tmp_path, index_urls):
-    plan, st, ev, log, out = rollback_job(tmp_path, index_urls, ck_every=1000, wait=False)
-    assert "warning" in plan and "initial_delay (0s) is shorter than train.checkpoint.every (1s)" in \
+    tp = {"format": "ktok", "window": 3, "min": "10K", "failure_limit": 2, "no_data_timeout": "30s",
+          "good_after": "1s", "initial_delay": "1.5s", "resume_initial_delay": 0}
+    plan, st, ev, log, out = rollback_job(tmp_path, index_urls, ck_every=1000, wait=False, every="3s",
+                                          throughput=tp, steps=80)
+    assert "warning" in plan and "initial_delay (1.5s) is shorter than train.checkpoint.every (3s)" in \
         plan.replace("\n", " ")
+    # decision -> trainer start -> first sample -> first good -> first ok, in that order
+    t = st["rollbacks"][0]["timings"]
+    assert sorted(t) == sorted(["trainer_start", "first_sample", "first_good", "first_ok"])
+    assert t["trainer_start"] <= t["first_sample"] <= t["first_good"] <= t["first_ok"]
+    # resume_initial_delay 0 for the known-good profile resumed: ok long before initial_delay (1.5 s)
+    assert t["first_ok"] - t["trainer_start"] < 1.4
+    assert [e["mark"] for e in ev if e["type"] == "rollback_timing"] == ["first_sample", "first_good", "first_ok"]
+    assert "decision →" in out and "ok " in out
     [rb] = st["rollbacks"]
     assert rb["resumed"] == "no checkpoint: restarted from scratch"
     assert not any(e["type"] == "rollback_held" for e in ev)

@@ -8,6 +8,7 @@ Everything it does goes to the job's journal (see journal.py).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, jobenv, throughput
+from gpujob.agent import checkpoint, envs, jobenv, throughput, timings
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
@@ -152,6 +153,7 @@ class Supervisor:
                 initial_delay_samples=tp.get("initial_delay_samples", 0),
                 no_data_timeout=tp.get("no_data_timeout", 600.0),
                 good_after=tp.get("good_after", 600.0))
+            self.base_policy = self.policy
         self.rb = self.spec.get("rollback") or {}
         self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
         self.signatures = list(self.rb.get("error_signatures") or [])
@@ -537,8 +539,13 @@ class Supervisor:
                 rec["resumed"] = checkpoint.describe(point)
             rec["running_at"] = now()
             rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
+            rec["timings"] = {"trainer_start": rec["took"]}
             self.journal.event("rollback_done", **rec)
             self.journal.set_state(rollbacks=self.rollbacks)
+        if self.parse_tps:  # a known-good profile resumed needs no long start-up grace
+            delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
+            good = resume and delay is not None and self.ledger.status(profile) == "good"
+            self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy
         return self.watch(argv, env, "train.log", profile,
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
                           grace=t.get("grace", 30.0))
@@ -653,6 +660,11 @@ class Supervisor:
         if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
             self.publish(run.samples, d, run.baseline)
             run.last_state = t
+        rec = self.rollbacks[-1] if self.rollbacks and run.phase == "train" else None
+        if timings.pending(rec):  # decision -> first sample -> first good -> first ok
+            for mark, secs in timings.on_sample(rec, t, value, d.evidence.get("threshold"), d.verdict):
+                self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
+                self.journal.set_state(rollbacks=self.rollbacks)
         if d.verdict == "rollback":
             return Outcome("signal", "low_throughput", d.reason, d.evidence)
         if not run.good_known:

@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from gpujob.agent import timings
 from gpujob.agent.journal import ENDED
 from gpujob.agent.throughput import fmt_rate, sparkline
 
@@ -90,13 +91,13 @@ def print_status(console: Console, v: dict) -> None:
     console.print(t)
     if v["rollbacks"]:
         rt = Table(title="rollbacks", title_justify="left", show_edge=False)
-        for col in ("when", "from → to", "signal", "reason", "took", "resumed"):
+        for col in ("when", "from → to", "signal", "reason", "took", "decision →", "resumed"):
             rt.add_column(col)
         for r in v["rollbacks"]:
             rt.add_row(time.strftime("%H:%M:%S", time.localtime(r["decided_at"])),
                        f"{r['from']} → {r['to']}", r.get("signal", ""), r.get("reason", ""),
                        f"{r['took']:.2f}s" if r.get("took") is not None else "-",
-                       r.get("resumed") or "-")
+                       timings.describe(r), r.get("resumed") or "-")
         console.print(rt)
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
