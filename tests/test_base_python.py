@@ -99,3 +99,7 @@ def test_build_commands_for_a_base_profile():
     assert cmds[1][0] == "/opt/torch/.venv/bin/python3" and cmds[1][-1] == "/h/envs/k"
     assert len(cmds) == 2  # nothing to install
     assert envs.venv_python({"name": "x"}, "/agent/python") == "/agent/python"
+    pip = envs.build_commands(prof, "/h/envs/k", "/usr/bin/python3", uv=None, uv_cache="/h/uvc",
+                              common_requirements=[])
+    assert pip[0] == ["/opt/torch/.venv/bin/python3", "-m", "venv", "--system-site-packages", "--without-pip",
+                      "/h/envs/k"]

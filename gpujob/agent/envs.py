@@ -151,7 +151,9 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
         cmds = [[uv, "venv", "--python", python, *ssp, "--cache-dir", uv_cache, venv]]
     else:
         base = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
-        cmds = [[python, "-m", "venv", *ssp, venv]]
+        # nothing to install: no pip needed (a base without ensurepip can still make the venv)
+        bare = [] if pins or profile_requirements_file or common_requirements else ["--without-pip"]
+        cmds = [[python, "-m", "venv", *ssp, *bare, venv]]
     if inherit:
         cmds.append(link_base_command(python, venv))
     index = ["--index-url", profile["index_url"]] if profile.get("index_url") else []

@@ -267,6 +267,7 @@ def main(argv=None) -> int:
         else:
             print("resume: no checkpoint, starting from scratch", flush=True)
     pool = ThreadPoolExecutor(len(workers), thread_name_prefix="drafter")
+    stand_in_delay = float(os.environ.get("DFLASH_CPU_STEP_DELAY", "0")) if tdev.type == "cpu" else 0.0
     tokens_per_step = a.batch * a.seq_len * len(workers)
     start = last_print = last_ckpt = time.time()
     done_tokens, first = 0, True
@@ -278,6 +279,8 @@ def main(argv=None) -> int:
             hidden, choice = target(tokens)
             batches.append((tokens, hidden, choice.roll(-1, dims=1)))
         losses = list(pool.map(lambda wb: wb[0].step(*wb[1]), zip(workers, batches)))
+        if stand_in_delay:  # CPU smoke test only: a slow profile where compile makes no difference
+            time.sleep(stand_in_delay)
         step += 1
         done_tokens += tokens_per_step
         now = time.time()
