@@ -582,6 +582,8 @@ class Supervisor:
                 why = "a checkpoint exists" if run.ck_seen else "no checkpoint came; rolling back anyway"
                 self.journal.event("rollback_released", waited=round(waited, 2), why=why)
                 self.say(f"rollback held {waited:.1f}s: {why}")
+                outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
+                outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
             return outcome
         if run.held is None:
             run.held, run.held_at = outcome, t
