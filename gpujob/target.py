@@ -29,8 +29,8 @@ from gpujob.transport.pct import PctTransport
 if TYPE_CHECKING:
     from gpujob.transport.ssh import SshTransport
 
-AGENT_MODULES = ("__init__.py", "checkpoint.py", "envs.py", "jobenv.py", "journal.py", "main.py", "supervisor.py",
-                 "throughput.py", "timings.py")
+AGENT_MODULES = ("__init__.py", "checkpoint.py", "envs.py", "gc.py", "jobenv.py", "journal.py", "main.py",
+                 "supervisor.py", "throughput.py", "timings.py")
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
 BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
              "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, jobenv, throughput, timings
+from gpujob.agent import checkpoint, envs, gc, jobenv, throughput, timings
 from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
@@ -221,7 +221,8 @@ class Supervisor:
                 out = self.train(profile, resume)
             if out.kind == "done":
                 if self.parse_tps is None and self.ledger.status(profile) != "good":
-                    self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded")
+                    self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded",
+                                     env_key=self.env_key(profile))
                 self.finish("succeeded", "train exited 0", exit_code=0)
                 return
             if out.kind == "stop":
@@ -288,6 +289,7 @@ class Supervisor:
             os.unlink(tmp)
         os.symlink(envs.env_dir(self.home.root, self.env_key(profile)), tmp)
         os.replace(tmp, link)
+        gc.touch_used(envs.env_dir(self.home.root, self.env_key(profile)))  # for `gpujob gc`
         self.journal.set_state(profile=profile, env_key=self.env_key(profile))
         self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
 
@@ -674,6 +676,7 @@ class Supervisor:
             if base is not None:
                 run.good_known = True
                 self.ledger.mark(run.profile, "good", baseline=base, job=self.job_id,
+                                 env_key=self.env_key(run.profile),
                                  reason=f"held {throughput.fmt_rate(base)} tok/s for "
                                         f"{self.policy.good_after:g}s")
                 self.journal.event("known_good", profile=run.profile, baseline=base)

@@ -115,6 +115,11 @@ def ledger_table(ledger: dict) -> Table:
     return lt
 
 
+def disk(d: dict) -> str:
+    """own / real / apparent bytes of a venv (what removing it frees / each file once / sum of sizes)."""
+    return " / ".join(size(d.get(k)) for k in ("own", "real", "apparent"))
+
+
 def size(n: int | None) -> str:
     if n is None:
         return "-"
