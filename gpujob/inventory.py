@@ -31,6 +31,7 @@ def _vmid(value):
 
 
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+EnvPattern = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_*?\[][A-Za-z0-9_*?\[\]!-]*$")]
 Vmid = Annotated[int, BeforeValidator(_vmid)]
 
 
@@ -39,6 +40,7 @@ class Container(Strict):
     gpus: int | None = Field(None, ge=0)  # expected GPU count
     root: str | None = None  # local hosts only (required there): stands in for the container
     home: str | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
+    env_passthrough: list[EnvPattern] = []  # added to the host's: variables jobs keep (globs)
 
 
 _SSH_ONLY = ("address", "port", "user", "identity_file", "known_hosts", "proxy_jump")
@@ -55,6 +57,7 @@ class Host(Strict):
     pct: str = "pct"
     connect_timeout: float = Field(10.0, gt=0)
     keepalive: float = Field(15.0, ge=0)  # 0: off
+    env_passthrough: list[EnvPattern] = []  # variables (glob patterns) every job here keeps
     containers: dict[Name, Container] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import envs
+from gpujob.agent import checkpoint, envs
 from gpujob.agent.supervisor import command_argv
 from gpujob.errors import ConnectError, ConnectionLost, InputError, RemoteError
 from gpujob.spec import JobSpec, spec_hash
@@ -116,12 +116,13 @@ class Step:
     when: str = ""     # a condition, when the step is not always taken
 
 
-def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool) -> dict:
+def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
+                env_passthrough: list | None = None) -> dict:
     """What ``agent submit`` receives (besides the code), as JSON."""
     data = spec.to_agent_dict()
 
-    def resolved(url: str) -> str:  # relative file: URLs start at the spec's folder
-        if url.startswith("file:") and not url.startswith("file://"):
+    def resolved(url: str | None) -> str | None:  # relative file: URLs start at the spec's folder
+        if url and url.startswith("file:") and not url.startswith("file://"):
             return (spec.spec_dir / url[5:]).resolve().as_uri()
         return url
     for p in data["profiles"]:
@@ -129,12 +130,13 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool)
         p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
     return {"job_id": job_id, "spec": data, "profile": profile,
             "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
-            "clear_caches": clear_caches, "spec_hash": spec_hash(spec)}
+            "clear_caches": clear_caches, "spec_hash": spec_hash(spec),
+            "env_passthrough": list(env_passthrough or [])}
 
 
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
-    steps: list[Step] = []
+    steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     if target.kind == "ssh":
         steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
                           "(one connection, strict host key)"))
@@ -166,14 +168,17 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       f"supervisor detached", (target.agent_argv("submit"))))
     # what the supervisor then runs in the container
     home = target.home
-    req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit)
+    req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
+                      env_passthrough=target.env_passthrough)
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
-    for argv in envs.build_commands(prof, venv, "python3", uv="uv", uv_cache=f"{home}/uv-cache",
+    for argv in envs.build_commands(prof, venv, target.python, uv="uv", uv_cache=f"{home}/uv-cache",
                                     common_requirements=list(spec.requirements),
                                     constraints_file=f"{venv}/.gpujob-constraints.txt",
                                     profile_requirements_file=(f"{venv}/.gpujob-requirements.txt"
                                                                if prof.get("requirements_text") else None)):
+        if argv[1:3] == ["-c", envs.LINK_BASE_SCRIPT]:
+            argv = [argv[0], "-c", "<link the base interpreter's site-packages: _gpujob_base.pth>", argv[3]]
         steps.append(Step("env", "supervisor", f"build venv {prof['env_key']}", argv,
                           when="if the profile's venv is not installed yet"))
     verify = envs.verify_command(venv, prof)
@@ -181,6 +186,10 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     steps.append(Step("env", "supervisor", "verify the installed pins", verify, when="after a build"))
     if spec.caches.clear_on_submit:
         steps.append(Step("caches", "supervisor", f"clear {envs.cache_dir(home, prof['env_key'])}"))
+    keep = ", ".join(target.env_passthrough) or "none (hosts.yaml: env_passthrough)"
+    steps.append(Step("env", "supervisor", "job environment: the container's login environment "
+                      f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "
+                      "env, the cache variables, the venv first on PATH"))
     values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
     values.update(profile=profile, job_id=job_id, workdir=spec.workdir or f"{home}/work/{spec.name}")
     if spec.warmup:
@@ -190,7 +199,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
             steps.append(Step("warmup", "supervisor",
                               "warmup" + (f" with CUDA_VISIBLE_DEVICES={gpu}" if gpu is not None else ""),
                               command_argv(req["spec"]["warmup"]["command"], vals),
-                              when=f"when {spec.warmup.when}" if spec.warmup.when != "always" else ""))
+                              when={"cold": "unless a warmup of this command and profile succeeded "
+                                            "before (marker in the profile's cache)",
+                                    "never": "never", "always": ""}[spec.warmup.when]))
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])})",
                       command_argv(req["spec"]["train"]["command"], values)))
@@ -203,7 +214,10 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None]) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer."""
     sources = sync_sources(spec)  # local problems surface before any remote change
-    req = job_request(spec, job_id, profile, clear_caches=clear_caches)
+    req = job_request(spec, job_id, profile, clear_caches=clear_caches,
+                      env_passthrough=target.env_passthrough)
+    for w in checkpoint.warnings(req["spec"]):
+        progress(f"warning: {w}")
     progress(f"probing {target.label}")
     target.probe(spec.workdir)
     uv = target.ensure_uv()

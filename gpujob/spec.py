@@ -155,19 +155,35 @@ class Sync(Strict):
         return self
 
 
+def _interpreter(value: Any) -> Any:
+    if not (isinstance(value, str) and value.strip() and "\n" not in value):
+        raise ValueError(f"expected an interpreter path or name like /opt/torch/bin/python3, got {describe(value)}")
+    return value
+
+
+Interpreter = Annotated[str, BeforeValidator(_interpreter)]
+
+
 class Profile(Strict):
     name: Name
-    index_url: Url
+    index_url: Url | None = None  # required when the profile installs anything
     extra_index_urls: list[Url] = []
-    packages: list[Pinned] = Field(min_length=1)
+    packages: list[Pinned] = []  # at least one, unless system_site_packages
     requirements: str | None = None  # laptop path of a requirements file, relative to the spec
     env: Env = {}
     cuda: Cuda | None = None
+    python: Interpreter | None = None  # in the container; None: the agent's interpreter
+    system_site_packages: bool = False  # the venv sees python's packages (its own still win)
 
     @model_validator(mode="after")
-    def _requirements_exist(self, info: ValidationInfo) -> Profile:
+    def _consistent(self, info: ValidationInfo) -> Profile:
         if self.requirements is not None and not _local_path(info, self.requirements).is_file():
             raise At(("requirements",), f"no such file: {_local_path(info, self.requirements)}")
+        if not self.packages and not self.system_site_packages:
+            raise At(("packages",), "expected at least one pinned package "
+                                    "(or system_site_packages: true to use the base interpreter's)")
+        if self.index_url is None and (self.packages or self.requirements):
+            raise At(("index_url",), "missing (required when the profile installs packages)")
         return self
 
 
@@ -198,8 +214,22 @@ class Restarts(Strict):
         return self
 
 
+class Checkpoint(Strict):
+    path: str  # glob, relative to the workdir: the trainer's checkpoint files
+    every: Duration  # how often the trainer writes one
+
+    @model_validator(mode="after")
+    def _positive(self) -> Checkpoint:
+        if self.every <= 0:
+            raise At(("every",), "expected a duration > 0")
+        if not self.path.strip():
+            raise At(("path",), "expected a glob like ckpt/step_*.pt")
+        return self
+
+
 class Train(Strict):
     command: Command
+    checkpoint: Checkpoint | None = None
     resume_args: Args = []
     timeout: Duration | None = None
     grace: Duration = 30.0
@@ -213,6 +243,7 @@ class Throughput(Strict):
     scope: Literal["total", "per_gpu"] = "total"
     scope_group: str | None = None
     initial_delay: Duration = 0.0
+    resume_initial_delay: Duration | None = None  # instead, for a known-good profile resumed
     initial_delay_samples: int = Field(0, ge=0)
     window: int = Field(5, ge=1)
     min: Rate | None = None
@@ -264,6 +295,7 @@ class Rollback(Strict):
                                    "Detected that you are using FX to symbolically trace"]
     signature_grace: Duration = 10.0  # a process still running this long after a signature is stuck
     gpu_idle: GpuIdle | None = None
+    wait_for_checkpoint: bool = False  # hold an automatic rollback until train.checkpoint exists
 
     @model_validator(mode="after")
     def _consistent(self) -> Rollback:
@@ -326,6 +358,8 @@ class JobSpec(Strict):
         self._check_group(("warmup", "per_gpu"), self.warmup and self.warmup.per_gpu)
         self._check_group(("throughput", "scope_group"), self.throughput and self.throughput.scope_group)
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
+        if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
+            raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
         return self
 
     def _check_profile(self, loc: tuple, name: str) -> None:
@@ -369,6 +403,8 @@ class JobSpec(Strict):
             "requirements_file": self.requirements_text(profile_name),
             "requirements": sorted(self.requirements),
         }
+        if profile.python or profile.system_site_packages:  # older keys stay as they were
+            content.update(python=profile.python, system_site_packages=profile.system_site_packages)
         return f"{profile.name}-{_sha256(content)[:12]}"
 
     def to_agent_dict(self) -> dict:

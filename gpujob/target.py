@@ -75,6 +75,7 @@ class Target:
     python: str               # interpreter for the agent
     vmid: int | None = None
     expected_gpus: int | None = None
+    env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
     _probe: dict | None = field(default=None, repr=False)
 
     @property
@@ -176,14 +177,16 @@ class Targets:
         if host.kind == "local":
             root = str(Path(container.root).expanduser().resolve())
             return Target(cname, host_name, "local", LocalTransport(), None, root, sys.executable,
-                          expected_gpus=container.gpus)
+                          expected_gpus=container.gpus,
+                          env_passthrough=host.env_passthrough + container.env_passthrough)
         ssh = self.host_transport(host_name)
         home = container.home or "~/.gpujob"
         if home.startswith("~"):
             home = "/root" + home[1:]  # pct exec runs as root in the container
         pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
         return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
-                      vmid=container.vmid, expected_gpus=container.gpus)
+                      vmid=container.vmid, expected_gpus=container.gpus,
+                      env_passthrough=host.env_passthrough + container.env_passthrough)
 
     def close(self) -> None:
         for t in self._hosts.values():

@@ -28,15 +28,17 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def build_wheel(dest: Path, build: str, speed: float, version: str = VERSION) -> Path:
-    """Write ``gpujob_demo_kernels-<version>+<build>-py3-none-any.whl`` into ``dest``."""
-    full = f"{version}+{build}"
-    dist = f"{PACKAGE.replace('-', '_')}-{full}"
+def build_wheel(dest: Path, build: str, speed: float, version: str = VERSION, *,
+                package: str = PACKAGE, module: str = MODULE, body: str = "") -> Path:
+    """Write ``gpujob_demo_kernels-<version>+<build>-py3-none-any.whl`` into ``dest``
+    (another ``package``/``module`` name, with ``body`` appended, for the tests)."""
+    full = f"{version}+{build}" if build else version
+    dist = f"{package.replace('-', '_')}-{full}"
     files = {
-        f"{MODULE}/__init__.py": (f'"""Demo kernels, build {build}."""\n'
+        f"{module}/__init__.py": (f'"""Demo kernels, build {build}."""\n'
                                   f"BUILD = {build!r}\nTOKENS_PER_SECOND = {speed!r}\n"
-                                  f"__version__ = {full!r}\n").encode(),
-        f"{dist}.dist-info/METADATA": (f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {full}\n"
+                                  f"__version__ = {full!r}\n{body}").encode(),
+        f"{dist}.dist-info/METADATA": (f"Metadata-Version: 2.1\nName: {package}\nVersion: {full}\n"
                                        f"Summary: gpujob demo kernels ({build} build)\n").encode(),
         f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpujob\nRoot-Is-Purelib: true\n"
                                    b"Tag: py3-none-any\n",

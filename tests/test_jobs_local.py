@@ -114,6 +114,8 @@ def test_plan_runs_nothing(tmp_path, env, index_urls):
     for word in ("probe", "submit", "uv venv", "uv pip install", "CUDA_VISIBLE_DEVICES=3",
                  "python trainer.py"):
         assert word in out
+    # the interpreter the supervisor builds the venv on (the agent's), not a bare python3
+    assert f"uv venv --python {sys.executable} " in out.replace("\n", " ")
     assert not (tmp_path / "root").exists()  # nothing was created on the target side
     assert not (tmp_path / "state").exists()  # and no job recorded
 

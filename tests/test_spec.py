@@ -254,7 +254,15 @@ def test_profile_by_name(tmp_path):
      "job.yaml:5: profiles[0].packages[0]: expected a pinned requirement like torch==2.11.0+cu128, got 'torch>=2'"),
     (BASE.replace('["torch==2.11.0+cu128"]', '["torch==2.11.0+cu128", torchvision]'),
      "job.yaml:5: profiles[0].packages[1]: expected a pinned requirement like torch==2.11.0+cu128, got 'torchvision'"),
-    (BASE.replace('["torch==2.11.0+cu128"]', "[]"), "job.yaml:5: profiles[0].packages: must not be empty"),
+    (BASE.replace('["torch==2.11.0+cu128"]', "[]"),
+     "job.yaml:5: profiles[0].packages: expected at least one pinned package "
+     "(or system_site_packages: true to use the base interpreter's)"),
+    (BASE.replace("    index_url: https://download.pytorch.org/whl/cu128\n", ""),
+     "job.yaml:3: profiles[0].index_url: missing (required when the profile installs packages)"),
+    (BASE.replace('"]\n', '"]\n    python: ""\n', 1),
+     "job.yaml:6: profiles[0].python: expected an interpreter path or name like /opt/torch/bin/python3, got ''"),
+    (BASE.replace('"]\n', '"]\n    system_site_packages: 1\n', 1),
+     "job.yaml:6: profiles[0].system_site_packages: expected true or false, got 1"),
     ("name: demo\nprofiles: []\ntrain: {command: x}\n", "job.yaml:2: profiles: must not be empty"),
     (BASE.replace("https://", "ftp://"), "job.yaml:4: profiles[0].index_url: expected an http(s):// or file: URL, "
                                          "got 'ftp://download.pytorch.org/whl/cu128'"),
@@ -311,6 +319,12 @@ def test_profile_by_name(tmp_path):
      "job.yaml:9: rollback.gpu_idle: 'gpu_idle' is in neither rollback.on nor rollback.stop_on"),
     (BASE + "rollback:\n  on: [gpu_idle]\n  gpu_idle: {below: 500}\n",
      "job.yaml:10: rollback.gpu_idle.below: must be <= 100, got 500"),
+    (BASE + "rollback:\n  wait_for_checkpoint: true\n",
+     "job.yaml:9: rollback.wait_for_checkpoint: needs train.checkpoint (path and every)"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: 'c/*.pt', every: 0}"),
+     "job.yaml:8: train.checkpoint.every: expected a duration > 0"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: 'c/*.pt'}"),
+     "job.yaml:8: train.checkpoint.every: missing (required)"),
     # sync
     (BASE + "sync:\n  - dest: x\n", "job.yaml:9: sync[0].src: missing (required)"),
     (BASE + "sync:\n  - src: /\n", "job.yaml:9: sync[0].dest: missing (required): cannot be derived from src '/'"),
@@ -335,3 +349,13 @@ def test_stall_detection_off_and_regex_steps_scaled(tmp_path):
         "job.yaml:11: throughput.no_data_timeout: expected a duration > 0 (or null to turn stall detection off)"
     assert error(tmp_path, BASE + "throughput:\n  format: hf\n  min: 1\n  tokens_per_step: 8\n") == \
         "job.yaml:11: throughput.tokens_per_step: only for format tqdm or regex"
+
+
+def test_base_interpreter_profile_needs_no_packages_and_has_its_own_key(tmp_path):
+    text = BASE.replace("    index_url: https://download.pytorch.org/whl/cu128\n    packages: [\"torch==2.11.0+cu128\"]\n",
+                        "    python: /opt/torch/.venv/bin/python3\n    system_site_packages: true\n    cuda: '13.0'\n")
+    spec = load_spec(write(tmp_path, text))
+    prof = spec.profiles[0]
+    assert prof.packages == [] and prof.index_url is None and prof.system_site_packages
+    other = load_spec(write(tmp_path, text.replace("/opt/torch/.venv", "/opt/other"), "b.yaml"))
+    assert spec.env_key("cu128") != other.env_key("cu128")  # another base, another venv

@@ -12,6 +12,7 @@ Layout under the gpujob home ``H`` in the container::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -25,19 +26,41 @@ CACHE_VARS = {
 }
 
 VERIFY_SCRIPT = r"""
-import json, sys
+import json, os, sys
 from importlib import metadata
-out = {"python": sys.version.split()[0], "packages": {}}
+out = {"python": sys.version.split()[0], "executable": sys.executable, "packages": {}, "from": {}}
+venv = os.path.realpath(sys.prefix)
 for name in sys.argv[1:]:
     try:
-        out["packages"][name] = metadata.version(name)
+        dist = metadata.distribution(name)
+        out["packages"][name] = dist.version
+        where = os.path.realpath(str(dist.locate_file("")))
+        out["from"][name] = "venv" if where.startswith(venv + os.sep) else where
     except metadata.PackageNotFoundError:
         out["packages"][name] = None
 if "torch" in sys.argv[1:] and out["packages"]["torch"]:
     import torch
-    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda}
+    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                    "file": torch.__file__}
 print(json.dumps(out))
 """
+
+# Run by the base interpreter: a venv made from an interpreter that is itself a venv
+# (/opt/torch/.venv/bin/python3) would only see the *root* interpreter's packages, so
+# the base's own site-packages go into a .pth file of the new venv. A .pth entry is
+# appended after the venv's site-packages: the venv's own packages still win.
+LINK_BASE_SCRIPT = r"""
+import glob, os, site, sys
+venv = sys.argv[1]
+dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+targets = glob.glob(os.path.join(venv, "lib", "python*", "site-packages"))
+if len(targets) != 1:
+    sys.exit("no single site-packages in %s: %s" % (venv, targets))
+with open(os.path.join(targets[0], "_gpujob_base.pth"), "w") as f:
+    f.write("".join(d + "\n" for d in dirs))
+print("linked %s" % ", ".join(dirs))
+"""
+BASE_PTH = "_gpujob_base.pth"
 
 
 def env_dir(home: str, key: str) -> str:
@@ -54,14 +77,34 @@ def cache_env(home: str, key: str) -> dict:
     return {var: os.path.join(base, sub) for var, sub in CACHE_VARS.items()}
 
 
-def cache_is_cold(home: str, key: str) -> bool:
-    """Cold when no compile cache of this profile holds a single file yet."""
-    for path in cache_env(home, key).values():
-        if os.path.isdir(path):
-            for _root, _dirs, files in os.walk(path):
-                if files:
-                    return False
-    return True
+WARM_MARKER = ".gpujob-warm"
+
+
+def warm_hash(warmup: dict, gpus: list, profile: dict, env_key: str) -> str:
+    """What a warmup's result depends on: its command and GPUs, the profile's venv
+    (env_key) and env. A change of any of them makes the cache cold again."""
+    data = {"command": warmup.get("command"), "per_gpu": warmup.get("per_gpu"), "gpus": gpus,
+            "env_key": env_key, "env": profile.get("env") or {}}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def warm_state(home: str, key: str, digest: str) -> str:
+    """``warm`` when a successful warmup with this hash left its marker in the
+    profile's cache; else ``cold (no marker)`` or ``cold (marker of another warmup)``."""
+    try:
+        with open(os.path.join(cache_dir(home, key), WARM_MARKER)) as f:
+            got = json.load(f).get("hash")
+    except (OSError, ValueError, AttributeError):
+        return "cold (no marker)"
+    return "warm" if got == digest else "cold (marker of another warmup or profile)"
+
+
+def mark_warm(home: str, key: str, digest: str, **info) -> None:
+    os.makedirs(cache_dir(home, key), exist_ok=True)
+    path = os.path.join(cache_dir(home, key), WARM_MARKER)
+    with open(path + ".tmp", "w") as f:
+        json.dump(dict(info, hash=digest), f)
+    os.replace(path + ".tmp", path)
 
 
 def is_installed(home: str, key: str) -> bool:
@@ -79,6 +122,13 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def venv_python(profile: dict, agent_python: str) -> str:
+    """The interpreter a profile's venv is built on: the profile's ``python`` or the
+    agent's own. The plan (``agent_python`` = the target's) and the supervisor
+    (``sys.executable``) both ask this function."""
+    return profile.get("python") or agent_python
+
+
 def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_cache: str,
                    common_requirements: list, constraints_file: str | None = None,
                    profile_requirements_file: str | None = None) -> list:
@@ -91,20 +141,29 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     ``python3 -m venv`` and pip.
     """
     vpy = os.path.join(venv, "bin", "python")
+    python = venv_python(profile, python)
     extras = [a for url in profile.get("extra_index_urls") or [] for a in ("--extra-index-url", url)]
-    pins = list(profile["packages"])
+    pins = list(profile.get("packages") or [])
+    inherit = bool(profile.get("system_site_packages"))
+    ssp = ["--system-site-packages"] if inherit else []
     if uv:
         base = [uv, "pip", "install", "--python", vpy, "--cache-dir", uv_cache]
-        cmds = [[uv, "venv", "--python", python, "--cache-dir", uv_cache, venv]]
+        cmds = [[uv, "venv", "--python", python, *ssp, "--cache-dir", uv_cache, venv]]
     else:
         base = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
-        cmds = [[python, "-m", "venv", venv]]
-    step = base + ["--index-url", profile["index_url"]] + extras + pins
-    if profile_requirements_file:
-        step += ["-r", profile_requirements_file]
-    cmds.append(step)
+        # nothing to install: no pip needed (a base without ensurepip can still make the venv)
+        bare = [] if pins or profile_requirements_file or common_requirements else ["--without-pip"]
+        cmds = [[python, "-m", "venv", *ssp, *bare, venv]]
+    if inherit:
+        cmds.append(link_base_command(python, venv))
+    index = ["--index-url", profile["index_url"]] if profile.get("index_url") else []
+    if pins or profile_requirements_file:
+        step = base + index + extras + pins
+        if profile_requirements_file:
+            step += ["-r", profile_requirements_file]
+        cmds.append(step)
     if common_requirements:
-        step = base + ["--extra-index-url", profile["index_url"]] + extras + \
+        step = base + (["--extra-index-url", profile["index_url"]] if index else []) + extras + \
             (["-c", constraints_file] if constraints_file else [])
         if uv:
             step += ["--index-strategy", "unsafe-best-match"]
@@ -112,15 +171,29 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     return cmds
 
 
+def link_base_command(python: str, venv: str) -> list:
+    return [python, "-c", LINK_BASE_SCRIPT, venv]
+
+
+def verify_names(profile: dict) -> list:
+    """What the verify step asks the venv about: the pins, and torch whenever the
+    profile says ``cuda:`` (a torch from the base interpreter is checked too)."""
+    names = [pin_of(p)[0] for p in profile.get("packages") or []]
+    if profile.get("cuda") and "torch" not in names:
+        names.append("torch")
+    return names
+
+
 def verify_command(venv: str, profile: dict) -> list:
-    names = [pin_of(p)[0] for p in profile["packages"]]
-    return [os.path.join(venv, "bin", "python"), "-c", VERIFY_SCRIPT, *names]
+    return [os.path.join(venv, "bin", "python"), "-c", VERIFY_SCRIPT, *verify_names(profile)]
 
 
 def check_verify(profile: dict, report: dict) -> list:
     """Mismatches between what the profile pins and what the venv holds (empty = fine)."""
     problems = []
-    for req in profile["packages"]:
+    if profile.get("cuda") and not report.get("packages", {}).get("torch"):
+        problems.append(f"torch is not importable in the venv, the profile says cuda {profile['cuda']}")
+    for req in profile.get("packages") or []:
         name, want = pin_of(req)
         got = report.get("packages", {}).get(name)
         if got is None:
@@ -129,7 +202,7 @@ def check_verify(profile: dict, report: dict) -> list:
             problems.append(f"{name} is {got}, the profile pins {want}")
     torch = report.get("torch")
     if torch:
-        want = dict(pin_of(p) for p in profile["packages"]).get("torch")
+        want = dict(pin_of(p) for p in profile.get("packages") or []).get("torch")
         if want and torch["version"] != want:
             problems.append(f"torch.__version__ is {torch['version']}, the profile pins {want}")
         cuda = profile.get("cuda")

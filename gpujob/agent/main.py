@@ -18,7 +18,7 @@ import sys
 import tarfile
 import time
 
-from gpujob.agent import envs
+from gpujob.agent import envs, gc
 from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Held, Lock
 from gpujob.agent.proc import group_pids, kill_group
@@ -500,16 +500,38 @@ def cmd_profiles(home: Home, args) -> None:
         if key.startswith("."):
             continue
         marker = envs.read_marker(home.root, key)
+        du = gc.disk_usage([os.path.join(root, key)])
         installed.append({"env_key": key, "installed": bool(marker), "profile": marker.get("profile"),
                           "packages": marker.get("packages"), "torch": marker.get("torch"),
-                          "size": envs.dir_size(os.path.join(root, key)),
-                          "built_at": marker.get("built_at")})
+                          "size": du["apparent"], "disk": du, "built_at": marker.get("built_at"),
+                          "last_used": gc.last_used(os.path.join(root, key), marker)})
     ledgers = {}
     ldir = home.path("ledger")
     for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if name.endswith(".json"):
             ledgers[name[:-5]] = read_json(os.path.join(ldir, name), {})
-    emit({"envs": installed, "ledgers": ledgers})
+    emit({"envs": installed, "ledgers": ledgers,
+          "disk_total": gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])})
+
+
+def cmd_gc(home: Home, args) -> None:
+    """Remove venvs not used for --days days; never an active or known-good one."""
+    root = home.path("envs")
+    items = []
+    for key in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        if not key.startswith("."):
+            marker = envs.read_marker(home.root, key)
+            items.append({"env_key": key, "profile": marker.get("profile"),
+                          "last_used": gc.last_used(os.path.join(root, key), marker)})
+    good_keys, good_names = gc.protected_by_ledgers(gc.read_ledgers(home.path("ledger")))
+    rows = []
+    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names):
+        du = gc.disk_usage([os.path.join(root, e["env_key"])])
+        remove = why == "remove" and not args.dry_run
+        if remove:
+            envs.remove_tree(os.path.join(root, e["env_key"]))
+        rows.append(dict(e, why=why, removed=remove, disk=du))
+    emit({"envs": rows, "dry_run": args.dry_run, "days": args.days})
 
 
 def active_keys(home: Home) -> set:
@@ -582,6 +604,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--to")
     s.add_argument("--reason")
     sub.add_parser("profiles")
+    s = sub.add_parser("gc")
+    s.add_argument("--days", type=float, required=True)
+    s.add_argument("--dry-run", action="store_true")
     s = sub.add_parser("cache")
     s.add_argument("action", choices=["ls", "clear"])
     s.add_argument("--profile")
@@ -591,7 +616,7 @@ def parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"probe": cmd_probe, "put": cmd_put, "manifest": cmd_manifest, "submit": cmd_submit,
             "run": cmd_run, "status": cmd_status, "tail": cmd_tail, "stop": cmd_stop,
-            "rollback": cmd_rollback, "profiles": cmd_profiles, "cache": cmd_cache}
+            "rollback": cmd_rollback, "profiles": cmd_profiles, "cache": cmd_cache, "gc": cmd_gc}
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,7 @@ Everything it does goes to the job's journal (see journal.py).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import json
 import os
@@ -18,14 +19,13 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import envs, throughput
+from gpujob.agent import checkpoint, envs, gc, jobenv, throughput
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
-from gpujob.agent.watch import (POLL, TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop,  # noqa: F401
-                                gpu_utilisation, idle_for)
+from gpujob.agent.watch import POLL, TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop
 
 def substitute(text: str, values: dict) -> str:
     """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``;
@@ -65,6 +65,10 @@ class _Run:
         self.last_trim = self.start
         self.minute: list = []  # sample values since the last samples_1m summary
         self.minute_start = self.start
+        self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
+        self.held = None  # an automatic rollback waiting for the first checkpoint
+        self.held_at = 0.0
+        self.ck_seen = False
         self.last_verdict = None
         self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
         gpus = sup.spec.get("gpus") or {}
@@ -115,6 +119,7 @@ class Supervisor(PhaseWatch):
                 initial_delay_samples=tp.get("initial_delay_samples", 0),
                 no_data_timeout=tp.get("no_data_timeout", 600.0),
                 good_after=tp.get("good_after", 600.0))
+            self.base_policy = self.policy
         self.rb = self.spec.get("rollback") or {}
         self.restart_cfg = (self.spec.get("train") or {}).get("restarts") or {}
         self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
@@ -125,6 +130,8 @@ class Supervisor(PhaseWatch):
         self.full_rate = float(jcfg.get("full_rate_samples", 3600.0))
         self.trimmer = Trimmer(self.journal.dir)
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
+        self._login: dict | None = None
+        self._passed: dict = {}
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:
@@ -301,7 +308,8 @@ class Supervisor(PhaseWatch):
         """Act on how a phase ended; True when the job is over."""
         if out.kind == "done":
             if self.parse_tps is None and self.ledger.status(profile) != "good":
-                self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded")
+                self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded",
+                                 env_key=self.env_key(profile))
             self.finish("succeeded", "train exited 0", exit_code=0)
             return True
         if out.kind == "stop":
@@ -413,6 +421,7 @@ class Supervisor(PhaseWatch):
             os.unlink(tmp)
         os.symlink(envs.env_dir(self.home.root, self.env_key(profile)), tmp)
         os.replace(tmp, link)
+        gc.touch_used(envs.env_dir(self.home.root, self.env_key(profile)))  # for `gpujob gc`
         self.journal.set_state(profile=profile, env_key=self.env_key(profile))
         self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
     def ensure_env(self, profile: str) -> None:
@@ -478,19 +487,18 @@ class Supervisor(PhaseWatch):
         self.say(f"profile {profile}: compile caches cleared")
 
     def child_env(self, profile: str, extra: dict | None = None) -> dict:
-        env = dict(os.environ)
-        env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
-        env.update({k: str(v) for k, v in (self.profiles[profile].get("env") or {}).items()})
-        env.update(envs.cache_env(self.home.root, self.cache_key(profile)))
-        for group, ids in (self.spec.get("gpus") or {}).items():
-            env[f"GPUJOB_GPUS_{group.upper()}"] = ",".join(str(i) for i in ids)
-        venv = self.journal.path("venv")
-        env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + env.get("PATH", ""),
-                   PYTHONUNBUFFERED="1", GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile,
-                   GPUJOB_HOME=self.home.root)
-        env.pop("PYTHONHOME", None)
-        env.update(extra or {})
-        return env
+        if self._login is None:  # once per supervisor: a login shell costs ~10 ms
+            self._login, source = jobenv.login_env()
+            passed = jobenv.passed_through(dict(os.environ), self.job.get("env_passthrough") or [])
+            self.journal.event("job_env", login=source, passthrough=sorted(passed))
+            self._passed = passed
+        own = {f"GPUJOB_GPUS_{group.upper()}": ",".join(str(i) for i in ids)
+               for group, ids in (self.spec.get("gpus") or {}).items()}
+        own.update(GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile, GPUJOB_HOME=self.home.root)
+        return jobenv.job_env(self._login, self._passed,
+                              [self.spec.get("env"), self.profiles[profile].get("env"),
+                               envs.cache_env(self.home.root, self.cache_key(profile)), own],
+                              self.journal.path("venv"), extra)
 
     def values(self, profile: str, gpu=None) -> dict:
         vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
@@ -549,14 +557,16 @@ class Supervisor(PhaseWatch):
         if not w:
             return Outcome("done")
         when = w.get("when", "cold")
-        cold = envs.cache_is_cold(self.home.root, self.cache_key(profile))
-        if not done and (when == "never" or (when == "cold" and not cold)):
-            self.journal.event("warmup_skipped", profile=profile, cache="warm" if not cold else "cold", when=when)
-            self.say(f"warmup skipped: profile {profile}'s compile cache is warm")
-            return Outcome("done")
         gpus = [None]
         if w.get("per_gpu"):
             gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
+        digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
+        cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
+        if not done and (when == "never" or (when == "cold" and cache == "warm")):
+            self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
+            self.say(f"warmup skipped: profile {profile}'s compile cache is {cache}"
+                     + (" (this warmup succeeded on it before)" if cache == "warm" else ""))
+            return Outcome("done")
         self.set_state("warmup", phase="warmup", profile=profile)
         for gpu in gpus:
             if gpu in done:
@@ -572,24 +582,53 @@ class Supervisor(PhaseWatch):
                 return out
             done = list(done) + [gpu]
             self.journal.set_state(warmup_done=done)
+        envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
+                       at=now(), was=cache)
+        self.journal.event("warm_marked", profile=profile, hash=digest)
         return Outcome("done")
 
     def train(self, profile: str, resume: bool) -> Outcome:
         t = self.spec["train"]
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)
+        env = self.child_env(profile)
         self.set_state("training", phase="train", profile=profile, restarts_count=len(self.restarts))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
+        point = self.resume_point(profile) if resume else None
         if self.rollbacks and "running_at" not in self.rollbacks[-1]:
             rec = self.rollbacks[-1]
+            if point is not None:
+                rec["resumed"] = checkpoint.describe(point)
             rec["running_at"] = now()
             rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
+            rec["timings"] = {"trainer_start": rec["took"]}
             self.journal.event("rollback_done", **rec)
             self.journal.set_state(rollbacks=self.rollbacks)
-        return self.watch(argv, self.child_env(profile), "train.log", profile,
+        self.resumed_policy(profile, resume)
+        return self.watch(argv, env, "train.log", profile,
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
                           grace=t.get("grace", 30.0))
+
+    def resumed_policy(self, profile: str, resume: bool) -> None:
+        """A known-good profile resumed needs no long start-up grace
+        (throughput.resume_initial_delay)."""
+        if self.parse_tps:
+            delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
+            good = resume and delay is not None and self.ledger.status(profile) == "good"
+            self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy
+
+    def resume_point(self, profile: str):
+        """The checkpoint a resumed trainer starts from (train.checkpoint), journalled."""
+        ck = self.spec["train"].get("checkpoint")
+        if not ck:
+            return None
+        point = checkpoint.resume_point(self.workdir, substitute(ck["path"], self.values(profile)), now())
+        note = checkpoint.describe(point)
+        self.journal.event("resume_point", note=note, **point)
+        self.journal.set_state(resumed=note)
+        self.say(note)
+        return point
 
     def readopt(self, child: dict, profile: str):
         """A phase command recorded in state by a supervisor that is gone: watch it
@@ -607,6 +646,8 @@ class Supervisor(PhaseWatch):
             self.journal.set_state(child=None)
             return None
         logname = child.get("log") or f"{child.get('phase')}.log"
+        if child.get("phase") == "train":
+            self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
         watch_tps = bool(child.get("watch_tps"))
         timeout = (self.spec.get("warmup") or {}).get("timeout", 3600.0) if child.get("phase") == "warmup" \
             else self.spec["train"].get("timeout")

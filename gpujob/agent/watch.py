@@ -11,10 +11,15 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import throughput
+from gpujob.agent import checkpoint, throughput, timings
 from gpujob.agent.journal import now
 from gpujob.agent.proc import Phase
 from gpujob.agent.trim import read_jsonl_from
+
+
+def substitute(text: str, values: dict) -> str:
+    from gpujob.agent.supervisor import substitute as sub
+    return sub(text, values)
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -45,17 +50,6 @@ class Outcome:
         self.evidence, self.to, self.exit_code = evidence or {}, to, exit_code
         self.request, self.mark_bad = request, mark_bad
         self.at = now()  # when it was decided: a rollback's clock starts here
-
-
-def idle_for(history: list, below: float) -> float:
-    """How long a GPU group has stayed under ``below`` percent: ``history`` holds
-    (time, busiest GPU's utilisation) pairs, oldest first."""
-    since = None
-    for t, util in reversed(history):
-        if util >= below:
-            break
-        since = t
-    return history[-1][0] - since if since is not None else 0.0
 
 
 def gpu_utilisation(gpus: list) -> float | None:
@@ -178,6 +172,7 @@ class PhaseWatch:
                 run.last_check = t
                 outcome = self.check(run, t)
                 self.keep_small(run, t)
+            outcome = self.gate(run, outcome, t)
             if outcome is not None or (not chunk and not proc.running()):
                 break
             if not chunk:
@@ -243,6 +238,11 @@ class PhaseWatch:
         if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
             self.publish(run.samples, d, run.baseline)
             run.last_state = t
+        rec = self.rollbacks[-1] if self.rollbacks and run.phase == "train" else None
+        if timings.pending(rec):  # decision -> first sample -> first good -> first ok
+            for mark, secs in timings.on_sample(rec, t, value, d.evidence.get("threshold"), d.verdict):
+                self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
+                self.journal.set_state(rollbacks=self.rollbacks)
         if d.verdict == "rollback":
             return Outcome("signal", "low_throughput", d.reason, d.evidence)
         if not run.good_known:
@@ -250,6 +250,7 @@ class PhaseWatch:
             if base is not None:
                 run.good_known = True
                 self.ledger.mark(run.profile, "good", baseline=base, job=self.job_id,
+                                 env_key=self.env_key(run.profile),
                                  reason=f"held {throughput.fmt_rate(base)} tok/s for "
                                         f"{self.policy.good_after:g}s")
                 self.journal.event("known_good", profile=run.profile, baseline=base)
@@ -271,8 +272,9 @@ class PhaseWatch:
                            f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
         if run.timeout and t - run.start > run.timeout:
             return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
-        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and \
+        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
                 t >= run.start + (self.policy.initial_delay if self.parse_tps else 0):
+            # start-up (imports, compile) idles the GPUs: watched from the first sample on
             run.last_gpu = t
             outcome = self.check_gpu_idle(run, t)
             if outcome:
@@ -292,14 +294,46 @@ class PhaseWatch:
         run.gpu_history.append((t, util))
         del run.gpu_history[:-1000]
         self.journal.event("gpu_util", group=cfg["group"], max=util)
-        idle = idle_for(run.gpu_history, cfg["below"])
-        if idle < cfg["for"]:
+        ck = self.spec["train"].get("checkpoint")
+        saved = checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
+                                                  saved[0][1] if saved else 0.0, run.save_time)
+        if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
             return None
         return Outcome("signal", "gpu_idle",
                        f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
                        f"under {cfg['below']:g}% for {idle:.0f}s",
                        {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
                         "history": run.gpu_history[-10:]})
+
+    def gate(self, run, outcome, t: float):
+        """rollback.wait_for_checkpoint: an automatic rollback of a running trainer waits
+        until a checkpoint exists (at most checkpoint.hold_limit); anything else passes."""
+        ck = self.spec["train"].get("checkpoint")
+        if not (ck and self.rb.get("wait_for_checkpoint") and run.phase == "train"):
+            return outcome
+        if outcome is None:
+            if run.held is None:
+                return None
+            outcome = run.held
+        elif outcome.kind != "signal" or outcome.signal_name not in (self.rb.get("on") or []):
+            return outcome
+        if not run.ck_seen:
+            run.ck_seen = bool(checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))))
+        waited = t - run.held_at if run.held is not None else 0.0
+        if run.ck_seen or waited > checkpoint.hold_limit(float(ck["every"])):
+            if run.held is not None:
+                why = "a checkpoint exists" if run.ck_seen else "no checkpoint came; rolling back anyway"
+                self.journal.event("rollback_released", waited=round(waited, 2), why=why)
+                self.say(f"rollback held {waited:.1f}s: {why}")
+                outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
+                outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
+            return outcome
+        if run.held is None:
+            run.held, run.held_at = outcome, t
+            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
+            self.say(f"{outcome.signal_name}: rollback held until the first checkpoint exists ({ck['path']})")
+        return None
 
     def publish(self, samples: list, d, baseline) -> None:
         values = [s.value for s in samples[-120:]]

@@ -443,19 +443,48 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
         for p, e in led.get("profiles", {}).items():
             status.setdefault(p, []).append(f"{name}: {e.get('status')}")
     table = Table(title=f"profiles on {t.label}", title_justify="left", show_edge=False)
-    for col in ("profile", "venv", "installed", "size", "packages", "ledger"):
+    for col in ("profile", "venv", "installed", "disk: own / real / apparent", "packages", "ledger"):
         table.add_column(col)
     seen = set()
     for e in res["envs"]:
         seen.add(e["profile"])
         pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
         table.add_row(e["profile"] or "?", e["env_key"], "yes" if e["installed"] else "partial",
-                      render.size(e["size"]), pk, "; ".join(status.get(e["profile"], [])) or "untried")
+                      render.disk(e.get("disk") or {"apparent": e["size"]}), pk,
+                      "; ".join(status.get(e["profile"], [])) or "untried")
     for p in sorted(set(status) - seen):
         table.add_row(p, "-", "no", "-", "", "; ".join(status[p]))
     out.print(table)
+    if res.get("disk_total"):
+        out.print(f"all venvs together: {render.disk(res['disk_total'])} (own: only in these venvs; "
+                  "real: each file once; uv links the rest from its cache)")
     for name, led in ledgers.items():
         out.print(render.ledger_table(led.get("profiles", {})), f"(job {name})")
+
+
+@app.command()
+def gc(target: str = typer.Argument(...),
+       days: float = typer.Option(..., "--days", help="remove venvs not used for this many days"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="say what would go; remove nothing"),
+       as_json: bool = typer.Option(False, "--json")):
+    """Remove profile venvs not used for N days; never the active or a known-good one."""
+    if days < 0:
+        raise InputError(f"--days: expected a number of days >= 0, got {days:g}")
+    t = ctx.target(target)
+    res = t.agent_json("gc", "--days", f"{days:g}", *(["--dry-run"] if dry_run else []), timeout=600)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    table = Table(title=f"gc on {t.label} (unused for {days:g} days{', dry run' if dry_run else ''})",
+                  title_justify="left", show_edge=False)
+    for col in ("venv", "profile", "disk: own / real / apparent", "decision"):
+        table.add_column(col)
+    for e in res["envs"]:
+        decision = ("removed" if e["removed"] else "would remove") if e["why"] == "remove" else f"kept: {e['why']}"
+        table.add_row(e["env_key"], e.get("profile") or "?", render.disk(e["disk"]), decision)
+    out.print(table)
+    freed = sum(e["disk"]["own"] for e in res["envs"] if e["why"] == "remove")
+    out.print(f"{'freed' if not dry_run else 'would free'} {render.size(freed)}")
 
 
 @cache_app.command("ls")

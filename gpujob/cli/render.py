@@ -7,6 +7,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from gpujob.agent import timings
 from gpujob.agent.journal import ENDED
 from gpujob.agent.throughput import fmt_rate, sparkline
 
@@ -93,12 +94,13 @@ def print_status(console: Console, v: dict) -> None:
     console.print(t)
     if v["rollbacks"]:
         rt = Table(title="rollbacks", title_justify="left", show_edge=False)
-        for col in ("when", "from → to", "signal", "reason", "took"):
+        for col in ("when", "from → to", "signal", "reason", "took", "decision →", "resumed"):
             rt.add_column(col)
         for r in v["rollbacks"]:
             rt.add_row(time.strftime("%H:%M:%S", time.localtime(r["decided_at"])),
                        f"{r['from']} → {r['to']}", r.get("signal", ""), r.get("reason", ""),
-                       f"{r['took']:.2f}s" if r.get("took") is not None else "-")
+                       f"{r['took']:.2f}s" if r.get("took") is not None else "-",
+                       timings.describe(r), r.get("resumed") or "-")
         console.print(rt)
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
@@ -114,6 +116,11 @@ def ledger_table(ledger: dict) -> Table:
                    fmt_rate(e["baseline"]) + " tok/s" if e.get("baseline") else "-",
                    e.get("reason") or "")
     return lt
+
+
+def disk(d: dict) -> str:
+    """own / real / apparent bytes of a venv (what removing it frees / each file once / sum of sizes)."""
+    return " / ".join(size(d.get(k)) for k in ("own", "real", "apparent"))
 
 
 def size(n: int | None) -> str:

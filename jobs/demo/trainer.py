@@ -21,6 +21,7 @@ p.add_argument("--steps", type=int, default=60)
 p.add_argument("--interval", type=float, default=0.25, help="seconds per step")
 p.add_argument("--resume", action="store_true")
 p.add_argument("--checkpoint", default="checkpoint.json")
+p.add_argument("--checkpoint-every", type=int, default=1, help="steps between checkpoints")
 p.add_argument("--fail-on-build", default=None, help="crash at --fail-step on this build")
 p.add_argument("--fail-step", type=int, default=5)
 p.add_argument("--fail-message", default="RuntimeError: kernel launch failed")
@@ -46,6 +47,8 @@ while step < args.steps:
     tps = demo_kernels.TOKENS_PER_SECOND * rng.uniform(0.97, 1.03)
     loss = 8.0 / (1 + step * 0.05)
     print(f"step {step} | loss {loss:.4f} | {tps / 1000:.1f}K tok/s", flush=True)
+    if step % args.checkpoint_every:
+        continue
     with open(args.checkpoint + ".tmp", "w") as f:
         json.dump({"step": step}, f)
     os.replace(args.checkpoint + ".tmp", args.checkpoint)

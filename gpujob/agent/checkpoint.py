@@ -1,0 +1,113 @@
+"""Checkpoint awareness (stdlib only): where the trainer's checkpoints are, which
+one a resumed trainer starts from, whether a rollback should wait for the first
+one, and the plan's warning when the policy can decide before one can exist.
+
+``train.checkpoint: {path: GLOB, every: DURATION}``: GLOB is relative to the
+workdir (``{job_id}``/``{profile}``/``{workdir}`` substituted), ``**`` allowed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+_STEP = re.compile(r"(?:global_step|step|iter|it|epoch)[_-]?(\d+)", re.I)
+_LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")
+
+
+def find(workdir: str, pattern: str) -> list:
+    """Matching files, newest first: [(path, mtime)]."""
+    full = pattern if os.path.isabs(pattern) else os.path.join(workdir, pattern)
+    out = []
+    for path in glob.glob(full, recursive=True):
+        try:
+            out.append((path, os.stat(path).st_mtime))
+        except OSError:
+            pass
+    return sorted(out, key=lambda x: x[1], reverse=True)
+
+
+def step_of(path: str):
+    """The step a checkpoint's name says (``ckpt_step_400.pt``, ``iter-12``,
+    ``ckpt-000400.pt``), or None."""
+    name = os.path.basename(path.rstrip("/"))
+    m = _STEP.search(name) or _LAST_NUMBER.search(os.path.splitext(name)[0])
+    return int(m.group(1)) if m else None
+
+
+def resume_point(workdir: str, pattern: str, now: float) -> dict:
+    """What a resumed trainer will find: {file, age, step} or {file: None}."""
+    found = find(workdir, pattern)
+    if not found:
+        return {"file": None}
+    path, mtime = found[0]
+    return {"file": path, "age": round(max(0.0, now - mtime), 1), "step": step_of(path)}
+
+
+def describe(point: dict) -> str:
+    """'resumed from F (age 12s, step 400)' or 'no checkpoint: restarted from scratch'."""
+    if not point or not point.get("file"):
+        return "no checkpoint: restarted from scratch"
+    bits = [f"age {point['age']:.0f}s"]
+    if point.get("step") is not None:
+        bits.append(f"step {point['step']}")
+    return f"resumed from {point['file']} ({', '.join(bits)})"
+
+
+def hold_limit(every: float) -> float:
+    """How long a rollback waits for a first checkpoint: two intervals and a minute,
+    then it goes ahead (a trainer that writes none must not stay on a bad profile)."""
+    return 2 * every + 60.0
+
+
+def warnings(spec: dict) -> list:
+    """Pure, on the agent's spec dict: the ways the policy can decide before the first
+    checkpoint can exist (empty when there is no checkpoint or it cannot happen)."""
+    ck = (spec.get("train") or {}).get("checkpoint")
+    if not ck:
+        return []
+    rb = spec.get("rollback") or {}
+    if not rb.get("enabled", True) or rb.get("wait_for_checkpoint"):
+        return []
+    every = float(ck["every"])
+    on = rb.get("on") or []
+    out = []
+    tp = spec.get("throughput")
+    fix = "set rollback.wait_for_checkpoint: true, or a longer delay"
+    if tp and "low_throughput" in on and float(tp.get("initial_delay") or 0) < every:
+        out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s) is shorter than "
+                   f"train.checkpoint.every ({every:g}s): a low_throughput rollback can come before the "
+                   f"first checkpoint exists, and the resumed trainer would start from scratch; {fix}")
+    idle = rb.get("gpu_idle")
+    if idle and "gpu_idle" in on and float(idle["for"]) < every:
+        out.append(f"rollback.gpu_idle.for ({float(idle['for']):g}s) is shorter than train.checkpoint.every "
+                   f"({every:g}s): a gpu_idle rollback can come before the first checkpoint exists; {fix}")
+    return out
+
+
+def idle_gap(history: list, below: float, last_saved: float, save_time: float) -> tuple:
+    """Pure: (idle seconds that count, the longest checkpoint save seen).
+
+    ``history`` holds (time, busiest GPU's utilisation) pairs, oldest first. A
+    checkpoint save idles the GPUs: idle time up to the moment the newest
+    checkpoint landed (``last_saved``, its mtime) does not count, and an idle
+    stretch that a checkpoint ended teaches how long a save takes (``save_time``,
+    the longest seen). The caller takes a gap shorter than twice that for a save
+    in progress: it compares the idle time with max(for, 2 x save_time)."""
+    i = len(history) - 1
+    ongoing = i >= 0 and history[i][1] < below
+    while i >= 0 and history[i][1] >= below:  # the busy tail, if the last stretch ended
+        i -= 1
+    if i < 0:
+        return 0.0, save_time
+    j = i
+    while j > 0 and history[j - 1][1] < below:
+        j -= 1
+    since = history[j][0]
+    end = history[i + 1][0] if i + 1 < len(history) else history[-1][0]
+    if since <= last_saved <= end:
+        save_time = max(save_time, last_saved - since)
+    if not ongoing:
+        return 0.0, save_time
+    return max(0.0, history[-1][0] - max(since, last_saved)), save_time
