@@ -180,13 +180,15 @@ def first_steps(text: str) -> list:
     return [float(x) for x in re.findall(r"first_step_s=([\d.]+)", text)]
 
 
-def samples_by_profile(ev: list) -> dict:
-    out, profile = {}, None
-    for e in ev:
-        if e["type"] == "phase" and e.get("phase") == "train":
-            profile = e["profile"]
-        elif e["type"] == "sample" and profile:
-            out.setdefault(profile, []).append(e["value"])
+def samples_by_profile(root: Path, job: str) -> dict:
+    """{profile: [tok/s, ...]} from the job's full-rate samples (samples.jsonl)."""
+    path = root / "jobs" / job / "samples.jsonl"
+    out: dict = {}
+    for ln in path.read_bytes().splitlines() if path.exists() else []:
+        ln = ln.lstrip(b"\0")
+        if ln.strip():
+            rec = json.loads(ln)
+            out.setdefault(rec.get("profile"), []).append(rec["value"])
     return out
 
 
@@ -257,7 +259,7 @@ def run(args, figures: Figures) -> None:
         ev1 = events(b.root, job1)
         warm_log = (b.root / "jobs" / job1 / "warmup.log").read_text(errors="replace")
         train_log = (b.root / "jobs" / job1 / "train.log").read_text(errors="replace")
-        fast = samples_by_profile(ev1).get("fast", [])
+        fast = samples_by_profile(b.root, job1).get("fast", [])
         known = [e for e in ev1 if e["type"] == "known_good"]
         figures.set(act1={"job": job1, "seconds": round(a1 - a0, 1), "fast_tok_s": median(fast),
                           "samples": len(fast), "known_good": bool(known),
@@ -271,7 +273,7 @@ def run(args, figures: Figures) -> None:
         shutil.rmtree(b.root / "work" / "dflash-mini" / "ckpt", ignore_errors=True)  # act 2 starts afresh
         job2, st2, c0, c1 = b.submit(spec, "slow", "act2", budget("act2"))
         ev2 = events(b.root, job2)
-        per = samples_by_profile(ev2)
+        per = samples_by_profile(b.root, job2)
         rolled = [r for r in st2.get("rollbacks") or [] if r.get("signal") != "manual"]
         if not rolled:
             raise BenchError(f"act 2: the slow profile was not rolled back ({median(per.get('slow', []))} tok/s)")
