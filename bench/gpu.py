@@ -233,6 +233,29 @@ class Bench:
         return job, state, t0, time.time()
 
 
+def act2(b: "Bench", sampler, spec: Path, act: str, timeout: float, base) -> dict:
+    """The slow profile, rolled back to fast automatically and resumed: its figures."""
+    job2, st2, c0, c1 = b.submit(spec, "slow", act, timeout)
+    ev2 = events(b.root, job2)
+    per = samples_by_profile(b.root, job2)
+    rolled = [r for r in st2.get("rollbacks") or [] if r.get("signal") != "manual"]
+    if not rolled:
+        raise BenchError(f"{act}: the slow profile was not rolled back ({median(per.get('slow', []))} tok/s)")
+    rb = rolled[0]
+    resumed_log = (b.root / "jobs" / job2 / "train.log").read_text(errors="replace")
+    held = [e for e in ev2 if e["type"] in ("rollback_held", "rollback_released")]
+    resumed = median(per.get("fast", []))
+    return {"job": job2, "seconds": round(c1 - c0, 1), "slow_tok_s": median(per.get("slow", [])),
+            "resumed_fast_tok_s": resumed,
+            "recovered_pct_of_baseline": round(100 * resumed / base, 1) if resumed and base else None,
+            "rollback": {k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings", "resumed")},
+            "decision_to_first_good_s": (rb.get("timings") or {}).get("first_good"),
+            "standby_used": any(e["type"] == "standby_used" for e in ev2),
+            "held_for_checkpoint": held,
+            "first_step_resumed_s": (first_steps(resumed_log) or [None])[-1],
+            "gpu_util": sampler.gpu_util(c0, c1)}
+
+
 def run(args, figures: Figures) -> None:
     gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
     info = probe_torch(args.python, args.device)
@@ -270,27 +293,18 @@ def run(args, figures: Figures) -> None:
                           "gpu_util": sampler.gpu_util(a0, a1)})
         if not known:
             raise BenchError(f"act 1: profile fast never became known-good ({len(fast)} samples)")
-        shutil.rmtree(b.root / "work" / "dflash-mini" / "ckpt", ignore_errors=True)  # act 2 starts afresh
-        job2, st2, c0, c1 = b.submit(spec, "slow", "act2", budget("act2"))
-        ev2 = events(b.root, job2)
-        per = samples_by_profile(b.root, job2)
-        rolled = [r for r in st2.get("rollbacks") or [] if r.get("signal") != "manual"]
-        if not rolled:
-            raise BenchError(f"act 2: the slow profile was not rolled back ({median(per.get('slow', []))} tok/s)")
-        rb = rolled[0]
-        resumed_log = (b.root / "jobs" / job2 / "train.log").read_text(errors="replace")
-        held = [e for e in ev2 if e["type"] in ("rollback_held", "rollback_released")]
         base = median(fast)
-        resumed = median(per.get("fast", []))
-        figures.set(act2={"job": job2, "seconds": round(c1 - c0, 1), "slow_tok_s": median(per.get("slow", [])),
-                          "resumed_fast_tok_s": resumed,
-                          "recovered_pct_of_baseline": round(100 * resumed / base, 1) if resumed and base else None,
-                          "rollback": {k: rb.get(k) for k in ("from", "to", "signal", "reason", "took",
-                                                               "timings", "resumed")},
-                          "decision_to_first_good_s": (rb.get("timings") or {}).get("first_good"),
-                          "held_for_checkpoint": held,
-                          "first_step_resumed_s": (first_steps(resumed_log) or [None])[-1],
-                          "gpu_util": sampler.gpu_util(c0, c1)})
+        # act 2 twice: with the standby interpreter (the spec's train.standby), then without
+        no_standby = spec.with_name("dflash-mini-nostandby.yaml")
+        import yaml
+        plain = yaml.safe_load(spec.read_text())
+        if True in plain.get("rollback", {}):  # PyYAML reads the key `on` as true
+            plain["rollback"]["on"] = plain["rollback"].pop(True)
+        plain["train"].pop("standby", None)
+        no_standby.write_text(yaml.safe_dump(plain, sort_keys=False))
+        for act, path in (("act2", spec), ("act2_no_standby", no_standby)):
+            shutil.rmtree(b.root / "work" / "dflash-mini" / "ckpt", ignore_errors=True)  # each starts afresh
+            figures.set(**{act: act2(b, sampler, path, act, budget(act), base)})
     finally:
         sampler.stop.set()
         sampler.join(5)

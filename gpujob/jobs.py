@@ -14,6 +14,7 @@ import io
 import json
 import os
 import secrets
+import shlex
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -205,6 +206,17 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])})",
                       command_argv(req["spec"]["train"]["command"], values)))
+    if spec.train.standby is not None:
+        from gpujob.agent.standby import command_script
+        preload = ", ".join(spec.train.standby.preload) or "nothing"
+        steps.append(Step("standby", "supervisor",
+                          f"while training on a profile a rollback would leave: an interpreter of the "
+                          f"known-good rollback target, in its venv, imports {preload} and waits; a rollback "
+                          f"runs the trainer in it as `python {shlex.join(command_script(spec.train.command))}` "
+                          "(+ resume_args)",
+                          ["<rollback target's venv>/bin/python", "-c", "<standby: preload, wait on "
+                           "standby.fifo, run the script as __main__>"],
+                          when="when a known-good, installed rollback target exists"))
     return steps
 
 

@@ -227,6 +227,12 @@ class Checkpoint(Strict):
         return self
 
 
+class Standby(Strict):
+    """Keep an interpreter of the rollback target preloaded (see agent/standby.py)."""
+    preload: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] \
+        = ["torch"]
+
+
 class Train(Strict):
     command: Command
     checkpoint: Checkpoint | None = None
@@ -234,6 +240,15 @@ class Train(Strict):
     timeout: Duration | None = None
     grace: Duration = 30.0
     restarts: Restarts | None = None
+    standby: Standby | None = None
+
+    @model_validator(mode="after")
+    def _standby_runs_python(self) -> Train:
+        from gpujob.agent.standby import command_script
+        if self.standby is not None and command_script(self.command) is None:
+            raise At(("standby",), "needs train.command to be `python SCRIPT ...` or `python -m MODULE ...` "
+                     "(no shell syntax): the standby interpreter runs that script")
+        return self
 
 
 class Throughput(Strict):

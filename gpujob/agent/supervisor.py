@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, gc, jobenv, throughput
+from gpujob.agent import checkpoint, envs, gc, jobenv, standby, throughput
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
@@ -100,6 +100,7 @@ class Supervisor(PhaseWatch):
         self.restarts = list(self.journal.state().get("restarts") or [])
         self.joblog = self.relay = None
         self.phase_proc: Phase | None = None
+        self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
         tp = self.spec.get("throughput")
         self.parse_tps = self.parse_step = None
         if tp:
@@ -190,6 +191,9 @@ class Supervisor(PhaseWatch):
             what = f"re-adopting its {child['phase']} (process group {child['pgid']})" if child else \
                 f"resuming at step {st['step']}"
             self.say(f"supervisor restarted (the previous one, pid {before}, was gone); {what}")
+            if st.get("standby"):  # its FIFO's other end is gone with the old supervisor: start afresh
+                self.standby = Phase.adopt(st["standby"])
+                self.drop_standby()
             self.journal.event("supervisor_restarted", previous_pid=before, step=st.get("step"),
                                child=child, generation=self.journal.generation)
 
@@ -207,6 +211,7 @@ class Supervisor(PhaseWatch):
         if self.phase_proc is not None and self.phase_proc.running():
             left = self.phase_proc.kill(5)
             kw.setdefault("left", left)
+        self.drop_standby()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
         for name, _req in self.journal.pending():  # nothing is left to act on them
@@ -381,6 +386,8 @@ class Supervisor(PhaseWatch):
             self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
             self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
         self.set_state("rolling_back", phase="env", reason=p["reason"])
+        if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
+            self.drop_standby()
         self.activate(p["to"])
         self.journal.set_state(step="warmup", profile=p["to"], resume=True, warmup_done=[],
                                pending_rollback=None)
@@ -606,9 +613,82 @@ class Supervisor(PhaseWatch):
             self.journal.event("rollback_done", **rec)
             self.journal.set_state(rollbacks=self.rollbacks)
         self.resumed_policy(profile, resume)
+        started = self.take_standby(profile, extra)
+        if started is None:
+            self.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
-                          grace=t.get("grace", 30.0))
+                          grace=t.get("grace", 30.0), started=started)
+
+    # ---- the standby interpreter (train.standby) ----------------------------
+    def keep_standby(self, profile: str) -> None:
+        """While training on ``profile``, keep an interpreter of the profile a
+        rollback would go to (known-good, installed) preloaded and waiting."""
+        cfg = self.spec["train"].get("standby")
+        if not cfg or standby.command_script(self.spec["train"]["command"]) is None:
+            return
+        target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
+        if target is None or self.ledger.status(target) != "good" or \
+                not envs.is_installed(self.home.root, self.env_key(target)):
+            self.drop_standby()
+            return
+        rec = self.journal.state().get("standby") or {}
+        if rec.get("profile") == target and self.standby is not None and self.standby.running():
+            return
+        self.drop_standby()
+        fifo, ready = self.journal.path("standby.fifo"), self.journal.path("standby.ready")
+        for stale in (ready,):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        standby.make_fifo(fifo)
+        vpy = os.path.join(envs.env_dir(self.home.root, self.env_key(target)), "bin", "python")
+        proc = Phase.start(standby.standby_argv(vpy, fifo, ready, list(cfg.get("preload") or [])),
+                           env=self.child_env(target), cwd=self.workdir,
+                           log_path=self.journal.path("standby.log"),
+                           exit_file=self.journal.path("standby.exit"))
+        self.standby = proc
+        self.journal.set_state(standby=dict(proc.record(), profile=target, env_key=self.env_key(target),
+                                            fifo=fifo, ready=ready, started_at=now()))
+        self.journal.event("standby_started", profile=target, pgid=proc.pgid,
+                           preload=list(cfg.get("preload") or []))
+
+    def take_standby(self, profile: str, extra: list):
+        """(the standby, where its output starts in train.log) when a standby of
+        ``profile`` is ready and took the trainer's argv; else None."""
+        rec = self.journal.state().get("standby") or {}
+        if self.standby is None or rec.get("profile") != profile or rec.get("env_key") != self.env_key(profile):
+            return None
+        if not (self.standby.running() and standby.is_ready(rec["ready"])):
+            self.journal.event("standby_not_ready", profile=profile)
+            self.drop_standby()
+            return None
+        command = self.spec["train"]["command"]
+        if isinstance(command, str):
+            command = shlex.split(substitute(command, self.values(profile)))
+        else:
+            command = [substitute(str(a), self.values(profile)) for a in command]
+        script = standby.script_argv(command)
+        log = self.journal.path("train.log")
+        log_start = os.path.getsize(log) if os.path.exists(log) else 0
+        if script is None or not standby.go(rec["fifo"], {"argv": script + list(extra), "cwd": self.workdir,
+                                                          "log": log}):
+            self.drop_standby()
+            return None
+        proc, self.standby = self.standby, None
+        self.journal.set_state(standby=None)
+        self.journal.event("standby_used", profile=profile, pgid=proc.pgid)
+        self.say(f"train on {profile} started in its standby interpreter (preloaded: "
+                 f"{', '.join(self.spec['train']['standby'].get('preload') or []) or 'nothing'})")
+        return proc, log_start
+
+    def drop_standby(self) -> None:
+        if self.standby is not None:
+            if self.standby.running():
+                self.standby.kill(2)
+            self.standby = None
+            self.journal.event("standby_dropped")
+        if self.journal.state().get("standby"):
+            self.journal.set_state(standby=None)
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace

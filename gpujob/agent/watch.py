@@ -77,13 +77,17 @@ class PhaseWatch:
 
     grace_after_signature = SIGNATURE_GRACE
 
-    def start_phase(self, argv, env, cwd, logname: str, extra: dict) -> Phase:
-        """Start a phase command; its record goes to state before anything else."""
+    def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
+        """Start a phase command (or take ``started``: (a Phase already running, where
+        its output starts in the log)); its record goes to state before anything else."""
         log_path = self.journal.path(logname)
-        log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
         phase = logname[:-len(".log")]
-        proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path,
-                           exit_file=self.journal.path(f"{phase}.exit"))
+        if started is not None:
+            proc, log_start = started
+        else:
+            log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+            proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path,
+                               exit_file=self.journal.path(f"{phase}.exit"))
         self.phase_proc = proc
         rec = dict(proc.record(), phase=phase, log=logname, log_start=log_start, started_at=now(), **extra)
         self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid)
@@ -137,7 +141,7 @@ class PhaseWatch:
         run.minute_start = t
 
     def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0, gpu=None,
-              adopt: dict | None = None) -> Outcome:
+              adopt: dict | None = None, started=None) -> Outcome:
         """Run one phase command (or go on watching ``adopt``, a command a previous
         supervisor started); parse its output; act on signals and requests."""
         os.makedirs(self.workdir, exist_ok=True)
@@ -152,7 +156,7 @@ class PhaseWatch:
         else:
             run = self.new_run(logname, profile, timeout, watch_tps, None)
             proc = self.start_phase(argv, env, self.workdir, logname,
-                                    {"profile": profile, "gpu": gpu, "watch_tps": watch_tps})
+                                    {"profile": profile, "gpu": gpu, "watch_tps": watch_tps}, started)
             self.journal.set_state(phase_started_at=run.start)
         split = throughput.LineSplitter()
         outcome = None

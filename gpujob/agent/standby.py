@@ -1,0 +1,115 @@
+"""A standby interpreter of the rollback target (stdlib only).
+
+Restarting a torch trainer costs seconds before its first step: ``import torch``
+(~3 s) and the dynamo/inductor imports (~6 s more on an H200 box), all before the
+warm compile cache can help. While a job trains on a profile that may be rolled
+back, the supervisor keeps one interpreter of the profile it would roll back to
+(``train.standby``): started in that profile's venv with the job's environment for
+that profile, it imports ``preload`` (no CUDA is initialised: importing torch
+touches no GPU) and waits on a FIFO. At a rollback onto that profile the
+supervisor writes the trainer's argv to the FIFO; the standby moves its output
+onto train.log, changes into the workdir and runs the script as ``__main__``, as
+``python SCRIPT ARGS`` would. It runs under the same keeper as any phase command,
+so it is watched, stopped and re-adopted like one.
+
+Only ``python SCRIPT …`` and ``python -m MODULE …`` commands can be run this way.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shlex
+
+STANDBY = r"""
+import importlib, json, os, runpy, sys, time
+fifo, ready = sys.argv[1], sys.argv[2]
+t0 = time.time()
+for name in sys.argv[3:]:
+    importlib.import_module(name)
+with open(ready + ".tmp", "w") as f:
+    json.dump({"pid": os.getpid(), "preloaded": sys.argv[3:], "seconds": round(time.time() - t0, 3)}, f)
+os.replace(ready + ".tmp", ready)
+with open(fifo) as f:               # blocks until the supervisor writes the go message
+    line = f.readline()
+if not line:
+    sys.exit(0)                     # released without a go: nothing to run
+msg = json.loads(line)
+log = os.open(msg["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+sys.stdout.flush(); sys.stderr.flush()
+os.dup2(log, 1); os.dup2(log, 2); os.close(log)
+os.chdir(msg["cwd"])
+os.environ.update(msg.get("env") or {})
+argv = msg["argv"]
+if argv[0] == "-m":
+    sys.argv = argv[1:]
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
+    runpy.run_path(argv[0], run_name="__main__")
+"""
+
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def script_argv(argv: list) -> list | None:
+    """The part after the interpreter of a ``python SCRIPT …`` or ``python -m MOD …``
+    argv (what the standby runs), or None when it is not such a command."""
+    if len(argv) < 2 or not _PYTHON.fullmatch(os.path.basename(argv[0])):
+        return None
+    if argv[1] == "-m":
+        return argv[1:] if len(argv) > 2 else None
+    if argv[1].startswith("-") or not argv[1].endswith(".py"):
+        return None
+    return argv[1:]
+
+
+def command_script(command) -> list | None:
+    """``script_argv`` of a spec command (a shell string is split as a shell would,
+    a string with shell syntax beyond words is not a plain python command)."""
+    if isinstance(command, str):
+        if re.search(r"[;&|<>`$()]", command):
+            return None
+        try:
+            command = shlex.split(command)
+        except ValueError:
+            return None
+    return script_argv(list(command))
+
+
+def standby_argv(venv_python: str, fifo: str, ready: str, preload: list) -> list:
+    return [venv_python, "-c", STANDBY, fifo, ready, *preload]
+
+
+def make_fifo(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+    os.mkfifo(path, 0o600)
+
+
+def is_ready(ready: str) -> bool:
+    return os.path.exists(ready)
+
+
+def go(fifo: str, message: dict) -> bool:
+    """Hand the standby its trainer; False when no standby waits on the FIFO."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.ENOENT):  # nobody reads it: the standby is gone
+            return False
+        raise
+    try:
+        os.set_blocking(fd, True)
+        data = (json.dumps(message) + "\n").encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BrokenPipeError:
+        return False
+    finally:
+        os.close(fd)
+    return True
