@@ -120,6 +120,7 @@ def untar(stream, size: int, dest: str) -> int:
             if not (target == os.path.realpath(dest) or target.startswith(os.path.realpath(dest) + os.sep)) \
                     or member.issym() or member.islnk() or member.isdev():
                 raise ValueError(f"refusing tar member {member.name!r}")
+            member.mode &= 0o777  # never setuid, setgid or sticky, whatever the laptop had
             tar.extract(member, dest, set_attrs=True, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
             count += 1
     body.drain()
@@ -169,6 +170,7 @@ def cmd_submit(home: Home, args) -> None:
     stdin = sys.stdin.buffer
     job = json.loads(stdin.readline())
     job_id = job["job_id"]
+    secrets = job.pop("secrets", None)  # kept out of job.json, the job's record
     stale = acquire(home, job_id)
     try:
         j = Journal(home, job_id)
@@ -179,7 +181,9 @@ def cmd_submit(home: Home, args) -> None:
             dest = entry["dest"] if os.path.isabs(entry["dest"]) else os.path.join(workdir, entry["dest"])
             synced[entry["dest"]] = untar(stdin, entry["size"], dest)
         job["submitted_at"] = now()
-        write_json(j.path("job.json"), job, mode=0o600)  # the spec's env may hold secrets
+        if secrets:
+            write_json(j.path("secrets.json"), secrets, mode=0o600)
+        write_json(j.path("job.json"), job, mode=0o600)
         write_json(j.path("state.json"), {"job_id": job_id, "name": job["spec"]["name"],
                                           "state": "preparing", "phase": "start",
                                           "profile": job["profile"], "started_at": now()})
@@ -190,6 +194,8 @@ def cmd_submit(home: Home, args) -> None:
         j.set_state(supervisor_pid=pid)
     except BaseException:
         Lock(home).release(job_id)
+        if os.path.exists(Journal(home, job_id).path("secrets.json")):  # no supervisor will use them
+            os.unlink(Journal(home, job_id).path("secrets.json"))
         raise
     emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced,
           "stale_lock": stale})

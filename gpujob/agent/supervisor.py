@@ -19,7 +19,7 @@ import sys
 import time
 
 from gpujob.agent import envs, throughput
-from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, write_json
+from gpujob.agent.journal import Home, Journal, Ledger, Lock, group_pids, now, read_json, write_json
 
 POLL = 0.05            # seconds between looks at a quiet child
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -80,22 +80,61 @@ def gpu_utilisation(gpus: list) -> float | None:
     return max(seen) if seen and len(seen) == len(gpus) else None
 
 
-def substitute(text: str, values: dict) -> str:
-    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``;
-    any other braces (``${VAR}``, ``{}``) are left alone."""
-    return re.sub(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}",
-                  lambda m: values.get(m.group(1), m.group(0)), text)
+PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}")
+SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
+
+
+def substitute(text: str, values: dict, quote=None) -> str:
+    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``
+    (each value passed through ``quote`` when given); any other braces (``${VAR}``,
+    ``{}``) are left alone."""
+    def one(m):
+        if m.group(1) not in values:
+            return m.group(0)
+        return quote(values[m.group(1)]) if quote else values[m.group(1)]
+    return PLACEHOLDER.sub(one, text)
+
+
+def quoted_placeholders(text: str) -> list:
+    """The placeholders of a shell command string that sit inside quotes (or after a
+    backslash): gpujob quotes each value itself, so a quote around it would break it."""
+    found, quote, i = [], None, 0
+    while i < len(text):
+        c = text[i]
+        m = PLACEHOLDER.match(text, i)
+        if m:
+            if quote:
+                found.append(m.group(0))
+            i = m.end()
+            continue
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c in "'\"":
+            quote = c
+        elif c == quote:
+            quote = None
+        i += 1
+    return found
 
 
 def command_argv(command, values: dict, extra_args=()) -> list:
-    """A spec command (a shell string or an argv list) as an argv list."""
+    """A spec command (a shell string or an argv list) as an argv list. In a shell
+    string each substituted value is quoted for that shell (``/root/a b`` stays one
+    word, ``x;touch p`` runs nothing); an argv list gets the values as they are."""
     if isinstance(command, str):
-        text = substitute(command, values)
+        text = substitute(command, values, shlex.quote)
         if extra_args:
             text += " " + shlex.join(list(extra_args))
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         return [shell, "-c", text]
     return [substitute(str(a), values) for a in command] + list(extra_args)
+
+
+def placeholder_env(values: dict) -> dict:
+    """The substituted values again as variables: GPUJOB_WORKDIR, GPUJOB_GPU,
+    GPUJOB_GPUS_<GROUP>, GPUJOB_PROFILE, GPUJOB_JOB_ID."""
+    return {"GPUJOB_" + key.replace(".", "_").upper(): str(value) for key, value in values.items()}
 
 
 class _Run:
@@ -140,6 +179,7 @@ class Supervisor:
         self.child: subprocess.Popen | None = None
         self.rollbacks = list(self.journal.state().get("rollbacks") or [])
         self.logf = None
+        self._secrets: dict | None = None
         tp = self.spec.get("throughput")
         self.parse_tps = self.parse_step = None
         if tp:
@@ -202,6 +242,7 @@ class Supervisor:
         self.stop_asked = True
 
     def finish(self, state: str, reason: str, **kw) -> None:
+        self.drop_secrets()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), **kw)
 
@@ -358,8 +399,11 @@ class Supervisor:
 
     def child_env(self, profile: str, extra: dict | None = None) -> dict:
         env = dict(os.environ)
+        secrets = self.secrets()
         env.update({k: str(v) for k, v in (self.spec.get("env") or {}).items()})
+        env.update(secrets.get("env") or {})
         env.update({k: str(v) for k, v in (self.profiles[profile].get("env") or {}).items()})
+        env.update((secrets.get("profiles") or {}).get(profile) or {})
         env.update(envs.cache_env(self.home.root, self.cache_key(profile)))
         for group, ids in (self.spec.get("gpus") or {}).items():
             env[f"GPUJOB_GPUS_{group.upper()}"] = ",".join(str(i) for i in ids)
@@ -368,8 +412,25 @@ class Supervisor:
                    PYTHONUNBUFFERED="1", GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile,
                    GPUJOB_HOME=self.home.root)
         env.pop("PYTHONHOME", None)
+        env.update(placeholder_env(self.values(profile)))
         env.update(extra or {})
         return env
+
+    def secrets(self) -> dict:
+        """The secret env values of the job (secrets.json, 0600), read once; {} without."""
+        if self._secrets is None:
+            self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
+            if not self._secrets and self.job.get("secret_names"):
+                raise EnvError("the job's secrets were removed from the container when it ended; "
+                               "submit it again to run it")
+        return self._secrets
+
+    def drop_secrets(self) -> None:
+        """The job has ended: its secrets leave the container."""
+        try:
+            os.unlink(self.journal.path(SECRETS_FILE))
+        except FileNotFoundError:
+            pass
 
     def values(self, profile: str, gpu=None) -> dict:
         vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
@@ -512,7 +573,7 @@ class Supervisor:
             gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
         self.set_state("warmup", phase="warmup", profile=profile)
         for gpu in gpus:
-            extra = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}
+            extra = {"CUDA_VISIBLE_DEVICES": str(gpu), "GPUJOB_GPU": str(gpu)} if gpu is not None else {}
             argv = command_argv(w["command"], self.values(profile, gpu))
             where = f" on GPU {gpu}" if gpu is not None else ""
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
