@@ -7,20 +7,19 @@ code (2 for bad input), never a traceback.
 from __future__ import annotations
 
 import json
-import shlex
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gpujob import __version__
 from gpujob.agent.journal import ENDED
 from gpujob.cli import render
-from gpujob.errors import GpujobError, InputError, JobError
+from gpujob.errors import GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
 from gpujob.target import Target, Targets
 
@@ -30,8 +29,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 cache_app = typer.Typer(no_args_is_help=True, help="Per-profile compile caches.")
 app.add_typer(cache_app, name="cache")
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = render.console()
+err = render.console(stderr=True)
 
 
 class Ctx:
@@ -96,18 +95,32 @@ def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
 @app.command("exec")
 def exec_(target: str = typer.Argument(..., help="container name or host/name"),
           argv: List[str] = typer.Argument(None, help="the command, after --"),
-          timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds")):
+          timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds"),
+          no_stdin: bool = typer.Option(False, "--no-stdin", "-n", help="do not read stdin (like ssh -n): "
+                                        "the command gets an empty one")):
     """Run one command in the container; output streamed, exit code passed through."""
     if not argv:
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
+    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin()
     so, se = sys.stdout.buffer, sys.stderr.buffer
     r = t.run(argv, stdin=stdin, timeout=timeout,
               on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
     if r.timed_out:
         err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
     raise typer.Exit(r.exit_code)
+
+
+class RawStdin:
+    """Our stdin read straight from fd 0: each read returns what is there now (an idle
+    pipe does not hold the command back), and a reader still waiting when the command
+    has exited holds no lock that could stop the interpreter from exiting."""
+
+    def read(self, n: int = 65536) -> bytes:
+        try:
+            return os.read(0, n if n and n > 0 else 65536)
+        except OSError:
+            return b""
 
 
 # ---- doctor / hosts --------------------------------------------------------
@@ -131,26 +144,34 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
     report = {}
     failed = False
     for name in names:
-        t = ctx.target(name)
-        checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
-        report[t.label] = [c.as_dict() for c in checks]
+        try:
+            t = ctx.target(name)
+            label = t.label
+            checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
+        except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
+            if isinstance(e, InputError):
+                raise
+            label, checks = name, [doc.Check("connect", "fail", e.message, e.hint or "")]
+        report[label] = [c.as_dict() for c in checks]
         failed |= any(c.status == "fail" for c in checks)
         if not as_json:
-            table = Table(title=f"gpujob doctor: {t.label}", title_justify="left")
-            for col in ("check", "", "detail", "fix"):
-                table.add_column(col)
-            mark = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
-            for c in checks:
-                table.add_row(c.name, mark[c.status], c.detail, c.hint)
-            out.print(table)
+            out.print(render.doctor_table(label, checks))
     if as_json:
         out.print_json(json.dumps(report))
     raise typer.Exit(1 if failed else 0)
 
 
 @app.command()
-def hosts(as_json: bool = typer.Option(False, "--json")):
+def hosts(as_json: bool = typer.Option(False, "--json"),
+          check: bool = typer.Option(False, "--check", help="only validate the inventory file; "
+                                     "connect to nothing (exit 0 when valid, 2 with the first problem)")):
     """The inventory with each container's status (hosts queried in parallel)."""
+    if check:
+        path = find_inventory(ctx.hosts)
+        inv = load_inventory(path)
+        out.print(render.lit(f"{path or 'built-in inventory'}: ok ({len(inv.hosts)} hosts, "
+                             f"{len(inv.targets())} containers)"))
+        return
     targets = ctx.targets()
     inv = targets.inventory
 
@@ -177,15 +198,7 @@ def hosts(as_json: bool = typer.Option(False, "--json")):
     if as_json:
         out.print_json(json.dumps({"source": inv.source, "targets": rows}))
         return
-    table = Table(title=f"targets ({inv.source})", title_justify="left")
-    for col in ("target", "vmid", "status", "running job"):
-        table.add_column(col)
-    for r in rows:
-        st = r["status"]
-        colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
-        table.add_row(f"{r['host']}/{r['container']}", str(r.get("vmid") or "-"),
-                      f"[{colour}]{st}[/]" + (f" ({r['error']})" if r.get("error") else ""), r.get("job") or "-")
-    out.print(table)
+    out.print(render.hosts_table(rows, inv.source))
 
 
 # ---- submit ----------------------------------------------------------------
@@ -204,19 +217,16 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     spec = load_spec(spec_path)
     target_name = target or spec.target
     if not target_name:
-        raise InputError(f"{spec_path}: target: missing (required), or pass --target")
+        raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
     profile = spec.profile_by_name(profile).name if profile else spec.profile
     t = ctx.target(target_name)
     job_id = jobs.new_job_id(spec.name)
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
-        out.print(f"[bold]plan[/] for {spec_path} → {t.label} ({t.transport.describe()}), "
-                  f"job {job_id}, profile {profile}; nothing runs")
-        for i, step in enumerate(jobs.build_plan(spec, t, job_id, profile), 1):
-            when = f" [dim]({step.when})[/]" if step.when else ""
-            out.print(f"{i:>2}. [bold]{step.kind}[/] \\[{step.where}] {step.what}{when}", soft_wrap=True)
-            if step.argv:
-                out.print(f"      $ {shlex.join(step.argv)}", markup=False, soft_wrap=True)
+        steps = jobs.build_plan(spec, t, job_id, profile)
+        for line in render.plan_lines(f" for {spec_path} → {t.label} ({t.transport.describe()}), "
+                                      f"job {job_id}, profile {profile}; nothing runs", steps):
+            out.print(line, soft_wrap=True)
         return
     _start(spec, spec_path, t, profile, job_id, clear)
     if follow:
@@ -230,13 +240,14 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     from gpujob import jobs
     from gpujob.spec import spec_hash
     res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
-                      progress=lambda m: err.print(f"[dim]· {m}[/]"))
+                      progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     if res.get("stale_lock"):
-        err.print(f"[yellow]note:[/] took over a stale lock of job {res['stale_lock'].get('job_id')} "
-                  f"(its supervisor pid {res['stale_lock'].get('pid')} was gone)")
+        err.print(render.styled(("note:", "yellow"), f" took over a stale lock of job "
+                                f"{res['stale_lock'].get('job_id')} (its supervisor pid "
+                                f"{res['stale_lock'].get('pid')} was gone)"))
     ctx.state().add_job(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
-    out.print(f"submitted [bold]{job_id}[/] to {t.label} (profile {profile}, supervisor pid "
-              f"{res['supervisor_pid']})")
+    out.print(render.styled("submitted ", (job_id, "bold"), f" to {t.label} (profile {profile}, "
+                            f"supervisor pid {res['supervisor_pid']})"))
 
 
 def _print_final(job_id: str, t: Target) -> dict:
@@ -271,11 +282,11 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
         buf[:] = rest
         for ln in lines:
             if ln.strip():
-                out.print(render.event_line(json.loads(ln)), markup=False)
+                out.print(render.lit(render.event_line(json.loads(ln))))
 
     try:
         jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=write,
-                        notice=lambda m: err.print(f"[yellow]gpujob: {m}[/]"))
+                        notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     except KeyboardInterrupt:
         err.print(f"\ndetached from {job_id}; it keeps running (gpujob logs -f {job_id})")
         raise typer.Exit(0)
@@ -340,16 +351,7 @@ def ps(as_json: bool = typer.Option(False, "--json"),
     if as_json:
         out.print_json(json.dumps(views))
         return
-    table = Table(show_edge=False)
-    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime", "exit"):
-        table.add_column(col)
-    from gpujob.agent.throughput import fmt_rate
-    for v in views:
-        style = render.STATE_STYLE.get(v["state"], "")
-        table.add_row(v["job"], v["target"], f"[{style}]{v['state']}[/]", v["phase"] or "-",
-                      v["profile"] or "-", fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
-                      render.duration(v["uptime_s"]), v["exit"] or "")
-    out.print(table)
+    out.print(render.ps_table(views))
 
 
 @app.command()
@@ -359,9 +361,9 @@ def stop(job: Optional[str] = typer.Argument(None),
     job_id, t = job_target(job, target)
     res = t.agent_json("stop", job_id, timeout=600)
     if res.get("left"):
-        err.print(f"[red]gpujob: processes of {job_id} still alive: {res['left']}[/]")
+        err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res['left']}", "red"))
         raise typer.Exit(1)
-    out.print(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else ""))
+    out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
     ctx.state().seen(job_id, res["state"])
 
 
@@ -373,11 +375,11 @@ def rollback(job: Optional[str] = typer.Argument(None),
     job_id, t = job_target(job, target)
     res = t.agent_json("rollback", job_id, *(["--to", to] if to else []), timeout=120)
     if res.get("requested"):
-        out.print(f"{job_id}: rollback from {res['from']} asked of its supervisor"
-                  + (f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)"))
+        out.print(render.lit(f"{job_id}: rollback from {res['from']} asked of its supervisor"
+                             + (f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)")))
     else:
-        out.print(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
-                  f"{res['supervisor_pid']}")
+        out.print(render.lit(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
+                             f"{res['supervisor_pid']}"))
     out.print(f"follow it: gpujob logs -f {job_id}")
 
 
@@ -403,13 +405,14 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
     for e in res["envs"]:
         seen.add(e["profile"])
         pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
-        table.add_row(e["profile"] or "?", e["env_key"], "yes" if e["installed"] else "partial",
-                      render.size(e["size"]), pk, "; ".join(status.get(e["profile"], [])) or "untried")
+        table.add_row(render.lit(e["profile"] or "?"), render.lit(e["env_key"]),
+                      "yes" if e["installed"] else "partial", render.size(e["size"]), render.lit(pk),
+                      render.lit("; ".join(status.get(e["profile"], [])) or "untried"))
     for p in sorted(set(status) - seen):
-        table.add_row(p, "-", "no", "-", "", "; ".join(status[p]))
+        table.add_row(render.lit(p), "-", "no", "-", "", render.lit("; ".join(status[p])))
     out.print(table)
     for name, led in ledgers.items():
-        out.print(render.ledger_table(led.get("profiles", {})), f"(job {name})")
+        out.print(render.ledger_table(led.get("profiles", {})), render.lit(f"(job {name})"))
 
 
 @cache_app.command("ls")
@@ -424,7 +427,7 @@ def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
     for col in ("profile venv", "total", "inductor", "triton", "torch_extensions"):
         table.add_column(col)
     for c in res["caches"]:
-        table.add_row(c["env_key"], render.size(c["size"]),
+        table.add_row(render.lit(c["env_key"]), render.size(c["size"]),
                       *(render.size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")))
     out.print(table)
     out.print(f"uv download cache (shared): {render.size(res['uv_cache'])}")
@@ -438,7 +441,7 @@ def cache_clear(target: str = typer.Argument(...),
     t = ctx.target(target)
     res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
                        *(["--force"] if force else []), timeout=300)
-    out.print(f"cleared: {', '.join(res['cleared']) or 'nothing'}")
+    out.print(render.lit(f"cleared: {', '.join(res['cleared']) or 'nothing'}"))
 
 
 # ---- demo ------------------------------------------------------------------
@@ -459,7 +462,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
                            f"rolls back to {good} and resumes from the checkpoint")]
     final = {}
     for profile, title in acts:
-        out.rule(f"[bold]{title}")
+        out.rule(render.lit(title, "bold"))
         job_id = jobs.new_job_id(spec.name)
         _start(spec, spec_path, t, profile, job_id, False)
         _follow(job_id, t, "job.log", None)
@@ -470,19 +473,19 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
     if not rolled:
         raise JobError("the demo ended without a rollback: the slow build was not caught")
     r = rolled[-1]
-    out.rule("[bold]What happened")
-    out.print(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
+    out.rule(render.lit("What happened", "bold"))
+    out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
               f"bad and had the trainer running on {r['to']} {r['took']:.2f}s later, resumed from "
-              f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}")
+              f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}"))
 
 
 def main() -> None:
     try:
         app()  # standalone: click reports usage errors itself (one line, exit 2)
     except GpujobError as e:
-        err.print(f"gpujob: {e.message}", markup=False, soft_wrap=True)
+        err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
         if e.hint:
-            err.print(f"  hint: {e.hint}", markup=False, soft_wrap=True)
+            err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("\ninterrupted")
