@@ -208,7 +208,7 @@ class _Builder:
             return self.loader.construct_object(node, deep=True)
         except yaml.YAMLError:
             raise
-        except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+        except Exception as exc:  # noqa: BLE001 - PyYAML's constructors raise KeyError, AttributeError, ...
             what = f"{node.tag.rsplit(':', 1)[-1]} value" if node.tag else "value"
             shown = "" if is_secret_loc(loc) else f" {describe(node.value)}"
             raise SpecError(self.path, node.start_mark.line + 1, render_loc(loc) or None,

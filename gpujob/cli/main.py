@@ -219,7 +219,12 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     if not target_name:
         raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
     profile = spec.profile_by_name(profile).name if profile else spec.profile
-    t = ctx.target(target_name)
+    try:
+        t = ctx.target(target_name)
+    except InputError as e:  # an unknown target named by the spec: say where
+        if target or isinstance(e, SpecError):
+            raise
+        raise SpecError(str(spec_path), spec.line_of(("target",)), "target", e.message, e.hint) from None
     job_id = jobs.new_job_id(spec.name)
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
