@@ -36,7 +36,7 @@ Vmid = Annotated[int, BeforeValidator(_vmid)]
 
 class Container(Strict):
     vmid: Vmid | None = None  # ssh hosts only (required there)
-    gpus: int | None = Field(None, ge=0)  # expected GPU count
+    gpus: int | None = Field(None, ge=0, le=1024)  # expected GPU count
     root: str | None = None  # local hosts only (required there): stands in for the container
     home: str | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
 
@@ -53,8 +53,8 @@ class Host(Strict):
     known_hosts: str | None = None
     proxy_jump: str | None = None
     pct: str = "pct"
-    connect_timeout: float = Field(10.0, gt=0)
-    keepalive: float = Field(15.0, ge=0)  # 0: off
+    connect_timeout: float = Field(10.0, gt=0, le=3600)
+    keepalive: float = Field(15.0, ge=0, le=3600)  # 0: off
     containers: dict[Name, Container] = Field(min_length=1)
 
     @model_validator(mode="after")
