@@ -99,9 +99,22 @@ def load_known_hosts(client: paramiko.SSHClient, path: Path) -> frozenset:
             raise HostKeyError(f"known_hosts file {path}:{number}: cannot read this line "
                                f"({type(e).__name__})") from None
         if entry is not None and entry.key is not None:
+            if not all(_hashed_ok(name) for name in entry.hostnames if name.startswith("|")):
+                raise HostKeyError(f"known_hosts file {path}:{number}: a hashed host name that is not "
+                                   "|1|salt|hash (20 bytes each, base64)")
             for name in entry.hostnames:
                 keys.add(name, entry.key.get_name(), entry.key)
     return frozenset(revoked)
+
+
+def _hashed_ok(name: str) -> bool:
+    """OpenSSH's hashed host name, |1|base64(salt)|base64(hash): paramiko asserts on bad ones."""
+    parts = name.split("|")
+    try:
+        return len(parts) == 4 and parts[1] == "1" and all(
+            len(base64.b64decode(part, validate=True)) == 20 for part in parts[2:])
+    except ValueError:
+        return False
 
 
 def _tcp_keepalive(sock: socket.socket, idle: int) -> None:
