@@ -57,7 +57,8 @@ def run_limited(fn, *args, cpu_s: int = 2, extra_mb: int = 200, wall_s: float = 
                 res = ["memory", "MemoryError"]
             except BaseException:  # noqa: BLE001 - the point is to see every kind
                 res = ["traceback", traceback.format_exc()[-3000:]]
-            os.write(w, json.dumps(res)[:60000].encode())
+            res[1] = res[1][:20000]  # a pipe's worth, and valid JSON
+            os.write(w, json.dumps(res).encode())
         except BaseException:  # noqa: BLE001
             code = 3
         finally:

@@ -77,7 +77,7 @@ def test_loader_fuzz(tmp_path):
 
 def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpujob.cli.main", *args], env=env, capture_output=True,
-                          timeout=120, cwd=str(REPO))
+                          timeout=60, cwd=str(REPO))
 
 
 def test_cli_fuzz(tmp_path):
@@ -97,7 +97,10 @@ def test_cli_fuzz(tmp_path):
         with open(path, "wb") as f:
             f.write(body)
         args = ["--hosts", path, "hosts", "--check"] if base == "hosts" else ["submit", path, "--plan"]
-        p = _cli(args, env)
+        try:
+            p = _cli(args, env)
+        except subprocess.TimeoutExpired:
+            return kind, "hang", None
         err = p.stderr.decode("utf-8", "replace")
         if "Traceback" in err or p.returncode not in (0, 2):
             return kind, "traceback", (p.returncode, err[-800:])
