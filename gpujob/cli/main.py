@@ -7,7 +7,6 @@ code (2 for bad input), never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
 from gpujob.target import Target, Targets
+from gpujob.transport.base import RawStdin
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run GPU training jobs in Proxmox LXC containers: wheel profiles as venvs, "
@@ -102,25 +102,13 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
     if not argv:
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)
-    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin()
+    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
     so, se = sys.stdout.buffer, sys.stderr.buffer
     r = t.run(argv, stdin=stdin, timeout=timeout,
               on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
     if r.timed_out:
         err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
     raise typer.Exit(r.exit_code)
-
-
-class RawStdin:
-    """Our stdin read straight from fd 0: each read returns what is there now (an idle
-    pipe does not hold the command back), and a reader still waiting when the command
-    has exited holds no lock that could stop the interpreter from exiting."""
-
-    def read(self, n: int = 65536) -> bytes:
-        try:
-            return os.read(0, n if n and n > 0 else 65536)
-        except OSError:
-            return b""
 
 
 # ---- doctor / hosts --------------------------------------------------------
@@ -399,23 +387,7 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
         out.print_json(json.dumps(res))
         return
     ledgers = res["ledgers"]
-    status = {}
-    for name, led in ledgers.items():
-        for p, e in led.get("profiles", {}).items():
-            status.setdefault(p, []).append(f"{name}: {e.get('status')}")
-    table = Table(title=f"profiles on {t.label}", title_justify="left", show_edge=False)
-    for col in ("profile", "venv", "installed", "size", "packages", "ledger"):
-        table.add_column(col)
-    seen = set()
-    for e in res["envs"]:
-        seen.add(e["profile"])
-        pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
-        table.add_row(render.lit(e["profile"] or "?"), render.lit(e["env_key"]),
-                      "yes" if e["installed"] else "partial", render.size(e["size"]), render.lit(pk),
-                      render.lit("; ".join(status.get(e["profile"], [])) or "untried"))
-    for p in sorted(set(status) - seen):
-        table.add_row(render.lit(p), "-", "no", "-", "", render.lit("; ".join(status[p])))
-    out.print(table)
+    out.print(render.profiles_table(res, t.label))
     for name, led in ledgers.items():
         out.print(render.ledger_table(led.get("profiles", {})), render.lit(f"(job {name})"))
 

@@ -207,3 +207,23 @@ def plan_lines(header: str, steps) -> list[Text]:
         if step.argv:
             lines.append(lit(f"      $ {shlex.join(step.argv)}"))
     return lines
+
+
+def profiles_table(res: dict, label: str) -> Table:
+    """The agent's ``profiles`` answer: venvs and, per profile, its status in each job's ledger."""
+    status: dict = {}
+    for name, led in res["ledgers"].items():
+        for p, e in led.get("profiles", {}).items():
+            status.setdefault(p, []).append(f"{name}: {e.get('status')}")
+    table = Table(title=f"profiles on {label}", title_justify="left", show_edge=False)
+    for col in ("profile", "venv", "installed", "size", "packages", "ledger"):
+        table.add_column(col)
+    seen = set()
+    for e in res["envs"]:
+        seen.add(e["profile"])
+        pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
+        table.add_row(lit(e["profile"] or "?"), lit(e["env_key"]), "yes" if e["installed"] else "partial",
+                      size(e["size"]), lit(pk), lit("; ".join(status.get(e["profile"], [])) or "untried"))
+    for p in sorted(set(status) - seen):
+        table.add_row(lit(p), "-", "no", "-", "", lit("; ".join(status[p])))
+    return table
