@@ -74,16 +74,23 @@ class TarStream:
         return sum(len(h) + s + _padding(s) for h, _, s in self.entries)
 
     def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all that is left when ``n`` < 0): the next piece as it was
+        read from its file, without copying it (less than ``n`` is not the end; b"" is)."""
         if self._pieces is None:
             self._pieces = self._generate()
         if n is None or n < 0:
-            n = 1 << 62
-        while len(self._buf) < n:
+            rest = [self._buf, *self._pieces]
+            self._buf = b""
+            return b"".join(rest)
+        while not self._buf:
             piece = next(self._pieces, None)
             if piece is None:
-                break
-            self._buf += piece
-        out, self._buf = self._buf[:n], self._buf[n:]
+                return b""
+            self._buf = piece
+        if len(self._buf) <= n:
+            out, self._buf = self._buf, b""
+        else:
+            out, self._buf = self._buf[:n], self._buf[n:]
         return out
 
     def seek(self, pos: int) -> None:
