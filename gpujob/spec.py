@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
                       model_validator)
 
-from gpujob.agent.supervisor import quoted_placeholders
+from gpujob.agent.supervisor import is_shell_c, quoted_placeholders
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, kind_of, load_yaml, shorten, suggest
 
@@ -133,15 +133,21 @@ def _cuda(value: Any) -> str:
     return text
 
 
+def _unquoted(script: str) -> None:
+    quoted = quoted_placeholders(script)
+    if quoted:
+        raise ValueError(f"drop the quotes around {quoted[0]}: gpujob quotes every value it "
+                         "substitutes into a shell command (it is also in $GPUJOB_"
+                         f"{quoted[0][1:-1].replace('.', '_').upper()})")
+
+
 def _command(value: Any) -> Any:
     if isinstance(value, str) and value.strip():
-        quoted = quoted_placeholders(value)
-        if quoted:
-            raise ValueError(f"drop the quotes around {quoted[0]}: gpujob quotes every value it "
-                             "substitutes into a shell command (it is also in $GPUJOB_"
-                             f"{quoted[0][1:-1].replace('.', '_').upper()})")
+        _unquoted(value)
         return value
     if isinstance(value, list) and value and all(isinstance(arg, str) for arg in value):
+        if is_shell_c(value):
+            _unquoted(value[2])
         return value
     raise ValueError(f"expected a command (a string or a list of strings), got {describe(value)}")
 

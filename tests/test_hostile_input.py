@@ -71,6 +71,7 @@ BOMB = "name: x\na: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n
     (edit("dest: code", "dest: /"), "job.yaml:5: sync[0].dest: '/' is the container's root"),
     (edit("command: python t.py", "command: cd '{workdir}' && python t.py"), "job.yaml:12: train.command: drop the quotes around {workdir}"),
     (edit("command: python t.py", 'command: python t.py --out "{workdir}/o"'), "drop the quotes around {workdir}"),
+    (edit("command: python t.py", "command: [sh, -c, \"cd '{gpu}'\"]"), "drop the quotes around {gpu}"),
 ])
 def test_each_listed_case_is_one_line(tmp_path, text, expect):
     assert expect in spec_error(tmp_path, text)

@@ -39,8 +39,12 @@ def test_hostile_values_reach_the_shell_as_one_word(tmp_path, key):
             assert argv[:2] in (["/bin/bash", "-c"], ["/bin/sh", "-c"])
             subprocess.run(argv, cwd=tmp_path, check=True)
             assert (tmp_path / "out.txt").read_text() == value, (command, value)
-        # an argv list is no shell: the value goes in as it is
+        # an argv list is no shell: the value goes in as it is; but bash -c SCRIPT is
         assert command_argv(["echo", f"--x={{{key}}}"], {key: value}) == ["echo", f"--x={value}"]
+        argv = command_argv(["bash", "-c", f"printf %s {{{key}}} > out.txt", f"{{{key}}}"], {key: value})
+        assert argv[3] == value
+        subprocess.run(argv, cwd=tmp_path, check=True)
+        assert (tmp_path / "out.txt").read_text() == value
         assert not pwn.exists(), value
     env = placeholder_env({key: "v"})
     assert env == {f"GPUJOB_{key.replace('.', '_').upper()}": "v"}

@@ -234,3 +234,21 @@ def test_revoked_and_unreadable_known_hosts_are_one_line_exit_3(testbed, tmp_pat
             assert len(lines) == 1 and expect in lines[0], p.stderr.decode()
     assert not testbed.container_path(marker).exists()
     assert kh.read_text().count(blob) == 1  # --accept-new recorded nothing
+
+
+def test_exec_over_ssh_with_an_idle_open_stdin_keeps_the_exit_code(inv, tmp_path):
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "exec", "ct200", "--", "sh", "-c", "exit 7"],
+                         env=env_for(inv, tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=str(Path(__file__).resolve().parent.parent))
+    try:
+        p.wait(timeout=60)  # stdin open and idle all along
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdin.close()
+    assert p.returncode == 7 and b"Fatal Python error" not in err, err
+    p = cli(["exec", "-n", "ct200", "--", "sh", "-c", "cat; exit 3"], env_for(inv, tmp_path),
+            input=b"not for the command\n")
+    assert p.returncode == 3 and p.stdout == b""

@@ -128,7 +128,16 @@ def command_argv(command, values: dict, extra_args=()) -> list:
             text += " " + shlex.join(list(extra_args))
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         return [shell, "-c", text]
-    return [substitute(str(a), values) for a in command] + list(extra_args)
+    argv = [substitute(str(a), values) for a in command]
+    if is_shell_c(command):  # ["bash", "-c", "cd {workdir} && ..."]: that string is shell too
+        argv[2] = substitute(command[2], values, shlex.quote)
+    return argv + list(extra_args)
+
+
+def is_shell_c(argv) -> bool:
+    """An argv that hands its third element to a shell: [bash|sh|dash|zsh, -c, SCRIPT, ...]."""
+    return (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-c"
+            and os.path.basename(str(argv[0])) in ("bash", "sh", "dash", "zsh"))
 
 
 def placeholder_env(values: dict) -> dict:
