@@ -153,7 +153,8 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
     home = target.home
-    workdir = remote_dest(home, spec.workdir or f"work/{spec.name}")
+    wd = spec.workdir or f"work/{spec.name}"
+    workdir = wd if wd.startswith("~") else remote_dest(home, wd)  # ~: the container's, expanded there
     sync_note = ", ".join(f"{s.src} -> {remote_dest(workdir, s.dest)}"
                           + (f"/{s.name}" if s.name else "")
                           + ("" if s.src.exists() else " [MISSING: submit will refuse]")
