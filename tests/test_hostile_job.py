@@ -45,11 +45,12 @@ def test_hostile_workdir_secrets_and_setuid(tmp_path, fast_url):
         "profiles": [{"name": "fast", "index_url": fast_url, "packages": ["gpujob-demo-kernels==1.0.0+fast"],
                       "env": {"FILE_TOK": {"from_file": "tok.txt"}}}],
         "train": {"command": TRAIN},
-    }, sort_keys=False))
+    }, sort_keys=False, width=10**6))
+    line = spec.read_text().splitlines().index("  HF_TOKEN:") + 1
     # no token in this shell: the plan refuses, pointing at the line, and runs nothing
     p = cli(["submit", str(spec), "--plan"], env)
     assert p.returncode == 2
-    assert p.stderr.decode().startswith(f"gpujob: {spec}:8: env.HF_TOKEN: from_env: $GJ_TEST_TOKEN is not set")
+    assert p.stderr.decode().startswith(f"gpujob: {spec}:{line}: env.HF_TOKEN: from_env: $GJ_TEST_TOKEN is not set")
     env["GJ_TEST_TOKEN"] = TOKEN
     p = cli(["submit", str(spec), "--plan"], env, check=True)
     plan = p.stdout.decode()
