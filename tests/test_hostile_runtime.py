@@ -235,3 +235,17 @@ def test_concat_starts_over():
     assert parts.read(3) + parts.read(3) + parts.read(3) == b"abcd"
     parts.seek(0)
     assert parts.read(10) == b"ab"
+
+
+def test_agent_refuses_a_relative_dest_outside_the_workdir(tmp_path):
+    """The controller refuses it at load; the agent checks again before unpacking anything."""
+    import json
+    req = {"job_id": "x-aaaa", "spec": {"name": "x"}, "profile": "p",
+           "sync_streams": [{"dest": "../../escaped", "size": 0}]}
+    p = subprocess.run([sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path / "home"), "submit"],
+                       input=json.dumps(req).encode() + b"\n", capture_output=True, timeout=60, cwd=str(REPO))
+    assert p.returncode == 1 and "resolves outside the workdir" in p.stdout.decode()
+    assert not (tmp_path / "home" / "escaped").exists() and not (tmp_path / "escaped").exists()
+    from gpujob.agent.journal import Home, Lock
+    assert Lock(Home(str(tmp_path / "home"))).holder() is None  # released
+    assert not (tmp_path / "home" / "jobs" / "x-aaaa").exists()  # nothing written

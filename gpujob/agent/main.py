@@ -174,8 +174,12 @@ def cmd_submit(home: Home, args) -> None:
     stale = acquire(home, job_id)
     try:
         j = Journal(home, job_id)
-        os.makedirs(j.dir, exist_ok=False)
         workdir = home.workdir(job["spec"])
+        for entry in job.get("sync_streams", []):  # checked again here, before anything is written
+            inside = os.path.abspath(os.path.join(workdir, entry["dest"])) + os.sep
+            if not (os.path.isabs(entry["dest"]) or inside.startswith(os.path.abspath(workdir) + os.sep)):
+                raise ValueError(f"sync dest {entry['dest']!r} resolves outside the workdir")
+        os.makedirs(j.dir, exist_ok=False)
         synced = {}
         for entry in job.pop("sync_streams", []):
             dest = entry["dest"] if os.path.isabs(entry["dest"]) else os.path.join(workdir, entry["dest"])
