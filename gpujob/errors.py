@@ -3,6 +3,16 @@ the CLI prints exactly that line, never a traceback."""
 
 from __future__ import annotations
 
+import re
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """Control characters (newline, CR, ESC, NUL, ...) as visible escapes: whatever text
+    from outside an error quotes, the error stays one line and moves no cursor."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
 
 class GpujobError(Exception):
     """Base of every error gpujob reports to a user."""
@@ -10,9 +20,10 @@ class GpujobError(Exception):
     exit_code = 1
 
     def __init__(self, message: str, hint: str | None = None):
+        message = one_line(message)
         super().__init__(message)
         self.message = message
-        self.hint = hint
+        self.hint = one_line(hint) if hint is not None else None
 
     def __str__(self) -> str:
         return self.message

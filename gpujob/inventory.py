@@ -37,7 +37,7 @@ Vmid = Annotated[int, BeforeValidator(_vmid)]
 
 class Container(Strict):
     vmid: Vmid | None = None  # ssh hosts only (required there)
-    gpus: int | None = Field(None, ge=0)  # expected GPU count
+    gpus: int | None = Field(None, ge=0, le=1024)  # expected GPU count
     root: str | None = None  # local hosts only (required there): stands in for the container
     home: str | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
     env_passthrough: list[EnvPattern] = []  # added to the host's: variables jobs keep (globs)
@@ -55,8 +55,8 @@ class Host(Strict):
     known_hosts: str | None = None
     proxy_jump: str | None = None
     pct: str = "pct"
-    connect_timeout: float = Field(10.0, gt=0)
-    keepalive: float = Field(15.0, ge=0)  # 0: off
+    connect_timeout: float = Field(10.0, gt=0, le=3600)
+    keepalive: float = Field(15.0, ge=0, le=3600)  # 0: off
     env_passthrough: list[EnvPattern] = []  # variables (glob patterns) every job here keeps
     containers: dict[Name, Container] = Field(min_length=1)
 

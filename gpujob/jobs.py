@@ -10,12 +10,11 @@ are the commands that run.
 from __future__ import annotations
 
 import fnmatch
-import io
 import json
 import os
 import secrets
 import shlex
-import tarfile
+
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +22,11 @@ from typing import Callable, NamedTuple
 
 from gpujob.agent import checkpoint, envs
 from gpujob.agent.supervisor import command_argv
-from gpujob.errors import ConnectError, ConnectionLost, InputError, RemoteError
-from gpujob.spec import JobSpec, spec_hash
+from gpujob import secrets_env
+from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
+from gpujob.spec import JobSpec, remote_dest, spec_hash
 from gpujob.target import Target
+from gpujob.tarstream import Concat, TarStream
 
 ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: ids are read aloud
 
@@ -70,19 +71,6 @@ def changed(local: dict, remote: dict) -> list[str]:
             if tuple(remote.get(rel, ())) != (size, mtime)]
 
 
-def tar_of(src: Path, files: list[str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for rel in files:
-            path = src if src.is_file() else src / rel
-            info = tar.gettarinfo(str(path), arcname=rel)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
-    return buf.getvalue()
-
-
 class Source(NamedTuple):
     src: Path          # on the laptop
     dest: str          # directory on the far side (relative to the workdir, or absolute)
@@ -118,9 +106,11 @@ class Step:
 
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
-                env_passthrough: list | None = None) -> dict:
-    """What ``agent submit`` receives (besides the code), as JSON."""
+                env_passthrough: list | None = None, secrets: dict | None = None) -> dict:
+    """What ``agent submit`` receives (besides the code), as JSON. Secret env values
+    are ``***`` in the spec; their values (``secrets``) ride apart, for secrets.json."""
     data = spec.to_agent_dict()
+    names = secrets_env.mask(data)
 
     def resolved(url: str | None) -> str | None:  # relative file: URLs start at the spec's folder
         if url and url.startswith("file:") and not url.startswith("file://"):
@@ -129,10 +119,13 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     for p in data["profiles"]:
         p["index_url"] = resolved(p["index_url"])
         p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
-    return {"job_id": job_id, "spec": data, "profile": profile,
-            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
-            "clear_caches": clear_caches, "spec_hash": spec_hash(spec),
-            "env_passthrough": list(env_passthrough or [])}
+    req = {"job_id": job_id, "spec": data, "profile": profile,
+           "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
+           "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
+           "env_passthrough": list(env_passthrough or [])}
+    if secrets and (secrets.get("env") or secrets.get("profiles")):
+        req["secrets"] = secrets
+    return req
 
 
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
@@ -162,15 +155,25 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           (target.agent_argv("manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
-    sync_note = ", ".join(f"{s.src} -> {s.dest}" + ("" if s.src.exists() else " [MISSING: submit will refuse]")
+    home = target.home
+    wd = spec.workdir or f"work/{spec.name}"
+    workdir = wd if wd.startswith("~") else remote_dest(home, wd)  # ~: the container's, expanded there
+    sync_note = ", ".join(f"{s.src} -> {remote_dest(workdir, s.dest)}"
+                          + (f"/{s.name}" if s.name else "")
+                          + ("" if s.src.exists() else " [MISSING: submit will refuse]")
                           for s in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
                       f"supervisor detached", (target.agent_argv("submit"))))
     # what the supervisor then runs in the container
-    home = target.home
+    secrets_env.resolve(spec)  # an unset variable or unreadable file fails the plan as it would the submit
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
                       env_passthrough=target.env_passthrough)
+    refs = secrets_env.secret_refs(spec)
+    if refs:
+        steps.append(Step("secrets", "container", "write the secret env values to the job's own 0600 "
+                          "secrets.json (read by the supervisor, removed when the job ends): " + ", ".join(
+                              f"{name}={secrets_env.MASK} ({ref.describe()})" for _, name, ref in refs)))
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
     for argv in envs.build_commands(prof, venv, target.python, uv="uv", uv_cache=f"{home}/uv-cache",
@@ -192,7 +195,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "
                       "env, the cache variables, the venv first on PATH"))
     values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
-    values.update(profile=profile, job_id=job_id, workdir=spec.workdir or f"{home}/work/{spec.name}")
+    values.update(profile=profile, job_id=job_id, workdir=workdir)
     if spec.warmup:
         gpus = spec.gpus.get(spec.warmup.per_gpu, []) if spec.warmup.per_gpu else [None]
         for gpu in gpus:
@@ -226,7 +229,8 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None]) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer."""
     sources = sync_sources(spec)  # local problems surface before any remote change
-    req = job_request(spec, job_id, profile, clear_caches=clear_caches,
+    secrets = secrets_env.resolve(spec)
+    req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough)
     for w in checkpoint.warnings(req["spec"]):
         progress(f"warning: {w}")
@@ -246,13 +250,23 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
             todo = changed(local, remote.get(s.dest, {}))
             progress(f"sync {s.src} -> {s.dest}: {len(todo)} of {len(local)} files changed")
             if todo:
-                blob = tar_of(s.src, todo)
-                streams.append({"dest": s.dest, "size": len(blob)})
-                payload.append(blob)
+                tar = TarStream(s.src, todo)  # read while it is sent: memory stays flat
+                streams.append({"dest": s.dest, "size": tar.size})
+                payload.append(tar)
     req["sync_streams"] = streams
-    stdin = json.dumps(req).encode() + b"\n" + b"".join(payload)
+    stdin = Concat([json.dumps(req).encode() + b"\n", *payload])
     progress("starting the supervisor")
-    return target.agent_json("submit", stdin=stdin, timeout=600)
+    try:
+        res = target.agent_json("submit", stdin=stdin, timeout=600)
+    except GpujobError as e:  # an agent error could quote what it read: never a secret
+        e.message = secrets_env.scrub(e.message, secrets)
+        e.args = (e.message,)
+        raise
+    for tar in payload:
+        for path in tar.changed:
+            progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
+                     "submit again once it is written")
+    return res
 
 
 def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bool = True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import posixpath
 import re
 import shlex
 from pathlib import Path
@@ -14,8 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
                       model_validator)
 
+from gpujob.agent.supervisor import is_shell_c, quoted_placeholders
 from gpujob.errors import InputError
-from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
+from gpujob.yamlsrc import At, Strict, describe, kind_of, load_yaml, shorten, suggest
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")
@@ -23,29 +25,45 @@ _RATE = re.compile(rf"{_NUMBER}\s*([kKmM]?)")
 _PINNED = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._, -]*\])?==[A-Za-z0-9.+!_-]+")
 
 
+MAX_DURATION = 365 * 86400.0  # a year: longer is a typo (or an overflow) not a plan
+MAX_RATE = 1e12  # tokens/s
+MAX_GPU = 1023
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        (isinstance(value, int) or math.isfinite(value))
 
 
 def _duration(value: Any) -> float:
-    """90, '90s', '10m', '1h30m' -> seconds."""
+    """90, '90s', '10m', '1h30m' -> seconds (at most a year)."""
+    seconds = None
     if _is_number(value) and value >= 0:
-        return float(value)
-    match = _DURATION.fullmatch(value.strip()) if isinstance(value, str) else None
-    if not match or not any(match.groups()):
+        seconds = value
+    match = _DURATION.fullmatch(value.strip()) if isinstance(value, str) and len(value) < 100 else None
+    if match and any(match.groups()):
+        hours, minutes, secs = (float(part or 0) for part in match.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if seconds is None:
         raise ValueError(f"expected a duration like 90s, 10m or 1h30m, got {describe(value)}")
-    hours, minutes, seconds = (float(part or 0) for part in match.groups())
-    return hours * 3600 + minutes * 60 + seconds
+    if seconds > MAX_DURATION:
+        raise ValueError(f"expected a duration of at most 365 days, got {describe(value)}")
+    return float(seconds)
 
 
 def _rate(value: Any) -> float:
     """12800, '12.8K', '1.2M' -> tokens/s."""
+    rate = None
     if _is_number(value):
-        return float(value)
-    match = _RATE.fullmatch(value.strip()) if isinstance(value, str) else None
-    if not match:
+        rate = value
+    match = _RATE.fullmatch(value.strip()) if isinstance(value, str) and len(value) < 100 else None
+    if match:
+        rate = float(match[1]) * {"": 1, "k": 1e3, "m": 1e6}[match[2].lower()]
+    if rate is None:
         raise ValueError(f"expected a number, got {describe(value)}")
-    return float(match[1]) * {"": 1, "k": 1e3, "m": 1e6}[match[2].lower()]
+    if rate > MAX_RATE:
+        raise ValueError(f"expected a rate of at most 1e12 tokens/s, got {describe(value)}")
+    return float(rate)
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?B)?")
@@ -62,20 +80,49 @@ def _size(value: Any) -> int:
     return int(float(match[1]) * scale)
 
 
-def _env_value(value: Any) -> str:
+
+class SecretRef(Strict):
+    """An env value read at submit by the CLI (never written in the spec): from the
+    laptop's environment or from a file. It travels over stdin and lives in the
+    container only in the job's 0600 secrets file."""
+
+    from_env: str | None = None
+    from_file: str | None = None
+
+    def describe(self) -> str:
+        return f"from ${self.from_env}" if self.from_env else f"from {self.from_file}"
+
+
+def _env_value(value: Any) -> Any:
     if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("a NUL character cannot be in an environment value")
         return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return describe(value)  # true/false for booleans
-    raise ValueError(f"expected a string, number or boolean, got {describe(value)}")
+        return str(value)
+    if isinstance(value, dict):
+        keys = sorted(map(str, value))
+        if keys not in (["from_env"], ["from_file"]):
+            raise ValueError("expected a string, or a mapping with one key, from_env or from_file; "
+                             f"got the keys {', '.join(shorten(k, 30) for k in keys) or 'none'}")
+        key, ref = next(iter(value.items()))
+        if not isinstance(ref, str) or not ref.strip():
+            raise At((key,), f"expected {'a variable name' if key == 'from_env' else 'a file path'}, "
+                             f"got {kind_of(ref)}")
+        if key == "from_env" and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref):
+            raise At((key,), "expected a variable name matching [A-Za-z_][A-Za-z0-9_]*")
+        return SecretRef.model_construct(**{key: ref})
+    raise ValueError(f"expected a string, number or boolean, got {kind_of(value)}")
 
 
 def _gpu_list(value: Any) -> Any:
     if not isinstance(value, list):
         raise ValueError(f"expected a list of GPU indices, got {describe(value)}")
     for i, index in enumerate(value):
-        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-            raise At((i,), f"expected a GPU index (an integer >= 0), got {describe(index)}")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_GPU:
+            raise At((i,), f"expected a GPU index (an integer from 0 to {MAX_GPU}), got {describe(index)}")
         if index in value[:i]:
             raise At((i,), f"GPU {index} is listed twice")
     return value
@@ -101,9 +148,21 @@ def _cuda(value: Any) -> str:
     return text
 
 
+def _unquoted(script: str) -> None:
+    quoted = quoted_placeholders(script)
+    if quoted:
+        raise ValueError(f"drop the quotes around {quoted[0]}: gpujob quotes every value it "
+                         "substitutes into a shell command (it is also in $GPUJOB_"
+                         f"{quoted[0][1:-1].replace('.', '_').upper()})")
+
+
 def _command(value: Any) -> Any:
-    if (isinstance(value, str) and value.strip()) or (
-            isinstance(value, list) and value and all(isinstance(arg, str) for arg in value)):
+    if isinstance(value, str) and value.strip():
+        _unquoted(value)
+        return value
+    if isinstance(value, list) and value and all(isinstance(arg, str) for arg in value):
+        if is_shell_c(value):
+            _unquoted(value[2])
         return value
     raise ValueError(f"expected a command (a string or a list of strings), got {describe(value)}")
 
@@ -124,7 +183,7 @@ Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
 GroupName = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]*$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-Env = dict[EnvName, Annotated[str, BeforeValidator(_env_value)]]
+Env = dict[EnvName, Annotated[str | SecretRef, BeforeValidator(_env_value)]]
 GpuList = Annotated[list[int], BeforeValidator(_gpu_list)]
 Pinned = Annotated[str, BeforeValidator(_pinned)]
 Url = Annotated[str, BeforeValidator(_url)]
@@ -152,6 +211,12 @@ class Sync(Strict):
             self.dest = _local_path(info, self.src).resolve().name
             if not self.dest:
                 raise At(("dest",), f"missing (required): cannot be derived from src {describe(self.src)}")
+        if "\x00" in self.dest or not self.dest.strip():
+            raise At(("dest",), f"expected a path, got {describe(self.dest)}")
+        dest = posixpath.normpath(self.dest)
+        if dest == "/":
+            raise At(("dest",), "'/' is the container's root; name a directory under it")
+        self.dest = dest
         return self
 
 
@@ -162,6 +227,11 @@ def _interpreter(value: Any) -> Any:
 
 
 Interpreter = Annotated[str, BeforeValidator(_interpreter)]
+
+
+def remote_dest(workdir: str, dest: str) -> str:
+    """Where a sync dest lands in the container (relative dests start at the workdir)."""
+    return posixpath.normpath(posixpath.join(workdir, dest))
 
 
 class Profile(Strict):
@@ -254,16 +324,16 @@ class Train(Strict):
 class Throughput(Strict):
     format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"]
     pattern: str | None = None
-    tokens_per_step: float | None = Field(None, gt=0)
+    tokens_per_step: float | None = Field(None, gt=0, le=1e12)
     scope: Literal["total", "per_gpu"] = "total"
     scope_group: str | None = None
     initial_delay: Duration = 0.0
     resume_initial_delay: Duration | None = None  # instead, for a known-good profile resumed
-    initial_delay_samples: int = Field(0, ge=0)
-    window: int = Field(5, ge=1)
+    initial_delay_samples: int = Field(0, ge=0, le=1_000_000)
+    window: int = Field(5, ge=1, le=10_000)
     min: Rate | None = None
     min_ratio: float | None = Field(None, gt=0, le=1)
-    failure_limit: int = Field(3, ge=1)
+    failure_limit: int = Field(3, ge=1, le=10_000)
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     good_after: Duration = 600.0
 
@@ -302,7 +372,7 @@ class GpuIdle(Strict):
 
 class Rollback(Strict):
     enabled: bool = True
-    max_rollbacks: int = Field(2, ge=0)
+    max_rollbacks: int = Field(2, ge=0, le=1_000)
     fallback: list[str] = []
     on: list[Signal] = ["low_throughput", "stall", "error_signature", "cuda_oom"]
     stop_on: list[Signal] = []
@@ -348,6 +418,8 @@ class JobSpec(Strict):
     rollback: Rollback = Field(default_factory=Rollback)
     journal: Journal = Field(default_factory=Journal)
     _source_path: Path | None = PrivateAttr(None)
+    _lines: dict = PrivateAttr(default_factory=dict)
+    _source_name: str = PrivateAttr("spec")  # the path as the user gave it, for errors
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -370,6 +442,12 @@ class JobSpec(Strict):
             for where, listed in (("rollback.on", self.rollback.on), ("rollback.stop_on", self.rollback.stop_on)):
                 if signal in listed:
                     raise At(("train", "restarts", "on", i), f"'{signal}' is also in {where}")
+        for i, entry in enumerate(self.sync):
+            if entry.dest == ".." or entry.dest.startswith("../"):
+                where = remote_dest(self.workdir, entry.dest) if self.workdir and self.workdir.startswith("/") \
+                    else f"<workdir>/{entry.dest}"
+                raise At(("sync", i, "dest"), f"{describe(entry.dest)} resolves to {shorten(where)}, outside "
+                         "the workdir; give an absolute path to write outside it")
         self._check_group(("warmup", "per_gpu"), self.warmup and self.warmup.per_gpu)
         self._check_group(("throughput", "scope_group"), self.throughput and self.throughput.scope_group)
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
@@ -386,6 +464,17 @@ class JobSpec(Strict):
         if group is not None and group not in self.gpus:
             hint = suggest(group, self.gpus) if self.gpus else " (gpus defines no groups)"
             raise At(loc, f"no GPU group '{group}' in gpus{hint}")
+
+    def line_of(self, loc: tuple) -> int | None:
+        """The spec file's line of a field (or of its nearest parent), when loaded from one."""
+        loc = tuple(loc)
+        while loc and loc not in self._lines:
+            loc = loc[:-1]
+        return self._lines.get(loc)
+
+    @property
+    def source_name(self) -> str:
+        return self._source_name
 
     @property
     def source_path(self) -> Path | None:
@@ -442,6 +531,9 @@ def spec_hash(spec: JobSpec) -> str:
 def load_spec(path: str | Path) -> JobSpec:
     """Load and validate a job spec; SpecError (path:line: field: message) when it is wrong."""
     path = Path(path)
-    spec = load_yaml(path).validate(JobSpec, context={"spec_dir": path.parent})
+    source = load_yaml(path)
+    spec = source.validate(JobSpec, context={"spec_dir": path.parent})
     spec._source_path = path.absolute()
+    spec._lines = source.lines
+    spec._source_name = str(path)
     return spec

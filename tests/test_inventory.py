@@ -109,7 +109,7 @@ def test_unknown_target_message_from_brief(tmp_path):
     ("port: 22", "port: 70000", "hosts.yaml:4: hosts.pve1.port: must be <= 65535, got 70000"),
     ("port: 22", "port: '22'", "hosts.yaml:4: hosts.pve1.port: expected an integer, got '22'"),
     ("ct200:", "'ct 200':",
-     "hosts.yaml:11: hosts.pve1.containers.ct 200: expected a name matching [A-Za-z0-9][A-Za-z0-9_.-]*, got 'ct 200'"),
+     "hosts.yaml:11: hosts.pve1.containers['ct 200']: expected a name matching [A-Za-z0-9][A-Za-z0-9_.-]*, got 'ct 200'"),
     ("containers:\n      demo: {root: ~/.local/share/gpujob/demo}", "containers: {}",
      "hosts.yaml:15: hosts.laptop.containers: must not be empty"),
     ("ct201: {vmid: 201", "ct200: {vmid: 201", "hosts.yaml:12: hosts.pve1.containers: duplicate key 'ct200'"),
@@ -124,7 +124,7 @@ def test_broken(tmp_path, old, new, message):
 @pytest.mark.parametrize("text, message", [
     ("hosts: [a\n", "hosts.yaml:2: not valid YAML: while parsing a flow sequence, did not find expected ',' or ']'"),
     ("- pve1\n", "hosts.yaml:1: expected a mapping at the top level, got a list"),
-    ("", "hosts.yaml: empty file; expected a YAML mapping"),
+    ("", "hosts.yaml:1: empty file; expected a YAML mapping"),
     ("hosts: {}\n", "hosts.yaml:1: hosts: must not be empty"),
     ("hosts:\n", "hosts.yaml:1: hosts: expected a mapping, got null"),
     ("host:\n  a: {}\n", "hosts.yaml:1: host: unknown field; did you mean 'hosts'?"),

@@ -329,6 +329,7 @@ def test_a_dead_supervisor_is_restarted_and_readopts_the_running_trainer(tmp_pat
     job_id = submit(spec, env)
     wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="training")
     j = journal(tmp_path, job_id)
+    wait_for(lambda: trainers_of(tmp_path), 30, what="the trainer")
     st = json.loads((j / "state.json").read_text())
     trainer = trainers_of(tmp_path)
     assert len(trainer) == 1
@@ -364,6 +365,8 @@ def test_a_job_with_nothing_left_running_is_taken_over_and_can_be_finished(tmp_p
                       trainer_args="--steps 100000 --interval 0.1")
     job_id = submit(spec, env)
     wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="training")
+    wait_for(lambda: (json.loads((journal(tmp_path, job_id) / "state.json").read_text()).get("child") or {})
+             .get("phase") == "train", 30, what="the trainer")
     st = json.loads((journal(tmp_path, job_id) / "state.json").read_text())
     os.kill(st["supervisor_pid"], signal.SIGKILL)
     os.killpg(st["child"]["pgid"], signal.SIGKILL)

@@ -212,3 +212,27 @@ def test_sshd_restart_and_container_restart_the_job_goes_on(testbed, bed_env, tm
     assert len(_container_trainers(testbed)) == 1
     cli(["stop", job_id], env, check=True)
     assert status(job_id, env)["state"] == "stopped" and not _container_trainers(testbed)
+
+
+def test_resume_after_reboot_brings_the_job_back_without_the_laptop(testbed, bed_env, tmp_path, index):
+    """A job marked resume_after_reboot: the container restarts, and with no gpujob
+    command from the laptop the job trains again from its checkpoint (its boot hook in
+    /etc/rc.local); the hook goes when the job ends."""
+    env = bed_env
+    spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                      profile="fast", throughput=False, warmup=False, resume_after_reboot=True,
+                      trainer_args="--steps 100000 --interval 0.05")
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True, timeout=300).stdout)
+    wait_for(lambda: status(job_id, env)["state"] == "training", 120, what="training")
+    rc_local = testbed.container_path("/etc/rc.local")
+    assert f"gpujob-boot {env['GPUJOB_TEST_HOME']}" in rc_local.read_text()
+    log = home_path(testbed, env, "jobs", job_id, "job.log")
+    wait_for(lambda: "step 5 " in log.read_text(), 60, what="some steps")
+    testbed.restart_container()
+    wait_for(lambda: "resumed from checkpoint" in log.read_text(), 60, what="the job to come back by itself")
+    raw = json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())
+    assert raw["state"] == "training" and raw["restarts"][-1]["signal"] == "container_restart"
+    wait_for(lambda: len(_container_trainers(testbed)) == 1, 30, what="one trainer")
+    cli(["stop", job_id], env, check=True)
+    assert status(job_id, env)["state"] == "stopped"
+    assert f"gpujob-boot {env['GPUJOB_TEST_HOME']}" not in rc_local.read_text()

@@ -215,3 +215,40 @@ def test_proxy_jump_reaches_the_container_through_a_jump_host(testbed, tmp_path)
 def one_line(p) -> str:
     assert b"Traceback" not in p.stderr
     return p.stderr.decode().splitlines()[0]
+
+
+def test_revoked_and_unreadable_known_hosts_are_one_line_exit_3(testbed, tmp_path):
+    known = testbed.known_hosts.read_text()
+    blob = known.split()[2]
+    kh = tmp_path / "known_hosts"
+    hosts = testbed.write_hosts_yaml(tmp_path / "hosts.yaml", known_hosts=kh)
+    marker = f"/tmp/should-not-exist-{os.getpid()}-r"
+    for text, expect in ((known + f"@revoked * ssh-ed25519 {blob}\n", "is marked @revoked"),
+                         (f"@revoked * ssh-ed25519 {blob}\n", "is marked @revoked"),
+                         (known + "[127.0.0.1]:22 ssh-ed25519 !!!\n", "cannot read this line")):
+        kh.write_text(text)
+        for flags in ([], ["--accept-new"]):
+            p = cli([*flags, "exec", "ct200", "--", "touch", marker], env_for(hosts, tmp_path))
+            assert p.returncode == 3, p.stderr.decode()
+            lines = [ln for ln in p.stderr.decode().splitlines() if not ln.startswith("  hint:")]
+            assert len(lines) == 1 and expect in lines[0], p.stderr.decode()
+    assert not testbed.container_path(marker).exists()
+    assert kh.read_text().count(blob) == 1  # --accept-new recorded nothing
+
+
+def test_exec_over_ssh_with_an_idle_open_stdin_keeps_the_exit_code(inv, tmp_path):
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "exec", "ct200", "--", "sh", "-c", "exit 7"],
+                         env=env_for(inv, tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, cwd=str(Path(__file__).resolve().parent.parent))
+    try:
+        p.wait(timeout=60)  # stdin open and idle all along
+        err = p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.stdin.close()
+    assert p.returncode == 7 and b"Fatal Python error" not in err, err
+    p = cli(["exec", "-n", "ct200", "--", "sh", "-c", "cat; exit 3"], env_for(inv, tmp_path),
+            input=b"not for the command\n")
+    assert p.returncode == 3 and p.stdout == b""

@@ -121,6 +121,7 @@ def untar(stream, size: int, dest: str) -> int:
             if not (target == os.path.realpath(dest) or target.startswith(os.path.realpath(dest) + os.sep)) \
                     or member.issym() or member.islnk() or member.isdev():
                 raise ValueError(f"refusing tar member {member.name!r}")
+            member.mode &= 0o777  # never setuid, setgid or sticky, whatever the laptop had
             tar.extract(member, dest, set_attrs=True, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
             count += 1
     body.drain()
@@ -243,20 +244,27 @@ def cmd_submit(home: Home, args) -> None:
     stdin = sys.stdin.buffer
     job = json.loads(stdin.readline())
     job_id = job["job_id"]
+    secrets = job.pop("secrets", None)  # kept out of job.json, the job's record
     j = Journal(home, job_id)
     if os.path.exists(j.dir):
         raise Refused(f"job id {job_id} already exists in this container; nothing was changed")
     held, stale = acquire(home, job_id)
     try:
         j = Journal(home, job_id, held.generation)
-        os.makedirs(j.dir, exist_ok=False)
         workdir = home.workdir(job["spec"])
+        for entry in job.get("sync_streams", []):  # checked again here, before anything is written
+            inside = os.path.abspath(os.path.join(workdir, entry["dest"])) + os.sep
+            if not (os.path.isabs(entry["dest"]) or inside.startswith(os.path.abspath(workdir) + os.sep)):
+                raise ValueError(f"sync dest {entry['dest']!r} resolves outside the workdir")
+        os.makedirs(j.dir, exist_ok=False)
         synced = {}
         for entry in job.pop("sync_streams", []):
             dest = entry["dest"] if os.path.isabs(entry["dest"]) else os.path.join(workdir, entry["dest"])
             synced[entry["dest"]] = untar(stdin, entry["size"], dest)
         job["submitted_at"] = now()
-        write_json(j.path("job.json"), job, mode=0o600)  # the spec's env may hold secrets
+        if secrets:
+            write_json(j.path("secrets.json"), secrets, mode=0o600)
+        write_json(j.path("job.json"), job, mode=0o600)
         j.set_state(job_id=job_id, name=job["spec"]["name"], state="preparing", phase="start",
                     step="env", profile=job["profile"], resume=False, started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
@@ -264,6 +272,8 @@ def cmd_submit(home: Home, args) -> None:
         pid = spawn_supervisor(home, job_id, held)
     except BaseException:
         held.release()
+        if os.path.exists(Journal(home, job_id).path("secrets.json")):  # no supervisor will use them
+            os.unlink(Journal(home, job_id).path("secrets.json"))
         raise
     emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced, "stale_lock": stale})
 

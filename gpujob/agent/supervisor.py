@@ -20,29 +20,77 @@ import sys
 import time
 
 from gpujob.agent import checkpoint, envs, gc, jobenv, standby, throughput
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, write_json
+from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
 from gpujob.agent.watch import POLL, TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop
 
-def substitute(text: str, values: dict) -> str:
-    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``;
-    any other braces (``${VAR}``, ``{}``) are left alone."""
-    return re.sub(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}",
-                  lambda m: values.get(m.group(1), m.group(0)), text)
+PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}")
+SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
+
+
+def substitute(text: str, values: dict, quote=None) -> str:
+    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``
+    (each value passed through ``quote`` when given); any other braces (``${VAR}``,
+    ``{}``) are left alone."""
+    def one(m):
+        if m.group(1) not in values:
+            return m.group(0)
+        return quote(values[m.group(1)]) if quote else values[m.group(1)]
+    return PLACEHOLDER.sub(one, text)
+
+
+def quoted_placeholders(text: str) -> list:
+    """The placeholders of a shell command string that sit inside quotes (or after a
+    backslash): gpujob quotes each value itself, so a quote around it would break it."""
+    found, quote, i = [], None, 0
+    while i < len(text):
+        c = text[i]
+        m = PLACEHOLDER.match(text, i)
+        if m:
+            if quote:
+                found.append(m.group(0))
+            i = m.end()
+            continue
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c in "'\"":
+            quote = c
+        elif c == quote:
+            quote = None
+        i += 1
+    return found
 
 
 def command_argv(command, values: dict, extra_args=()) -> list:
-    """A spec command (a shell string or an argv list) as an argv list."""
+    """A spec command (a shell string or an argv list) as an argv list. In a shell
+    string each substituted value is quoted for that shell (``/root/a b`` stays one
+    word, ``x;touch p`` runs nothing); an argv list gets the values as they are."""
     if isinstance(command, str):
-        text = substitute(command, values)
+        text = substitute(command, values, shlex.quote)
         if extra_args:
             text += " " + shlex.join(list(extra_args))
         shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
         return [shell, "-c", text]
-    return [substitute(str(a), values) for a in command] + list(extra_args)
+    argv = [substitute(str(a), values) for a in command]
+    if is_shell_c(command):  # ["bash", "-c", "cd {workdir} && ..."]: that string is shell too
+        argv[2] = substitute(command[2], values, shlex.quote)
+    return argv + list(extra_args)
+
+
+def is_shell_c(argv) -> bool:
+    """An argv that hands its third element to a shell: [bash|sh|dash|zsh, -c, SCRIPT, ...]."""
+    return (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-c"
+            and os.path.basename(str(argv[0])) in ("bash", "sh", "dash", "zsh"))
+
+
+def placeholder_env(values: dict) -> dict:
+    """The substituted values again as variables: GPUJOB_WORKDIR, GPUJOB_GPU,
+    GPUJOB_GPUS_<GROUP>, GPUJOB_PROFILE, GPUJOB_JOB_ID."""
+    return {"GPUJOB_" + key.replace(".", "_").upper(): str(value) for key, value in values.items()}
 
 
 class _Run:
@@ -101,6 +149,7 @@ class Supervisor(PhaseWatch):
         self.joblog = self.relay = None
         self.phase_proc: Phase | None = None
         self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
+        self._secrets: dict | None = None
         tp = self.spec.get("throughput")
         self.parse_tps = self.parse_step = None
         if tp:
@@ -212,6 +261,7 @@ class Supervisor(PhaseWatch):
             left = self.phase_proc.kill(5)
             kw.setdefault("left", left)
         self.drop_standby()
+        self.drop_secrets()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
         for name, _req in self.journal.pending():  # nothing is left to act on them
@@ -253,6 +303,7 @@ class Supervisor(PhaseWatch):
         if self.phase_proc is not None:
             code = self.phase_proc.returncode
         self.drop_reserve()
+        self.drop_secrets()
         reason = f"no space left on device in {where}"
         self.journal.set_state(state="failed", phase="done", reason=reason, finished_at=now(),
                                child=None, exit_code=code, signal="disk_full")
@@ -499,13 +550,32 @@ class Supervisor(PhaseWatch):
             passed = jobenv.passed_through(dict(os.environ), self.job.get("env_passthrough") or [])
             self.journal.event("job_env", login=source, passthrough=sorted(passed))
             self._passed = passed
+        secrets = self.secrets()
         own = {f"GPUJOB_GPUS_{group.upper()}": ",".join(str(i) for i in ids)
                for group, ids in (self.spec.get("gpus") or {}).items()}
         own.update(GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile, GPUJOB_HOME=self.home.root)
+        own.update(placeholder_env(self.values(profile)))
         return jobenv.job_env(self._login, self._passed,
-                              [self.spec.get("env"), self.profiles[profile].get("env"),
+                              [self.spec.get("env"), secrets.get("env"), self.profiles[profile].get("env"),
+                               (secrets.get("profiles") or {}).get(profile),
                                envs.cache_env(self.home.root, self.cache_key(profile)), own],
                               self.journal.path("venv"), extra)
+
+    def secrets(self) -> dict:
+        """The secret env values of the job (secrets.json, 0600), read once; {} without."""
+        if self._secrets is None:
+            self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
+            if not self._secrets and self.job.get("secret_names"):
+                raise EnvError("the job's secrets were removed from the container when it ended; "
+                               "submit it again to run it")
+        return self._secrets
+
+    def drop_secrets(self) -> None:
+        """The job has ended: its secrets leave the container."""
+        try:
+            os.unlink(self.journal.path(SECRETS_FILE))
+        except FileNotFoundError:
+            pass
 
     def values(self, profile: str, gpu=None) -> dict:
         vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
@@ -578,7 +648,7 @@ class Supervisor(PhaseWatch):
         for gpu in gpus:
             if gpu in done:
                 continue
-            extra = {"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {}
+            extra = {"CUDA_VISIBLE_DEVICES": str(gpu), "GPUJOB_GPU": str(gpu)} if gpu is not None else {}
             argv = command_argv(w["command"], self.values(profile, gpu))
             where = f" on GPU {gpu}" if gpu is not None else ""
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
@@ -663,8 +733,8 @@ class Supervisor(PhaseWatch):
             self.drop_standby()
             return None
         command = self.spec["train"]["command"]
-        if isinstance(command, str):
-            command = shlex.split(substitute(command, self.values(profile)))
+        if isinstance(command, str):  # quoted as for bash -c, then split as bash would
+            command = shlex.split(substitute(command, self.values(profile), shlex.quote))
         else:
             command = [substitute(str(a), self.values(profile)) for a in command]
         script = standby.script_argv(command)

@@ -7,22 +7,21 @@ code (2 for bad input), never a traceback.
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gpujob import __version__
 from gpujob.agent.journal import ENDED
 from gpujob.cli import render
-from gpujob.errors import GpujobError, InputError, JobError
+from gpujob.errors import GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
 from gpujob.target import Target, Targets
+from gpujob.transport.base import RawStdin
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run GPU training jobs in Proxmox LXC containers: wheel profiles as venvs, "
@@ -30,8 +29,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 cache_app = typer.Typer(no_args_is_help=True, help="Per-profile compile caches.")
 app.add_typer(cache_app, name="cache")
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = render.console()
+err = render.console(stderr=True)
 
 
 class Ctx:
@@ -96,12 +95,14 @@ def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
 @app.command("exec")
 def exec_(target: str = typer.Argument(..., help="container name or host/name"),
           argv: List[str] = typer.Argument(None, help="the command, after --"),
-          timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds")):
+          timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds"),
+          no_stdin: bool = typer.Option(False, "--no-stdin", "-n", help="do not read stdin (like ssh -n): "
+                                        "the command gets an empty one")):
     """Run one command in the container; output streamed, exit code passed through."""
     if not argv:
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer
+    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
     so, se = sys.stdout.buffer, sys.stderr.buffer
     r = t.run(argv, stdin=stdin, timeout=timeout,
               on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
@@ -131,26 +132,34 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
     report = {}
     failed = False
     for name in names:
-        t = ctx.target(name)
-        checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
-        report[t.label] = [c.as_dict() for c in checks]
+        try:
+            t = ctx.target(name)
+            label = t.label
+            checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
+        except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
+            if isinstance(e, InputError):
+                raise
+            label, checks = name, [doc.Check("connect", "fail", e.message, e.hint or "")]
+        report[label] = [c.as_dict() for c in checks]
         failed |= any(c.status == "fail" for c in checks)
         if not as_json:
-            table = Table(title=f"gpujob doctor: {t.label}", title_justify="left")
-            for col in ("check", "", "detail", "fix"):
-                table.add_column(col)
-            mark = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]fail[/]"}
-            for c in checks:
-                table.add_row(c.name, mark[c.status], c.detail, c.hint)
-            out.print(table)
+            out.print(render.doctor_table(label, checks))
     if as_json:
         out.print_json(json.dumps(report))
     raise typer.Exit(1 if failed else 0)
 
 
 @app.command()
-def hosts(as_json: bool = typer.Option(False, "--json")):
+def hosts(as_json: bool = typer.Option(False, "--json"),
+          check: bool = typer.Option(False, "--check", help="only validate the inventory file; "
+                                     "connect to nothing (exit 0 when valid, 2 with the first problem)")):
     """The inventory with each container's status (hosts queried in parallel)."""
+    if check:
+        path = find_inventory(ctx.hosts)
+        inv = load_inventory(path)
+        out.print(render.lit(f"{path or 'built-in inventory'}: ok ({len(inv.hosts)} hosts, "
+                             f"{len(inv.targets())} containers)"))
+        return
     targets = ctx.targets()
     inv = targets.inventory
 
@@ -177,15 +186,7 @@ def hosts(as_json: bool = typer.Option(False, "--json")):
     if as_json:
         out.print_json(json.dumps({"source": inv.source, "targets": rows}))
         return
-    table = Table(title=f"targets ({inv.source})", title_justify="left")
-    for col in ("target", "vmid", "status", "running job"):
-        table.add_column(col)
-    for r in rows:
-        st = r["status"]
-        colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
-        table.add_row(f"{r['host']}/{r['container']}", str(r.get("vmid") or "-"),
-                      f"[{colour}]{st}[/]" + (f" ({r['error']})" if r.get("error") else ""), r.get("job") or "-")
-    out.print(table)
+    out.print(render.hosts_table(rows, inv.source))
 
 
 # ---- submit ----------------------------------------------------------------
@@ -206,9 +207,14 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     spec = load_spec(spec_path)
     target_name = target or spec.target
     if not target_name:
-        raise InputError(f"{spec_path}: target: missing (required), or pass --target")
+        raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
     profile = spec.profile_by_name(profile).name if profile else spec.profile
-    t = ctx.target(target_name)
+    try:
+        t = ctx.target(target_name)
+    except InputError as e:  # an unknown target named by the spec: say where
+        if target or isinstance(e, SpecError):
+            raise
+        raise SpecError(str(spec_path), spec.line_of(("target",)), "target", e.message, e.hint) from None
     if job_id_opt is not None:
         import re
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
@@ -217,13 +223,10 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
-        out.print(f"[bold]plan[/] for {spec_path} → {t.label} ({t.transport.describe()}), "
-                  f"job {job_id}, profile {profile}; nothing runs")
-        for i, step in enumerate(jobs.build_plan(spec, t, job_id, profile), 1):
-            when = f" [dim]({step.when})[/]" if step.when else ""
-            out.print(f"{i:>2}. [bold]{step.kind}[/] \\[{step.where}] {step.what}{when}", soft_wrap=True)
-            if step.argv:
-                out.print(f"      $ {shlex.join(step.argv)}", markup=False, soft_wrap=True)
+        steps = jobs.build_plan(spec, t, job_id, profile)
+        for line in render.plan_lines(f" for {spec_path} → {t.label} ({t.transport.describe()}), "
+                                      f"job {job_id}, profile {profile}; nothing runs", steps):
+            out.print(line, soft_wrap=True)
         return
     _start(spec, spec_path, t, profile, job_id, clear)
     if follow:
@@ -250,16 +253,17 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
     try:
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
-                          progress=lambda m: err.print(f"· {m}", style="dim", markup=False))
+                          progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     except BaseException:
         state.unreserve(job_id)
         raise
     state.seen(job_id, "preparing")
     if res.get("stale_lock"):
-        err.print(f"note: took over the container from job {res['stale_lock'].get('job_id')} (its supervisor, "
-                  f"pid {res['stale_lock'].get('pid')}, was gone and nothing of it ran)", markup=False)
-    out.print(f"submitted [bold]{job_id}[/] to {t.label} (profile {profile}, supervisor pid "
-              f"{res['supervisor_pid']})")
+        err.print(render.styled(("note:", "yellow"), f" took over the container from job "
+                                f"{res['stale_lock'].get('job_id')} (its supervisor, pid "
+                                f"{res['stale_lock'].get('pid')}, was gone and nothing of it ran)"))
+    out.print(render.styled("submitted ", (job_id, "bold"), f" to {t.label} (profile {profile}, "
+                            f"supervisor pid {res['supervisor_pid']})"))
 
 
 def _print_final(job_id: str, t: Target) -> dict:
@@ -313,13 +317,13 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
             try:
                 rec = json.loads(ln)
             except ValueError:  # a torn record (the writer died mid-line): say so, go on
-                err.print(f"gpujob: skipped a damaged record in {file} ({len(ln)} bytes)", markup=False)
+                err.print(render.lit(f"gpujob: skipped a damaged record in {file} ({len(ln)} bytes)"))
                 continue
-            out.print(render.event_line(rec), markup=False)
+            out.print(render.lit(render.event_line(rec)))
 
     try:
         jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=write,
-                        notice=lambda m: err.print(f"[yellow]gpujob: {m}[/]"))
+                        notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     except KeyboardInterrupt:
         err.print(f"\ndetached from {job_id}; it keeps running (gpujob logs -f {job_id})")
         raise typer.Exit(0)
@@ -386,16 +390,7 @@ def ps(as_json: bool = typer.Option(False, "--json"),
     if as_json:
         out.print_json(json.dumps(views))
         return
-    table = Table(show_edge=False)
-    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime", "exit"):
-        table.add_column(col)
-    from gpujob.agent.throughput import fmt_rate
-    for v in views:
-        style = render.STATE_STYLE.get(v["state"], "")
-        table.add_row(v["job"], v["target"], f"[{style}]{v['state']}[/]", v["phase"] or "-",
-                      v["profile"] or "-", fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
-                      render.duration(v["uptime_s"]), v["exit"] or "")
-    out.print(table)
+    out.print(render.ps_table(views))
 
 
 @app.command()
@@ -405,9 +400,9 @@ def stop(job: Optional[str] = typer.Argument(None),
     job_id, t = job_target(job, target)
     res = t.agent_json("stop", job_id, timeout=600)
     if res.get("left"):
-        err.print(f"[red]gpujob: processes of {job_id} still alive: {res['left']}[/]")
+        err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res['left']}", "red"))
         raise typer.Exit(1)
-    out.print(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else ""))
+    out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
     ctx.state().seen(job_id, res["state"])
 
 
@@ -419,11 +414,11 @@ def rollback(job: Optional[str] = typer.Argument(None),
     job_id, t = job_target(job, target)
     res = t.agent_json("rollback", job_id, *(["--to", to] if to else []), timeout=120)
     if res.get("requested"):
-        out.print(f"{job_id}: rollback from {res['from']} asked of its supervisor"
-                  + (f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)"))
+        out.print(render.lit(f"{job_id}: rollback from {res['from']} asked of its supervisor"
+                             + (f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)")))
     else:
-        out.print(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
-                  f"{res['supervisor_pid']}")
+        out.print(render.lit(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
+                             f"{res['supervisor_pid']}"))
     out.print(f"follow it: gpujob logs -f {job_id}")
 
 
@@ -438,28 +433,9 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
         out.print_json(json.dumps(res))
         return
     ledgers = res["ledgers"]
-    status = {}
+    out.print(render.profiles_table(res, t.label))
     for name, led in ledgers.items():
-        for p, e in led.get("profiles", {}).items():
-            status.setdefault(p, []).append(f"{name}: {e.get('status')}")
-    table = Table(title=f"profiles on {t.label}", title_justify="left", show_edge=False)
-    for col in ("profile", "venv", "installed", "disk: own / real / apparent", "packages", "ledger"):
-        table.add_column(col)
-    seen = set()
-    for e in res["envs"]:
-        seen.add(e["profile"])
-        pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
-        table.add_row(e["profile"] or "?", e["env_key"], "yes" if e["installed"] else "partial",
-                      render.disk(e.get("disk") or {"apparent": e["size"]}), pk,
-                      "; ".join(status.get(e["profile"], [])) or "untried")
-    for p in sorted(set(status) - seen):
-        table.add_row(p, "-", "no", "-", "", "; ".join(status[p]))
-    out.print(table)
-    if res.get("disk_total"):
-        out.print(f"all venvs together: {render.disk(res['disk_total'])} (own: only in these venvs; "
-                  "real: each file once; uv links the rest from its cache)")
-    for name, led in ledgers.items():
-        out.print(render.ledger_table(led.get("profiles", {})), f"(job {name})")
+        out.print(render.ledger_table(led.get("profiles", {})), render.lit(f"(job {name})"))
 
 
 @app.command()
@@ -499,7 +475,7 @@ def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
     for col in ("profile venv", "total", "inductor", "triton", "torch_extensions"):
         table.add_column(col)
     for c in res["caches"]:
-        table.add_row(c["env_key"], render.size(c["size"]),
+        table.add_row(render.lit(c["env_key"]), render.size(c["size"]),
                       *(render.size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")))
     out.print(table)
     out.print(f"uv download cache (shared): {render.size(res['uv_cache'])}")
@@ -513,7 +489,7 @@ def cache_clear(target: str = typer.Argument(...),
     t = ctx.target(target)
     res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
                        *(["--force"] if force else []), timeout=300)
-    out.print(f"cleared: {', '.join(res['cleared']) or 'nothing'}")
+    out.print(render.lit(f"cleared: {', '.join(res['cleared']) or 'nothing'}"))
 
 
 # ---- demo ------------------------------------------------------------------
@@ -533,7 +509,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
                            f"rolls back to {good} and resumes from the checkpoint")]
     final = {}
     for profile, title in acts:
-        out.rule(f"[bold]{title}")
+        out.rule(render.lit(title, "bold"))
         job_id = _fresh_id(spec.name)
         _start(spec, spec_path, t, profile, job_id, False)
         _follow(job_id, t, "job.log", None)
@@ -544,19 +520,19 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
     if not rolled:
         raise JobError("the demo ended without a rollback: the slow build was not caught")
     r = rolled[-1]
-    out.rule("[bold]What happened")
-    out.print(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
+    out.rule(render.lit("What happened", "bold"))
+    out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
               f"bad and had the trainer running on {r['to']} {r['took']:.2f}s later, resumed from "
-              f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}")
+              f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}"))
 
 
 def main() -> None:
     try:
         app()  # standalone: click reports usage errors itself (one line, exit 2)
     except GpujobError as e:
-        err.print(f"gpujob: {e.message}", markup=False, soft_wrap=True)
+        err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
         if e.hint:
-            err.print(f"  hint: {e.hint}", markup=False, soft_wrap=True)
+            err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("\ninterrupted")

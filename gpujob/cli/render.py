@@ -1,11 +1,19 @@
-"""Turning agent answers into what people read (rich) — no I/O besides the console."""
+"""Turning agent answers into what people read (rich) — no I/O besides the console.
+
+Every piece of text from outside (trainer output, host names, errors from a host,
+spec values) reaches rich as a ``Text``, never as markup: ``[/bold]``, ``[rank0]:``
+or ``:100:`` print as written. The consoles have markup and emoji off; styles are
+given as ``Text`` styles only.
+"""
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gpujob.agent import timings
 from gpujob.agent.journal import ENDED
@@ -14,6 +22,22 @@ from gpujob.agent.throughput import fmt_rate, sparkline
 STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "preparing": "yellow",
                "rolling_back": "magenta", "stopping": "yellow", "stopped": "dim", "failed": "red",
                "lost": "red"}
+
+
+def console(stderr: bool = False) -> Console:
+    """A console that never reads markup or emoji codes in what it prints."""
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False)
+
+
+def lit(value, style: str = "") -> Text:
+    """Outside text, shown literally (control characters escaped: one cell, one line)."""
+    from gpujob.errors import one_line
+    return Text(one_line("" if value is None else str(value)), style=style)
+
+
+def styled(*parts) -> Text:
+    """Text from (text, style) pairs and plain strings, all literal."""
+    return Text.assemble(*((lit(p[0], p[1]) if isinstance(p, tuple) else lit(p)) for p in parts))
 
 
 def duration(s: float | None) -> str:
@@ -72,9 +96,9 @@ def print_status(console: Console, v: dict) -> None:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("job", f"{v['job']}  on {v['target']}")
-    t.add_row("state", f"[{style}]{v['state']}[/]" + (f"  ({v['phase']})" if v["phase"] else ""))
-    t.add_row("profile", v["profile"] or "-")
+    t.add_row("job", lit(f"{v['job']}  on {v['target']}"))
+    t.add_row("state", styled((v["state"], style), f"  ({v['phase']})" if v["phase"] else ""))
+    t.add_row("profile", lit(v["profile"] or "-"))
     if v["tok_s"] is not None:
         line = f"{fmt_rate(v['tok_s'])} tok/s"
         if v["window_median"] is not None and v["threshold"] is not None:
@@ -83,14 +107,14 @@ def print_status(console: Console, v: dict) -> None:
                      f"{'≥' if ok else '<'} {fmt_rate(v['threshold'])} ({v['threshold_source']})")
             if v["consecutive_breaches"]:
                 line += f", {v['consecutive_breaches']}/{v['failure_limit']} breaches"
-        t.add_row("tok/s", line)
-        t.add_row("trend", f"[cyan]{v['sparkline']}[/]  "
-                  f"{fmt_rate(min(v['trend']))}–{fmt_rate(max(v['trend']))}")
+        t.add_row("tok/s", lit(line))
+        t.add_row("trend", styled((v["sparkline"], "cyan"),
+                                  f"  {fmt_rate(min(v['trend']))}–{fmt_rate(max(v['trend']))}"))
     t.add_row("uptime", duration(v["uptime_s"]))
     if v["exit"]:
-        t.add_row("exit", v["exit"])
+        t.add_row("exit", lit(v["exit"]))
     elif v["reason"] and v["state"] == "rolling_back":
-        t.add_row("why", v["reason"])
+        t.add_row("why", lit(v["reason"]))
     console.print(t)
     if v["rollbacks"]:
         rt = Table(title="rollbacks", title_justify="left", show_edge=False)
@@ -98,9 +122,9 @@ def print_status(console: Console, v: dict) -> None:
             rt.add_column(col)
         for r in v["rollbacks"]:
             rt.add_row(time.strftime("%H:%M:%S", time.localtime(r["decided_at"])),
-                       f"{r['from']} → {r['to']}", r.get("signal", ""), r.get("reason", ""),
+                       lit(f"{r['from']} → {r['to']}"), lit(r.get("signal", "")), lit(r.get("reason", "")),
                        f"{r['took']:.2f}s" if r.get("took") is not None else "-",
-                       timings.describe(r), r.get("resumed") or "-")
+                       lit(timings.describe(r)), lit(r.get("resumed") or "-"))
         console.print(rt)
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
@@ -112,9 +136,9 @@ def ledger_table(ledger: dict) -> Table:
         lt.add_column(col)
     colour = {"good": "green", "bad": "red"}
     for name, e in sorted(ledger.items()):
-        lt.add_row(name, f"[{colour.get(e.get('status'), '')}]{e.get('status')}[/]",
+        lt.add_row(lit(name), lit(e.get("status"), colour.get(e.get("status"), "")),
                    fmt_rate(e["baseline"]) + " tok/s" if e.get("baseline") else "-",
-                   e.get("reason") or "")
+                   lit(e.get("reason") or ""))
     return lt
 
 
@@ -150,3 +174,73 @@ def event_line(ev: dict) -> str:
     else:
         body = " ".join(f"{k}={ev[k]}" for k in sorted(ev) if k not in skip)
     return f"{t} {kind:<14} {body}"
+
+
+def hosts_table(rows: list[dict], source: str) -> Table:
+    table = Table(title=f"targets ({source})", title_justify="left")
+    for col in ("target", "vmid", "status", "running job"):
+        table.add_column(col)
+    for r in rows:
+        st = r["status"]
+        colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
+        table.add_row(lit(f"{r['host']}/{r['container']}"), lit(r.get("vmid") or "-"),
+                      styled((st, colour), f" ({r['error']})" if r.get("error") else ""), lit(r.get("job") or "-"))
+    return table
+
+
+def ps_table(views: list[dict]) -> Table:
+    table = Table(show_edge=False)
+    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime", "exit"):
+        table.add_column(col)
+    for v in views:
+        style = STATE_STYLE.get(v["state"], "red" if v["state"] == "unreachable" else "")
+        exit_ = v["exit"] or (v.get("reason") or "" if v["state"] == "unreachable" else "")
+        table.add_row(lit(v["job"]), lit(v["target"]), lit(v["state"] or "-", style), lit(v["phase"] or "-"),
+                      lit(v["profile"] or "-"), fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
+                      duration(v["uptime_s"]), lit(exit_))
+    return table
+
+
+def doctor_table(label: str, checks) -> Table:
+    table = Table(title=f"gpujob doctor: {label}", title_justify="left")
+    for col in ("check", "", "detail", "fix"):
+        table.add_column(col)
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}
+    for c in checks:
+        table.add_row(lit(c.name), lit(c.status, colour.get(c.status, "")), lit(c.detail), lit(c.hint))
+    return table
+
+
+def plan_lines(header: str, steps) -> list[Text]:
+    """``submit --plan``: a header, then each step and its exact argv (shell-quoted)."""
+    lines = [styled(("plan", "bold"), header)]
+    for i, step in enumerate(steps, 1):
+        lines.append(styled(f"{i:>2}. ", (step.kind, "bold"), f" [{step.where}] {step.what}",
+                            (f" ({step.when})" if step.when else "", "dim")))
+        if step.argv:
+            lines.append(lit(f"      $ {shlex.join(step.argv)}"))
+    return lines
+
+
+def profiles_table(res: dict, label: str) -> Table:
+    """The agent's ``profiles`` answer: venvs and, per profile, its status in each job's ledger."""
+    status: dict = {}
+    for name, led in res["ledgers"].items():
+        for p, e in led.get("profiles", {}).items():
+            status.setdefault(p, []).append(f"{name}: {e.get('status')}")
+    table = Table(title=f"profiles on {label}", title_justify="left", show_edge=False)
+    for col in ("profile", "venv", "installed", "disk: own / real / apparent", "packages", "ledger"):
+        table.add_column(col)
+    seen = set()
+    for e in res["envs"]:
+        seen.add(e["profile"])
+        pk = ", ".join(f"{k}=={v}" for k, v in (e.get("packages") or {}).items())
+        table.add_row(lit(e["profile"] or "?"), lit(e["env_key"]), "yes" if e["installed"] else "partial",
+                      disk(e.get("disk") or {"apparent": e["size"]}), lit(pk),
+                      lit("; ".join(status.get(e["profile"], [])) or "untried"))
+    for p in sorted(set(status) - seen):
+        table.add_row(lit(p), "-", "no", "-", "", lit("; ".join(status[p])))
+    if res.get("disk_total"):
+        table.caption = (f"all venvs together: {disk(res['disk_total'])} (own: only in these venvs; "
+                         "real: each file once; uv links the rest from its cache)")
+    return table

@@ -13,6 +13,7 @@ cannot happen.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Sequence, Union
@@ -99,6 +100,22 @@ def with_timeout(argv: Sequence[str], timeout: float | None) -> list[str]:
 def timed_out_by(timeout: float | None, elapsed: float, code: int) -> bool:
     """Did a ``with_timeout`` wrapper end the command? (124 after SIGTERM, 137 after SIGKILL.)"""
     return timeout is not None and elapsed >= timeout and code in (TIMEOUT_EXIT, 128 + 9)
+
+
+class RawStdin:
+    """A file descriptor (the CLI's stdin) read straight, unbuffered: each read returns
+    what is there now, so an idle open pipe never holds a command back; and a feeder
+    thread still waiting in it when the command has exited holds no buffered reader's
+    lock that would stop the interpreter from exiting ("Fatal Python error")."""
+
+    def __init__(self, fd: int = 0):
+        self.fd = fd
+
+    def read(self, n: int = 65536) -> bytes:
+        try:
+            return os.read(self.fd, n if n and n > 0 else 65536)
+        except OSError:
+            return b""
 
 
 def iter_chunks(stdin: Stdin, size: int = 256 * 1024) -> Iterable[bytes]:

@@ -47,12 +47,16 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     OpenSSH's StrictHostKeyChecking=accept-new). A changed key never reaches this
     policy: paramiko raises BadHostKeyException, which we always refuse."""
 
-    def __init__(self, known_hosts: Path, accept_new: bool):
+    def __init__(self, known_hosts: Path, accept_new: bool, revoked: frozenset = frozenset()):
         self.known_hosts = known_hosts
         self.accept_new = accept_new
+        self.revoked = revoked
 
     def missing_host_key(self, client, hostname, key):
         fp = fingerprint(key)
+        if key.get_base64() in self.revoked:
+            raise HostKeyError(f"host key of {hostname} ({key.get_name()} {fp}) is marked @revoked in "
+                               f"{self.known_hosts}; refused, nothing was run")
         if not self.accept_new:
             raise HostKeyError(
                 f"host key of {hostname} is not known ({key.get_name()} {fp}); nothing was run",
@@ -62,6 +66,55 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         with open(self.known_hosts, "a") as f:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def load_known_hosts(client: paramiko.SSHClient, path: Path) -> frozenset:
+    """Load OpenSSH's known_hosts into ``client``, line by line, and return the keys
+    marked ``@revoked`` (refused whoever offers them). ``@cert-authority`` lines are
+    skipped (paramiko checks no host certificates); a line that cannot be read is a
+    one-line HostKeyError naming it, never a paramiko traceback."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise HostKeyError(f"cannot read known_hosts file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise HostKeyError(f"known_hosts file {path} is not UTF-8 text") from None
+    revoked = set()
+    keys = client.get_host_keys()
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("@"):
+            parts = line.split()
+            if parts[0] == "@revoked" and len(parts) >= 4:
+                revoked.add(parts[3])
+            elif parts[0] not in ("@revoked", "@cert-authority") or len(parts) < 4:
+                raise HostKeyError(f"known_hosts file {path}:{number}: unknown marker or short line "
+                                   f"{parts[0][:40]!r}")
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+        except Exception as e:  # paramiko raises InvalidHostKey, binascii.Error, ValueError, ...
+            raise HostKeyError(f"known_hosts file {path}:{number}: cannot read this line "
+                               f"({type(e).__name__})") from None
+        if entry is not None and entry.key is not None:
+            if not all(_hashed_ok(name) for name in entry.hostnames if name.startswith("|")):
+                raise HostKeyError(f"known_hosts file {path}:{number}: a hashed host name that is not "
+                                   "|1|salt|hash (20 bytes each, base64)")
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return frozenset(revoked)
+
+
+def _hashed_ok(name: str) -> bool:
+    """OpenSSH's hashed host name, |1|base64(salt)|base64(hash): paramiko asserts on bad ones."""
+    parts = name.split("|")
+    try:
+        return len(parts) == 4 and parts[1] == "1" and all(
+            len(base64.b64decode(part, validate=True)) == 20 for part in parts[2:])
+    except ValueError:
+        return False
 
 
 def _tcp_keepalive(sock: socket.socket, idle: int) -> None:
@@ -113,12 +166,14 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     client = paramiko.SSHClient()
     known = Path(settings.known_hosts).expanduser()
+    revoked = frozenset()
     if known.exists():
         try:
-            client.load_host_keys(str(known))
-        except (paramiko.SSHException, OSError, ValueError) as e:
-            raise HostKeyError(f"cannot read known_hosts file {known}: {e}") from None
-    client.set_missing_host_key_policy(_HostKeyPolicy(known, accept_new))
+            revoked = load_known_hosts(client, known)
+        except HostKeyError:
+            sock.close()
+            raise
+    client.set_missing_host_key_policy(_HostKeyPolicy(known, accept_new, revoked))
     keys = [str(Path(k).expanduser()) for k in settings.identity_files
             if Path(k).expanduser().exists()]
     try:
@@ -145,6 +200,12 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     except (paramiko.SSHException, OSError, EOFError) as e:
         client.close()
         raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}") from None
+    offered = client.get_transport().get_remote_server_key()
+    if offered.get_base64() in revoked:
+        client.close()
+        raise HostKeyError(f"host key of {known_hosts_name(settings.hostname, settings.port)} "
+                           f"({offered.get_name()} {fingerprint(offered)}) is marked @revoked in {known}; "
+                           "refused, nothing was run")
     if settings.keepalive > 0:  # 0 turns keepalives off
         client.get_transport().set_keepalive(int(max(settings.keepalive, 1)))
     if jump_client is not None:

@@ -1,0 +1,88 @@
+"""Env values a spec takes from the laptop (``{from_env: VAR}``, ``{from_file: PATH}``).
+
+They are read by the CLI process that submits, travel in the job request over the
+agent's stdin (never argv), and are stored in the container only in the job's 0600
+``secrets.json``; everywhere else (plan, job.json, status, events, errors) they are ``***``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpujob.errors import SpecError
+from gpujob.spec import JobSpec, SecretRef
+
+MASK = "***"
+MAX_SECRET = 64 * 1024
+
+
+def secret_refs(spec: JobSpec) -> list[tuple[tuple, str, SecretRef]]:
+    """(loc, variable, reference) of every secret env value, job-level first."""
+    out = [(("env", k), k, v) for k, v in spec.env.items() if isinstance(v, SecretRef)]
+    for i, p in enumerate(spec.profiles):
+        out += [(("profiles", i, "env", k), k, v) for k, v in p.env.items() if isinstance(v, SecretRef)]
+    return out
+
+
+def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
+    def fail(message: str) -> SpecError:
+        field = f"{loc[0]}.{loc[1]}" if loc[0] == "env" else f"profiles[{loc[1]}].env.{loc[3]}"
+        return SpecError(spec.source_name, spec.line_of(loc), field, message)
+    if ref.from_env is not None:
+        value = os.environ.get(ref.from_env)
+        if value is None:
+            raise fail(f"from_env: ${ref.from_env} is not set in this shell")
+        return value
+    path = Path(ref.from_file).expanduser()
+    if not path.is_absolute():
+        path = spec.spec_dir / path
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SECRET + 1)
+    except OSError as e:
+        raise fail(f"from_file: cannot read {path}: {e.strerror or type(e).__name__}") from None
+    if len(raw) > MAX_SECRET:
+        raise fail(f"from_file: {path} is larger than {MAX_SECRET // 1024} KiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise fail(f"from_file: {path} is not UTF-8 text") from None
+    text = text.rstrip("\r\n")  # `echo token > file` leaves a newline that is not part of it
+    if "\0" in text:
+        raise fail(f"from_file: {path} holds a NUL byte")
+    return text
+
+
+def resolve(spec: JobSpec) -> dict:
+    """{"env": {VAR: value}, "profiles": {profile: {VAR: value}}}; a SpecError (one
+    line, never the value) when a variable is unset or a file unreadable."""
+    out: dict = {"env": {}, "profiles": {}}
+    for loc, name, ref in secret_refs(spec):
+        value = _read(spec, loc, ref)
+        if loc[0] == "env":
+            out["env"][name] = value
+        else:
+            out["profiles"].setdefault(spec.profiles[loc[1]].name, {})[name] = value
+    return out
+
+
+def mask(spec_data: dict) -> list[str]:
+    """Replace every secret reference in an agent spec dict by ``***``; the names."""
+    names = []
+    for env in [spec_data.get("env") or {}] + [p.get("env") or {} for p in spec_data.get("profiles") or []]:
+        for key, value in env.items():
+            if isinstance(value, dict):
+                env[key] = MASK
+                names.append(key)
+    return sorted(set(names))
+
+
+def scrub(text: str, secrets: dict) -> str:
+    """``text`` with every secret value in it replaced by ``***``."""
+    values = list(secrets.get("env", {}).values())
+    for env in secrets.get("profiles", {}).values():
+        values += list(env.values())
+    for value in sorted((v for v in values if len(v) >= 4), key=len, reverse=True):
+        text = text.replace(value, MASK)
+    return text
