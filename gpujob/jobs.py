@@ -232,6 +232,10 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     secrets = secrets_env.resolve(spec)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough)
+    req["boot_hook"] = spec.resume_after_reboot and target.kind == "ssh"  # never a laptop's rc.local
+    if spec.resume_after_reboot and target.kind != "ssh":
+        progress("note: resume_after_reboot installs no boot hook on a local target (its rc.local "
+                 "would be this machine's); `gpujob status` after a restart brings the job back")
     for w in checkpoint.warnings(req["spec"]):
         progress(f"warning: {w}")
     progress(f"probing {target.label}")

@@ -417,6 +417,7 @@ class JobSpec(Strict):
     throughput: Throughput | None = None
     rollback: Rollback = Field(default_factory=Rollback)
     journal: Journal = Field(default_factory=Journal)
+    resume_after_reboot: bool = False  # a boot hook in the container brings the job back
     _source_path: Path | None = PrivateAttr(None)
     _lines: dict = PrivateAttr(default_factory=dict)
     _source_name: str = PrivateAttr("spec")  # the path as the user gave it, for errors

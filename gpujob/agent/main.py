@@ -18,7 +18,7 @@ import sys
 import tarfile
 import time
 
-from gpujob.agent import envs, gc
+from gpujob.agent import boothook, envs, gc
 from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Held, Lock
 from gpujob.agent.proc import group_pids, kill_group
@@ -269,6 +269,9 @@ def cmd_submit(home: Home, args) -> None:
                     step="env", profile=job["profile"], resume=False, started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
+        if job.get("boot_hook"):
+            line = boothook.install(sys.executable, os.path.abspath(sys.argv[0]), home.root)
+            j.event("boot_hook", path=boothook.RC_LOCAL, line=line)
         pid = spawn_supervisor(home, job_id, held)
     except BaseException:
         held.release()
@@ -572,6 +575,22 @@ def cmd_cache(home: Home, args) -> None:
     emit({"cleared": keys})
 
 
+def cmd_boot(home: Home, args) -> None:
+    """Run at container start by the boot hook: every job marked resume_after_reboot
+    whose supervisor is gone gets a new one (which restarts its command)."""
+    done = {}
+    for job_id in home.job_ids():
+        j = Journal(home, job_id)
+        if not (j.job().get("spec") or {}).get("resume_after_reboot"):
+            continue
+        st = j.state()
+        if st.get("state") in ENDED:
+            continue
+        j.event("container_booted")
+        done[job_id] = revive(home, job_id) or {"revived": False, "why": "its supervisor runs"}
+    emit({"booted": done})
+
+
 def cmd_run(home: Home, args) -> None:
     from gpujob.agent.supervisor import run
     sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
@@ -614,6 +633,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--to")
     s.add_argument("--reason")
     sub.add_parser("profiles")
+    sub.add_parser("boot")
     s = sub.add_parser("gc")
     s.add_argument("--days", type=float, required=True)
     s.add_argument("--dry-run", action="store_true")
@@ -626,7 +646,7 @@ def parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"probe": cmd_probe, "put": cmd_put, "manifest": cmd_manifest, "submit": cmd_submit,
             "run": cmd_run, "status": cmd_status, "tail": cmd_tail, "stop": cmd_stop,
-            "rollback": cmd_rollback, "profiles": cmd_profiles, "cache": cmd_cache, "gc": cmd_gc}
+            "rollback": cmd_rollback, "profiles": cmd_profiles, "boot": cmd_boot, "cache": cmd_cache, "gc": cmd_gc}
 
 
 def main(argv=None) -> int:

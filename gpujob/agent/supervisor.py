@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, gc, jobenv, standby, throughput
+from gpujob.agent import boothook, checkpoint, envs, gc, jobenv, standby, throughput
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
@@ -262,11 +262,27 @@ class Supervisor(PhaseWatch):
             kw.setdefault("left", left)
         self.drop_standby()
         self.drop_secrets()
+        self.drop_boot_hook()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
         for name, _req in self.journal.pending():  # nothing is left to act on them
             self.journal.done(name)
         self.drop_reserve()
+
+    def drop_boot_hook(self) -> None:
+        """The job's boot hook goes when no other job of this home needs it."""
+        if not (self.spec.get("resume_after_reboot") and self.job.get("boot_hook")):
+            return
+        for other in self.home.job_ids():
+            j = Journal(self.home, other)
+            if other != self.job_id and (j.job().get("spec") or {}).get("resume_after_reboot") and \
+                    j.state().get("state") not in ENDED:
+                return
+        try:
+            if boothook.remove(self.home.root):
+                self.journal.event("boot_hook_removed", path=boothook.RC_LOCAL)
+        except OSError as e:
+            self.journal.event("warning", message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
 
     # ---- disk full ---------------------------------------------------------
     RESERVE = 256 * 1024
@@ -397,8 +413,9 @@ class Supervisor(PhaseWatch):
                 return True
             self.plan_rollback(profile, target, out, sig, mark_bad=False)  # marked just above
             return False
-        if sig in (self.restart_cfg.get("on") or []):
-            refusal = restart_refusal(self.restart_cfg, self.restarts, sig, now())
+        if sig == "container_restart" or sig in (self.restart_cfg.get("on") or []):
+            cfg = self.restart_cfg if sig in (self.restart_cfg.get("on") or []) else {"max": 3, "within": 3600}
+            refusal = restart_refusal(cfg, self.restarts, sig, now())
             if refusal is None:
                 rec = {"at": now(), "signal": sig, "reason": reason, "profile": profile,
                        "exit_code": out.exit_code}

@@ -13,6 +13,7 @@ import time
 
 from gpujob.agent import checkpoint, throughput, timings
 from gpujob.agent.journal import now
+from gpujob.agent.boothook import boot_identity
 from gpujob.agent.proc import Phase
 from gpujob.agent.trim import read_jsonl_from
 
@@ -89,7 +90,8 @@ class PhaseWatch:
             proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path,
                                exit_file=self.journal.path(f"{phase}.exit"))
         self.phase_proc = proc
-        rec = dict(proc.record(), phase=phase, log=logname, log_start=log_start, started_at=now(), **extra)
+        rec = dict(proc.record(), phase=phase, log=logname, log_start=log_start, started_at=now(),
+                   boot=boot_identity(), **extra)
         self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid)
         self.relay.follow(logname, log_start)
         return proc
@@ -203,6 +205,12 @@ class PhaseWatch:
             return outcome
         if code == 0:
             return Outcome("done", exit_code=0)
+        if adopt is not None and code is None and adopt.get("boot") not in (None, boot_identity()):
+            reason = f"the container restarted while {run.phase} ran (exit status unknown)"
+            self.say(f"{run.phase} failed: {reason}")
+            if self.spec.get("resume_after_reboot"):
+                return Outcome("signal", "container_restart", reason, {"tail": list(run.tail)[-10:]})
+            return Outcome("signal", "crash", reason, {"tail": list(run.tail)[-10:]})
         sig = -code if code is not None and code < 0 else None
         name, reason = throughput.classify_exit(code if code is None or code >= 0 else None, sig,
                                                 run.hits + list(run.tail), self.signatures)
