@@ -119,6 +119,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     for p in data["profiles"]:
         p["index_url"] = resolved(p["index_url"])
         p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
+        p["find_links"] = [resolved(u) for u in p.get("find_links") or []]
     req = {"job_id": job_id, "spec": data, "profile": profile,
            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
            "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,

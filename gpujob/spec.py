@@ -238,6 +238,7 @@ class Profile(Strict):
     name: Name
     index_url: Url | None = None  # required when the profile installs anything
     extra_index_urls: list[Url] = []
+    find_links: list[Url] = []  # flat folders or pages of wheels (pip's and uv's --find-links)
     packages: list[Pinned] = []  # at least one, unless system_site_packages
     requirements: str | None = None  # laptop path of a requirements file, relative to the spec
     env: Env = {}
@@ -510,6 +511,8 @@ class JobSpec(Strict):
         }
         if profile.python or profile.system_site_packages:  # older keys stay as they were
             content.update(python=profile.python, system_site_packages=profile.system_site_packages)
+        if profile.find_links:
+            content.update(find_links=profile.find_links)
         return f"{profile.name}-{_sha256(content)[:12]}"
 
     def to_agent_dict(self) -> dict:

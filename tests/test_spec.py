@@ -266,6 +266,8 @@ def test_profile_by_name(tmp_path):
     ("name: demo\nprofiles: []\ntrain: {command: x}\n", "job.yaml:2: profiles: must not be empty"),
     (BASE.replace("https://", "ftp://"), "job.yaml:4: profiles[0].index_url: expected an http(s):// or file: URL, "
                                          "got 'ftp://download.pytorch.org/whl/cu128'"),
+    (BASE.replace('"]\n', '"]\n    find_links: [/opt/wheels]\n', 1),
+     "job.yaml:6: profiles[0].find_links[0]: expected an http(s):// or file: URL, got '/opt/wheels'"),
     (BASE.replace('"]\n', '"]\n    cuda: "12"\n', 1),
      "job.yaml:6: profiles[0].cuda: expected a CUDA version like \"12.8\", got '12'"),
     (BASE.replace('"]\n', '"]\n    requirements: missing.txt\n', 1), "job.yaml:6: profiles[0].requirements: no such file: "
@@ -359,3 +361,11 @@ def test_base_interpreter_profile_needs_no_packages_and_has_its_own_key(tmp_path
     assert prof.packages == [] and prof.index_url is None and prof.system_site_packages
     other = load_spec(write(tmp_path, text.replace("/opt/torch/.venv", "/opt/other"), "b.yaml"))
     assert spec.env_key("cu128") != other.env_key("cu128")  # another base, another venv
+
+
+def test_find_links_have_their_own_key_and_leave_older_keys_alone(tmp_path):
+    plain = load_spec(write(tmp_path, BASE)).env_key("cu128")
+    empty = load_spec(write(tmp_path, BASE.replace('"]\n', '"]\n    find_links: []\n', 1), "b.yaml"))
+    assert empty.env_key("cu128") == plain
+    flat = load_spec(write(tmp_path, BASE.replace('"]\n', '"]\n    find_links: ["file:///opt/wheels"]\n', 1), "c.yaml"))
+    assert flat.profiles[0].find_links == ["file:///opt/wheels"] and flat.env_key("cu128") != plain

@@ -135,7 +135,7 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     """The argv lists that create ``venv`` and install a profile into it.
 
     With uv: ``uv venv`` then ``uv pip install`` of the pinned packages from the
-    profile's index, then the job's common requirements from the default index
+    profile's index (and its extra indexes and ``find_links`` folders), then the job's common requirements from the default index
     with the profile's index as an extra one, the pins held as constraints so a
     common requirement can never swap the torch build. Without uv: the same with
     ``python3 -m venv`` and pip.
@@ -143,6 +143,7 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     vpy = os.path.join(venv, "bin", "python")
     python = venv_python(profile, python)
     extras = [a for url in profile.get("extra_index_urls") or [] for a in ("--extra-index-url", url)]
+    extras += [a for url in profile.get("find_links") or [] for a in ("--find-links", url)]
     pins = list(profile.get("packages") or [])
     inherit = bool(profile.get("system_site_packages"))
     ssp = ["--system-site-packages"] if inherit else []
