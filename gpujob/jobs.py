@@ -3,7 +3,7 @@
 ``build_plan`` is pure (spec and target in, list of steps out): what
 ``submit --plan`` prints. It builds every argv with the same functions that
 ``submit`` and the supervisor run (``Target.agent_argv``,
-``envs.build_commands``, ``supervisor.command_argv``), so the commands it shows
+``envs.build_commands``, ``agent.commands.command_argv``), so the commands it shows
 are the commands that run.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from gpujob.agent import checkpoint, envs
-from gpujob.agent.supervisor import command_argv
+from gpujob.agent.commands import command_argv
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
 from gpujob.spec import JobSpec, remote_dest, spec_hash

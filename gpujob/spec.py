@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
                       model_validator)
 
-from gpujob.agent.supervisor import is_shell_c, quoted_placeholders
+from gpujob.agent.commands import is_shell_c, quoted_placeholders
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, kind_of, load_yaml, shorten, suggest
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpujob.agent.main import untar
-from gpujob.agent.supervisor import command_argv, placeholder_env, quoted_placeholders
+from gpujob.agent.commands import command_argv, placeholder_env, quoted_placeholders
 from gpujob.cli import render
 from gpujob.errors import HostKeyError
 from gpujob.tarstream import Concat, TarStream

@@ -23,6 +23,11 @@ import os
 import re
 import shlex
 
+from gpujob.agent import envs
+from gpujob.agent.commands import substitute
+from gpujob.agent.journal import now
+from gpujob.agent.proc import Phase
+
 STANDBY = r"""
 import importlib, json, os, runpy, sys, time
 fifo, ready = sys.argv[1], sys.argv[2]
@@ -113,3 +118,79 @@ def go(fifo: str, message: dict) -> bool:
     finally:
         os.close(fd)
     return True
+
+
+class StandbyKeeper:
+    """The supervisor's half that keeps, hands over and ends the standby
+    interpreter (a mixin of ``Supervisor``)."""
+
+    # ---- the standby interpreter (train.standby) ----------------------------
+    def keep_standby(self, profile: str) -> None:
+        """While training on ``profile``, keep an interpreter of the profile a
+        rollback would go to (known-good, installed) preloaded and waiting."""
+        cfg = self.spec["train"].get("standby")
+        if not cfg or command_script(self.spec["train"]["command"]) is None:
+            return
+        target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
+        if target is None or self.ledger.status(target) != "good" or \
+                not envs.is_installed(self.home.root, self.env_key(target)):
+            self.drop_standby()
+            return
+        rec = self.journal.state().get("standby") or {}
+        if rec.get("profile") == target and self.standby is not None and self.standby.running():
+            return
+        self.drop_standby()
+        fifo, ready = self.journal.path("standby.fifo"), self.journal.path("standby.ready")
+        for stale in (ready,):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        make_fifo(fifo)
+        vpy = os.path.join(envs.env_dir(self.home.root, self.env_key(target)), "bin", "python")
+        proc = Phase.start(standby_argv(vpy, fifo, ready, list(cfg.get("preload") or [])),
+                           env=self.child_env(target), cwd=self.workdir,
+                           log_path=self.journal.path("standby.log"),
+                           exit_file=self.journal.path("standby.exit"))
+        self.standby = proc
+        self.journal.set_state(standby=dict(proc.record(), profile=target, env_key=self.env_key(target),
+                                            fifo=fifo, ready=ready, started_at=now()))
+        self.journal.event("standby_started", profile=target, pgid=proc.pgid,
+                           preload=list(cfg.get("preload") or []))
+
+    def take_standby(self, profile: str, extra: list):
+        """(the standby, where its output starts in train.log) when a standby of
+        ``profile`` is ready and took the trainer's argv; else None."""
+        rec = self.journal.state().get("standby") or {}
+        if self.standby is None or rec.get("profile") != profile or rec.get("env_key") != self.env_key(profile):
+            return None
+        if not (self.standby.running() and is_ready(rec["ready"])):
+            self.journal.event("standby_not_ready", profile=profile)
+            self.drop_standby()
+            return None
+        command = self.spec["train"]["command"]
+        if isinstance(command, str):  # quoted as for bash -c, then split as bash would
+            command = shlex.split(substitute(command, self.values(profile), shlex.quote))
+        else:
+            command = [substitute(str(a), self.values(profile)) for a in command]
+        script = script_argv(command)
+        log = self.journal.path("train.log")
+        log_start = os.path.getsize(log) if os.path.exists(log) else 0
+        if script is None or not go(rec["fifo"], {"argv": script + list(extra), "cwd": self.workdir,
+                                                          "log": log}):
+            self.drop_standby()
+            return None
+        proc, self.standby = self.standby, None
+        self.journal.set_state(standby=None)
+        self.journal.event("standby_used", profile=profile, pgid=proc.pgid)
+        self.say(f"train on {profile} started in its standby interpreter (preloaded: "
+                 f"{', '.join(self.spec['train']['standby'].get('preload') or []) or 'nothing'})")
+        return proc, log_start
+
+    def drop_standby(self) -> None:
+        if self.standby is not None:
+            if self.standby.running():
+                self.standby.kill(2)
+            self.standby = None
+            self.journal.event("standby_dropped")
+        if self.journal.state().get("standby"):
+            self.journal.set_state(standby=None)
+

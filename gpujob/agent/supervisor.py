@@ -10,87 +10,25 @@ from __future__ import annotations
 import collections
 import dataclasses
 import errno
-import json
 import os
-import re
 import shlex
 import signal
-import subprocess
 import sys
 import time
 
-from gpujob.agent import boothook, checkpoint, envs, gc, jobenv, standby, throughput
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
+from gpujob.agent import checkpoint, envs, jobenv, throughput
+from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
-from gpujob.agent.watch import POLL, TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop
+from gpujob.agent.commands import command_argv, placeholder_env, substitute
+from gpujob.agent.guard import Safeguards
+from gpujob.agent.install import Installer
+from gpujob.agent.standby import StandbyKeeper
+from gpujob.agent.watch import TAIL_LINES, EnvError, Outcome, PhaseWatch, Stop
 
-PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}")
 SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
-
-
-def substitute(text: str, values: dict, quote=None) -> str:
-    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``
-    (each value passed through ``quote`` when given); any other braces (``${VAR}``,
-    ``{}``) are left alone."""
-    def one(m):
-        if m.group(1) not in values:
-            return m.group(0)
-        return quote(values[m.group(1)]) if quote else values[m.group(1)]
-    return PLACEHOLDER.sub(one, text)
-
-
-def quoted_placeholders(text: str) -> list:
-    """The placeholders of a shell command string that sit inside quotes (or after a
-    backslash): gpujob quotes each value itself, so a quote around it would break it."""
-    found, quote, i = [], None, 0
-    while i < len(text):
-        c = text[i]
-        m = PLACEHOLDER.match(text, i)
-        if m:
-            if quote:
-                found.append(m.group(0))
-            i = m.end()
-            continue
-        if c == "\\" and quote != "'":
-            i += 2
-            continue
-        if quote is None and c in "'\"":
-            quote = c
-        elif c == quote:
-            quote = None
-        i += 1
-    return found
-
-
-def command_argv(command, values: dict, extra_args=()) -> list:
-    """A spec command (a shell string or an argv list) as an argv list. In a shell
-    string each substituted value is quoted for that shell (``/root/a b`` stays one
-    word, ``x;touch p`` runs nothing); an argv list gets the values as they are."""
-    if isinstance(command, str):
-        text = substitute(command, values, shlex.quote)
-        if extra_args:
-            text += " " + shlex.join(list(extra_args))
-        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-        return [shell, "-c", text]
-    argv = [substitute(str(a), values) for a in command]
-    if is_shell_c(command):  # ["bash", "-c", "cd {workdir} && ..."]: that string is shell too
-        argv[2] = substitute(command[2], values, shlex.quote)
-    return argv + list(extra_args)
-
-
-def is_shell_c(argv) -> bool:
-    """An argv that hands its third element to a shell: [bash|sh|dash|zsh, -c, SCRIPT, ...]."""
-    return (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-c"
-            and os.path.basename(str(argv[0])) in ("bash", "sh", "dash", "zsh"))
-
-
-def placeholder_env(values: dict) -> dict:
-    """The substituted values again as variables: GPUJOB_WORKDIR, GPUJOB_GPU,
-    GPUJOB_GPUS_<GROUP>, GPUJOB_PROFILE, GPUJOB_JOB_ID."""
-    return {"GPUJOB_" + key.replace(".", "_").upper(): str(value) for key, value in values.items()}
 
 
 class _Run:
@@ -128,7 +66,7 @@ class _Run:
         self.gpu_history: list = []
 
 
-class Supervisor(PhaseWatch):
+class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -268,73 +206,6 @@ class Supervisor(PhaseWatch):
         for name, _req in self.journal.pending():  # nothing is left to act on them
             self.journal.done(name)
         self.drop_reserve()
-
-    def drop_boot_hook(self) -> None:
-        """The job's boot hook goes when no other job of this home needs it."""
-        if not (self.spec.get("resume_after_reboot") and self.job.get("boot_hook")):
-            return
-        for other in self.home.job_ids():
-            j = Journal(self.home, other)
-            if other != self.job_id and (j.job().get("spec") or {}).get("resume_after_reboot") and \
-                    j.state().get("state") not in ENDED:
-                return
-        try:
-            if boothook.remove(self.home.root):
-                self.journal.event("boot_hook_removed", path=boothook.RC_LOCAL)
-        except OSError as e:
-            self.journal.event("warning", message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
-
-    # ---- disk full ---------------------------------------------------------
-    RESERVE = 256 * 1024
-
-    def make_reserve(self) -> None:
-        """A little space held back in the job's directory, freed when the disk is
-        full so that the final state can still be written."""
-        path = self.journal.path(".reserve")
-        if os.path.exists(path):
-            return
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, self.RESERVE)
-            finally:
-                os.close(fd)
-        except OSError:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-
-    def drop_reserve(self) -> None:
-        try:
-            os.unlink(self.journal.path(".reserve"))
-        except OSError:
-            pass
-
-    def disk_full(self, e: OSError) -> None:
-        where = os.path.dirname(e.filename) if getattr(e, "filename", None) else self.journal.dir
-        code = None
-        if self.phase_proc is not None and self.phase_proc.running():
-            self.phase_proc.kill(5)
-        if self.phase_proc is not None:
-            code = self.phase_proc.returncode
-        self.drop_reserve()
-        self.drop_secrets()
-        reason = f"no space left on device in {where}"
-        self.journal.set_state(state="failed", phase="done", reason=reason, finished_at=now(),
-                               child=None, exit_code=code, signal="disk_full")
-        try:
-            self.journal.event("state", state="failed", phase="done", reason=reason)
-            self.say(f"job failed: {reason}")
-        except OSError:
-            pass
-
-    def disk_is_full(self) -> bool:
-        try:
-            st = os.statvfs(self.journal.dir)
-        except OSError:
-            return False
-        return st.f_bavail * st.f_frsize < 64 * 1024
 
     # ---- the job: a state machine whose every step is in state.json --------
     def lifecycle(self) -> None:
@@ -479,88 +350,6 @@ class Supervisor(PhaseWatch):
                                    to=req.get("to"), request=name, mark_bad=req.get("mark_bad", True))
         return rollback
 
-    # ---- environments ------------------------------------------------------
-    def env_key(self, profile: str) -> str:
-        return self.job["env_keys"][profile]
-
-    def cache_key(self, profile: str) -> str:
-        """Caches are per profile (the venv's key) unless the spec shares them."""
-        return self.env_key(profile) if self.per_profile_caches else "shared"
-
-    def activate(self, profile: str) -> None:
-        """Make sure the profile's venv exists, then point the job at it atomically."""
-        self.ensure_env(profile)
-        link = self.journal.path("venv")
-        tmp = f"{link}.tmp{os.getpid()}"
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        os.symlink(envs.env_dir(self.home.root, self.env_key(profile)), tmp)
-        os.replace(tmp, link)
-        gc.touch_used(envs.env_dir(self.home.root, self.env_key(profile)))  # for `gpujob gc`
-        self.journal.set_state(profile=profile, env_key=self.env_key(profile))
-        self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
-    def ensure_env(self, profile: str) -> None:
-        key = self.env_key(profile)
-        if envs.is_installed(self.home.root, key):
-            self.journal.event("env_reused", profile=profile, env_key=key)
-            self.say(f"profile {profile}: venv {key} already installed, reusing it")
-            return
-        prof = self.profiles[profile]
-        venv = envs.env_dir(self.home.root, key)
-        envs.remove_tree(venv)  # an interrupted build left no marker: start over
-        os.makedirs(os.path.dirname(venv), exist_ok=True)
-        uv = self.job.get("uv")
-        if not uv:
-            self.journal.event("warning", message="uv not available in the container; using pip (slower)")
-            self.say("warning: no uv in the container, installing with pip (slower)")
-        t0 = now()
-        self.journal.event("env_build", profile=profile, env_key=key, installer="uv" if uv else "pip")
-        self.say(f"profile {profile}: building venv {key} with {'uv' if uv else 'pip'}")
-        os.makedirs(venv, exist_ok=True)  # so the side files below have a place; uv venv reuses it
-        req_file = None
-        if prof.get("requirements_text"):
-            req_file = os.path.join(venv, ".gpujob-requirements.txt")
-        constraints = os.path.join(venv, ".gpujob-constraints.txt")
-        cmds = envs.build_commands(prof, venv, sys.executable, uv=uv,
-                                   uv_cache=self.home.path("uv-cache"),
-                                   common_requirements=self.spec.get("requirements") or [],
-                                   constraints_file=constraints,
-                                   profile_requirements_file=req_file)
-        try:
-            for i, argv in enumerate(cmds):
-                if i == 1:  # the venv exists now; side files go in
-                    if req_file:
-                        with open(req_file, "w") as f:
-                            f.write(prof["requirements_text"])
-                    with open(constraints, "w") as f:
-                        f.write("\n".join(prof["packages"]) + "\n")
-                code, tail = self.run_logged(argv, "prepare.log", timeout=3600)
-                if code != 0:
-                    raise EnvError(f"installing profile {profile} failed ({os.path.basename(argv[0])} "
-                                   f"exit {code}): {tail}")
-            code, out = self.capture(envs.verify_command(venv, prof))
-            try:
-                report = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                raise EnvError(f"verifying profile {profile} failed: {out.strip()[-300:]}") from None
-            problems = envs.check_verify(prof, report)
-            if problems:
-                raise EnvError(f"profile {profile} does not hold its pins: {'; '.join(problems)}")
-        except BaseException:
-            envs.remove_tree(venv)
-            raise
-        report.update(profile=profile, env_key=key, built_at=now(), seconds=round(now() - t0, 2),
-                      installer="uv" if uv else "pip")
-        write_json(os.path.join(venv, envs.OK_MARKER), report)
-        self.journal.event("env_ready", **report)
-        self.say(f"profile {profile}: venv ready in {now() - t0:.1f}s "
-                 f"({', '.join(f'{k}=={v}' for k, v in report['packages'].items())})")
-
-    def clear_caches(self, profile: str) -> None:
-        envs.remove_tree(envs.cache_dir(self.home.root, self.cache_key(profile)))
-        self.journal.event("cache_cleared", profile=profile)
-        self.say(f"profile {profile}: compile caches cleared")
-
     def child_env(self, profile: str, extra: dict | None = None) -> dict:
         if self._login is None:  # once per supervisor: a login shell costs ~10 ms
             self._login, source = jobenv.login_env()
@@ -600,50 +389,6 @@ class Supervisor(PhaseWatch):
         if gpu is not None:
             vals["gpu"] = str(gpu)
         return vals
-
-    # ---- running children -------------------------------------------------
-    def capture(self, argv: list) -> tuple:
-        p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, timeout=600)
-        return p.returncode, p.stdout.decode("utf-8", "replace")
-
-    def run_logged(self, argv: list, logname: str, timeout: float) -> tuple:
-        """Run a preparation step with its output in ``logname`` and job.log. A stop
-        ends it at once (its whole process group); so does its timeout."""
-        self.say("$ " + shlex.join(argv))
-        tail = collections.deque(maxlen=5)
-        split = throughput.LineSplitter()
-        proc = self.start_phase(argv, None, None, logname, {"profile": None})
-        deadline = now() + timeout
-        last_check = 0.0
-        while True:
-            chunk = self.relay.poll()
-            tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
-            if not chunk:
-                if not proc.running():
-                    for chunk in self.relay.drain():
-                        tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
-                    break
-                self.nap(proc, POLL)
-            t = now()
-            if t > deadline:
-                self.say(f"{os.path.basename(argv[0])} timed out after {timeout:g}s")
-                proc.kill(5)
-            elif t - last_check > 0.2:  # a stop need not wait for a 10-minute install
-                last_check = t
-                if self.requests_stop():
-                    proc.kill(5)
-        tail.extend(ln.strip() for ln in split.flush() if ln.strip())
-        self.end_phase()
-        if self.stop_asked:
-            raise Stop()
-        code = proc.returncode
-        return (code if code is not None else -1), " | ".join(tail)
-
-    def requests_stop(self) -> bool:
-        if not self.stop_asked and any(req["kind"] == "stop" for _n, req in self.journal.pending()):
-            self.stop_asked = True
-        return self.stop_asked
 
     # ---- phases ------------------------------------------------------------
     def warmup(self, profile: str, done: list) -> Outcome:
@@ -706,76 +451,6 @@ class Supervisor(PhaseWatch):
         return self.watch(argv, env, "train.log", profile,
                           timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
                           grace=t.get("grace", 30.0), started=started)
-
-    # ---- the standby interpreter (train.standby) ----------------------------
-    def keep_standby(self, profile: str) -> None:
-        """While training on ``profile``, keep an interpreter of the profile a
-        rollback would go to (known-good, installed) preloaded and waiting."""
-        cfg = self.spec["train"].get("standby")
-        if not cfg or standby.command_script(self.spec["train"]["command"]) is None:
-            return
-        target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
-        if target is None or self.ledger.status(target) != "good" or \
-                not envs.is_installed(self.home.root, self.env_key(target)):
-            self.drop_standby()
-            return
-        rec = self.journal.state().get("standby") or {}
-        if rec.get("profile") == target and self.standby is not None and self.standby.running():
-            return
-        self.drop_standby()
-        fifo, ready = self.journal.path("standby.fifo"), self.journal.path("standby.ready")
-        for stale in (ready,):
-            if os.path.exists(stale):
-                os.unlink(stale)
-        standby.make_fifo(fifo)
-        vpy = os.path.join(envs.env_dir(self.home.root, self.env_key(target)), "bin", "python")
-        proc = Phase.start(standby.standby_argv(vpy, fifo, ready, list(cfg.get("preload") or [])),
-                           env=self.child_env(target), cwd=self.workdir,
-                           log_path=self.journal.path("standby.log"),
-                           exit_file=self.journal.path("standby.exit"))
-        self.standby = proc
-        self.journal.set_state(standby=dict(proc.record(), profile=target, env_key=self.env_key(target),
-                                            fifo=fifo, ready=ready, started_at=now()))
-        self.journal.event("standby_started", profile=target, pgid=proc.pgid,
-                           preload=list(cfg.get("preload") or []))
-
-    def take_standby(self, profile: str, extra: list):
-        """(the standby, where its output starts in train.log) when a standby of
-        ``profile`` is ready and took the trainer's argv; else None."""
-        rec = self.journal.state().get("standby") or {}
-        if self.standby is None or rec.get("profile") != profile or rec.get("env_key") != self.env_key(profile):
-            return None
-        if not (self.standby.running() and standby.is_ready(rec["ready"])):
-            self.journal.event("standby_not_ready", profile=profile)
-            self.drop_standby()
-            return None
-        command = self.spec["train"]["command"]
-        if isinstance(command, str):  # quoted as for bash -c, then split as bash would
-            command = shlex.split(substitute(command, self.values(profile), shlex.quote))
-        else:
-            command = [substitute(str(a), self.values(profile)) for a in command]
-        script = standby.script_argv(command)
-        log = self.journal.path("train.log")
-        log_start = os.path.getsize(log) if os.path.exists(log) else 0
-        if script is None or not standby.go(rec["fifo"], {"argv": script + list(extra), "cwd": self.workdir,
-                                                          "log": log}):
-            self.drop_standby()
-            return None
-        proc, self.standby = self.standby, None
-        self.journal.set_state(standby=None)
-        self.journal.event("standby_used", profile=profile, pgid=proc.pgid)
-        self.say(f"train on {profile} started in its standby interpreter (preloaded: "
-                 f"{', '.join(self.spec['train']['standby'].get('preload') or []) or 'nothing'})")
-        return proc, log_start
-
-    def drop_standby(self) -> None:
-        if self.standby is not None:
-            if self.standby.running():
-                self.standby.kill(2)
-            self.standby = None
-            self.journal.event("standby_dropped")
-        if self.journal.state().get("standby"):
-            self.journal.set_state(standby=None)
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace

@@ -14,13 +14,9 @@ import time
 from gpujob.agent import checkpoint, throughput, timings
 from gpujob.agent.journal import now
 from gpujob.agent.boothook import boot_identity
+from gpujob.agent.commands import substitute
 from gpujob.agent.proc import Phase
 from gpujob.agent.trim import read_jsonl_from
-
-
-def substitute(text: str, values: dict) -> str:
-    from gpujob.agent.supervisor import substitute as sub
-    return sub(text, values)
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per

@@ -1,0 +1,74 @@
+"""Spec commands as the supervisor runs them, and as the plan shows them (stdlib only):
+placeholder substitution (quoted once for the shell that reads it), argv building,
+and the same values as GPUJOB_* variables. The controller's plan imports these
+very functions, so the plan is what runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}")
+
+
+def substitute(text: str, values: dict, quote=None) -> str:
+    """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``
+    (each value passed through ``quote`` when given); any other braces (``${VAR}``,
+    ``{}``) are left alone."""
+    def one(m):
+        if m.group(1) not in values:
+            return m.group(0)
+        return quote(values[m.group(1)]) if quote else values[m.group(1)]
+    return PLACEHOLDER.sub(one, text)
+
+
+def quoted_placeholders(text: str) -> list:
+    """The placeholders of a shell command string that sit inside quotes (or after a
+    backslash): gpujob quotes each value itself, so a quote around it would break it."""
+    found, quote, i = [], None, 0
+    while i < len(text):
+        c = text[i]
+        m = PLACEHOLDER.match(text, i)
+        if m:
+            if quote:
+                found.append(m.group(0))
+            i = m.end()
+            continue
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if quote is None and c in "'\"":
+            quote = c
+        elif c == quote:
+            quote = None
+        i += 1
+    return found
+
+
+def command_argv(command, values: dict, extra_args=()) -> list:
+    """A spec command (a shell string or an argv list) as an argv list. In a shell
+    string each substituted value is quoted for that shell (``/root/a b`` stays one
+    word, ``x;touch p`` runs nothing); an argv list gets the values as they are."""
+    if isinstance(command, str):
+        text = substitute(command, values, shlex.quote)
+        if extra_args:
+            text += " " + shlex.join(list(extra_args))
+        shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+        return [shell, "-c", text]
+    argv = [substitute(str(a), values) for a in command]
+    if is_shell_c(command):  # ["bash", "-c", "cd {workdir} && ..."]: that string is shell too
+        argv[2] = substitute(command[2], values, shlex.quote)
+    return argv + list(extra_args)
+
+
+def is_shell_c(argv) -> bool:
+    """An argv that hands its third element to a shell: [bash|sh|dash|zsh, -c, SCRIPT, ...]."""
+    return (isinstance(argv, list) and len(argv) >= 3 and argv[1] == "-c"
+            and os.path.basename(str(argv[0])) in ("bash", "sh", "dash", "zsh"))
+
+
+def placeholder_env(values: dict) -> dict:
+    """The substituted values again as variables: GPUJOB_WORKDIR, GPUJOB_GPU,
+    GPUJOB_GPUS_<GROUP>, GPUJOB_PROFILE, GPUJOB_JOB_ID."""
+    return {"GPUJOB_" + key.replace(".", "_").upper(): str(value) for key, value in values.items()}
