@@ -369,3 +369,22 @@ def test_a_chatty_trainer_s_logs_stay_within_journal_keep_log(tmp_path, env, whe
     assert "\0" not in out and out.endswith("job succeeded: train exited 0\n")
     steps = [int(ln.split()[1]) for ln in out.splitlines() if ln.startswith("step ")]
     assert steps == list(range(steps[0], 6000))  # from where it begins: every line once, none cut
+
+
+def test_uv_killed_mid_install_fails_the_job_clearly_and_leaves_no_partial_venv(tmp_path, env, wheelhouse,
+                                                                                 gated):
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=f"{gated.url}/fast/simple",
+                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 3 --interval 0.01")
+    job_id = submit(spec, env)
+    wait_for(lambda: "pip install" in (jdir(tmp_path, job_id) / "job.log").read_text()
+             if (jdir(tmp_path, job_id) / "job.log").exists() else False, 30, what="uv pip install")
+    os.killpg(state_of(tmp_path, job_id)["child"]["pgid"], signal.SIGKILL)
+    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")
+    st = state_of(tmp_path, job_id)
+    assert st["reason"].startswith("installing profile fast failed (uv exit -9)"), st["reason"]
+    assert not list((tmp_path / "root" / "envs").glob("fast-*"))  # the partial venv is gone
+    journal_is_sound(jdir(tmp_path, job_id))
+    gated.gate.set()  # the mirror answers again: the same spec installs and runs
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0 and "job succeeded" in p.stdout.decode(), p.stdout.decode()[-1000:]
