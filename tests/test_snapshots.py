@@ -80,11 +80,11 @@ def test_restore_brings_back_the_cache_and_its_warm_marker(tmp_path):
 def test_restore_due_and_proof_are_pure_rules():
     snap = {"name": "s"}
     due = snapshots.restore_due
-    assert due(cold_start=False, known_good=True, live_files=0, snapshot=snap)
-    assert due(cold_start=True, known_good=True, live_files=0, snapshot=snap) is None
-    assert due(cold_start=False, known_good=False, live_files=0, snapshot=snap) is None
-    assert due(cold_start=False, known_good=True, live_files=3, snapshot=snap) is None
-    assert due(cold_start=False, known_good=True, live_files=0, snapshot=None) is None
+    assert due(cold_start=False, known_good=True, live_empty=True, snapshot=snap)
+    assert due(cold_start=True, known_good=True, live_empty=True, snapshot=snap) is None
+    assert due(cold_start=False, known_good=False, live_empty=True, snapshot=snap) is None
+    assert due(cold_start=False, known_good=True, live_empty=False, snapshot=snap) is None
+    assert due(cold_start=False, known_good=True, live_empty=True, snapshot=None) is None
     assert snapshots.proof_of("cold", None, "k") == "cold"
     assert snapshots.proof_of("warm", None, "k") == "warm"
     assert snapshots.proof_of("restored", None, "k") == "warm"

@@ -273,13 +273,12 @@ def describe(meta: dict) -> str:
     return f"snapshot of {when} ({meta.get('files', 0)} files, {meta.get('bytes', 0) / 1e6:.1f} MB)"
 
 
-def restore_due(*, cold_start: bool, known_good: bool, live_files: int, snapshot) -> str | None:
+def restore_due(*, cold_start: bool, known_good: bool, live_empty: bool, snapshot) -> str | None:
     """Why the live cache should be restored before the profile starts (pure), or
-    None: only a known-good profile with a snapshot whose live cache is empty, and
-    never when the submit asked to start cold."""
-    if cold_start or not known_good or snapshot is None:
-        return None
-    if live_files:
+    None: only a known-good profile with a snapshot whose live cache is empty (no
+    file, not even a warm marker: cleared), and never when the submit asked to
+    start cold."""
+    if cold_start or not known_good or snapshot is None or not live_empty:
         return None
     return "the live cache is empty"
 

@@ -20,6 +20,7 @@ import sys
 import time
 
 from gpujob.agent import checkpoint, envs, gc, jobenv, throughput
+from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
@@ -80,7 +81,7 @@ class _Run:
         self.gpu_history: list = []
 
 
-class Supervisor(PhaseWatch):
+class Supervisor(PhaseWatch, CacheKeep):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -273,6 +274,8 @@ class Supervisor(PhaseWatch):
             step = st.get("step") or "env"
             profile = st.get("profile") or self.job["profile"]
             child = st.get("child")
+            if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
+                self.take_snapshot(st["snapshot_due"])
             if child:
                 out = self.readopt(child, profile)
                 if out is None:
@@ -290,9 +293,14 @@ class Supervisor(PhaseWatch):
                     if step == "env":
                         self.set_state("preparing", phase="env", profile=profile)
                         self.activate(profile)
-                        if self.job.get("clear_caches") and not st.get("resume"):
+                        cold = bool(self.job.get("clear_caches") and not st.get("resume"))
+                        if cold:
                             self.clear_caches(profile)
-                        self.journal.set_state(step="warmup", warmup_done=[])
+                        self.journal.set_state(step="restore", warmup_done=[], cache_cold=cold)
+                        continue
+                    if step == "restore":  # a known-good profile's snapshot into an empty cache
+                        self.cache_step(profile, bool(st.get("cache_cold")))
+                        self.journal.set_state(step="warmup")
                         continue
                     if step == "warmup":
                         out = self.warmup(profile, st.get("warmup_done") or [])
@@ -308,8 +316,7 @@ class Supervisor(PhaseWatch):
         """Act on how a phase ended; True when the job is over."""
         if out.kind == "done":
             if self.parse_tps is None and self.ledger.status(profile) != "good":
-                self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded",
-                                 env_key=self.env_key(profile))
+                self.mark_good(profile, reason="job succeeded")
             self.finish("succeeded", "train exited 0", exit_code=0)
             return True
         if out.kind == "stop":
@@ -323,6 +330,8 @@ class Supervisor(PhaseWatch):
             return False
         if self.disk_is_full():
             raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
+        if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
+            return False
         sig, reason = out.signal_name, out.reason
         if sig in (self.rb.get("stop_on") or []):
             self.finish("failed", f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
@@ -382,8 +391,8 @@ class Supervisor(PhaseWatch):
             self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
         self.set_state("rolling_back", phase="env", reason=p["reason"])
         self.activate(p["to"])
-        self.journal.set_state(step="warmup", profile=p["to"], resume=True, warmup_done=[],
-                               pending_rollback=None)
+        self.journal.set_state(step="restore", profile=p["to"], resume=True, warmup_done=[],
+                               pending_rollback=None, cache_cold=False)
 
     def requests(self):
         """The next request to act on: a pending stop always wins; else the oldest
