@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gpujob.agent import timings
@@ -150,3 +151,33 @@ def event_line(ev: dict) -> str:
     else:
         body = " ".join(f"{k}={ev[k]}" for k in sorted(ev) if k not in skip)
     return f"{t} {kind:<14} {body}"
+
+
+def age(seconds) -> str:
+    return "-" if seconds is None else f"{duration(seconds)} ago"
+
+
+def cache_table(caches: list, title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for col in ("profile venv", "total", "files", "inductor", "triton", "torch_extensions", "newest file",
+                "proof"):
+        table.add_column(col)
+    for c in caches:
+        if not c.get("live", True):
+            table.add_row(escape(c["env_key"]), "cleared", "0", "-", "-", "-", "-", escape(", ".join(c["proof"])))
+            continue
+        table.add_row(escape(c["env_key"]), size(c["size"]), str(c.get("files", "?")),
+                      *(size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")),
+                      age(c.get("age")), escape(", ".join(c.get("proof") or []) or "-"))
+    return table
+
+
+def snapshot_table(caches: list, title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for col in ("profile venv", "snapshot", "age", "files", "size", "hard links", "job"):
+        table.add_column(col)
+    for c in caches:
+        for s in c.get("snapshots") or []:
+            table.add_row(escape(c["env_key"]), escape(s["name"]), age(s["age"]), str(s["files"]),
+                          size(s["bytes"]), str(s.get("linked")), escape(str(s.get("job") or "-")))
+    return table
