@@ -9,8 +9,11 @@ once on the restored cache; a profile proven only warm is warned about, and
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import textwrap
+import time
 from pathlib import Path
 
 import yaml
@@ -26,10 +29,11 @@ WARMUP = textwrap.dedent("""
     if "--race" in sys.argv and not have:
         print("torch._dynamo.exc.InternalTorchDynamoError: is_fx_symbolic_tracing (3 drafter threads)")
         sys.exit(1)
+    n = int(sys.argv[sys.argv.index("--many") + 1]) if "--many" in sys.argv else 3
     if not have:
         for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR"):
             os.makedirs(os.environ[var], exist_ok=True)
-            for i in range(3):
+            for i in range(n):
                 with open(os.path.join(os.environ[var], "kern%d.py" % i), "w") as f:
                     f.write("compiled by %s\\n" % os.environ["GPUJOB_JOB_ID"])
     print("warmup done (cache was %s)" % ("warm" if have else "cold"))
@@ -41,6 +45,7 @@ TRAINER = textwrap.dedent("""
     kern = os.path.join(ind, "kern0.py")
     if os.path.exists(kern):
         print("kernels found: compiled by " + open(kern).read().split()[-1])
+        print("kernel files: %d" % len(os.listdir(ind)))
     else:
         print("kernels missing")
     if "--sleep" in sys.argv:
@@ -206,3 +211,66 @@ def test_a_profile_proven_only_warm_is_warned_about_and_prove_cold_proves_it(tmp
     assert not [n for n in (tmp_path / "root" / "caches").iterdir() if n.name.startswith(".")]
     p = cli(["cache", "clear", "box", "-p", "fast"], env, check=True)
     assert "warning" not in p.stderr.decode()
+
+
+# ---- a supervisor killed during a snapshot or a restore ----------------------------
+
+def kill_supervisor_when(state_path: Path, pred, timeout: float = 60) -> dict:
+    """SIGKILL the job's supervisor the moment ``pred(state)`` holds (polled every 2 ms)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            st = json.loads(state_path.read_text())
+        except (OSError, ValueError):
+            st = {}
+        if st and pred(st):
+            os.kill(st["supervisor_pid"], signal.SIGKILL)
+            return st
+        time.sleep(0.002)
+    raise AssertionError("the moment to kill never came")
+
+
+def whole(path: Path, files: int) -> bool:
+    return sum(1 for sub in ("inductor", "triton", "torch_extensions")
+               for _ in (path / sub).iterdir()) == files if (path / "inductor").exists() else False
+
+
+def test_a_supervisor_killed_mid_snapshot_or_mid_restore_leaves_old_or_whole_new(tmp_path):
+    env = make_env(tmp_path)
+    spec = setup(tmp_path, warmup="python warmup.py --many 3000")
+    root = tmp_path / "root"
+    # killed while it snapshots: the next supervisor takes the snapshot; the trainer is not rerun
+    first = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    st = kill_supervisor_when(root / "jobs" / first / "state.json", lambda st: st.get("snapshot_due"))
+    key = st["env_key"]
+    ls = cli_json(["cache", "ls", "box", "--json"], env)  # looks (and recovers) first
+    snaps = ls["caches"][0]["snapshots"]
+    assert snaps == [] or snaps[0]["files"] == 9000, snaps
+    assert not list((root / "snapshots" / key).glob(".*"))
+    cli(["status", first], env, check=True)  # revives the supervisor
+    wait_for(lambda: json.loads((root / "jobs" / first / "state.json").read_text())["state"] == "succeeded",
+             60, what="the revived supervisor to finish")
+    log = (root / "jobs" / first / "job.log").read_text()
+    assert log.count("kernels found") == 1  # the trainer ran once
+    ev = events(root / "jobs" / first)
+    # taken by the next supervisor (or again, when the kill came after it but before state said so)
+    assert [e["type"] for e in ev].count("cache_snapshot") == (1 if snaps == [] else 2), (snaps, [e for e in ev if e["type"].startswith(("cache", "supervisor"))])
+    assert len(cli_json(["cache", "ls", "box", "--json"], env)["caches"][0]["snapshots"]) == 1
+    entry = ledger(tmp_path)
+    assert entry["status"] == "good" and entry["snapshot"]["files"] == 9000
+
+    # killed while it restores: afterwards no cache or the whole one; the next supervisor restores
+    cli(["cache", "clear", "box", "-p", "fast"], env, check=True)
+    second = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    kill_supervisor_when(root / "jobs" / second / "state.json", lambda st: st.get("step") == "restore")
+    time.sleep(0.05)
+    cli_json(["cache", "ls", "box", "--json"], env)
+    live = root / "caches" / key
+    assert not live.exists() or whole(live, 9000), sorted(os.listdir(live))
+    assert not [n for n in os.listdir(root / "caches") if n.startswith(".")]
+    cli(["status", second], env, check=True)
+    wait_for(lambda: json.loads((root / "jobs" / second / "state.json").read_text())["state"] == "succeeded",
+             60, what="the revived supervisor to finish")
+    log = (root / "jobs" / second / "job.log").read_text()
+    assert found(log) == f"found: compiled by {first}" and "kernel files: 3000" in log
+    assert whole(live, 9000)

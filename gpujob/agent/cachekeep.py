@@ -49,8 +49,11 @@ class CacheKeep:
         self.take_snapshot(profile)
 
     def take_snapshot(self, profile: str) -> None:
-        """Take the snapshot written down in ``snapshot_due`` (again, after a death)."""
-        if self.snapshots_keep() <= 0:
+        """Take the snapshot written down in ``snapshot_due`` (again, after a death). A
+        death before the ledger said good leaves it to ``mark_good``, which comes again
+        (the job's end, or the re-adopted trainer's known-good verdict)."""
+        if self.snapshots_keep() <= 0 or self.ledger.status(profile) != "good":
+            self.journal.set_state(snapshot_due=None)
             return
         key = self.cache_key(profile)
         meta = snapshots.take(self.home.root, key, keep=self.snapshots_keep(), profile=profile,

@@ -30,6 +30,7 @@ import time
 
 from gpujob.agent.envs import CACHE_VARS, WARM_MARKER, cache_dir
 from gpujob.agent.journal import fsync_dir, read_json, write_json
+from gpujob.agent.proc import is_alive
 
 LINKED = ("inductor", "triton")  # written once per file: hard links are safe
 COPIED = ("torch_extensions",)   # rebuilt in place: a copy
@@ -75,15 +76,8 @@ def _pid_of(name: str):
 
 
 def _alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """The process that owns a temp dir still runs (a zombie does not)."""
+    return bool(pid) and is_alive(pid)
 
 
 def _clone(src: str, dst: str, link: bool) -> tuple:

@@ -276,6 +276,7 @@ class Supervisor(PhaseWatch, CacheKeep):
             child = st.get("child")
             if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
                 self.take_snapshot(st["snapshot_due"])
+                continue
             if child:
                 out = self.readopt(child, profile)
                 if out is None:
@@ -302,7 +303,9 @@ class Supervisor(PhaseWatch, CacheKeep):
                         self.cache_step(profile, bool(st.get("cache_cold")))
                         self.journal.set_state(step="warmup")
                         continue
-                    if step == "warmup":
+                    if step == "succeeded":  # the trainer exited 0 before a supervisor died
+                        out = Outcome("done", exit_code=0)
+                    elif step == "warmup":
                         out = self.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == "done":
                             self.journal.set_state(step="train")
@@ -314,7 +317,8 @@ class Supervisor(PhaseWatch, CacheKeep):
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""
-        if out.kind == "done":
+        if out.kind == "done":  # written first: a new supervisor finishes the job, never reruns it
+            self.journal.set_state(step="succeeded")
             if self.parse_tps is None and self.ledger.status(profile) != "good":
                 self.mark_good(profile, reason="job succeeded")
             self.finish("succeeded", "train exited 0", exit_code=0)
