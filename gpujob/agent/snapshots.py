@@ -122,13 +122,14 @@ def _clone(src: str, dst: str, link: bool) -> tuple:
     return files, size, linked
 
 
-def _fill(src_base: str, dst_base: str) -> dict:
-    """The three cache parts and the warm marker of ``src_base`` into ``dst_base``."""
+def _fill(src_base: str, dst_base: str, link: bool = True) -> dict:
+    """The three cache parts and the warm marker of ``src_base`` into ``dst_base``
+    (``link=False``: copies only, for comparison)."""
     files = size = linked = 0
     for sub in CACHE_VARS.values():
         src = os.path.join(src_base, sub)
         if os.path.isdir(src):
-            f, b, l = _clone(src, os.path.join(dst_base, sub), sub in LINKED)
+            f, b, l = _clone(src, os.path.join(dst_base, sub), link and sub in LINKED)
             files, size, linked = files + f, size + b, linked + l
     marker = os.path.join(src_base, WARM_MARKER)
     if os.path.exists(marker):
@@ -179,7 +180,7 @@ def keys(home: str) -> list:
     return sorted(n for n in os.listdir(root) if not n.startswith(".")) if os.path.isdir(root) else []
 
 
-def take(home: str, key: str, *, keep: int = 1, t: float | None = None, **info) -> dict:
+def take(home: str, key: str, *, keep: int = 1, t: float | None = None, link: bool = True, **info) -> dict:
     """Snapshot the live cache of ``key``; keep the newest ``keep``. Returns its meta."""
     recover(home, key)
     t = time.time() if t is None else t
@@ -191,7 +192,7 @@ def take(home: str, key: str, *, keep: int = 1, t: float | None = None, **info) 
     os.makedirs(tmp)
     t0 = time.monotonic()
     try:
-        counts = _fill(cache_dir(home, key), tmp)
+        counts = _fill(cache_dir(home, key), tmp, link)
         meta = dict(info, key=key, at=t, stamp=stamp, warm=os.path.exists(os.path.join(tmp, WARM_MARKER)),
                     seconds=round(time.monotonic() - t0, 3), **counts)
         write_json(os.path.join(tmp, META), meta)
@@ -223,7 +224,7 @@ def prune(home: str, key: str, keep: int) -> list:
     return gone
 
 
-def restore(home: str, key: str, meta: dict | None = None) -> dict | None:
+def restore(home: str, key: str, meta: dict | None = None, link: bool = True) -> dict | None:
     """Replace the live cache of ``key`` by a snapshot (the newest by default):
     built beside it, then swapped in. Returns the snapshot's meta with the time the
     restore took, or None when there is no snapshot."""
@@ -239,7 +240,7 @@ def restore(home: str, key: str, meta: dict | None = None) -> dict | None:
     os.makedirs(tmp)
     t0 = time.monotonic()
     try:
-        counts = _fill(meta["path"], tmp)
+        counts = _fill(meta["path"], tmp, link)
         with open(os.path.join(tmp, ".gpujob-restored"), "w") as f:
             json.dump({"snapshot": meta["name"], "at": time.time(), **counts}, f)
     except BaseException:
