@@ -70,15 +70,21 @@ def main(argv=None) -> int:
     results = {}
     for link in (True, False):
         name = "hard links" if link else "copy"
-        takes, restores = [], []
+        takes, restores, overs = [], [], []
         for _ in range(args.reps):
             takes.append(timed(lambda: snapshots.take(home, key, keep=1, link=link)))
+            envs.remove_tree(envs.cache_dir(home, key))  # `gpujob cache clear`: the automatic case
             restores.append(timed(lambda: snapshots.restore(home, key, link=link)))
+            overs.append(timed(lambda: snapshots.restore(home, key, link=link)))  # over a live cache
         meta = snapshots.listing(home, key)[0]
         results[name] = {"snapshot_s": statistics.median(takes), "restore_s": statistics.median(restores),
+                         "restore_over_live_s": statistics.median(overs),
                          "snapshot_runs": [round(x, 3) for x in takes],
-                         "restore_runs": [round(x, 3) for x in restores], "linked": meta["linked"]}
-        print(f"{name:>10}: snapshot {results[name]['snapshot_s']:.2f}s, restore {results[name]['restore_s']:.2f}s "
+                         "restore_runs": [round(x, 3) for x in restores],
+                         "restore_over_live_runs": [round(x, 3) for x in overs], "linked": meta["linked"]}
+        print(f"{name:>10}: snapshot {results[name]['snapshot_s']:.2f}s, restore into a cleared cache "
+              f"{results[name]['restore_s']:.2f}s, restore over a live cache (deletes it) "
+              f"{results[name]['restore_over_live_s']:.2f}s "
               f"(median of {args.reps}; {meta['linked']} of {meta['files']} files linked)")
     usage = subprocess.run(["du", "-sh", os.path.join(home, "snapshots")], capture_output=True, text=True).stdout
     print(f"disk used by the last (copied) snapshot: {usage.split()[0] if usage else '?'}")

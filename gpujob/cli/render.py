@@ -109,12 +109,14 @@ def print_status(console: Console, v: dict) -> None:
 
 def ledger_table(ledger: dict) -> Table:
     lt = Table(title="profiles (ledger)", title_justify="left", show_edge=False)
-    for col in ("profile", "status", "baseline", "reason"):
+    for col in ("profile", "status", "baseline", "proof", "reason"):
         lt.add_column(col)
     colour = {"good": "green", "bad": "red"}
     for name, e in sorted(ledger.items()):
         lt.add_row(name, f"[{colour.get(e.get('status'), '')}]{e.get('status')}[/]",
                    fmt_rate(e["baseline"]) + " tok/s" if e.get("baseline") else "-",
+                   (escape(e.get("proof") or "-") + (" (warm only)" if e.get("proof") == "warm" else ""))
+                   if e.get("status") == "good" else "-",
                    e.get("reason") or "")
     return lt
 
