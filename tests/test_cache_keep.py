@@ -48,6 +48,9 @@ TRAINER = textwrap.dedent("""
         print("kernel files: %d" % len(os.listdir(ind)))
     else:
         print("kernels missing")
+    if os.environ.get("BREAK"):
+        print("RuntimeError: is_fx_symbolic_tracing (a broken build)")
+        sys.exit(1)
     if "--sleep" in sys.argv:
         time.sleep(float(sys.argv[-1]))
 """)
@@ -274,3 +277,20 @@ def test_a_supervisor_killed_mid_snapshot_or_mid_restore_leaves_old_or_whole_new
     log = (root / "jobs" / second / "job.log").read_text()
     assert found(log) == f"found: compiled by {first}" and "kernel files: 3000" in log
     assert whole(live, 9000)
+
+
+def test_a_rollback_onto_a_known_good_profile_restores_its_cleared_cache(tmp_path):
+    env = make_env(tmp_path)
+    spec = setup(tmp_path)
+    data = yaml.safe_load(spec.read_text())
+    data["profiles"].append({"name": "broken", "system_site_packages": True, "env": {"BREAK": "1"}})
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    first, _log, _ev = run_job(spec, env)  # fast: known-good, snapshot
+    cli(["cache", "clear", "box", "-p", "fast"], env, check=True)
+    second, log, ev = run_job(spec, env, "--profile", "broken")
+    kinds = [e["type"] for e in ev]
+    assert "rollback" in kinds and "cold_retry" not in kinds  # broken has no snapshot: judged at once
+    restored = [e for e in ev if e["type"] == "cache_restored"]
+    assert len(restored) == 1 and restored[0]["profile"] == "fast"
+    assert kinds.index("rollback") < kinds.index("cache_restored")
+    assert found(log.split("ROLLBACK")[1]) == f"found: compiled by {first}"
