@@ -56,8 +56,14 @@ class CacheKeep:
             self.journal.set_state(snapshot_due=None)
             return
         key = self.cache_key(profile)
-        meta = snapshots.take(self.home.root, key, keep=self.snapshots_keep(), profile=profile,
-                              env_key=self.env_key(profile), job=self.job_id)
+        try:
+            meta = snapshots.take(self.home.root, key, keep=self.snapshots_keep(), profile=profile,
+                                  env_key=self.env_key(profile), job=self.job_id)
+        except OSError as e:  # a full disk: no snapshot (nothing half made), the job goes on
+            self.journal.event("warning", message=f"cache snapshot of {profile} failed: {e}")
+            self.say(f"warning: cache snapshot of {profile} failed ({e}); the job goes on without one")
+            self.journal.set_state(snapshot_due=None)
+            return
         self.ledger.note(profile, snapshot={k: meta[k] for k in ("name", "at", "files", "bytes", "linked",
                                                                   "env_key", "key", "seconds")})
         self.journal.event("cache_snapshot", profile=profile, **{k: meta[k] for k in (
@@ -82,8 +88,14 @@ class CacheKeep:
             why = snapshots.restore_due(cold_start=cold, known_good=self.ledger.status(profile) == "good",
                                         live_empty=empty, snapshot=snap)
         kind = "cold" if live == 0 else "warm"
+        meta = None
         if why and snap is not None:
-            meta = snapshots.restore(self.home.root, key, snap)
+            try:
+                meta = snapshots.restore(self.home.root, key, snap)
+            except OSError as e:  # the old cache stays: restore removed its temp dir, swap undid itself
+                self.journal.event("warning", message=f"cache restore of {profile} failed: {e}")
+                self.say(f"warning: restoring {snapshots.describe(snap)} failed ({e}); starting without it")
+        if meta is not None:
             kind = "restored"
             self.journal.event("cache_restored", profile=profile, snapshot=meta["name"], files=meta["files"],
                                bytes=meta["bytes"], seconds=meta["restore_seconds"], why=why)

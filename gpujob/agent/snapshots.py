@@ -144,7 +144,7 @@ def recover(home: str, key: str) -> list:
     caches = os.path.join(home, "caches")
     live = cache_dir(home, key)
     for name in sorted(os.listdir(caches)) if os.path.isdir(caches) else []:
-        for kind in (".old-", ".restore-"):
+        for kind in (".old-", ".restore-", ".prove-"):
             if not name.startswith(f"{kind}{key}-") or _alive(_pid_of(name)):
                 continue
             path = os.path.join(caches, name)
@@ -257,7 +257,12 @@ def swap(home: str, key: str, new: str) -> None:
     if os.path.lexists(live):
         os.rename(live, old)
     # a death here: no live cache, an .old- one; recover() puts it back
-    os.rename(new, live)
+    try:
+        os.rename(new, live)
+    except OSError:
+        if os.path.lexists(old) and not os.path.lexists(live):
+            os.rename(old, live)
+        raise
     fsync_dir(os.path.dirname(live))
     shutil.rmtree(old, ignore_errors=True)
 
