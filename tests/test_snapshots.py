@@ -185,3 +185,15 @@ def test_kill_at_any_moment_leaves_old_or_whole_new(tmp_path):
         assert not [n for n in os.listdir(home / "caches") if n.startswith(".")]
     # the kills did land on both sides of the commit point at least once each
     assert outcomes == {"restore": {"old", "new"}, "take": {"old", "new"}}, outcomes
+
+
+def test_prove_cold_refusal_and_profile_matching_are_pure_rules():
+    from gpujob.agent import cachecmd
+    in_use = {"job-a": [0, 1], "job-b": [2, 3]}
+    assert cachecmd.refusal([4, 5], in_use) is None
+    assert cachecmd.refusal([1, 4], in_use) == "job job-a runs on GPUs 1; pick others with --gpus"
+    assert cachecmd.refusal([3, 2], {}) is None
+    keys = ["fast-1186b1b8728d", "fast2-aaaaaaaaaaaa", "slow-0123456789ab"]
+    assert cachecmd.matching(keys, "fast") == ["fast-1186b1b8728d"]
+    assert cachecmd.matching(keys, "slow-0123456789ab") == ["slow-0123456789ab"]
+    assert cachecmd.matching(keys, None) == keys
