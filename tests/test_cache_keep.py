@@ -171,6 +171,18 @@ def test_a_failed_cold_start_is_retried_once_on_the_restored_cache(tmp_path):
     assert ledger(tmp_path)["status"] == "bad"
 
 
+def test_a_profile_known_good_without_a_snapshot_gets_one_when_a_job_on_it_succeeds(tmp_path):
+    env = make_env(tmp_path)
+    spec = setup(tmp_path)
+    run_job(spec, env)
+    cli(["cache", "clear", "box", "-p", "fast", "--snapshots"], env, check=True)
+    assert cli_json(["cache", "ls", "box", "--json"], env)["caches"] == []
+    job, _log, ev = run_job(spec, env)  # still known-good: no new verdict, but a snapshot again
+    assert [e["type"] for e in ev].count("cache_snapshot") == 1
+    (row,) = cli_json(["cache", "ls", "box", "--json"], env)["caches"]
+    assert row["snapshots"][0]["job"] == job and row["snapshots"][0]["files"] == 9
+
+
 def test_a_profile_proven_only_warm_is_warned_about_and_prove_cold_proves_it(tmp_path):
     env = make_env(tmp_path)
     run_job(setup(tmp_path, name="prewarm"), env)  # another job name compiled the cache

@@ -329,7 +329,8 @@ def test_a_killed_trainer_is_classified_and_the_job_can_be_restarted_by_hand(tmp
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
                       profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
     job_id = submit(spec, env)
-    wait_for(lambda: state_of(tmp_path, job_id).get("state") == "training", 60, what="training")
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 60,
+             what="the trainer")
     os.killpg(state_of(tmp_path, job_id)["child"]["pgid"], signal.SIGKILL)
     wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")
     st = state_of(tmp_path, job_id)

@@ -48,6 +48,15 @@ class CacheKeep:
                                                   "its cold start was never seen to work")
         self.take_snapshot(profile)
 
+    def ensure_snapshot(self, profile: str) -> None:
+        """A job on a profile that was known-good already (before snapshots existed, or
+        after `cache clear --snapshots`) succeeded: its cache is proven too, snapshot it
+        when there is no snapshot of it."""
+        if self.snapshots_keep() > 0 and self.ledger.status(profile) == "good" and \
+                self.usable_snapshot(profile) is None:
+            self.journal.set_state(snapshot_due=profile)
+            self.take_snapshot(profile)
+
     def take_snapshot(self, profile: str) -> None:
         """Take the snapshot written down in ``snapshot_due`` (again, after a death). A
         death before the ledger said good leaves it to ``mark_good``, which comes again

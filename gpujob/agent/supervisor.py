@@ -321,6 +321,8 @@ class Supervisor(PhaseWatch, CacheKeep):
             self.journal.set_state(step="succeeded")
             if self.parse_tps is None and self.ledger.status(profile) != "good":
                 self.mark_good(profile, reason="job succeeded")
+            else:
+                self.ensure_snapshot(profile)
             self.finish("succeeded", "train exited 0", exit_code=0)
             return True
         if out.kind == "stop":
