@@ -191,6 +191,10 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     steps.append(Step("env", "supervisor", "verify the installed pins", verify, when="after a build"))
     if spec.caches.clear_on_submit:
         steps.append(Step("caches", "supervisor", f"clear {envs.cache_dir(home, prof['env_key'])}"))
+    else:
+        steps.append(Step("caches", "supervisor", f"restore the newest snapshot {home}/snapshots/"
+                          f"{prof['env_key']}/ into {envs.cache_dir(home, prof['env_key'])}",
+                          when="if the profile is known-good and its live cache is empty (cleared)"))
     keep = ", ".join(target.env_passthrough) or "none (hosts.yaml: env_passthrough)"
     steps.append(Step("env", "supervisor", "job environment: the container's login environment "
                       f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "

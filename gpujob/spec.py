@@ -261,6 +261,7 @@ class Profile(Strict):
 class Caches(Strict):
     per_profile: bool = True
     clear_on_submit: bool = False
+    snapshots_keep: int = Field(1, ge=0, le=100)  # snapshots of a known-good cache kept; 0: none
 
 
 class Warmup(Strict):

@@ -361,8 +361,8 @@ def test_a_chatty_trainer_s_logs_stay_within_journal_keep_log(tmp_path, env, whe
         assert st.st_size > 5_000_000 and st.st_blocks * 512 < 2_200_000, (name, st.st_size, st.st_blocks)
     begins = json.loads((d / "trimmed.json").read_text())
     assert begins["job.log"] > 0 and begins["train.log"] > 0
-    tail = cli(["logs", job_id, "-n", "2"], env, check=True).stdout.decode().splitlines()
-    assert tail[0] == "last line" and "job succeeded" in tail[1]
+    tail = cli(["logs", job_id, "-n", "3"], env, check=True).stdout.decode().splitlines()
+    assert tail[0] == "last line" and "cache: snapshot of" in tail[1] and "job succeeded" in tail[2]
     whole = cli(["logs", job_id], env, check=True)
     assert "bytes of job.log before this point were trimmed" in whole.stderr.decode()
     out = whole.stdout.decode()

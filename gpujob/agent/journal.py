@@ -284,6 +284,15 @@ class Ledger:
         write_json(self.path, led)
         return led
 
+    def note(self, profile: str, **data) -> dict:
+        """Add facts to a profile's entry (a snapshot, a cold proof) without changing
+        its status or its time."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        led = self.read()
+        led["profiles"].setdefault(profile, {"status": "untried"}).update(data)
+        write_json(self.path, led)
+        return led
+
     def status(self, profile: str) -> str:
         return self.read()["profiles"].get(profile, {}).get("status", "untried")
 

@@ -557,22 +557,22 @@ def active_keys(home: Home) -> set:
 
 
 def cmd_cache(home: Home, args) -> None:
-    root = home.path("caches")
-    keys = sorted(os.listdir(root)) if os.path.isdir(root) else []
-    if args.profile:
-        keys = [k for k in keys if k.rsplit("-", 1)[0] == args.profile or k == args.profile]
-    if args.action == "ls":
-        emit({"caches": [{"env_key": k, "size": envs.dir_size(os.path.join(root, k)),
-                          "parts": {sub: envs.dir_size(os.path.join(root, k, sub))
-                                    for sub in envs.CACHE_VARS.values()}} for k in keys],
-              "uv_cache": envs.dir_size(home.path("uv-cache"))})
-        return
-    busy = active_keys(home) & set(keys)
-    if busy and not args.force:
-        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first or pass --force")
-    for k in keys:
-        envs.remove_tree(os.path.join(root, k))
-    emit({"cleared": keys})
+    from gpujob.agent import cachecmd
+    try:
+        if args.action == "ls":
+            emit(cachecmd.ls(home))
+        elif args.action == "clear":
+            emit(cachecmd.clear(home, args.profile, force=args.force, with_snapshots=args.snapshots,
+                                active=active_keys(home)))
+        elif not args.profile:
+            raise Refused(f"cache {args.action} needs --profile")
+        elif args.action == "restore":
+            emit(cachecmd.restore(home, args.profile, active=active_keys(home)))
+        else:
+            gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
+            emit(cachecmd.prove_cold(home, args.profile, gpus))
+    except cachecmd.Refused as e:
+        raise Refused(str(e)) from None
 
 
 def cmd_boot(home: Home, args) -> None:
@@ -638,9 +638,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--days", type=float, required=True)
     s.add_argument("--dry-run", action="store_true")
     s = sub.add_parser("cache")
-    s.add_argument("action", choices=["ls", "clear"])
+    s.add_argument("action", choices=["ls", "clear", "restore", "prove-cold"])
     s.add_argument("--profile")
     s.add_argument("--force", action="store_true")
+    s.add_argument("--snapshots", action="store_true", help="clear: the snapshots go too")
+    s.add_argument("--gpus", help="prove-cold: comma-separated GPU ids")
     return p
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 
 from gpujob.agent import checkpoint, envs, jobenv, throughput
+from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, start_ticks
@@ -66,7 +67,7 @@ class _Run:
         self.gpu_history: list = []
 
 
-class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
+class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -216,6 +217,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
             step = st.get("step") or "env"
             profile = st.get("profile") or self.job["profile"]
             child = st.get("child")
+            if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
+                self.take_snapshot(st["snapshot_due"])
+                continue
             if child:
                 out = self.readopt(child, profile)
                 if out is None:
@@ -233,11 +237,18 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
                     if step == "env":
                         self.set_state("preparing", phase="env", profile=profile)
                         self.activate(profile)
-                        if self.job.get("clear_caches") and not st.get("resume"):
+                        cold = bool(self.job.get("clear_caches") and not st.get("resume"))
+                        if cold:
                             self.clear_caches(profile)
-                        self.journal.set_state(step="warmup", warmup_done=[])
+                        self.journal.set_state(step="restore", warmup_done=[], cache_cold=cold)
                         continue
-                    if step == "warmup":
+                    if step == "restore":  # a known-good profile's snapshot into an empty cache
+                        self.cache_step(profile, bool(st.get("cache_cold")))
+                        self.journal.set_state(step="warmup")
+                        continue
+                    if step == "succeeded":  # the trainer exited 0 before a supervisor died
+                        out = Outcome("done", exit_code=0)
+                    elif step == "warmup":
                         out = self.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == "done":
                             self.journal.set_state(step="train")
@@ -249,10 +260,12 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""
-        if out.kind == "done":
+        if out.kind == "done":  # written first: a new supervisor finishes the job, never reruns it
+            self.journal.set_state(step="succeeded")
             if self.parse_tps is None and self.ledger.status(profile) != "good":
-                self.ledger.mark(profile, "good", job=self.job_id, reason="job succeeded",
-                                 env_key=self.env_key(profile))
+                self.mark_good(profile, reason="job succeeded")
+            else:
+                self.ensure_snapshot(profile)
             self.finish("succeeded", "train exited 0", exit_code=0)
             return True
         if out.kind == "stop":
@@ -266,6 +279,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
             return False
         if self.disk_is_full():
             raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
+        if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
+            return False
         sig, reason = out.signal_name, out.reason
         if sig in (self.rb.get("stop_on") or []):
             self.finish("failed", f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
@@ -328,8 +343,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, PhaseWatch):
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         self.activate(p["to"])
-        self.journal.set_state(step="warmup", profile=p["to"], resume=True, warmup_done=[],
-                               pending_rollback=None)
+        self.journal.set_state(step="restore", profile=p["to"], resume=True, warmup_done=[],
+                               pending_rollback=None, cache_cold=False)
 
     def requests(self):
         """The next request to act on: a pending stop always wins; else the oldest

@@ -257,13 +257,12 @@ class PhaseWatch:
             base = throughput.known_good(self.policy, run.samples, t, run.start, run.baseline)
             if base is not None:
                 run.good_known = True
-                self.ledger.mark(run.profile, "good", baseline=base, job=self.job_id,
-                                 env_key=self.env_key(run.profile),
-                                 reason=f"held {throughput.fmt_rate(base)} tok/s for "
-                                        f"{self.policy.good_after:g}s")
                 self.journal.event("known_good", profile=run.profile, baseline=base)
                 self.say(f"profile {run.profile} is now known-good "
                          f"(baseline {throughput.fmt_rate(base)} tok/s)")
+                self.mark_good(run.profile, baseline=base,  # the ledger, then a cache snapshot
+                               reason=f"held {throughput.fmt_rate(base)} tok/s for "
+                                      f"{self.policy.good_after:g}s")
                 run.baseline = run.baseline or base
         return None
 

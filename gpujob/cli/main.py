@@ -465,31 +465,65 @@ def gc(target: str = typer.Argument(...),
 
 @cache_app.command("ls")
 def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
-    """Compile cache sizes per profile (inductor, triton, torch_extensions)."""
+    """Live compile caches per profile venv and their snapshots (sizes, ages, proof)."""
     t = ctx.target(target)
     res = t.agent_json("cache", "ls", timeout=300)
     if as_json:
         out.print_json(json.dumps(res))
         return
-    table = Table(title=f"compile caches on {t.label}", title_justify="left", show_edge=False)
-    for col in ("profile venv", "total", "inductor", "triton", "torch_extensions"):
-        table.add_column(col)
-    for c in res["caches"]:
-        table.add_row(render.lit(c["env_key"]), render.size(c["size"]),
-                      *(render.size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")))
-    out.print(table)
+    out.print(render.cache_table(res["caches"], f"compile caches on {t.label}"))
+    out.print(render.snapshot_table(res["caches"], f"snapshots on {t.label}"))
     out.print(f"uv download cache (shared): {render.size(res['uv_cache'])}")
 
 
 @cache_app.command("clear")
 def cache_clear(target: str = typer.Argument(...),
                 profile: Optional[str] = typer.Option(None, "--profile", "-p"),
+                snapshots: bool = typer.Option(False, "--snapshots", help="delete the snapshots too"),
                 force: bool = typer.Option(False, "--force", help="even under a running job")):
-    """Delete compile caches (of one profile, or all)."""
+    """Delete live compile caches (of one profile, or all); snapshots are kept unless --snapshots."""
     t = ctx.target(target)
     res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
-                       *(["--force"] if force else []), timeout=300)
+                       *(["--snapshots"] if snapshots else []), *(["--force"] if force else []), timeout=300)
+    for w in res.get("warnings") or []:
+        err.print(f"warning: {w}", markup=False, soft_wrap=True)
     out.print(render.lit(f"cleared: {', '.join(res['cleared']) or 'nothing'}"))
+    for key, text in sorted((res.get("snapshots_kept") or {}).items()):
+        out.print(f"{key}: snapshot kept; {text}", markup=False, soft_wrap=True)
+    for key, names in sorted((res.get("snapshots_removed") or {}).items()):
+        out.print(f"{key}: snapshots deleted ({len(names)})", markup=False)
+
+
+@cache_app.command("restore")
+def cache_restore(target: str = typer.Argument(...),
+                  profile: str = typer.Option(..., "--profile", "-p", help="a profile name or venv key")):
+    """Restore a profile's live compile cache from its newest snapshot."""
+    t = ctx.target(target)
+    res = t.agent_json("cache", "restore", "--profile", profile, timeout=1800)
+    for r in res["restored"]:
+        out.print(f"{r['env_key']}: restored {r['text']} in {r['seconds']:.2f}s", markup=False)
+
+
+@cache_app.command("prove-cold")
+def cache_prove_cold(target: str = typer.Argument(...),
+                     profile: str = typer.Option(..., "--profile", "-p"),
+                     gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 4,5 (default: the "
+                                                        "warmup's GPUs); no running job may use them")):
+    """Run a profile's warmup against an empty scratch cache and record whether it works cold."""
+    if gpus is not None:
+        parts = [g.strip() for g in gpus.split(",")]
+        if not parts or not all(g.isdigit() for g in parts):
+            raise InputError(f"--gpus: expected comma-separated GPU ids like 0,1, got {gpus!r}")
+    t = ctx.target(target)
+    res = t.agent_json("cache", "prove-cold", "--profile", profile, *(["--gpus", gpus] if gpus else []),
+                       timeout=None)
+    verdict = "works from a cold cache" if res["ok"] else "FAILED from a cold cache"
+    out.print(f"profile {profile}: {verdict} on GPUs {','.join(map(str, res['gpus']))} in "
+              f"{res['seconds']:.1f}s: {res['reason']}", markup=False, soft_wrap=True)
+    out.print(f"ledger (job {res['name']}): proof {res.get('ledger_proof') or 'none'}; log {res['log']}",
+              markup=False, soft_wrap=True)
+    if not res["ok"]:
+        raise JobError(f"cold start of {profile} failed: {res['reason']}")
 
 
 # ---- demo ------------------------------------------------------------------

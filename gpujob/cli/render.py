@@ -132,12 +132,14 @@ def print_status(console: Console, v: dict) -> None:
 
 def ledger_table(ledger: dict) -> Table:
     lt = Table(title="profiles (ledger)", title_justify="left", show_edge=False)
-    for col in ("profile", "status", "baseline", "reason"):
+    for col in ("profile", "status", "baseline", "proof", "reason"):
         lt.add_column(col)
     colour = {"good": "green", "bad": "red"}
     for name, e in sorted(ledger.items()):
         lt.add_row(lit(name), lit(e.get("status"), colour.get(e.get("status"), "")),
                    fmt_rate(e["baseline"]) + " tok/s" if e.get("baseline") else "-",
+                   lit((e.get("proof") or "-") + (" (warm only)" if e.get("proof") == "warm" else ""))
+                   if e.get("status") == "good" else "-",
                    lit(e.get("reason") or ""))
     return lt
 
@@ -243,4 +245,31 @@ def profiles_table(res: dict, label: str) -> Table:
     if res.get("disk_total"):
         table.caption = (f"all venvs together: {disk(res['disk_total'])} (own: only in these venvs; "
                          "real: each file once; uv links the rest from its cache)")
+def age(seconds) -> str:
+    return "-" if seconds is None else f"{duration(seconds)} ago"
+
+
+def cache_table(caches: list, title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for col in ("profile venv", "total", "files", "inductor", "triton", "torch_extensions", "newest file",
+                "proof"):
+        table.add_column(col)
+    for c in caches:
+        if not c.get("live", True):
+            table.add_row(lit(c["env_key"]), "cleared", "0", "-", "-", "-", "-", lit(", ".join(c["proof"])))
+            continue
+        table.add_row(lit(c["env_key"]), size(c["size"]), str(c.get("files", "?")),
+                      *(size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")),
+                      age(c.get("age")), lit(", ".join(c.get("proof") or []) or "-"))
+    return table
+
+
+def snapshot_table(caches: list, title: str) -> Table:
+    table = Table(title=title, title_justify="left", show_edge=False)
+    for col in ("profile venv", "snapshot", "age", "files", "size", "hard links", "job"):
+        table.add_column(col)
+    for c in caches:
+        for s in c.get("snapshots") or []:
+            table.add_row(lit(c["env_key"]), lit(s["name"]), age(s["age"]), str(s["files"]),
+                          size(s["bytes"]), str(s.get("linked")), lit(str(s.get("job") or "-")))
     return table
