@@ -324,7 +324,11 @@ class Train(Strict):
 
 
 class Throughput(Strict):
-    format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"]
+    source: Literal["stdout", "file"] = "stdout"  # the trainer's output lines, or a JSONL metrics file
+    format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"] | None = None  # for source stdout
+    path: str | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
+    field: str | None = None  # source file: the tok/s field of each record ("a.b" reaches into objects)
+    step_field: str | None = None  # source file: the step field, if the records carry one
     pattern: str | None = None
     tokens_per_step: float | None = Field(None, gt=0, le=1e12)
     scope: Literal["total", "per_gpu"] = "total"
@@ -341,6 +345,19 @@ class Throughput(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Throughput:
+        if self.source == "file":
+            for field in ("path", "field"):
+                if not (getattr(self, field) or "").strip():
+                    raise At((field,), "missing (required) for source file")
+            for field in ("format", "pattern", "tokens_per_step"):
+                if getattr(self, field) is not None:
+                    raise At((field,), "only for source stdout (a metrics file's records are read by field)")
+        else:
+            if self.format is None:
+                raise At(("format",), "missing (required) for source stdout")
+            for field in ("path", "field", "step_field"):
+                if getattr(self, field) is not None:
+                    raise At((field,), "only for source file")
         for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "regex"))):
             given = getattr(self, field) is not None
             if self.format == fmts[0] and not given:

@@ -236,3 +236,25 @@ def test_resume_after_reboot_brings_the_job_back_without_the_laptop(testbed, bed
     cli(["stop", job_id], env, check=True)
     assert status(job_id, env)["state"] == "stopped"
     assert f"gpujob-boot {env['GPUJOB_TEST_HOME']}" not in rc_local.read_text()
+
+
+def test_a_trainer_that_only_writes_a_metrics_file_is_rolled_back_on_the_bed(testbed, bed_env, tmp_path, index):
+    from test_sources import QUIET
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "t.py").write_text(QUIET)
+    tp = {"source": "file", "path": "metrics.jsonl", "field": "perf.tokens_per_sec", "step_field": "step",
+          "window": 3, "min": "10K", "failure_limit": 2, "good_after": "1s", "no_data_timeout": "30s"}
+    job = None
+    for name, profile, steps in (("a.yaml", "fast", 40), ("b.yaml", "slow", 60)):
+        spec = write_spec(tmp_path / name, target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+                          profile=profile, warmup=False, sync=[{"src": str(code), "dest": "."}],
+                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"], "grace": "2s"},
+                          throughput=tp)
+        p = cli(["submit", str(spec), "--follow"], bed_env, timeout=300)
+        assert p.returncode == 0, p.stdout.decode()[-2000:]
+        job = job_id_of(p.stdout)
+    st = status(job, bed_env)
+    assert st["state"] == "succeeded" and st["profile"] == "fast"
+    assert [(r["from"], r["to"], r["signal"]) for r in st["rollbacks"]] == [("slow", "fast", "low_throughput")]
+    assert not home_path(testbed, bed_env, "jobs", job, "train.log").read_text().strip()

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, jobenv, throughput
+from gpujob.agent import checkpoint, envs, jobenv, sources, throughput
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 from gpujob.agent.lock import Fenced, Held, Lock
@@ -90,17 +90,19 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
         self._secrets: dict | None = None
         tp = self.spec.get("throughput")
-        self.parse_tps = self.parse_step = None
+        self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
+        self.line_source = None
+        self.tp_scale = 1.0
         if tp:
             gpus = self.spec.get("gpus") or {}
-            scale = 1.0
             if tp.get("scope") == "per_gpu":
                 group = tp.get("scope_group")
-                scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
-            self.parse_tps = throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
-                                                    tokens_per_step=tp.get("tokens_per_step"),
-                                                    scale=scale)
-            self.parse_step = throughput.make_step_parser(tp["format"])
+                self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
+            if tp.get("source", "stdout") == "stdout":
+                self.line_source = sources.LineSource(
+                    throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
+                                           tokens_per_step=tp.get("tokens_per_step"), scale=self.tp_scale),
+                    throughput.make_step_parser(tp["format"]))
             self.policy = throughput.PolicyConfig(
                 min=tp.get("min"), min_ratio=tp.get("min_ratio"), window=tp.get("window", 5),
                 failure_limit=tp.get("failure_limit", 3),
@@ -262,7 +264,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         """Act on how a phase ended; True when the job is over."""
         if out.kind == "done":  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step="succeeded")
-            if self.parse_tps is None and self.ledger.status(profile) != "good":
+            if not self.watching and self.ledger.status(profile) != "good":
                 self.mark_good(profile, reason="job succeeded")
             else:
                 self.ensure_snapshot(profile)
@@ -464,13 +466,13 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if started is None:
             self.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
-                          timeout=t.get("timeout"), watch_tps=self.parse_tps is not None,
+                          timeout=t.get("timeout"), watch_tps=self.watching,
                           grace=t.get("grace", 30.0), started=started)
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace
         (throughput.resume_initial_delay)."""
-        if self.parse_tps:
+        if self.watching:
             delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
             good = resume and delay is not None and self.ledger.status(profile) == "good"
             self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy

@@ -11,7 +11,7 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import checkpoint, throughput, timings
+from gpujob.agent import checkpoint, sources, throughput, timings
 from gpujob.agent.journal import now
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.commands import substitute
@@ -146,7 +146,7 @@ class PhaseWatch:
         if adopt is not None:
             proc = Phase.adopt(adopt)
             self.phase_proc = proc
-            run = self.new_run(logname, profile, timeout, watch_tps, adopt.get("started_at"))
+            run = self.new_run(logname, profile, timeout, watch_tps, adopt.get("started_at"), adopt)
             run.samples = self.samples_since(run.start) if watch_tps else []
             self.relay.follow(logname, adopt.get("log_start", 0))
             self.journal.event("readopted", phase=run.phase, pgid=proc.pgid, running=proc.running(),
@@ -166,13 +166,17 @@ class PhaseWatch:
                 for rest in self.relay.drain():
                     lines += split.feed(rest)
                 lines += split.flush()  # a last line without a newline counts too
+                for value, step in run.source.poll() if run.source else ():  # a metrics file's last records
+                    outcome = outcome or self.on_sample(run, value, step, t)
             for line in lines:
                 outcome = self.on_line(run, line, t)
                 if outcome:
                     break
             if outcome is None and t - run.last_check >= 0.2:
                 run.last_check = t
-                outcome = self.check(run, t)
+                for value, step in run.source.poll() if run.source else ():  # a metrics file
+                    outcome = outcome or self.on_sample(run, value, step, t)
+                outcome = outcome or self.check(run, t)
                 self.keep_small(run, t)
             outcome = self.gate(run, outcome, t)
             if outcome is not None or (not chunk and not proc.running()):
@@ -214,9 +218,24 @@ class PhaseWatch:
         return Outcome("signal", name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
                        exit_code=code)
 
-    def new_run(self, logname, profile, timeout, watch_tps, start):
+    def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
         from gpujob.agent.supervisor import _Run
-        return _Run(self, logname, profile, timeout, watch_tps, start)
+        run = _Run(self, logname, profile, timeout, watch_tps, start)
+        run.source = self.make_source(profile, adopt) if watch_tps else None
+        return run
+
+    def make_source(self, profile: str, adopt: dict | None):
+        """The run's throughput source: output lines, or the metrics file (from where
+        a previous supervisor left it, when re-adopting)."""
+        tp = self.spec.get("throughput") or {}
+        if tp.get("source", "stdout") != "file":
+            return self.line_source
+        path = substitute(tp["path"], self.values(profile))
+        path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
+        offset = (adopt or {}).get("source_offset") if adopt else None
+        if adopt is not None and offset is None:
+            offset = self.journal.state().get("source_offset")
+        return sources.FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
 
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""
@@ -227,10 +246,13 @@ class PhaseWatch:
             run.hit_at = run.hit_at or (t, hit)
         if not run.watch_tps:
             return None
-        value = self.parse_tps(line)
-        if value is None:
+        got = run.source.from_line(line) if run.source else None
+        if got is None:
             return None
-        step = self.parse_step(line) if self.parse_step else None
+        return self.on_sample(run, got[0], got[1], t)
+
+    def on_sample(self, run, value: float, step, t: float):
+        """One throughput sample, from whichever source: the policy, the journal, the ledger."""
         run.samples.append(throughput.Sample(t, value, step))
         if len(run.samples) > 50000:
             del run.samples[:25000]
@@ -245,6 +267,8 @@ class PhaseWatch:
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
             self.publish(run.samples, d, run.baseline)
+            if run.source is not None and run.source.position() is not None:
+                self.journal.set_state(source_offset=run.source.position())  # for a re-adopting supervisor
             run.last_state = t
         rec = self.rollbacks[-1] if self.rollbacks and run.phase == "train" else None
         if timings.pending(rec):  # decision -> first sample -> first good -> first ok
@@ -280,7 +304,7 @@ class PhaseWatch:
         if run.timeout and t - run.start > run.timeout:
             return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
-                t >= run.start + (self.policy.initial_delay if self.parse_tps else 0):
+                t >= run.start + (self.policy.initial_delay if self.watching else 0):
             # start-up (imports, compile) idles the GPUs: watched from the first sample on
             run.last_gpu = t
             outcome = self.check_gpu_idle(run, t)

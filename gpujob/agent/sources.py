@@ -1,0 +1,101 @@
+"""Where throughput samples come from (stdlib only). The policy does not care.
+
+- ``LineSource``: the trainer's output lines, read by one of throughput.py's parsers
+  (``throughput.format``).
+- ``FileSource``: a JSONL metrics file the trainer appends to (``throughput.source:
+  file``), common with torchtitan- and HF-style metric loggers: one JSON object a line,
+  the tok/s under ``field`` (``a.b`` reaches into nested objects). Only whole lines
+  are read; a line that is not an object with a finite number there is skipped.
+
+Both answer ``from_line(line)`` (a sample or None) and ``poll()`` (the samples that
+arrived since the last poll), each sample a ``(value, step)`` pair.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+
+def field_value(record, field: str):
+    """``record[field]`` for a dotted ``field``, as a finite float (None otherwise)."""
+    for part in field.split("."):
+        if not isinstance(record, dict) or part not in record:
+            return None
+        record = record[part]
+    if isinstance(record, bool) or not isinstance(record, (int, float)):
+        return None
+    value = float(record)
+    return value if math.isfinite(value) else None
+
+
+def parse_record(line: bytes, field: str, step_field: str | None):
+    """One JSONL line as a (value, step) sample, or None."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    value = field_value(rec, field)
+    if value is None:
+        return None
+    step = field_value(rec, step_field) if step_field else None
+    return value, (int(step) if step is not None else None)
+
+
+class LineSource:
+    def __init__(self, parse_tps, parse_step=None):
+        self.parse_tps, self.parse_step = parse_tps, parse_step
+
+    def from_line(self, line: str):
+        value = self.parse_tps(line)
+        if value is None:
+            return None
+        return value, (self.parse_step(line) if self.parse_step else None)
+
+    def poll(self) -> list:
+        return []
+
+    def position(self):
+        return None
+
+
+class FileSource:
+    MAX_LINE = 1 << 20  # a longer "line" is not a metrics record: skipped
+
+    def __init__(self, path: str, field: str, step_field: str | None, offset: int | None = None,
+                 scale: float = 1.0):
+        self.path, self.field, self.step_field, self.scale = path, field, step_field, scale
+        # a file left by an earlier run (a resumed trainer appends to it): only what comes now
+        self.offset = offset if offset is not None else (os.path.getsize(path) if os.path.exists(path) else 0)
+
+    def from_line(self, line: str):
+        return None
+
+    def poll(self) -> list:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return []
+        if size < self.offset:  # the trainer started the file afresh
+            self.offset = 0
+        if size == self.offset:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read(min(size - self.offset, 16 << 20))
+        end = data.rfind(b"\n")
+        if end < 0:
+            if len(data) > self.MAX_LINE:
+                self.offset += len(data)
+            return []
+        self.offset += end + 1
+        out = []
+        for line in data[:end].split(b"\n"):
+            got = parse_record(line, self.field, self.step_field) if line.strip() else None
+            if got is not None:
+                out.append((got[0] * self.scale, got[1]))
+        return out
+
+    def position(self):
+        return self.offset
