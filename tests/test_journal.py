@@ -276,3 +276,14 @@ def test_tail_starts_where_a_trimmed_log_begins_and_says_what_it_skipped(tmp_pat
     info = json.loads(p.stderr.decode().splitlines()[0])
     assert info["offset"] == Trimmer(str(d)).start_of("job.log") and info["skipped"] == info["offset"]
     assert p.stdout.startswith(b"line ") and b"\0" not in p.stdout
+
+
+def test_a_job_of_an_older_agent_is_never_revived(tmp_path):
+    from gpujob.agent.main import revive
+    home = Home(str(tmp_path))
+    os.makedirs(home.job_dir("old"))
+    write_json(os.path.join(home.job_dir("old"), "job.json"), {"spec": {"name": "x"}})
+    write_json(os.path.join(home.job_dir("old"), "state.json"),
+               {"state": "training", "supervisor_pid": 999999, "child_pgid": 999998})  # no "step"
+    assert revive(home, "old") is None
+    assert Journal(home, "old").effective_state()["state"] == "lost"

@@ -213,6 +213,8 @@ def revive(home: Home, job_id: str) -> dict | None:
     st = j.state()
     if not st or st.get("state") in ENDED or j.supervisor_alive(st):
         return None
+    if "step" not in st:  # written by an older agent, whose trainer hung on its supervisor's pipe:
+        return None       # nothing to re-adopt; `gpujob stop` or `rollback` finishes it
     t = now()
     recent = [r for r in st.get("revivals") or [] if t - r < 600]
     if len(recent) >= 3:
