@@ -388,3 +388,34 @@ def test_uv_killed_mid_install_fails_the_job_clearly_and_leaves_no_partial_venv(
     gated.gate.set()  # the mirror answers again: the same spec installs and runs
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 0 and "job succeeded" in p.stdout.decode(), p.stdout.decode()[-1000:]
+
+
+def test_a_supervisor_dying_between_starting_the_trainer_and_writing_it_down(tmp_path, env, wheelhouse):
+    """The narrowest window: the trainer runs but state.json does not name it yet (only
+    `child_starting`). The next supervisor finds it by its keeper and adopts it: never a
+    second trainer."""
+    urls = wheelhouse[1]
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
+    job_id = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 60,
+             what="the trainer")
+    wait_for(lambda: trainers_of(tmp_path), 10, what="the trainer process")
+    st = state_of(tmp_path, job_id)
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    # make the state what it is for an instant at every start: the child not yet written down
+    from gpujob.agent.journal import write_json
+    child = st.pop("child")
+    st["child_starting"] = {k: child[k] for k in ("phase", "log", "started_at", "boot", "exit_file", "log_start",
+                                                  "profile", "gpu", "watch_tps")}
+    write_json(str(jdir(tmp_path, job_id) / "state.json"), st)
+    trainer = trainers_of(tmp_path)
+    cli(["status", job_id], env, check=True)  # restarts the supervisor
+    wait_for(lambda: any(e["type"] == "found_started" for e in events(jdir(tmp_path, job_id))), 20,
+             what="the running trainer to be found")
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("pgid") == child["pgid"], 10,
+             what="its adoption")
+    time.sleep(1.0)
+    assert trainers_of(tmp_path) == trainer  # the same one, and only it
+    cli(["stop", job_id], env, check=True)
+    assert not trainers_of(tmp_path) and state_of(tmp_path, job_id)["state"] == "stopped"

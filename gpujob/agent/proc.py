@@ -82,6 +82,26 @@ def group_pids(pgid: int) -> list:
     return found
 
 
+def keepers_of(exit_files: list) -> dict:
+    """{exit file: pid} of the live keepers started for ``exit_files`` (a keeper's
+    command line names its exit file): how a new supervisor finds a command whose
+    start its dead predecessor had not yet written down."""
+    wanted = {os.fsencode(f): f for f in exit_files}
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 5 and argv[3] == b"-c" and argv[4] == KEEPER.encode() and argv[5] in wanted \
+                and is_alive(int(entry)):
+            found[wanted[argv[5]]] = int(entry)
+    return found
+
+
 def kill_group(pgid: int, grace: float, reap=None) -> list:
     """SIGTERM the process group ``pgid``, SIGKILL what is left after ``grace``
     seconds; returns the pids that survived both (none, unless one escaped into
@@ -153,6 +173,9 @@ class Phase:
     def running(self) -> bool:
         """Whether the phase still runs: its keeper, or anything left in its group."""
         if self._done:
+            return False
+        if self.pgid <= 0:  # a command that had ended before anybody wrote its pid down
+            self._finish()
             return False
         if self.popen is not None:
             if self.popen.poll() is None:

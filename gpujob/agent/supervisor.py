@@ -20,7 +20,7 @@ from gpujob.agent import checkpoint, envs, jobenv, sources, throughput
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 from gpujob.agent.lock import Fenced, Held, Lock
-from gpujob.agent.proc import Phase, start_ticks
+from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
 from gpujob.agent.commands import command_argv, placeholder_env, substitute
@@ -184,6 +184,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             if st.get("standby"):  # its FIFO's other end is gone with the old supervisor: start afresh
                 self.standby = Phase.adopt(st["standby"])
                 self.drop_standby()
+            for pid in keepers_of([self.journal.path("standby.exit")]).values():  # one not written down
+                kill_group(pid, 2)
             self.journal.event("supervisor_restarted", previous_pid=before, step=st.get("step"),
                                child=child, generation=self.journal.generation)
 
@@ -219,6 +221,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             step = st.get("step") or "env"
             profile = st.get("profile") or self.job["profile"]
             child = st.get("child")
+            if st.get("child_starting") and not child:  # a start its predecessor did not write down
+                self.find_started(st["child_starting"])
+                continue
             if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
                 self.take_snapshot(st["snapshot_due"])
                 continue
@@ -259,6 +264,18 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                         out = self.train(profile, bool(st.get("resume")))
             if self.handle(out, profile):
                 return
+
+    def find_started(self, rec: dict) -> None:
+        """The command a dead supervisor was starting: adopt it if it runs, else forget it."""
+        pid = keepers_of([rec["exit_file"]]).get(rec["exit_file"])
+        if pid is None and os.path.exists(rec["exit_file"]):  # it ran and ended already
+            pid = -1
+        if pid is None:
+            self.journal.set_state(child_starting=None)
+            return
+        child = dict(rec, pgid=pid if pid > 0 else 0, ticks=start_ticks(pid) if pid > 0 else None)
+        self.journal.event("found_started", phase=rec.get("phase"), pgid=child["pgid"])
+        self.journal.set_state(child=child, child_starting=None)
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""

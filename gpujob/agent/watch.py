@@ -79,16 +79,19 @@ class PhaseWatch:
         its output starts in the log)); its record goes to state before anything else."""
         log_path = self.journal.path(logname)
         phase = logname[:-len(".log")]
+        rec = dict(phase=phase, log=logname, started_at=now(), boot=boot_identity(), **extra)
         if started is not None:
             proc, log_start = started
         else:
             log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-            proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path,
-                               exit_file=self.journal.path(f"{phase}.exit"))
+            exit_file = self.journal.path(f"{phase}.exit")
+            # written before the start: a supervisor dying right after it finds the command
+            # by its keeper's exit file (proc.keepers_of) instead of starting a second one
+            self.journal.set_state(child_starting=dict(rec, exit_file=exit_file, log_start=log_start))
+            proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path, exit_file=exit_file)
         self.phase_proc = proc
-        rec = dict(proc.record(), phase=phase, log=logname, log_start=log_start, started_at=now(),
-                   boot=boot_identity(), **extra)
-        self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid)
+        rec = dict(proc.record(), log_start=log_start, **rec)
+        self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid, child_starting=None)
         self.relay.follow(logname, log_start)
         return proc
 
