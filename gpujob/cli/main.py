@@ -18,7 +18,7 @@ from rich.table import Table
 from gpujob import __version__
 from gpujob.agent.journal import ENDED
 from gpujob.cli import render
-from gpujob.errors import GpujobError, InputError, JobError, SpecError
+from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
 from gpujob.target import Target, Targets
 from gpujob.transport.base import RawStdin
@@ -254,8 +254,14 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     try:
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
-    except BaseException:
+    except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
+        state.seen(job_id, "unknown")
+        raise
+    except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
         state.unreserve(job_id)
+        raise
+    except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
+        state.seen(job_id, "unknown")
         raise
     state.seen(job_id, "preparing")
     if res.get("stale_lock"):
