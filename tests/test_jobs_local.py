@@ -417,12 +417,12 @@ def test_error_signature_of_a_trainer_that_hangs_rolls_back(tmp_path, env, index
                       slow_url=index_urls["slow"], throughput=False, warmup=False,
                       trainer_args="--steps 6 --interval 0.02 --fail-on-build slow --fail-step 2 --hang-on-fail "
                                    "--fail-message 'Detected that you are using FX to symbolically trace'",
-                      rollback={"fallback": ["fast"]})
+                      rollback={"fallback": ["fast"], "signature_grace": "1s"})
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 0, p.stdout.decode()[-2000:]
     st = status(job_id_of(p.stdout), env)
     [rb] = st["rollbacks"]
-    assert rb["signal"] == "error_signature" and "kept running" in rb["reason"]
+    assert rb["signal"] == "error_signature" and "kept running 1s after it" in rb["reason"]
     assert st["profile"] == "fast" and st["state"] == "succeeded"
 
 
