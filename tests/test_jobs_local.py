@@ -255,11 +255,14 @@ def test_manual_rollback_restarts_a_stopped_job(tmp_path, env, index_urls):
              30, what="resume")
     st = status(job_id, env)
     assert st["profile"] == "fast" and st["rollbacks"][-1]["signal"] == "manual"
-    # asked of a running supervisor: back to slow; the profile left is recorded bad
-    cli(["rollback", job_id, "--to", "slow"], env, check=True)
+    # asked of a running supervisor: back to slow; by hand, the profile left is not judged
+    p = cli(["rollback", job_id, "--to", "slow"], env, check=True)
+    assert "fast is not judged" in p.stdout.decode()
     wait_for(lambda: status(job_id, env)["profile"] == "slow" and
              status(job_id, env)["state"] == "training", 60, what="rollback by request")
-    assert status(job_id, env)["ledger"]["fast"]["status"] == "bad"
+    st = status(job_id, env)
+    assert st["ledger"].get("fast", {}).get("status") != "bad"
+    assert st["rollbacks"][-1]["from"] == "fast" and st["rollbacks"][-1]["reason"] == "rolled back by hand"
     # nowhere known-good to go: refused up front, the running job untouched
     p = cli(["rollback", job_id], env)
     assert p.returncode == 5 and "no known-good profile other than slow" in p.stderr.decode()
@@ -296,6 +299,10 @@ def test_logs_tail_events_and_ps(tmp_path, env, index_urls):
     assert "sample" in ev and "tok/s" in ev and "state" in ev
     rows = cli_json(["ps", "--json"], env)
     assert rows[0]["job"] == job_id and rows[0]["state"] == "succeeded"
+    prof = cli(["profiles", "box"], env, check=True).stdout.decode()
+    assert "profiles on lab/box" in prof and "fast-" in prof and "untried" in prof and "None" not in prof
+    human = cli(["cache", "ls", "box"], env, check=True).stdout.decode()
+    assert "compile caches on lab/box" in human and "fast-" in human and "None" not in human
     ls = cli_json(["cache", "ls", "box", "--json"], env)
     assert ls["caches"] and ls["caches"][0]["parts"]["inductor"] > 0
     cleared = cli(["cache", "clear", "box", "--profile", "fast"], env, check=True).stdout.decode()

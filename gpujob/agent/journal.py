@@ -284,6 +284,16 @@ class Ledger:
         write_json(self.path, led)
         return led
 
+    def forget(self, profile: str) -> dict:
+        """Remove a profile's entry (it is untried again)."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        led = self.read()
+        led["profiles"].pop(profile, None)
+        if led.get("last_good") == profile:
+            led.pop("last_good")
+        write_json(self.path, led)
+        return led
+
     def note(self, profile: str, **data) -> dict:
         """Add facts to a profile's entry (a snapshot, a cold proof) without changing
         its status or its time."""

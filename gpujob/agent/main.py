@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -488,7 +489,7 @@ def cmd_rollback(home: Home, args) -> None:
         revive(home, args.job)  # a supervisor again, which finishes what the last one began
         st = j.effective_state()
     if st.get("state") not in ENDED:
-        j.request("rollback", to=target, reason=reason)
+        j.request("rollback", to=target, reason=reason, mark_bad=bool(args.mark_bad))
         emit({"job_id": args.job, "requested": True, "from": current, "to": target})
         return
     held, _stale = acquire(home, args.job)
@@ -500,12 +501,39 @@ def cmd_rollback(home: Home, args) -> None:
         jj.set_state(state="rolling_back", phase="env", step="rollback", reason=reason, finished_at=None,
                      child=None, lost_reason=None, revivals=[],
                      pending_rollback={"from": current, "to": target, "reason": reason, "signal": "manual",
-                                       "decided_at": now(), "mark_bad": True, "request": None})
+                                       "decided_at": now(), "mark_bad": bool(args.mark_bad), "request": None})
         pid = spawn_supervisor(home, args.job, held)
     except BaseException:
         held.release()
         raise
     emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid})
+
+
+LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # the spec's rules for a job name, a profile name
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def cmd_ledger(home: Home, args) -> None:
+    """``ledger show NAME`` (a job name's ledger) or ``ledger set NAME PROFILE STATUS``
+    (by hand: good, bad, or untried, which removes the entry)."""
+    if not LEDGER_NAME.fullmatch(args.name):
+        raise Refused(f"job name {args.name!r}: expected lowercase letters, digits and '-' (at most 40)")
+    led = Ledger(home, args.name)
+    if args.action == "show":
+        emit({"name": args.name, "ledger": led.read()})
+        return
+    if not args.profile or not args.status:
+        raise Refused("ledger set needs a profile and a status (good, bad or untried)")
+    if not PROFILE_NAME.fullmatch(args.profile):
+        raise Refused(f"profile {args.profile!r}: expected letters, digits, '_', '.' and '-'")
+    before = led.status(args.profile)
+    reason = args.reason or "set by hand"
+    if args.status == "untried":
+        led.forget(args.profile)
+    else:
+        led.mark(args.profile, args.status, reason=reason, by_hand=True)
+    emit({"name": args.name, "profile": args.profile, "before": before, "status": args.status,
+          "reason": None if args.status == "untried" else reason, "ledger": led.read()})
 
 
 def cmd_profiles(home: Home, args) -> None:
@@ -634,6 +662,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("job")
     s.add_argument("--to")
     s.add_argument("--reason")
+    s.add_argument("--mark-bad", action="store_true", help="also record the profile left bad")
+    s = sub.add_parser("ledger")
+    s.add_argument("action", choices=["show", "set"])
+    s.add_argument("name")
+    s.add_argument("profile", nargs="?")
+    s.add_argument("status", nargs="?", choices=["good", "bad", "untried"])
+    s.add_argument("--reason")
     sub.add_parser("profiles")
     sub.add_parser("boot")
     s = sub.add_parser("gc")
@@ -650,7 +685,8 @@ def parser() -> argparse.ArgumentParser:
 
 COMMANDS = {"probe": cmd_probe, "put": cmd_put, "manifest": cmd_manifest, "submit": cmd_submit,
             "run": cmd_run, "status": cmd_status, "tail": cmd_tail, "stop": cmd_stop,
-            "rollback": cmd_rollback, "profiles": cmd_profiles, "boot": cmd_boot, "cache": cmd_cache, "gc": cmd_gc}
+            "rollback": cmd_rollback, "profiles": cmd_profiles, "boot": cmd_boot, "cache": cmd_cache, "gc": cmd_gc,
+            "ledger": cmd_ledger}
 
 
 def main(argv=None) -> int:

@@ -16,7 +16,7 @@ import typer
 from rich.table import Table
 
 from gpujob import __version__
-from gpujob.agent.journal import ENDED
+from gpujob.agent.journal import ENDED, FINAL_STATES
 from gpujob.cli import render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
@@ -28,6 +28,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                        "a detached supervisor, throughput watch and automatic rollback.")
 cache_app = typer.Typer(no_args_is_help=True, help="Per-profile compile caches.")
 app.add_typer(cache_app, name="cache")
+ledger_app = typer.Typer(no_args_is_help=True, help="The known-good ledger of a job name, by hand.")
+app.add_typer(ledger_app, name="ledger")
 
 out = render.console()
 err = render.console(stderr=True)
@@ -88,6 +90,32 @@ def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
         return job, ctx.target(target)
     row = ctx.state().job(job)
     return row["job_id"], ctx.target(row["target"])
+
+
+def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
+    """``stop``/``rollback``: a named job, or the one job of this laptop's index not
+    ended (as last seen, or as its container says now); else the candidates, exit 2."""
+    if job is not None or target:
+        return job_target(job, target)
+    rows = [r for r in ctx.state().jobs(1000) if r["state"] not in FINAL_STATES]
+    by_target: dict[str, list[str]] = {}
+    for r in rows:
+        by_target.setdefault(r["target"], []).append(r["job_id"])
+    fetched: dict[str, str] = {}
+    for name, ids in by_target.items():
+        try:  # look only: no dead supervisor is restarted by asking
+            jobs_ = ctx.target(name).agent_json("status", "--no-revive", "--missing-ok", *ids)["jobs"]
+        except GpujobError:
+            continue  # out of reach: as last seen
+        for st in jobs_:
+            fetched[st["job_id"]] = st.get("state")
+            if st.get("state") != "not_found":
+                ctx.state().seen(st["job_id"], st.get("state"))
+    cands = [(r["job_id"], r["target"], fetched.get(r["job_id"], r["state"])) for r in rows]
+    cands = [c for c in cands if c[2] not in FINAL_STATES + ("not_found",)]
+    if len(cands) != 1:
+        raise InputError(render.candidates_line(cands))
+    return cands[0][0], ctx.target(cands[0][1])
 
 
 # ---- exec ------------------------------------------------------------------
@@ -200,7 +228,10 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
            clear_caches: Optional[bool] = typer.Option(None, "--clear-caches/--keep-caches",
                                                        help="override caches.clear_on_submit"),
            job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
-                                                    "NAME-xxxx); refused if this laptop knows it already")):
+                                                    "NAME-xxxx); refused if this laptop knows it already"),
+           force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad"),
+           as_json: bool = typer.Option(False, "--json", help="print the agent's answer, job id and target "
+                                        "as one JSON object")):
     """Ship the code and start the job under a detached supervisor in the container."""
     from gpujob import jobs
     from gpujob.spec import load_spec
@@ -220,6 +251,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
             raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
                              f"got {job_id_opt[:70]!r}")
+    if as_json and (plan or follow):
+        raise InputError("--json: not with --plan or --follow")
     job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
@@ -228,7 +261,14 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
         return
-    _start(spec, spec_path, t, profile, job_id, clear)
+    if not force:  # the ledger as the container has it; nothing is changed there when refused
+        entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
+        if entry.get("status") == "bad":
+            raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
+    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json)
+    if as_json:
+        out.print_json(json.dumps(dict(res, job_id=job_id, target=t.label)))
+        return
     if follow:
         _follow(job_id, t, "job.log", None)
         raise typer.Exit(0 if _print_final(job_id, t).get("state") == "succeeded" else 1)
@@ -244,7 +284,7 @@ def _fresh_id(name: str) -> str:
             return job_id
 
 
-def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool) -> None:
+def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
     from gpujob import jobs
@@ -268,8 +308,10 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         err.print(render.styled(("note:", "yellow"), f" took over the container from job "
                                 f"{res['stale_lock'].get('job_id')} (its supervisor, pid "
                                 f"{res['stale_lock'].get('pid')}, was gone and nothing of it ran)"))
-    out.print(render.styled("submitted ", (job_id, "bold"), f" to {t.label} (profile {profile}, "
-                            f"supervisor pid {res['supervisor_pid']})"))
+    if not quiet:
+        out.print(render.styled("submitted ", (job_id, "bold"), f" to {t.label} (profile {profile}, "
+                                f"supervisor pid {res['supervisor_pid']})"))
+    return res
 
 
 def _print_final(job_id: str, t: Target) -> dict:
@@ -332,7 +374,7 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
                         notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     except KeyboardInterrupt:
         err.print(f"\ndetached from {job_id}; it keeps running (gpujob logs -f {job_id})")
-        raise typer.Exit(0)
+        raise typer.Exit(130)
 
 
 # ---- logs / status / ps / stop / rollback ----------------------------------
@@ -400,35 +442,66 @@ def ps(as_json: bool = typer.Option(False, "--json"),
 
 
 @app.command()
-def stop(job: Optional[str] = typer.Argument(None),
-         target: Optional[str] = typer.Option(None, "--target", "-t")):
+def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the one job still running)"),
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json")):
     """SIGTERM the trainer's process group, SIGKILL after the grace period, confirm it is gone."""
-    job_id, t = job_target(job, target)
+    job_id, t = live_job_target(job, target)
     res = t.agent_json("stop", job_id, timeout=600)
+    if res.get("state"):
+        ctx.state().seen(job_id, res["state"])
+    if as_json:
+        out.print_json(json.dumps(res))
     if res.get("left"):
         err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res['left']}", "red"))
         raise typer.Exit(1)
-    out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
-    ctx.state().seen(job_id, res["state"])
+    if not as_json:
+        out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
 
 
 @app.command()
-def rollback(job: Optional[str] = typer.Argument(None),
+def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: the one job still running)"),
              to: Optional[str] = typer.Option(None, "--to", help="profile (default: the last known-good)"),
-             target: Optional[str] = typer.Option(None, "--target", "-t")):
+             mark_bad: bool = typer.Option(False, "--mark-bad", help="also record the profile left bad "
+                                           "(by default a rollback by hand judges nothing)"),
+             target: Optional[str] = typer.Option(None, "--target", "-t"),
+             as_json: bool = typer.Option(False, "--json")):
     """Roll a job back to the last known-good wheel profile (or --to one), resuming training."""
-    job_id, t = job_target(job, target)
-    res = t.agent_json("rollback", job_id, *(["--to", to] if to else []), timeout=120)
-    if res.get("requested"):
-        out.print(render.lit(f"{job_id}: rollback from {res['from']} asked of its supervisor"
-                             + (f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)")))
-    else:
-        out.print(render.lit(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
-                             f"{res['supervisor_pid']}"))
+    job_id, t = live_job_target(job, target)
+    res = t.agent_json("rollback", job_id, *(["--to", to] if to else []),
+                       *(["--mark-bad"] if mark_bad else []), timeout=120)
+    if as_json:
+        out.print_json(json.dumps(dict(res, mark_bad=mark_bad)))
+        return
+    out.print(render.rollback_line(job_id, res, mark_bad))
     out.print(f"follow it: gpujob logs -f {job_id}")
 
 
-# ---- profiles / cache ------------------------------------------------------
+# ---- profiles / ledger / cache ---------------------------------------------
+
+@ledger_app.command("set")
+def ledger_set(target: str = typer.Argument(..., help="container name or host/name"),
+               job_name: str = typer.Argument(..., help="the spec's name: each job name has its own ledger"),
+               profile: str = typer.Argument(...),
+               status_: str = typer.Argument(..., metavar="good|bad|untried", help="untried removes the entry"),
+               reason: Optional[str] = typer.Option(None, "--reason", help="why (default: set by hand)"),
+               as_json: bool = typer.Option(False, "--json")):
+    """Set a profile's ledger entry by hand: good, bad, or untried (forgotten)."""
+    import re
+    if status_ not in ("good", "bad", "untried"):
+        raise InputError(f"expected good, bad or untried, got {status_[:40]!r}")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", job_name):
+        raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), got {job_name[:50]!r}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile):
+        raise InputError(f"profile: expected letters, digits, '_', '.' and '-', got {profile[:50]!r}")
+    t = ctx.target(target)
+    res = t.agent_json("ledger", "set", job_name, profile, status_,
+                       *([f"--reason={reason}"] if reason is not None else []))
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    out.print(render.ledger_set_line(res, t.label))
+
 
 @app.command()
 def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
@@ -485,9 +558,14 @@ def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
 @cache_app.command("clear")
 def cache_clear(target: str = typer.Argument(...),
                 profile: Optional[str] = typer.Option(None, "--profile", "-p"),
+                all_: bool = typer.Option(False, "--all", help="every profile's cache (needed without -p)"),
                 snapshots: bool = typer.Option(False, "--snapshots", help="delete the snapshots too"),
                 force: bool = typer.Option(False, "--force", help="even under a running job")):
     """Delete live compile caches (of one profile, or all); snapshots are kept unless --snapshots."""
+    if not profile and not all_:
+        raise InputError("cache clear: name a profile with -p PROFILE, or pass --all to clear every profile's cache")
+    if profile and all_:
+        raise InputError("cache clear: -p and --all do not go together")
     t = ctx.target(target)
     res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
                        *(["--snapshots"] if snapshots else []), *(["--force"] if force else []), timeout=300)

@@ -245,6 +245,9 @@ def profiles_table(res: dict, label: str) -> Table:
     if res.get("disk_total"):
         table.caption = (f"all venvs together: {disk(res['disk_total'])} (own: only in these venvs; "
                          "real: each file once; uv links the rest from its cache)")
+    return table
+
+
 def age(seconds) -> str:
     return "-" if seconds is None else f"{duration(seconds)} ago"
 
@@ -273,3 +276,32 @@ def snapshot_table(caches: list, title: str) -> Table:
             table.add_row(lit(c["env_key"]), lit(s["name"]), age(s["age"]), str(s["files"]),
                           size(s["bytes"]), str(s.get("linked")), lit(str(s.get("job") or "-")))
     return table
+
+
+def candidates_line(cands: list) -> str:
+    """``stop``/``rollback`` without an id when not exactly one job could be meant."""
+    if not cands:
+        return "no job could be meant: none of this laptop's jobs is still running; name one (gpujob ps lists them)"
+    return ("more than one job could be meant: "
+            + ", ".join(f"{job_id} ({target}, {state})" for job_id, target, state in cands) + "; name one")
+
+
+def bad_profile_refusal(profile: str, name: str, target: str, entry: dict, target_name: str) -> str:
+    """``submit`` onto a profile the ledger marks bad: one line, with the ways on."""
+    return (f"profile {profile} is marked bad in the ledger of {name} on {target}: "
+            f"{entry.get('reason') or 'no reason recorded'}; start it anyway with --force, pick another with -p, "
+            f"or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
+
+
+def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
+    judged = f"; {res['from']} recorded bad" if mark_bad else f"; {res['from']} is not judged (--mark-bad would)"
+    if res.get("requested"):
+        to = f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)"
+        return lit(f"{job_id}: rollback from {res['from']} asked of its supervisor{to}{judged}")
+    return lit(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
+               f"{res['supervisor_pid']}{judged}")
+
+
+def ledger_set_line(res: dict, label: str) -> Text:
+    why = f" ({res['reason']})" if res.get("reason") else ""
+    return lit(f"ledger of {res['name']} on {label}: {res['profile']} {res['before']} -> {res['status']}{why}")
