@@ -212,7 +212,7 @@ class Bench:
         try:
             with open(log, "wb") as out:
                 p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--profile",
-                                    profile, "--follow"], env=self.env, cwd=REPO, stdout=out,
+                                    profile, "--follow", "--force"], env=self.env, cwd=REPO, stdout=out,
                                    stderr=subprocess.STDOUT, timeout=timeout)
         except subprocess.TimeoutExpired:
             m = re.search(r"^submitted (\S+) ", log.read_text(errors="replace"), re.M)

@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     def submit(profile: str) -> tuple:
         """Submit, wait for the trainer's first sample; (job id, seconds from submit to it)."""
         t0 = time.time()
-        r = cli("submit", str(path), "--profile", profile)
+        r = cli("submit", str(path), "--profile", profile, "--force")
         job = re.search(r"^submitted (\S+) ", r.stdout, re.M).group(1)
         for _ in range(7200):
             st = json.loads(cli("status", job, "--json").stdout)
