@@ -18,6 +18,8 @@ import os
 import re
 import shutil
 
+from gpujob.agent.journal import write_json
+
 OK_MARKER = ".gpujob-ok"
 CACHE_VARS = {
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
@@ -101,10 +103,7 @@ def warm_state(home: str, key: str, digest: str) -> str:
 
 def mark_warm(home: str, key: str, digest: str, **info) -> None:
     os.makedirs(cache_dir(home, key), exist_ok=True)
-    path = os.path.join(cache_dir(home, key), WARM_MARKER)
-    with open(path + ".tmp", "w") as f:
-        json.dump(dict(info, hash=digest), f)
-    os.replace(path + ".tmp", path)
+    write_json(os.path.join(cache_dir(home, key), WARM_MARKER), dict(info, hash=digest))
 
 
 def is_installed(home: str, key: str) -> bool:

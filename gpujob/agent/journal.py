@@ -32,11 +32,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_json(path: str, data, mode: int = 0o644) -> None:
-    """Atomic and durable: readers see the old file or the new one, never half of
-    one, and after a crash of the machine the rename has reached the disk with the
-    data (temp file, fsync, rename, fsync of the directory). A failed write (disk
-    full) leaves the old file as it was."""
+def write_json(path: str, data, mode: int = 0o644, durable: bool = True) -> None:
+    """Atomic: readers see the old file or the new one, never half of one, and a
+    failed write (disk full) leaves the old file as it was. Durable (the default):
+    after a crash of the machine the rename has reached the disk with the data
+    (fsync of the file, rename, fsync of the directory). ``durable=False`` is for
+    small files rewritten many times a second that only guard against process deaths."""
     tmp = f"{path}.tmp{os.getpid()}"
     payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -44,7 +45,8 @@ def write_json(path: str, data, mode: int = 0o644) -> None:
         view = memoryview(payload)
         while view:
             view = view[os.write(fd, view):]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
         os.close(fd)
         fd = None
         os.replace(tmp, path)
@@ -56,7 +58,8 @@ def write_json(path: str, data, mode: int = 0o644) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def read_json(path: str, default=None):

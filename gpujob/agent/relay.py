@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 
+from gpujob.agent.journal import write_json
+
 CHUNK = 1 << 20
 
 
@@ -66,10 +68,7 @@ class Relay:
             return None
 
     def _write_cursor(self, cur: dict) -> None:
-        tmp = self.cursor_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(cur, f)
-        os.replace(tmp, self.cursor_path)  # no fsync: it guards against process deaths
+        write_json(self.cursor_path, cur, durable=False)  # it guards against process deaths
 
     def recover(self) -> None:
         """Finish the append a dead supervisor had started, if it had not."""

@@ -20,6 +20,8 @@ import ctypes.util
 import json
 import os
 
+from gpujob.agent.journal import write_json
+
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -89,10 +91,7 @@ class Trimmer:
         data = dict(self.starts())
         data[name] = at
         self._starts = data
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.path)
+        write_json(self.path, data, durable=False)
 
     def trim(self, name: str, keep: int, upto: int | None = None) -> int:
         """Free all but the last ``keep`` bytes of ``name`` once it holds twice that,
@@ -112,22 +111,20 @@ class Trimmer:
         cut = line_start_at_or_after(path, limit - 1, size) if limit > begin else None
         if cut is None or cut <= begin or (upto is not None and cut > upto):
             return 0
-        # write down where the log now begins before freeing it: a reader that comes
-        # between the two steps starts at the new beginning and sees no hole
-        self._record(name, cut)
-        if not punch(path, begin, cut):
-            self.unsupported = True
-            return 0
-        return cut - begin
+        return self._free(name, begin, cut)
 
     def trim_before(self, name: str, cut: int) -> int:
         """Free ``name`` before byte ``cut`` (a line start) when that frees much."""
-        path = os.path.join(self.dir, name)
         begin = self.start_of(name)
         if self.unsupported or cut - begin < (1 << 20):
             return 0
+        return self._free(name, begin, cut)
+
+    def _free(self, name: str, begin: int, cut: int) -> int:
+        # write down where the log now begins before freeing it: a reader that comes
+        # between the two steps starts at the new beginning and sees no hole
         self._record(name, cut)
-        if not punch(path, begin, cut):
+        if not punch(os.path.join(self.dir, name), begin, cut):
             self.unsupported = True
             return 0
         return cut - begin
