@@ -56,7 +56,7 @@ def ls(home: Home) -> dict:
         for _did in snapshots.recover(home.root, k):
             pass
         base = envs.cache_dir(home.root, k)
-        stats = snapshots.tree_stats(base)
+        stats = envs.tree_stats(base)
         parts = {sub: envs.dir_size(os.path.join(base, sub)) for sub in envs.CACHE_VARS.values()}
         proofs = sorted({e.get("proof") or "unknown" for _n, _p, e in goods.get(k, [])})
         rows.append({"env_key": k, "live": os.path.isdir(base), "size": stats["bytes"], "files": stats["files"],

@@ -90,7 +90,7 @@ class CacheKeep:
         retry = st.get("cold_retry") or {}
         snap = self.usable_snapshot(profile)
         live = snapshots.cache_files(self.home.root, key)  # compile files (the warm marker aside)
-        empty = snapshots.tree_stats(envs.cache_dir(self.home.root, key))["files"] == 0  # cleared
+        empty = envs.tree_stats(envs.cache_dir(self.home.root, key))["files"] == 0  # cleared
         if retry.get("profile") == profile and not retry.get("restored"):
             why = f"one retry on the restored cache after a cold start failed: {retry.get('reason')}"
         else:

@@ -211,15 +211,26 @@ def check_verify(profile: dict, report: dict) -> list:
     return problems
 
 
-def dir_size(path: str) -> int:
-    total = 0
+def tree_stats(path: str) -> dict:
+    """bytes, files, shared (bytes of files with other hard links) and newest mtime."""
+    out = {"bytes": 0, "files": 0, "shared": 0, "newest": 0.0}
     for root, _dirs, files in os.walk(path):
         for f in files:
             try:
-                total += os.lstat(os.path.join(root, f)).st_size
+                st = os.lstat(os.path.join(root, f))
             except OSError:
-                pass
-    return total
+                continue
+            out["bytes"] += st.st_size
+            out["files"] += 1
+            out["newest"] = max(out["newest"], st.st_mtime)
+            if st.st_nlink > 1:
+                out["shared"] += st.st_size
+    return out
+
+
+def dir_size(path: str) -> int:
+    """Apparent bytes of the files under ``path``."""
+    return tree_stats(path)["bytes"]
 
 
 def read_marker(home: str, key: str) -> dict:

@@ -28,7 +28,7 @@ import os
 import shutil
 import time
 
-from gpujob.agent.envs import CACHE_VARS, WARM_MARKER, cache_dir
+from gpujob.agent.envs import CACHE_VARS, WARM_MARKER, cache_dir, tree_stats
 from gpujob.agent.journal import fsync_dir, read_json, write_json
 from gpujob.agent.proc import is_alive
 
@@ -43,23 +43,6 @@ def snap_root(home: str, key: str) -> str:
 
 def stamp_of(t: float) -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(t)) + f"{int((t % 1) * 1000):03d}Z"
-
-
-def tree_stats(path: str) -> dict:
-    """bytes, files, shared (bytes of files with other hard links) and newest mtime."""
-    out = {"bytes": 0, "files": 0, "shared": 0, "newest": 0.0}
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                st = os.lstat(os.path.join(root, f))
-            except OSError:
-                continue
-            out["bytes"] += st.st_size
-            out["files"] += 1
-            out["newest"] = max(out["newest"], st.st_mtime)
-            if st.st_nlink > 1:
-                out["shared"] += st.st_size
-    return out
 
 
 def cache_files(home: str, key: str) -> int:
