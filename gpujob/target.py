@@ -76,6 +76,7 @@ class Target:
     vmid: int | None = None
     expected_gpus: int | None = None
     env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
+    address: str | None = None  # where other nodes reach it (hosts.yaml; None: ask it)
     _probe: dict | None = field(default=None, repr=False)
 
     @property
@@ -177,7 +178,7 @@ class Targets:
         if host.kind == "local":
             root = str(Path(container.root).expanduser().resolve())
             return Target(cname, host_name, "local", LocalTransport(), None, root, sys.executable,
-                          expected_gpus=container.gpus,
+                          expected_gpus=container.gpus, address=container.address or "127.0.0.1",
                           env_passthrough=host.env_passthrough + container.env_passthrough)
         ssh = self.host_transport(host_name)
         home = container.home or "~/.gpujob"
@@ -185,7 +186,7 @@ class Targets:
             home = "/root" + home[1:]  # pct exec runs as root in the container
         pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
         return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
-                      vmid=container.vmid, expected_gpus=container.gpus,
+                      vmid=container.vmid, expected_gpus=container.gpus, address=container.address,
                       env_passthrough=host.env_passthrough + container.env_passthrough)
 
     def close(self) -> None:

@@ -469,6 +469,9 @@ def cmd_rollback(home: Home, args) -> None:
     j = job_or_refuse(home, args.job)
     st = j.effective_state()
     job = j.job()
+    if (job.get("fleet") or {}).get("node_rank"):  # one decision for every node: node 0's
+        raise Refused(f"job {args.job} is node {job['fleet']['node_rank']} of a multi-node job: "
+                      "roll it back through node 0, whose supervisor leads")
     profiles = [p["name"] for p in job["spec"]["profiles"]]
     if args.to and args.to not in profiles:
         raise Refused(f"no profile {args.to!r} in job {args.job}; profiles: {', '.join(profiles)}")
@@ -509,7 +512,7 @@ def cmd_rollback(home: Home, args) -> None:
     emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid})
 
 
-LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # the spec's rules for a job name, a profile name
+LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?")  # a job name (@ fleet shape)
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -621,6 +624,14 @@ def cmd_boot(home: Home, args) -> None:
     emit({"booted": done})
 
 
+def cmd_fleet(home: Home, args) -> None:
+    from gpujob.agent import fleet
+    try:
+        emit(fleet.cmd_fleet(home, args))
+    except LookupError as e:
+        raise Refused(str(e)) from None
+
+
 def cmd_run(home: Home, args) -> None:
     from gpujob.agent.supervisor import run
     sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
@@ -671,6 +682,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--reason")
     sub.add_parser("profiles")
     sub.add_parser("boot")
+    s = sub.add_parser("fleet")
+    s.add_argument("action", choices=["ports", "go", "release"])
+    s.add_argument("job", nargs="?")
+    s.add_argument("--reason")
     s = sub.add_parser("gc")
     s.add_argument("--days", type=float, required=True)
     s.add_argument("--dry-run", action="store_true")
@@ -686,7 +701,7 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS = {"probe": cmd_probe, "put": cmd_put, "manifest": cmd_manifest, "submit": cmd_submit,
             "run": cmd_run, "status": cmd_status, "tail": cmd_tail, "stop": cmd_stop,
             "rollback": cmd_rollback, "profiles": cmd_profiles, "boot": cmd_boot, "cache": cmd_cache, "gc": cmd_gc,
-            "ledger": cmd_ledger}
+            "ledger": cmd_ledger, "fleet": cmd_fleet}
 
 
 def main(argv=None) -> int:

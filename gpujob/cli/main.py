@@ -236,6 +236,15 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     from gpujob import jobs
     from gpujob.spec import load_spec
     spec = load_spec(spec_path)
+    if spec.multi_node:  # a list of containers: one job over several nodes
+        from gpujob.cli import fleet_cmds
+        if as_json and (plan or follow):
+            raise InputError("--json: not with --plan or --follow")
+        clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
+        fleet_cmds.submit(spec, spec_path, target=target, profile=spec.profile_by_name(profile).name if profile
+                          else spec.profile, plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
+                          as_json=as_json)
+        return
     target_name = target or spec.target
     if not target_name:
         raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
@@ -388,10 +397,19 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          samples: bool = typer.Option(False, "--samples", help="every throughput sample of the last "
                                       "journal.full_rate_samples (events hold one summary a minute)"),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
-         target: Optional[str] = typer.Option(None, "--target", "-t")):
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         node: Optional[int] = typer.Option(None, "--node", help="a multi-node job: only node I's log")):
     """Print a job's log; with -f follow it, surviving dropped connections."""
     if phase not in (None, "warmup", "train", "prepare"):
         raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
+    from gpujob.cli import fleet_cmds
+    fleet_id, labels = fleet_cmds.nodes_of(job, target)
+    if labels:  # a multi-node job: every node's log, [node i] before each line (or --node i)
+        file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+        fleet_cmds.logs(fleet_id, labels, follow=follow, node=node, file=file, tail=tail)
+        return
+    if node is not None:
+        raise InputError("--node: only for a multi-node job")
     job_id, t = job_target(job, target)
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
     _follow(job_id, t, file, tail, follow=follow, events=events or samples)
@@ -401,6 +419,11 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
 def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Option(False, "--json"),
            target: Optional[str] = typer.Option(None, "--target", "-t")):
     """State, phase, profile, tok/s with its trend and threshold, rollbacks."""
+    from gpujob.cli import fleet_cmds
+    fleet_id, labels = fleet_cmds.nodes_of(job, target)
+    if labels:  # a multi-node job: one job, a row per node
+        fleet_cmds.status(fleet_id, labels, as_json)
+        return
     job_id, t = job_target(job, target)
     st = _status(job_id, t)
     if as_json:
@@ -447,6 +470,11 @@ def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the on
          as_json: bool = typer.Option(False, "--json")):
     """SIGTERM the trainer's process group, SIGKILL after the grace period, confirm it is gone."""
     job_id, t = live_job_target(job, target)
+    from gpujob.cli import fleet_cmds
+    labels = [] if target else ctx.state().nodes(job_id)
+    if labels:  # every node of a multi-node job
+        fleet_cmds.stop(job_id, labels, as_json)
+        return
     res = t.agent_json("stop", job_id, timeout=600)
     if res.get("state"):
         ctx.state().seen(job_id, res["state"])
@@ -468,6 +496,11 @@ def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: th
              as_json: bool = typer.Option(False, "--json")):
     """Roll a job back to the last known-good wheel profile (or --to one), resuming training."""
     job_id, t = live_job_target(job, target)
+    from gpujob.cli import fleet_cmds
+    labels = [] if target else ctx.state().nodes(job_id)
+    if labels:  # node 0 decides for every node
+        fleet_cmds.rollback(job_id, labels, to, mark_bad, as_json)
+        return
     res = t.agent_json("rollback", job_id, *(["--to", to] if to else []),
                        *(["--mark-bad"] if mark_bad else []), timeout=120)
     if as_json:

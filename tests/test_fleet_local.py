@@ -1,0 +1,193 @@
+"""One job over two nodes on the `local` kind: two gpujob homes on this machine
+(two containers of one local host, each its own root), the real CLI, real
+supervisors leading and following over the signed channel, real venvs, and a
+stdlib trainer that performs a real TCP rendezvous at {rdzv_endpoint}."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpujob.wheelhouse import build_indexes
+from helpers import REPO, cli, cli_json, events, wait_for
+
+TRAINER = REPO / "tests" / "data" / "fleet"
+
+
+@pytest.fixture(scope="module")
+def index_urls(tmp_path_factory):
+    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
+    return {b: p.as_uri() for b, p in idx.items()}
+
+
+@pytest.fixture
+def env(tmp_path):
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local", "containers": {
+        "n0": {"root": str(tmp_path / "n0")}, "n1": {"root": str(tmp_path / "n1")}}}}}))
+    e = dict(os.environ)
+    e.update(GPUJOB_HOSTS=str(hosts), XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="200")
+    return e
+
+
+def fleet_spec(path: Path, urls: dict, profile: str = "fast", steps: int = 40, interval: float = 0.1,
+               **extra) -> Path:
+    spec = {
+        "name": "fleet",
+        "target": ["lab/n0", "lab/n1"],
+        "sync": [{"src": str(TRAINER), "dest": ".", "exclude": ["__pycache__", "checkpoint.json"]}],
+        "profiles": [
+            {"name": "fast", "index_url": urls["fast"], "packages": ["gpujob-demo-kernels==1.0.0+fast"]},
+            {"name": "slow", "index_url": urls["slow"], "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
+        ],
+        "profile": profile,
+        "nodes": {"lost_after": "6s", "env": [{"CUDA_VISIBLE_DEVICES": "0"}, {"CUDA_VISIBLE_DEVICES": "1"}]},
+        "train": {"command": f"python trainer.py --nnodes {{nnodes}} --node-rank {{node_rank}} "
+                             f"--rdzv-endpoint {{rdzv_endpoint}} --steps {steps} --interval {interval}",
+                  "resume_args": ["--resume"], "grace": "3s"},
+        "throughput": {"format": "ktok", "window": 3, "min": "20K", "failure_limit": 2,
+                       "no_data_timeout": "30s", "good_after": "1s", "aggregate": "sum"},
+        "rollback": {"fallback": ["fast"], "on": ["low_throughput", "stall"]},
+    }
+    spec.update(extra)
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def node_dir(tmp_path: Path, rank: int, job_id: str) -> Path:
+    return tmp_path / f"n{rank}" / "jobs" / job_id
+
+
+def node_state(tmp_path: Path, rank: int, job_id: str) -> dict:
+    return json.loads((node_dir(tmp_path, rank, job_id) / "state.json").read_text())
+
+
+def submitted(p) -> str:
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    line = [ln for ln in p.stdout.decode().splitlines() if ln.startswith("submitted ")][0]
+    return line.split()[1]
+
+
+def status(job_id: str, env: dict) -> dict:
+    return cli_json(["status", job_id, "--json"], env)
+
+
+def test_two_nodes_rendezvous_train_and_succeed_as_one_job(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=40, interval=0.05)
+    plan = cli(["submit", str(spec), "--plan"], env)
+    assert plan.returncode == 0, plan.stderr.decode()
+    text = plan.stdout.decode()
+    assert "node 0 of 2" in text and "node 1 of 2" in text
+    assert "--nnodes 2 --node-rank 1 --rdzv-endpoint " in text
+    assert "127.0.0.1:<a port free on node 0, chosen at submit>" in text
+    assert "NODE_RANK=1 MASTER_ADDR=127.0.0.1" in text and "CUDA_VISIBLE_DEVICES=1" in text
+    assert not (tmp_path / "n0").exists() and not (tmp_path / "n1").exists()
+    p = cli(["submit", str(spec), "--follow"], env, timeout=180)
+    out = p.stdout.decode()
+    job_id = submitted(p)
+    assert p.returncode == 0, out[-3000:]
+    assert "[node 0] " in out and "[node 1] " in out
+    assert "[node 0] rendezvous: node 1 joined" in out
+    assert "I am node 1" in out and "CUDA_VISIBLE_DEVICES=1" in out
+    st = status(job_id, env)
+    assert [n["state"] for n in st["nodes"]] == ["succeeded", "succeeded"]
+    assert [n["container"] for n in st["nodes"]] == ["n0", "n1"]
+    # the key never lands in a log, an event or the job's record
+    for rank in (0, 1):
+        d = node_dir(tmp_path, rank, job_id)
+        job = json.loads((d / "job.json").read_text())
+        assert "fleet_key" not in json.dumps(job) and not (d / "secrets.json").exists()
+    ps = cli_json(["ps", "--json"], env)
+    assert [v["job"] for v in ps] == [job_id]  # one job, counted once
+    # the fleet's ledger is its own: known-good on two nodes, not on one
+    led = json.loads(next((tmp_path / "n0" / "ledger").glob("fleet@x2-*.json")).read_text())
+    assert led["profiles"]["fast"]["status"] == "good"
+
+
+def test_slow_profile_rolls_back_on_both_nodes_and_both_resume(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, profile="slow", steps=60, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed", "stopped"), 150, every=1,
+             what="the job's end")
+    st = status(job_id, env)
+    assert [n["state"] for n in st["nodes"]] == ["succeeded", "succeeded"], st
+    assert [n["profile"] for n in st["nodes"]] == ["fast", "fast"]
+    lead = node_state(tmp_path, 0, job_id)
+    assert [r["to"] for r in lead["rollbacks"]] == ["fast"] and lead["rollbacks"][0]["from"] == "slow"
+    assert [r["to"] for r in node_state(tmp_path, 1, job_id)["rollbacks"]] == ["fast"]
+    for rank in (0, 1):
+        log = (node_dir(tmp_path, rank, job_id) / "train.log").read_text()
+        assert "kernels build slow" in log and "kernels build fast" in log
+        assert "resumed from checkpoint" in log
+    ev0 = events(node_dir(tmp_path, 0, job_id))
+    assert [e["round"] for e in ev0 if e["type"] == "fleet_barrier"] == [0, 1]
+
+
+def test_a_node_trainer_killed_ends_the_job_on_both_with_its_reason(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=2000, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    pgid = node_state(tmp_path, 1, job_id)["child"]["pgid"]
+    kids = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    trainer = [int(k) for k in kids if int(k) != pgid]
+    assert trainer
+    for pid in trainer:
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: all(node_state(tmp_path, r, job_id)["state"] == "failed" for r in (0, 1)), 60,
+             what="both nodes failed")
+    for rank in (0, 1):
+        reason = node_state(tmp_path, rank, job_id)["reason"]
+        assert "node 1 (lab/n1)" in reason and "SIGKILL" in reason, reason
+
+
+def test_a_follower_supervisor_killed_is_revived_and_rejoins(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=80, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    st1 = node_state(tmp_path, 1, job_id)
+    os.kill(st1["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: subprocess.run(["kill", "-0", str(st1["supervisor_pid"])],
+                                    capture_output=True).returncode != 0, 10, what="the supervisor gone")
+    cli(["status", job_id], env, check=True)  # the revive path: a new supervisor re-adopts the trainer
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("supervisor_pid") != st1["supervisor_pid"], 10,
+             what="a new supervisor")
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed"), 120, every=1, what="the end")
+    st = status(job_id, env)
+    assert [n["state"] for n in st["nodes"]] == ["succeeded", "succeeded"], st
+    ev1 = events(node_dir(tmp_path, 1, job_id))
+    assert any(e["type"] == "readopted" for e in ev1)
+    ev0 = events(node_dir(tmp_path, 0, job_id))
+    assert len([e for e in ev0 if e["type"] == "fleet_joined" and e["rank"] == 1]) >= 2
+
+
+def test_a_busy_second_node_means_nothing_starts_on_either(tmp_path, env, index_urls):
+    single = tmp_path / "single.yaml"
+    spec = yaml.safe_load(fleet_spec(tmp_path / "job.yaml", index_urls).read_text())
+    one = dict(spec, name="other", target="lab/n1",
+               train={"command": "sleep 600", "grace": "1s"})
+    for key in ("nodes", "throughput", "rollback"):
+        one.pop(key)
+    single.write_text(yaml.safe_dump(one))
+    other = submitted(cli(["submit", str(single)], env, timeout=120))
+    wait_for(lambda: json.loads((tmp_path / "n1" / "jobs" / other / "state.json").read_text())["state"]
+             == "training", 60, what="the other job training")
+    p = cli(["submit", str(tmp_path / "job.yaml")], env, timeout=120)
+    assert p.returncode == 5, p.stderr.decode()
+    err = p.stderr.decode()
+    assert "node 1 (lab/n1) could not start: container busy: job " + other in err
+    assert "nothing started on any node" in err
+    jobs0 = list((tmp_path / "n0" / "jobs").iterdir())
+    assert len(jobs0) == 1
+    st0 = json.loads((jobs0[0] / "state.json").read_text())
+    wait_for(lambda: json.loads((jobs0[0] / "state.json").read_text())["state"] == "stopped", 20,
+             what="node 0 released")
+    assert not (tmp_path / "n0" / "envs").exists()  # no venv was built, nothing ran
+    assert not (jobs0[0] / "train.log").exists()
+    assert st0.get("step") == "env"
+    cli(["stop", other], env, check=True)
