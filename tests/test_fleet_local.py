@@ -191,3 +191,53 @@ def test_a_busy_second_node_means_nothing_starts_on_either(tmp_path, env, index_
     assert not (jobs0[0] / "train.log").exists()
     assert st0.get("step") == "env"
     cli(["stop", other], env, check=True)
+
+
+def test_the_leader_supervisor_killed_followers_keep_training_and_rejoin_the_revived_leader(
+        tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=80, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    st0 = node_state(tmp_path, 0, job_id)
+    follower_trainer = node_state(tmp_path, 1, job_id)["child"]["pgid"]
+    os.kill(st0["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: "leader node 0 (lab/n0) unreachable" in
+             (node_dir(tmp_path, 1, job_id) / "job.log").read_text(), 20, what="the follower noticing")
+    assert node_state(tmp_path, 1, job_id)["child"]["pgid"] == follower_trainer  # still training
+    cli(["status", job_id], env, check=True)  # revives node 0's supervisor, which re-adopts its trainer
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed"), 120, every=1, what="the end")
+    st = status(job_id, env)
+    assert [n["state"] for n in st["nodes"]] == ["succeeded", "succeeded"], st
+    assert "leader reachable again" in (node_dir(tmp_path, 1, job_id) / "job.log").read_text()
+    assert any(e["type"] == "readopted" for e in events(node_dir(tmp_path, 0, job_id)))
+    assert len(node_state(tmp_path, 1, job_id).get("rollbacks") or []) == 0
+
+
+def test_a_follower_gone_past_lost_after_ends_the_job_with_the_reason(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=2000, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    st1 = node_state(tmp_path, 1, job_id)
+    os.kill(st1["supervisor_pid"], signal.SIGKILL)  # nobody revives it (no status is asked)
+    wait_for(lambda: node_state(tmp_path, 0, job_id)["state"] == "failed", 60, what="node 0 ending the job")
+    reason = node_state(tmp_path, 0, job_id)["reason"]
+    assert "node 1 (lab/n1) lost: no word from its supervisor" in reason, reason
+    # the follower's trainer lost its peer; once revived, the follower ends too, saying why
+    cli(["status", job_id], env, check=True)
+    wait_for(lambda: node_state(tmp_path, 1, job_id)["state"] == "failed", 60, what="node 1 ending")
+    assert "node 0" in node_state(tmp_path, 1, job_id)["reason"]
+
+
+def test_on_loss_wait_the_leader_waits_and_says_so(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=120, interval=0.1,
+                      nodes={"lost_after": "2s", "on_loss": "wait"})
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    os.kill(node_state(tmp_path, 1, job_id)["supervisor_pid"], signal.SIGKILL)
+    wait_for(lambda: "waiting for it (nodes.on_loss: wait)" in
+             (node_dir(tmp_path, 0, job_id) / "job.log").read_text(), 30, what="the leader waiting")
+    assert node_state(tmp_path, 0, job_id)["state"] == "training"
+    cli(["status", job_id], env, check=True)  # the follower comes back
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed"), 120, every=1, what="the end")
+    assert [n["state"] for n in status(job_id, env)["nodes"]] == ["succeeded", "succeeded"]
+    assert "node 1 (lab/n1) is back" in (node_dir(tmp_path, 0, job_id) / "job.log").read_text()
