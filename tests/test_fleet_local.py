@@ -241,3 +241,25 @@ def test_on_loss_wait_the_leader_waits_and_says_so(tmp_path, env, index_urls):
     wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed"), 120, every=1, what="the end")
     assert [n["state"] for n in status(job_id, env)["nodes"]] == ["succeeded", "succeeded"]
     assert "node 1 (lab/n1) is back" in (node_dir(tmp_path, 0, job_id) / "job.log").read_text()
+
+
+def test_a_crash_restarts_every_node_together_on_the_same_profile(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=60, interval=0.1,
+                      train={"command": "python trainer.py --nnodes {nnodes} --node-rank {node_rank} "
+                                        "--rdzv-endpoint {rdzv_endpoint} --steps 60 --interval 0.1",
+                             "resume_args": ["--resume"], "grace": "3s",
+                             "restarts": {"max": 1, "on": ["crash"]}})
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    pgid = node_state(tmp_path, 1, job_id)["child"]["pgid"]
+    kids = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    for pid in [int(k) for k in kids if int(k) != pgid]:
+        os.kill(pid, signal.SIGTERM)  # a crash (SIGKILL reads as the OOM killer)
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed"), 120, every=1, what="the end")
+    st = status(job_id, env)
+    assert [n["state"] for n in st["nodes"]] == ["succeeded", "succeeded"], st
+    assert len(node_state(tmp_path, 0, job_id)["restarts"]) == 1
+    ev0 = events(node_dir(tmp_path, 0, job_id))
+    assert [e["round"] for e in ev0 if e["type"] == "fleet_barrier"] == [0, 1]
+    for rank in (0, 1):
+        assert "resumed from checkpoint" in (node_dir(tmp_path, rank, job_id) / "train.log").read_text()

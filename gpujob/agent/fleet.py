@@ -160,7 +160,9 @@ class Leader(Node):
                     got.append((rank, float(body["value"])))
                 except (KeyError, TypeError, ValueError):
                     pass
-            elif kind in ("failed", "ended"):
+            elif kind == "failed" and int(body.get("round", self.round)) < self.round:
+                self.sup.journal.event("fleet_stale_failure", rank=rank, reason=body.get("reason"))
+            elif kind in ("failed", "ended"):  # a failure of a round already relaunched is old news
                 if kind == "ended" and body.get("state") == "succeeded":
                     self.done.add(rank)
                 elif body.get("state") != "stopped":
@@ -267,7 +269,8 @@ class Leader(Node):
         self.sup.journal.set_state(fleet_relaunch=msg)
         self.server.broadcast(msg)
         self.sup.journal.event("fleet_relaunch", **{k: v for k, v in msg.items() if k != "kind"})
-        self.sup.say(f"every node: stop, switch to {to}, resume together (round {self.round})")
+        what = f"restart on {to}" if to == profile else f"switch to {to}"
+        self.sup.say(f"every node: stop, {what}, resume together (round {self.round})")
 
     def ended(self, state: str, reason: str) -> None:
         if self.server is None:
@@ -391,7 +394,7 @@ class Follower(Node):
                 return False
             if out.kind != "signal":
                 return None
-            body = {"kind": "failed", "signal": out.signal_name, "reason": out.reason,
+            body = {"kind": "failed", "signal": out.signal_name, "reason": out.reason, "round": self.round,
                     "exit_code": out.exit_code, "tail": list((out.evidence or {}).get("tail") or [])[-5:]}
             self.client.send(body)
             self.sup.journal.event("fleet_failure_reported", signal=out.signal_name, reason=out.reason)

@@ -81,6 +81,7 @@ while step < args.steps:
         line = rfile.readline()
         if not line:
             sys.exit(f"RuntimeError: rendezvous peer lost at step {step} (node 0 closed)")
+        step = int(line)  # node 0's step is the job's (as a collective keeps ranks in step)
     print(f"step {step} | {demo_kernels.TOKENS_PER_SECOND / 1000:.1f}K tok/s", flush=True)
     with open(ckpt + ".tmp", "w") as f:
         json.dump({"step": step}, f)

@@ -1,0 +1,131 @@
+"""Multi-node figures: ``python -m bench.fleet [--testbed] [-n 3]``.
+
+A two-node job (the fleet test trainer: a real TCP rendezvous at {rdzv_endpoint})
+starts on the slow profile, is rolled back to fast on both nodes, and resumes.
+By default the two nodes are two `local` gpujob homes on this machine; with
+``--testbed`` they are tb/ct200 and tb2/ct202 of the loopback Proxmox bed (two
+sshd's, two LXC containers). One clock (this machine) for every time stamp.
+
+Figures (medians over the runs):
+  start        ``gpujob submit`` launched → the last node's first throughput sample
+               (venvs built and cached from the first run on: a resubmit)
+  rollback     the leader's decision → the last node's trainer started on fast, and
+               → the last node's first sample on fast (both nodes training again)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def records(path: Path) -> list:
+    if not path.exists():
+        return []
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+
+
+def one_run(env: dict, spec: Path, job_dirs) -> dict:
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec)], env=env,
+                       capture_output=True, timeout=300)
+    if p.returncode != 0:
+        raise SystemExit(p.stderr.decode()[-2000:])
+    job_id = [ln for ln in p.stdout.decode().splitlines() if ln.startswith("submitted ")][0].split()[1]
+    dirs = job_dirs(job_id)
+    end = time.time() + 240
+    while time.time() < end:
+        states = [json.loads((d / "state.json").read_text()).get("state") for d in dirs]
+        if all(s in ("succeeded", "failed", "stopped") for s in states):
+            break
+        time.sleep(0.5)
+    if states != ["succeeded"] * len(dirs):
+        raise SystemExit(f"{job_id} ended {states}")
+    lead = json.loads((dirs[0] / "state.json").read_text())
+    decided = lead["rollbacks"][0]["decided_at"]
+    first, started, resumed = [], [], []
+    for d in dirs:
+        samples = records(d / "samples.jsonl")
+        first.append(min(s["t"] for s in samples))
+        resumed.append(min(s["t"] for s in samples if s["t"] > decided and s.get("profile") == "fast"))
+        started.append(min(e["t"] for e in records(d / "events.jsonl")
+                           if e.get("type") == "phase" and e.get("phase") == "train" and e.get("profile") == "fast"))
+    return {"start": max(first) - t0, "rollback_trainers": max(started) - decided,
+            "rollback_training": max(resumed) - decided}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--testbed", action="store_true")
+    ap.add_argument("-n", type=int, default=3)
+    args = ap.parse_args(argv)
+    from gpujob.wheelhouse import build_indexes, serve
+    tmp = Path(tempfile.mkdtemp(prefix="gpujob-bench-fleet-"))
+    idx = build_indexes(tmp / "wheelhouse")
+    bed = server = None
+    if args.testbed:
+        from tests.testbed import TestBed
+        bed = TestBed.start()
+        bed.start_second_host()
+        server, url = serve(tmp / "wheelhouse")
+        urls = {"fast": f"{url}/fast/simple", "slow": f"{url}/slow/simple"}
+        home = "/root/gj-bench-fleet"
+        hosts = {n: {"address": "127.0.0.1", "port": port, "user": "root", "identity_file": str(bed.user_key),
+                     "known_hosts": str(bed.known_hosts), "containers": {f"ct{v}": {"vmid": v, "home": home}}}
+                 for n, port, v in (("tb", bed.ports[0], 200), ("tb2", bed.ports[-1], 202))}
+        target = ["tb/ct200", "tb2/ct202"]
+        job_dirs = lambda j: [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]  # noqa: E731
+    else:
+        urls = {b: p.as_uri() for b, p in idx.items()}
+        hosts = {"lab": {"kind": "local", "containers": {"n0": {"root": str(tmp / "n0")},
+                                                           "n1": {"root": str(tmp / "n1")}}}}
+        target = ["lab/n0", "lab/n1"]
+        job_dirs = lambda j: [tmp / n / "jobs" / j for n in ("n0", "n1")]  # noqa: E731
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+    spec = {"name": "bench-fleet", "target": target,
+            "sync": [{"src": str(REPO / "tests" / "data" / "fleet"), "dest": ".",
+                      "exclude": ["__pycache__", "checkpoint.json"]}],
+            "profiles": [{"name": b, "index_url": urls[b], "packages": [f"gpujob-demo-kernels==1.0.0+{b}"]}
+                         for b in ("fast", "slow")],
+            "profile": "slow",
+            "train": {"command": "python3 trainer.py --nnodes {nnodes} --node-rank {node_rank} "
+                                 "--rdzv-endpoint {rdzv_endpoint} --steps 30 --interval 0.1",
+                      "resume_args": ["--resume"], "grace": "3s"},
+            "throughput": {"format": "ktok", "window": 3, "min": "20K", "failure_limit": 2,
+                           "no_data_timeout": "60s", "good_after": "1s"},
+            "rollback": {"fallback": ["fast"]}}
+    (tmp / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))
+    runs = []
+    try:
+        for i in range(args.n + 1):  # the first run builds the venvs: reported apart
+            r = one_run(env, tmp / "job.yaml", job_dirs)
+            print(("cold " if i == 0 else "warm ") + json.dumps({k: round(v, 3) for k, v in r.items()}), flush=True)
+            if i:
+                runs.append(r)
+    finally:
+        if server:
+            server.shutdown()
+        if bed:
+            bed.stop()
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+    print(json.dumps({"where": "testbed (2 sshd, 2 LXC)" if args.testbed else "2 local homes",
+                      "runs": len(runs), "median_s": med}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
