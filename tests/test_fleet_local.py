@@ -127,6 +127,11 @@ def test_slow_profile_rolls_back_on_both_nodes_and_both_resume(tmp_path, env, in
         assert "resumed from checkpoint" in log
     ev0 = events(node_dir(tmp_path, 0, job_id))
     assert [e["round"] for e in ev0 if e["type"] == "fleet_barrier"] == [0, 1]
+    # slow is bad in the fleet's ledger now: a new submit onto it is refused, nothing starts
+    again = cli(["submit", str(spec)], env, timeout=60)
+    assert again.returncode == 5
+    assert "profile slow is marked bad in the ledger of fleet@x2-" in again.stderr.decode()
+    assert len(list((tmp_path / "n1" / "jobs").iterdir())) == 1
 
 
 def test_a_node_trainer_killed_ends_the_job_on_both_with_its_reason(tmp_path, env, index_urls):

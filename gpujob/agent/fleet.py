@@ -149,6 +149,8 @@ class Leader(Node):
                 if rank in self.lost_said:
                     self.lost_said.discard(rank)
                     self.sup.say(f"{self.label(rank)} is back")
+                    if not self.lost_said:
+                        self.sup.journal.set_state(reason=None)
                 if self.sup.journal.state().get("state") in ("succeeded", "failed", "stopped"):
                     continue
                 if self.last_relaunch and int(body.get("round") or 0) < self.round:
@@ -183,7 +185,7 @@ class Leader(Node):
 
     def failure_outcome(self):
         rank, body = self.failures.pop(0)
-        sig = body.get("signal") or "crash"
+        sig = body.get("signal") or "node_failed"  # a node that ended: no restart brings it back
         reason = f"{self.label(rank)}: {body.get('reason') or 'failed'}"
         self.sup.say(f"{reason} (counts for the whole job)")
         return Outcome("signal", sig, reason, {"node": rank, "tail": body.get("tail") or []},

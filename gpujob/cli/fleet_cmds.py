@@ -31,7 +31,7 @@ def targets_of(labels: list) -> list:
 
 
 def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: bool, follow: bool,
-           clear: bool, job_id: Optional[str], as_json: bool) -> None:
+           clear: bool, job_id: Optional[str], as_json: bool, force: bool = False) -> None:
     m = _m()
     from gpujob import jobs
     if target:
@@ -53,8 +53,15 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
                 m.out.print(line, soft_wrap=True)
         return
     from gpujob.spec import spec_hash
-    state = m.ctx.state()
+    from gpujob.agent.fleet import ledger_name
     labels = [t.label for t in targets]
+    if not force:  # the fleet's ledger (per shape) as node 0 has it; nothing changes when refused
+        name = ledger_name({"spec": {"name": spec.name}, "fleet": {"nnodes": len(labels), "nodes": labels}})
+        entry = (targets[0].agent_json("ledger", "show", name)["ledger"].get("profiles") or {}).get(profile) or {}
+        if entry.get("status") == "bad":
+            from gpujob.errors import JobError
+            raise JobError(render.bad_profile_refusal(profile, name, f"{len(labels)} nodes", entry, targets[0].name))
+    state = m.ctx.state()
     state.reserve(job_id, spec.name, labels[0], str(spec_path.resolve()), spec_hash(spec), profile)
     state.set_nodes(job_id, labels)
     try:

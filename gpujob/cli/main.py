@@ -243,7 +243,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
         fleet_cmds.submit(spec, spec_path, target=target, profile=spec.profile_by_name(profile).name if profile
                           else spec.profile, plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
-                          as_json=as_json)
+                          as_json=as_json, force=force)
         return
     target_name = target or spec.target
     if not target_name:
@@ -523,7 +523,7 @@ def ledger_set(target: str = typer.Argument(..., help="container name or host/na
     import re
     if status_ not in ("good", "bad", "untried"):
         raise InputError(f"expected good, bad or untried, got {status_[:40]!r}")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", job_name):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?", job_name):  # @: a fleet's
         raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), got {job_name[:50]!r}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile):
         raise InputError(f"profile: expected letters, digits, '_', '.' and '-', got {profile[:50]!r}")
