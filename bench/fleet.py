@@ -36,9 +36,9 @@ def records(path: Path) -> list:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def one_run(env: dict, spec: Path, job_dirs) -> dict:
+def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None) -> dict:
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec)], env=env,
+    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--force"], env=env,
                        capture_output=True, timeout=300)
     if p.returncode != 0:
         raise SystemExit(p.stderr.decode()[-2000:])
@@ -50,6 +50,10 @@ def one_run(env: dict, spec: Path, job_dirs) -> dict:
         if all(s in ("succeeded", "failed", "stopped") for s in states):
             break
         time.sleep(0.5)
+    if keep is not None:  # the journals, for a look afterwards (--out: beside it)
+        import shutil
+        for i, d in enumerate(dirs):
+            shutil.copy(d / "job.log", Path(os.environ.get("OUT", keep.parent)) / f"{keep.name}-node{i}.log")
     if states != ["succeeded"] * len(dirs):
         raise SystemExit(f"{job_id} ended {states}")
     lead = json.loads((dirs[0] / "state.json").read_text())
@@ -69,6 +73,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--testbed", action="store_true")
     ap.add_argument("-n", type=int, default=3)
+    ap.add_argument("--torch", metavar="PYTHON", help="run jobs/fleet-torch.yaml (real torchrun, c10d) with "
+                    "this base interpreter's torch instead of the stand-in trainer")
+    ap.add_argument("--gpus", default="0,0", help="with --torch: CUDA_VISIBLE_DEVICES of node 0 and node 1")
+    ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args(argv)
     from gpujob.wheelhouse import build_indexes, serve
     tmp = Path(tempfile.mkdtemp(prefix="gpujob-bench-fleet-"))
@@ -88,7 +96,8 @@ def main(argv=None) -> int:
         job_dirs = lambda j: [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]  # noqa: E731
     else:
         urls = {b: p.as_uri() for b, p in idx.items()}
-        hosts = {"lab": {"kind": "local", "containers": {"n0": {"root": str(tmp / "n0")},
+        hosts = {"lab": {"kind": "local", "env_passthrough": ["NCCL_*"],
+                         "containers": {"n0": {"root": str(tmp / "n0")},
                                                            "n1": {"root": str(tmp / "n1")}}}}
         target = ["lab/n0", "lab/n1"]
         job_dirs = lambda j: [tmp / n / "jobs" / j for n in ("n0", "n1")]  # noqa: E731
@@ -105,12 +114,19 @@ def main(argv=None) -> int:
             "throughput": {"format": "ktok", "window": 3, "min": "20K", "failure_limit": 2,
                            "no_data_timeout": "60s", "good_after": "1s"},
             "rollback": {"fallback": ["fast"]}}
+    if args.torch:  # the real thing: torchrun's c10d rendezvous, a CUDA all-reduce every step
+        spec = yaml.safe_load((REPO / "jobs" / "fleet-torch.yaml").read_text())
+        spec.update(target=target, profile="slow")
+        spec["sync"][0]["src"] = str(REPO / "jobs" / "fleet_torch")
+        for prof in spec["profiles"]:
+            prof["python"] = args.torch
+        spec["nodes"]["env"] = [{"CUDA_VISIBLE_DEVICES": g} for g in args.gpus.split(",")]
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     env = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))
     runs = []
     try:
         for i in range(args.n + 1):  # the first run builds the venvs: reported apart
-            r = one_run(env, tmp / "job.yaml", job_dirs)
+            r = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / f"run{i}" if args.out else None)
             print(("cold " if i == 0 else "warm ") + json.dumps({k: round(v, 3) for k, v in r.items()}), flush=True)
             if i:
                 runs.append(r)
@@ -122,8 +138,12 @@ def main(argv=None) -> int:
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
     med = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
-    print(json.dumps({"where": "testbed (2 sshd, 2 LXC)" if args.testbed else "2 local homes",
-                      "runs": len(runs), "median_s": med}))
+    result = {"where": "testbed (2 sshd, 2 LXC)" if args.testbed else "2 local homes",
+              "trainer": "torchrun c10d (jobs/fleet-torch.yaml)" if args.torch else "stand-in",
+              "runs": len(runs), "median_s": med, "each": runs}
+    print(json.dumps(result))
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 
 

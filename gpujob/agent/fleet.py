@@ -183,6 +183,12 @@ class Leader(Node):
         value = self.agg()
         return None if value is None else self.sup.judge_sample(run, value, step, t)
 
+    def fresh_failures(self) -> list:
+        """Failures of this round: one of a round already relaunched (a trainer that died
+        because its peers were stopped for the relaunch) is old news."""
+        self.failures = [(r, b) for r, b in self.failures if int(b.get("round", self.round)) >= self.round]
+        return self.failures
+
     def failure_outcome(self):
         rank, body = self.failures.pop(0)
         sig = body.get("signal") or "node_failed"  # a node that ended: no restart brings it back
@@ -215,7 +221,7 @@ class Leader(Node):
             agg = self.agg()
             if agg is not None and run.watch_tps and outcome is None:
                 outcome = self.sup.judge_sample(run, agg, None, t)
-        if outcome is None and self.failures:
+        if outcome is None and self.fresh_failures():
             outcome = self.failure_outcome()
         return outcome or self.lost_outcome(t)
 
@@ -224,7 +230,7 @@ class Leader(Node):
         said = False
         while True:
             self.drain()
-            if self.failures:
+            if self.fresh_failures():
                 return self.failure_outcome()
             out = self.sup.requests()
             if out is not None:
@@ -245,13 +251,13 @@ class Leader(Node):
             time.sleep(0.05)
 
     def handle(self, out, profile):
-        if out.kind == "signal" and out.signal_name not in ("node_lost",) and "node" not in out.evidence:
-            # our own trainer failed: a peer's failure that caused it is the better reason
+        if out.kind == "signal" and "returncode" in out.evidence and "node" not in out.evidence:
+            # our own trainer exited by itself: a peer's failure that caused it is the better reason
             end = now() + 2.0
-            while now() < end and not self.failures:
+            while now() < end and not self.fresh_failures():
                 self.drain()
                 time.sleep(0.05)
-            if self.failures:
+            if self.fresh_failures():
                 peer = self.failure_outcome()
                 out.reason = f"{peer.reason}; here: {out.reason}"
         return None
