@@ -268,3 +268,23 @@ def test_a_crash_restarts_every_node_together_on_the_same_profile(tmp_path, env,
     assert [e["round"] for e in ev0 if e["type"] == "fleet_barrier"] == [0, 1]
     for rank in (0, 1):
         assert "resumed from checkpoint" in (node_dir(tmp_path, rank, job_id) / "train.log").read_text()
+
+
+def test_rollback_and_stop_from_the_cli_act_on_every_node(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=2000, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    p = cli(["rollback", job_id, "--to", "slow"], env, check=True)
+    assert "relaunches all 2 nodes" in p.stdout.decode()
+    wait_for(lambda: all(node_state(tmp_path, r, job_id).get("profile") == "slow"
+                         and node_state(tmp_path, r, job_id).get("state") == "training" for r in (0, 1)),
+             60, what="both nodes training on slow")
+    assert node_state(tmp_path, 1, job_id)["rollbacks"][-1]["to"] == "slow"
+    follower = cli(["rollback", job_id, "--target", "lab/n1", "--to", "fast"], env)
+    assert follower.returncode == 5 and "roll it back through node 0" in follower.stderr.decode()
+    pgids = [node_state(tmp_path, r, job_id)["child"]["pgid"] for r in (0, 1)]
+    p = cli(["stop", job_id], env, check=True)
+    assert p.stdout.decode().count(": stopped") == 2
+    ps = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
+    assert not set(map(str, pgids)) & set(ps)
+    assert [n["state"] for n in status(job_id, env)["nodes"]] == ["stopped", "stopped"]

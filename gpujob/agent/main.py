@@ -625,9 +625,9 @@ def cmd_boot(home: Home, args) -> None:
 
 
 def cmd_fleet(home: Home, args) -> None:
-    from gpujob.agent import fleet
+    from gpujob.agent import fleetcmd
     try:
-        emit(fleet.cmd_fleet(home, args))
+        emit(fleetcmd.cmd_fleet(home, args))
     except LookupError as e:
         raise Refused(str(e)) from None
 

@@ -15,7 +15,6 @@ import typer
 from rich.table import Table
 
 from gpujob import fleet
-from gpujob.agent.journal import ENDED
 from gpujob.agent.throughput import fmt_rate
 from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError
@@ -220,7 +219,3 @@ def nodes_of(job: Optional[str], target: Optional[str]) -> tuple:
         return None, []
     labels = m.ctx.state().nodes(row["job_id"])
     return (row["job_id"], labels) if labels else (None, [])
-
-
-def is_ended(state: Optional[str]) -> bool:
-    return state in ENDED
