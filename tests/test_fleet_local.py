@@ -288,3 +288,15 @@ def test_rollback_and_stop_from_the_cli_act_on_every_node(tmp_path, env, index_u
     ps = subprocess.run(["ps", "-eo", "pgid="], capture_output=True, text=True).stdout.split()
     assert not set(map(str, pgids)) & set(ps)
     assert [n["state"] for n in status(job_id, env)["nodes"]] == ["stopped", "stopped"]
+
+
+def test_a_follower_killed_whole_supervisor_and_trainer_ends_the_job_naming_it(tmp_path, env, index_urls):
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=2000, interval=0.1)
+    job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
+    wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
+    st1 = node_state(tmp_path, 1, job_id)
+    os.kill(st1["supervisor_pid"], signal.SIGKILL)  # the whole node at once, as a lost container
+    os.killpg(st1["child"]["pgid"], signal.SIGKILL)
+    wait_for(lambda: node_state(tmp_path, 0, job_id)["state"] == "failed", 60, what="node 0 ending the job")
+    reason = node_state(tmp_path, 0, job_id)["reason"]
+    assert "rendezvous peer lost" in reason and "node 1 (lab/n1) unreachable" in reason, reason

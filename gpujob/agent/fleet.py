@@ -259,6 +259,11 @@ class Leader(Node):
             if self.fresh_failures():
                 peer = self.failure_outcome()
                 out.reason = f"{peer.reason}; here: {out.reason}"
+            else:
+                gone = [r for r in range(1, self.n) if r not in self.server.connected() and r not in self.done]
+                if gone:  # a node whose supervisor died with its trainer says nothing: say it for it
+                    out.reason = (f"{out.reason}; {', '.join(self.label(r) for r in gone)} unreachable "
+                                  "(its supervisor is gone)")
         return None
 
     def decided(self, out, profile: str, restarts_before: int) -> None:
