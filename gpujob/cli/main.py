@@ -156,7 +156,8 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
         cudas = sorted({p.cuda for p in s.profiles if p.cuda})
         workdir = s.workdir
         target = target or s.target
-    names = [target] if target else [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]
+    names = (target if isinstance(target, list) else [target]) if target else \
+        [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]  # a list: every node of a multi-node spec
     report = {}
     failed = False
     for name in names:
@@ -653,6 +654,9 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
     from gpujob.wheelhouse import build_indexes
     spec = load_spec(spec_path)
     build_indexes(spec.spec_dir / "demo" / "wheelhouse")
+    if spec.multi_node:
+        raise InputError(f"{spec_path}: the demo runs on one container; this spec's target is a list "
+                         "(a multi-node job: gpujob submit it)")
     t = ctx.target(target or spec.target or "demo")
     good = next(p.name for p in spec.profiles if p.name != spec.profile)
     acts = [(good, f"Act 1: the {good} wheel build trains and becomes known-good"),
