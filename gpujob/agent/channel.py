@@ -26,6 +26,8 @@ import time
 
 MAX_LINE = 1 << 16
 HEARTBEAT = 1.0
+SILENCE = 10.0  # no line for this long on a connection (heartbeats included): it is dead (a half-open
+                # TCP connection after a host lost power never closes by itself)
 
 
 class Refused(Exception):
@@ -131,6 +133,12 @@ class Server:
 
     def start(self) -> None:
         threading.Thread(target=self._listen, daemon=True).start()
+        threading.Thread(target=self._beat, daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.stopped:
+            time.sleep(HEARTBEAT)
+            self.broadcast({"kind": "hb"})
 
     def _listen(self) -> None:
         while not self.stopped and self.sock is None:  # a revived leader: the old socket may linger
@@ -164,7 +172,7 @@ class Server:
             rank = join["rank"]
             conn = Conn(c, self.key, mine, str(join.get("nonce")), rfile)
             conn.in_seq = 1
-            c.settimeout(None)
+            c.settimeout(SILENCE)  # a follower beats every second: silence means a dead link
             with self.lock:
                 old = self.conns.get(rank)
                 self.conns[rank] = conn
@@ -243,7 +251,7 @@ class Client:
             mine = os.urandom(16).hex()
             conn = Conn(c, self.key, mine, theirs, rfile)
             conn.send(dict(self.hello, kind="join", job=self.job_id, rank=self.rank, nonce=mine))
-            c.settimeout(None)
+            c.settimeout(SILENCE)  # the leader beats every second: silence means a dead link
             return conn
         except BaseException:
             c.close()

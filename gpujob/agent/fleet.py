@@ -197,10 +197,9 @@ class Leader(Node):
                        exit_code=body.get("exit_code"))
 
     def lost_outcome(self, t: float):
-        live = self.server.connected()
         for rank in range(1, self.n):
-            if rank in live or rank in self.done or t - self.heard.get(rank, t) <= self.lost_after:
-                continue
+            if rank in self.done or t - self.heard.get(rank, t) <= self.lost_after:
+                continue  # heard lately (a heartbeat a second): not lost, even if just reconnecting
             why = (f"{self.label(rank)} lost: no word from its supervisor for {t - self.heard[rank]:.0f}s "
                    f"(nodes.lost_after {self.lost_after:g}s)")
             if self.on_loss == "end":
@@ -298,7 +297,7 @@ class Follower(Node):
     def __init__(self, sup, info):
         super().__init__(sup, info)
         self.client: Client | None = None
-        self.away_since: float | None = None
+        self.last_heard = now()  # the leader beats every second
         self.away_said = False
         self.ready_msg: dict | None = None
 
@@ -310,10 +309,10 @@ class Follower(Node):
         self.client = Client(self.key(), self.info["leader_addr"], int(self.info["channel_port"]),
                              self.sup.job_id, self.rank, {"round": self.round, "state": st.get("state")})
         self.client.start()
-        self.away_since = now()
+        self.last_heard = now()
 
     def leader_gone_for(self, t: float) -> float:
-        return 0.0 if self.away_since is None else t - self.away_since
+        return t - self.last_heard
 
     def drain(self):
         """The leader's word: an Outcome to act on (relaunch, end), or None."""
@@ -323,16 +322,15 @@ class Follower(Node):
             except queue.Empty:
                 return None
             kind = body.get("kind")
+            if kind != "disconnected":
+                self.last_heard = now()
             if kind == "connected":
-                self.away_since = None
                 if self.away_said:
                     self.away_said = False
                     self.sup.say("leader reachable again")
                 if self.ready_msg:
                     self.client.send(self.ready_msg)
                 self.client.hello["round"] = self.round
-            elif kind == "disconnected":
-                self.away_since = now()
             elif kind == "relaunch" and int(body.get("round") or 0) > self.round:
                 self.set_round(int(body["round"]))
                 self.client.hello["round"] = self.round
@@ -361,7 +359,7 @@ class Follower(Node):
         out = self.drain()
         if out is not None and out.kind != "fleet_go":
             return out
-        if self.away_since is not None and not self.away_said and self.leader_gone_for(t) > 2.0:
+        if not self.away_said and self.leader_gone_for(t) > 3.0:
             self.away_said = True
             self.sup.say(f"leader {self.label(0)} unreachable; the trainer keeps running, reconnecting")
         return None
