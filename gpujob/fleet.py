@@ -36,6 +36,7 @@ def node_info(spec: JobSpec, labels: list, rank: int, master_addr: str, master_p
             "leader_addr": master_addr, "channel_port": channel_port,
             "on_loss": nodes.on_loss if nodes else "end",
             "lost_after": nodes.lost_after if nodes else 60.0,
+            "start_timeout": nodes.start_timeout if nodes else 900.0,
             "values": fleet_values(len(labels), rank, str(master_addr), master_port),
             "env": dict(nodes.env[rank]) if nodes and nodes.env else {}}
 

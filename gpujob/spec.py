@@ -444,12 +444,14 @@ class Nodes(Strict):
     """A multi-node job (target: a list): how node losses are treated, and each node's own env."""
     on_loss: Literal["end", "wait"] = "end"  # a node gone: end the job, or the leader waits for it
     lost_after: Duration = 60.0  # a node silent this long (supervisor and channel gone) is lost
+    start_timeout: Duration = 900.0  # a node held at the start gives up when no go comes (a submit cut off)
     env: list[dict[EnvName, Annotated[str, BeforeValidator(_plain_env)]]] = []  # one per node, in order
 
     @model_validator(mode="after")
     def _positive(self) -> Nodes:
-        if self.lost_after <= 0:
-            raise At(("lost_after",), "expected a duration > 0")
+        for field in ("lost_after", "start_timeout"):
+            if getattr(self, field) <= 0:
+                raise At((field,), "expected a duration > 0")
         return self
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,40 @@ def test_a_follower_killed_whole_supervisor_and_trainer_ends_the_job_naming_it(t
     wait_for(lambda: node_state(tmp_path, 0, job_id)["state"] == "failed", 60, what="node 0 ending the job")
     reason = node_state(tmp_path, 0, job_id)["reason"]
     assert "rendezvous peer lost" in reason and "node 1 (lab/n1) unreachable" in reason, reason
+
+
+def test_a_controller_dead_between_the_holds_and_the_go_starts_nothing(tmp_path, env, index_urls):
+    """The controller's first half, for real (every node held through gpujob.fleet's own
+    submit path), then it dies: the go never comes."""
+    spec_path = fleet_spec(tmp_path / "job.yaml", index_urls,
+                           nodes={"lost_after": "6s", "start_timeout": "3s"})
+    code = (
+        "import os, sys\n"
+        "from gpujob import fleet, jobs\n"
+        "from gpujob.inventory import load_inventory\n"
+        "from gpujob.spec import load_spec\n"
+        "from gpujob.target import Targets\n"
+        "from pathlib import Path\n"
+        "spec = load_spec(sys.argv[1])\n"
+        "ts = Targets(load_inventory(Path(os.environ['GPUJOB_HOSTS'])))\n"
+        "targets = [ts.open(n) for n in spec.target]\n"
+        "labels = [t.label for t in targets]\n"
+        "for rank, t in enumerate(targets):\n"
+        "    info = fleet.node_info(spec, labels, rank, '127.0.0.1', 29999, 29998)\n"
+        "    jobs.submit(spec, t, profile='fast', job_id='fleet-dead', clear_caches=False,\n"
+        "                progress=print, fleet=info, fleet_key='ab' * 32)\n"
+        "os.kill(os.getpid(), 9)  # the controller dies before any go\n")
+    p = subprocess.run([sys.executable, "-c", code, str(spec_path)], env=env, capture_output=True,
+                       timeout=120, cwd=str(REPO))
+    assert p.returncode == -9, p.stderr.decode()[-2000:]
+    for rank in (0, 1):
+        wait_for(lambda: node_state(tmp_path, rank, "fleet-dead")["state"] == "failed", 30,
+                 what=f"node {rank} giving up")
+        st = node_state(tmp_path, rank, "fleet-dead")
+        assert "the controller never said go within 3s" in st["reason"] and "nothing was started" in st["reason"]
+        assert not (tmp_path / f"n{rank}" / "envs").exists()
+        assert not (node_dir(tmp_path, rank, "fleet-dead") / "secrets.json").exists()
+    # the containers are free again: a whole submit runs
+    job_id = submitted(cli(["submit", str(fleet_spec(tmp_path / "ok.yaml", index_urls, steps=5,
+                                                     interval=0.05))], env, timeout=180))
+    wait_for(lambda: status(job_id, env)["state"] == "succeeded", 120, every=1, what="the next job")

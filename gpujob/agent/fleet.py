@@ -27,7 +27,6 @@ from gpujob.agent.journal import now
 from gpujob.agent.throughput import Sample
 from gpujob.agent.watch import Outcome, Stop
 
-HOLD_LIMIT = 900.0  # a supervisor whose controller never said go (it died) gives up
 
 
 def ledger_name(job: dict) -> str:
@@ -92,9 +91,10 @@ class Node:
             if self.sup.stop_asked:
                 self.sup.finish("stopped", "stopped before it started")
                 return False
-            if now() - since > HOLD_LIMIT:
-                self.sup.finish("failed", f"the controller never said go within {HOLD_LIMIT:g}s "
-                                          "(the submit was cut off): nothing was started")
+            limit = float(self.info.get("start_timeout", 900.0))
+            if now() - since > limit:  # the controller died between the holds and the go
+                self.sup.finish("failed", f"the controller never said go within {limit:g}s "
+                                          "(nodes.start_timeout; the submit was cut off): nothing was started")
                 return False
             time.sleep(0.1)
 
