@@ -16,7 +16,7 @@ import secrets
 import shlex
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -25,6 +25,7 @@ from gpujob.agent.commands import command_argv
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
+from gpujob.steps import Step
 from gpujob.target import Target
 from gpujob.tarstream import Concat, TarStream
 
@@ -96,13 +97,6 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
 
 # ---- the plan ----------------------------------------------------------------
 
-@dataclass
-class Step:
-    kind: str          # connect, probe, ship_agent, ship_uv, manifest, submit, env, warmup, train
-    where: str         # laptop, host, container (by the controller), supervisor (in the container)
-    what: str
-    argv: list[str] = field(default_factory=list)
-    when: str = ""     # a condition, when the step is not always taken
 
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
@@ -132,20 +126,13 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
-    if target.kind == "ssh":
-        steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
-                          "(one connection, strict host key)"))
-        mux = target.transport.mux_argv()
-        mux[-1] = "<gpujob exec channel: gpujob/transport/mux_server.py>"
-        steps.append(Step("channel", "host", "open one exec channel into the container; the container "
-                          "commands below run over it (a pct exec each when the container lacks python3)",
-                          mux))
+    steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
                       (target.agent_argv("probe"))))
     steps.append(Step("ship_agent", "container", f"ship the gpujob agent ({target.agent_path})",
                       [target.python, "-c", "<write stdin to file>", target.agent_path],
                       when="if that agent version is not there yet"))
-    if target.kind == "ssh":
+    if target.driver.ships_uv:
         steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
                           (target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
@@ -237,10 +224,10 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     secrets = secrets_env.resolve(spec)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough)
-    req["boot_hook"] = spec.resume_after_reboot and target.kind == "ssh"  # never a laptop's rc.local
-    if spec.resume_after_reboot and target.kind != "ssh":
-        progress("note: resume_after_reboot installs no boot hook on a local target (its rc.local "
-                 "would be this machine's); `gpujob status` after a restart brings the job back")
+    req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
+    if spec.resume_after_reboot and not target.driver.boot_hooks:
+        progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "
+                 "rc.local would be this machine's); `gpujob status` after a restart brings the job back")
     for w in checkpoint.warnings(req["spec"]):
         progress(f"warning: {w}")
     progress(f"probing {target.label}")
@@ -321,7 +308,7 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
             time.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)
             try:
-                target.host_transport.reconnect()
+                target.driver.reconnect(target)
                 notice("reconnected")
                 backoff = 0.25
                 break

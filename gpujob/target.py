@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import platform
-import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -20,11 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from gpujob import kinds
 from gpujob.errors import JobError, RemoteError
 from gpujob.inventory import Inventory, ssh_settings
 from gpujob.transport.base import OnData, Result, Stdin, Transport
-from gpujob.transport.local import LocalTransport
-from gpujob.transport.pct import PctTransport
 
 if TYPE_CHECKING:
     from gpujob.transport.ssh import SshTransport
@@ -68,15 +66,20 @@ def uv_binary() -> Path | None:
 class Target:
     name: str                 # container name, e.g. ct200
     host_name: str
-    kind: str                 # "ssh" or "local"
+    kind: str                 # a name in gpujob.kinds.REGISTRY ("ssh", "local")
     transport: Transport      # runs argv inside the container
-    host_transport: Transport | None  # runs argv on the Proxmox host (ssh kind)
+    host_transport: Transport | None  # runs argv on the host below it (ssh kind: the Proxmox host)
     home: str                 # gpujob's home inside the container (absolute)
     python: str               # interpreter for the agent
     vmid: int | None = None
     expected_gpus: int | None = None
     env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
     _probe: dict | None = field(default=None, repr=False)
+
+    @property
+    def driver(self) -> kinds.Kind:
+        """This target's kind (gpujob/kinds/): plan steps, doctor facts, status, reconnect."""
+        return kinds.get(self.kind)
 
     @property
     def label(self) -> str:
@@ -140,7 +143,7 @@ class Target:
         ours = uv_binary()
         if ours is None:
             return None
-        if self.kind == "local":
+        if not self.driver.ships_uv:
             return str(ours)
         if info.get("system") != platform.system() or info.get("machine") != platform.machine():
             return None
@@ -174,18 +177,9 @@ class Targets:
 
     def open(self, target: str) -> Target:
         host_name, host, cname, container = self.inventory.resolve(target)
-        if host.kind == "local":
-            root = str(Path(container.root).expanduser().resolve())
-            return Target(cname, host_name, "local", LocalTransport(), None, root, sys.executable,
-                          expected_gpus=container.gpus,
-                          env_passthrough=host.env_passthrough + container.env_passthrough)
-        ssh = self.host_transport(host_name)
-        home = container.home or "~/.gpujob"
-        if home.startswith("~"):
-            home = "/root" + home[1:]  # pct exec runs as root in the container
-        pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
-        return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
-                      vmid=container.vmid, expected_gpus=container.gpus,
+        o = kinds.get(host.kind).open(self, host_name, host, cname, container)
+        return Target(cname, host_name, host.kind, o.transport, o.host_transport, o.home, o.python,
+                      vmid=o.vmid, expected_gpus=container.gpus,
                       env_passthrough=host.env_passthrough + container.env_passthrough)
 
     def close(self) -> None:

@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from gpujob import __version__
+from gpujob import __version__, kinds
 from gpujob.agent.journal import ENDED, FINAL_STATES
 from gpujob.cli import render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
@@ -198,8 +198,8 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
             try:
                 t = targets.open(f"{host_name}/{cname}")
                 row["vmid"] = t.vmid
-                row["status"] = t.transport.status() if t.kind == "ssh" else "local"
-                if row["status"] in ("running", "local"):
+                row["status"] = t.driver.status(t)
+                if row["status"] in kinds.READY:
                     jobs = t.agent_json("status").get("jobs", [])
                     live = [j for j in jobs if j.get("state") not in ENDED]
                     row["job"] = live[-1]["job_id"] if live else None
