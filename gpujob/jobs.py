@@ -16,12 +16,12 @@ import secrets
 import shlex
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 from gpujob.agent import checkpoint, envs
 from gpujob.agent.commands import command_argv
+from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
@@ -123,24 +123,32 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     return req
 
 
+#: how the plan shows the agent launcher's source (gpujob/agent/protocol.py LAUNCHER)
+LAUNCHER_SHOWN = "<gpujob agent launcher: run AGENT.pyz, exit 6 when it is missing>"
+
+
+def _agent(target: Target, *args: str) -> list[str]:
+    return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
+
+
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
-                      (target.agent_argv("probe"))))
+                      (_agent(target, "probe"))))
     steps.append(Step("ship_agent", "container", f"ship the gpujob agent ({target.agent_path})",
                       [target.python, "-c", "<write stdin to file>", target.agent_path],
                       when="if that agent version is not there yet"))
     if target.driver.ships_uv:
         steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
-                          (target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
+                          (_agent(target, "put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
     sources = sync_sources(spec, strict=False)
     dests = [s.dest for s in sources]
     if dests:
         steps.append(Step("manifest", "container", "list the files already shipped",
-                          (target.agent_argv("manifest", "--name", spec.name,
+                          (_agent(target, "manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
     home = target.home
@@ -152,7 +160,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           for s in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
-                      f"supervisor detached", (target.agent_argv("submit"))))
+                      f"supervisor detached", (_agent(target, "submit"))))
     # what the supervisor then runs in the container
     secrets_env.resolve(spec)  # an unset variable or unreadable file fails the plan as it would the submit
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
@@ -280,17 +288,14 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
         write(chunk)
         got += len(chunk)
 
-    def started_at(data: bytes) -> None:
-        # the agent says where it starts: where we asked, or later when the part of the
-        # log we asked for was trimmed away (it then says how much we skip)
+    def started_at(rec: dict) -> None:
+        # the agent's first record says where it starts: where we asked, or later when
+        # the part of the log we asked for was trimmed away (it then says how much we skip)
         nonlocal base, located
-        for line in data.decode("utf-8", "replace").splitlines():
-            if line.startswith('{"offset"'):
-                rec = json.loads(line)
-                base, located = rec["offset"] - got0, True
-                if rec.get("skipped"):
-                    notice(f"{rec['skipped']} bytes of {file} before this point were trimmed "
-                           f"(journal.keep_log)")
+        base, located = rec["offset"] - got0, True
+        if rec.get("skipped"):
+            notice(f"{rec['skipped']} bytes of {file} before this point were trimmed "
+                   f"(journal.keep_log)")
 
     backoff = 0.25
     while True:
@@ -298,9 +303,10 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
         got0 = got
         try:
             args = ["tail", job_id, "--file", file, *start] + (["--follow"] if follow else [])
-            r = target.agent(*args, timeout=None, on_stdout=sink, on_stderr=started_at)
+            head = OffsetSplitter(sink, started_at)
+            r = target.agent(*args, timeout=None, on_stdout=head)
             if r.exit_code != 0:
-                raise RemoteError(f"reading {file} of {job_id} failed", r)
+                raise RemoteError(f"reading {file} of {job_id} failed" + (f": {head.error}" if head.error else ""), r)
             return base + got
         except ConnectionLost as e:
             notice(f"connection lost ({e.message}); reconnecting from byte {base + got}")

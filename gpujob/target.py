@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gpujob import kinds
+from gpujob.agent import protocol
 from gpujob.errors import JobError, RemoteError
 from gpujob.inventory import Inventory, ssh_settings
 from gpujob.transport.base import OnData, Result, Stdin, Transport
@@ -33,7 +34,6 @@ AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n
 BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
              "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"
              "os.replace(t,d)\n")
-REFUSED = 5
 
 
 @lru_cache(maxsize=1)
@@ -89,8 +89,10 @@ class Target:
     def agent_path(self) -> str:
         return f"{self.home}/bin/agent-{agent_zip()[1]}.pyz"
 
-    def agent_argv(self, *args: str) -> list[str]:
-        return [self.python, self.agent_path, "--home", self.home, *args]
+    def agent_argv(self, *args: str, launcher: str = protocol.LAUNCHER) -> list[str]:
+        """``python3 -c LAUNCHER AGENT.pyz --home H *args`` (the plan passes a placeholder
+        for the launcher's source)."""
+        return [self.python, "-c", launcher, self.agent_path, "--home", self.home, *args]
 
     def ship_agent(self) -> None:
         data, _ = agent_zip()
@@ -106,7 +108,7 @@ class Target:
         """Run an agent command, shipping the agent first when it is not there yet."""
         argv = self.agent_argv(*args)
         r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
-        if r.exit_code == 2 and b"can't open file" in r.stderr:
+        if r.exit_code == protocol.AGENT_MISSING:
             self.ship_agent()
             if hasattr(stdin, "seek"):
                 stdin.seek(0)
@@ -123,7 +125,7 @@ class Target:
             out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise RemoteError(f"gpujob agent `{args[0]}` on {self.name} failed", r) from None
-        if r.exit_code == REFUSED:
+        if r.exit_code == protocol.REFUSED:
             raise JobError(out.get("error", "refused"))
         if not r.ok or "error" in out:
             raise RemoteError(f"gpujob agent `{args[0]}` on {self.name}: {out.get('error', 'failed')}")

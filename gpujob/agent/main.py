@@ -1,9 +1,9 @@
 """The agent's command line, run in the container by the controller (stdlib only):
 
-    python3 agent.pyz --home H <command> ...
+    python3 -c LAUNCHER agent.pyz --home H <command> ...   (protocol.LAUNCHER)
 
 Every command prints JSON (or raw log bytes for ``tail``) and exits 0, or prints
-one ``{"error": ...}`` line and exits non-zero. Exit 5 = refused (busy, unknown job).
+one ``{"error": ...}`` line and exits non-zero; exit codes and result shapes are in protocol.py.
 """
 
 from __future__ import annotations
@@ -22,13 +22,26 @@ import time
 from gpujob.agent import boothook, envs, gc
 from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Held, Lock
+from gpujob.agent import protocol
+from gpujob.agent.protocol import JobState
 from gpujob.agent.proc import group_pids, kill_group
 from gpujob.agent.trim import Trimmer
 
-REFUSED = 5
+REFUSED = protocol.REFUSED
 
 
 class Refused(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one ``{"error"}`` line (exit 2) like every other failure."""
+
+    def error(self, message: str):
+        raise _Usage(f"{self.prog}: {message}")
+
+
+class _Usage(Exception):
     pass
 
 
@@ -200,7 +213,7 @@ def acquire(home: Home, job_id: str) -> tuple:
                           f"restarts its supervisor, `gpujob stop {other}` ends it")
         # nothing of it runs and nobody holds the lock: that job is over, as lost
         Journal(home, other, held.generation).set_state(
-            state="lost", phase="done", finished_at=now(), child=None,
+            state=JobState.LOST, phase="done", finished_at=now(), child=None,
             reason=f"its supervisor died; the container was taken over by job {job_id}")
         taken_over = {"job_id": other, "pid": st.get("supervisor_pid")}
     return held, taken_over
@@ -267,8 +280,8 @@ def cmd_submit(home: Home, args) -> None:
         job["submitted_at"] = now()
         if secrets:
             write_json(j.path("secrets.json"), secrets, mode=0o600)
-        write_json(j.path("job.json"), job, mode=0o600)
-        j.set_state(job_id=job_id, name=job["spec"]["name"], state="preparing", phase="start",
+        write_json(j.path("job.json"), dict(job, **{protocol.FORMAT_KEY: protocol.FORMAT}), mode=0o600)
+        j.set_state(job_id=job_id, name=job["spec"]["name"], state=JobState.PREPARING, phase="start",
                     step="env", profile=job["profile"], resume=False, started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
@@ -306,6 +319,7 @@ def job_or_refuse(home: Home, job_id: str) -> Journal:
     j = Journal(home, job_id)
     if not os.path.exists(j.path("job.json")):
         raise Refused(f"no job {job_id} in this container")
+    j.state()  # NewerFormat (refused in one line) when a newer agent wrote it
     return j
 
 
@@ -329,7 +343,7 @@ def cmd_status(home: Home, args) -> None:
         if i in revived:
             st["revived"] = revived[i]
         jobs.append(st)
-    jobs += [{"job_id": i, "state": "not_found", "reason": "no such job in this container (its submit "
+    jobs += [{"job_id": i, "state": JobState.NOT_FOUND, "reason": "no such job in this container (its submit "
               "never got there)"} for i in missing]
     emit({"jobs": jobs, "lock": Lock(home.root).holder()})
 
@@ -346,8 +360,8 @@ def cmd_tail(home: Home, args) -> None:
     begins = Trimmer(j.dir).start_of(args.file)  # the part before was trimmed (journal.keep_log)
     skipped = max(0, begins - offset) if args.last is None else 0
     offset = max(offset, begins)
-    sys.stderr.write(json.dumps({"offset": offset, "skipped": skipped}) + "\n")
-    sys.stderr.flush()
+    out.write(protocol.offset_record(offset, skipped))  # the first record; raw bytes follow
+    out.flush()
     reader_gone = stdout_watch()
     f = None
     idle = 0.0
@@ -369,7 +383,7 @@ def cmd_tail(home: Home, args) -> None:
             if reader_gone():  # the connection that asked is gone: do not linger for weeks
                 return
             st = j.effective_state()
-            if st.get("state") == "lost" and not revive_tried:
+            if st.get("state") == JobState.LOST and not revive_tried:
                 revive_tried = True
                 if (revive(home, args.job) or {}).get("revived"):
                     idle = 0.0
@@ -455,12 +469,12 @@ def cmd_stop(home: Home, args) -> None:
     if st.get("state") in FINAL_STATES:
         emit({"job_id": args.job, "state": st["state"], "already": True})
         return
-    if st.get("state") != "lost":
+    if st.get("state") != JobState.LOST:
         j.request("stop")  # stays queued until the job has ended: a stop always wins
         st = wait_final(j, args.wait)
     left = []
-    if st.get("state") == "lost":  # no supervisor to ask: stop what it left ourselves
-        st, left = end_leftovers(home, args.job, {"state": "stopped", "phase": "done",
+    if st.get("state") == JobState.LOST:  # no supervisor to ask: stop what it left ourselves
+        st, left = end_leftovers(home, args.job, {"state": JobState.STOPPED, "phase": "done",
                                                   "reason": "stopped by hand after its supervisor was lost"})
     emit({"job_id": args.job, "state": st.get("state"), "left": left or live_processes(st)})
 
@@ -485,7 +499,7 @@ def cmd_rollback(home: Home, args) -> None:
         current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to")
-    if st.get("state") == "lost" and st.get("lost_reason") is None:
+    if st.get("state") == JobState.LOST and st.get("lost_reason") is None:
         revive(home, args.job)  # a supervisor again, which finishes what the last one began
         st = j.effective_state()
     if st.get("state") not in ENDED:
@@ -498,7 +512,7 @@ def cmd_rollback(home: Home, args) -> None:
         pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
         if pgid:
             kill_group(int(pgid), 10)  # never two trainers on the same GPUs
-        jj.set_state(state="rolling_back", phase="env", step="rollback", reason=reason, finished_at=None,
+        jj.set_state(state=JobState.ROLLING_BACK, phase="env", step="rollback", reason=reason, finished_at=None,
                      child=None, lost_reason=None, revivals=[],
                      pending_rollback={"from": current, "to": target, "reason": reason, "signal": "manual",
                                        "decided_at": now(), "mark_bad": bool(args.mark_bad), "request": None})
@@ -627,7 +641,7 @@ def cmd_run(home: Home, args) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gpujob-agent")
+    p = _Parser(prog="gpujob-agent")
     p.add_argument("--home", required=True)
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("probe")
@@ -690,19 +704,21 @@ COMMANDS = {"probe": cmd_probe, "put": cmd_put, "manifest": cmd_manifest, "submi
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    home = Home(args.home)
     try:
-        COMMANDS[args.cmd](home, args)
-    except Refused as e:
-        emit({"error": str(e), "refused": True})
+        args = parser().parse_args(argv)
+        COMMANDS[args.cmd](Home(args.home), args)
+    except _Usage as e:
+        emit(protocol.error_result(str(e)))
+        return protocol.USAGE
+    except (Refused, protocol.NewerFormat) as e:
+        emit(protocol.error_result(str(e), refused=True))
         return REFUSED
     except BrokenPipeError:
-        return 0
+        return protocol.OK
     except Exception as e:  # every failure is one JSON line, never a traceback
-        emit({"error": f"{type(e).__name__}: {e}"})
-        return 1
-    return 0
+        emit(protocol.error_result(f"{type(e).__name__}: {e}"))
+        return protocol.FAILED
+    return protocol.OK
 
 
 if __name__ == "__main__":

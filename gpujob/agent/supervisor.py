@@ -19,6 +19,7 @@ import time
 from gpujob.agent import checkpoint, envs, jobenv, sources, throughput
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
+from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
@@ -130,7 +131,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         always on a line of its own."""
         self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
 
-    def set_state(self, state: str, **kw) -> None:
+    def set_state(self, state: JobState, **kw) -> None:
         self.journal.set_state(state=state, **kw)
         self.journal.event("state", state=state, **{k: v for k, v in kw.items()
                                                     if k in ("phase", "profile", "reason")})
@@ -148,9 +149,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.announce()
             self.lifecycle()
         except Stop:
-            self.finish("stopped", "stopped on request")
+            self.finish(JobState.STOPPED, "stopped on request")
         except EnvError as e:
-            self.finish("failed", str(e))
+            self.finish(JobState.FAILED, str(e))
         except Fenced as e:  # a newer holder owns the job now: touch nothing more
             sys.stderr.write(f"gpujob supervisor: {e}; leaving\n")
             return 3
@@ -195,11 +196,11 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     def crashed(self, e: BaseException) -> None:
         try:
             self.journal.event("error", error=f"{type(e).__name__}: {e}")
-            self.finish("failed", f"supervisor error: {type(e).__name__}: {e}")
+            self.finish(JobState.FAILED, f"supervisor error: {type(e).__name__}: {e}")
         except Exception:
             pass
 
-    def finish(self, state: str, reason: str, **kw) -> None:
+    def finish(self, state: JobState, reason: str, **kw) -> None:
         if self.phase_proc is not None and self.phase_proc.running():
             left = self.phase_proc.kill(5)
             kw.setdefault("left", left)
@@ -231,7 +232,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                 out = self.readopt(child, profile)
                 if out is None:
                     continue
-                if child.get("phase") == "warmup" and out.kind == "done":
+                if child.get("phase") == "warmup" and out.kind == OutcomeKind.DONE:
                     self.journal.set_state(warmup_done=sorted(set(st.get("warmup_done") or [])
                                                               | {child.get("gpu")}, key=str))
                     continue
@@ -242,7 +243,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                         self.switch(st["pending_rollback"])
                         continue
                     if step == "env":
-                        self.set_state("preparing", phase="env", profile=profile)
+                        self.set_state(JobState.PREPARING, phase="env", profile=profile)
                         self.activate(profile)
                         cold = bool(self.job.get("clear_caches") and not st.get("resume"))
                         if cold:
@@ -254,10 +255,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                         self.journal.set_state(step="warmup")
                         continue
                     if step == "succeeded":  # the trainer exited 0 before a supervisor died
-                        out = Outcome("done", exit_code=0)
+                        out = Outcome(OutcomeKind.DONE, exit_code=0)
                     elif step == "warmup":
                         out = self.warmup(profile, st.get("warmup_done") or [])
-                        if out.kind == "done":
+                        if out.kind == OutcomeKind.DONE:
                             self.journal.set_state(step="train")
                             continue
                     else:
@@ -279,17 +280,17 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""
-        if out.kind == "done":  # written first: a new supervisor finishes the job, never reruns it
+        if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step="succeeded")
             if not self.watching and self.ledger.status(profile) != "good":
                 self.mark_good(profile, reason="job succeeded")
             else:
                 self.ensure_snapshot(profile)
-            self.finish("succeeded", "train exited 0", exit_code=0)
+            self.finish(JobState.SUCCEEDED, "train exited 0", exit_code=0)
             return True
-        if out.kind == "stop":
+        if out.kind == OutcomeKind.STOP:
             raise Stop()
-        if out.kind == "rollback":  # asked for by the user, who named the target
+        if out.kind == OutcomeKind.ROLLBACK:  # asked for by the user, who named the target
             if out.to == profile:
                 self.journal.done(out.request)
                 self.say(f"rollback to {out.to} asked, but the job already runs on it")
@@ -302,18 +303,18 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             return False
         sig, reason = out.signal_name, out.reason
         if sig in (self.rb.get("stop_on") or []):
-            self.finish("failed", f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
+            self.finish(JobState.FAILED, f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
             return True
         if self.rb.get("enabled", True) and sig in (self.rb.get("on") or []):
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
             limit = int(self.rb.get("max_rollbacks", 2))
             if len(self.auto_rollbacks()) >= limit:
-                self.finish("failed", f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
+                self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
                             exit_code=out.exit_code)
                 return True
             target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
             if target is None:
-                self.finish("failed", f"no known-good profile to roll back to; {profile}: {reason}",
+                self.finish(JobState.FAILED, f"no known-good profile to roll back to; {profile}: {reason}",
                             signal=sig, exit_code=out.exit_code)
                 return True
             self.plan_rollback(profile, target, out, sig, mark_bad=False)  # marked just above
@@ -329,9 +330,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                 self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
                 self.journal.set_state(restarts=self.restarts, step="train", resume=True)
                 return False
-            self.finish("failed", f"{refusal}; last: {reason}", signal=sig, exit_code=out.exit_code)
+            self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=sig, exit_code=out.exit_code)
             return True
-        self.finish("failed", reason, signal=sig, exit_code=out.exit_code)
+        self.finish(JobState.FAILED, reason, signal=sig, exit_code=out.exit_code)
         return True
 
     def auto_rollbacks(self) -> list:
@@ -358,7 +359,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             p = dict(p, recorded=True)
             self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
             self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
-        self.set_state("rolling_back", phase="env", reason=p["reason"])
+        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"])
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         self.activate(p["to"])
@@ -369,18 +370,18 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         """The next request to act on: a pending stop always wins; else the oldest
         rollback not yet taken. Requests stay queued until acted on."""
         if self.stop_asked:
-            return Outcome("stop")
+            return Outcome(OutcomeKind.STOP)
         taken = {r.get("request") for r in self.rollbacks}
         rollback = None
         for name, req in self.journal.pending():
             if req["kind"] == "stop":
                 self.stop_asked = True
-                return Outcome("stop")
+                return Outcome(OutcomeKind.STOP)
             if req["kind"] == "rollback" and rollback is None:
                 if name in taken:
                     self.journal.done(name)
                     continue
-                rollback = Outcome("rollback", reason=req.get("reason") or "rolled back by hand",
+                rollback = Outcome(OutcomeKind.ROLLBACK, reason=req.get("reason") or "rolled back by hand",
                                    to=req.get("to"), request=name, mark_bad=req.get("mark_bad", True))
         return rollback
 
@@ -428,7 +429,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     def warmup(self, profile: str, done: list) -> Outcome:
         w = self.spec.get("warmup")
         if not w:
-            return Outcome("done")
+            return Outcome(OutcomeKind.DONE)
         when = w.get("when", "cold")
         gpus = [None]
         if w.get("per_gpu"):
@@ -439,8 +440,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
             self.say(f"warmup skipped: profile {profile}'s compile cache is {cache}"
                      + (" (this warmup succeeded on it before)" if cache == "warm" else ""))
-            return Outcome("done")
-        self.set_state("warmup", phase="warmup", profile=profile)
+            return Outcome(OutcomeKind.DONE)
+        self.set_state(JobState.WARMUP, phase="warmup", profile=profile)
         for gpu in gpus:
             if gpu in done:
                 continue
@@ -451,21 +452,21 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
             out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
                              timeout=w.get("timeout", 3600.0), watch_tps=False, gpu=gpu)
-            if out.kind != "done":
+            if out.kind != OutcomeKind.DONE:
                 return out
             done = list(done) + [gpu]
             self.journal.set_state(warmup_done=done)
         envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
                        at=now(), was=cache)
         self.journal.event("warm_marked", profile=profile, hash=digest)
-        return Outcome("done")
+        return Outcome(OutcomeKind.DONE)
 
     def train(self, profile: str, resume: bool) -> Outcome:
         t = self.spec["train"]
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)
         env = self.child_env(profile)
-        self.set_state("training", phase="train", profile=profile, restarts_count=len(self.restarts))
+        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         point = self.resume_point(profile) if resume else None
@@ -550,7 +551,7 @@ def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | No
         sup = Supervisor(home, job_id, held)
     except Exception as e:  # a job it cannot even read must not look merely "lost"
         journal = Journal(Home(home), job_id, generation)
-        journal.set_state(state="failed", phase="done", finished_at=now(),
+        journal.set_state(state=JobState.FAILED, phase="done", finished_at=now(),
                           reason=f"supervisor could not start: {type(e).__name__}: {e}")
         if held:
             held.release()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from gpujob.agent.protocol import Verdict
+
 __all__ = [
     "FORMATS",
     "LineSplitter",
@@ -30,7 +32,6 @@ __all__ = [
     "Sample",
     "PolicyConfig",
     "Decision",
-    "VERDICTS",
     "threshold",
     "decide",
     "known_good",
@@ -466,12 +467,10 @@ class PolicyConfig:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: str  # warming_up | inconclusive | ok | breach | rollback | stall
+    verdict: Verdict
     reason: str  # one human line
     evidence: Dict = field(default_factory=dict)  # JSON-able
 
-
-VERDICTS = ("warming_up", "inconclusive", "ok", "breach", "rollback", "stall")
 
 
 def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[float], str]:
@@ -547,7 +546,7 @@ def decide(
     }
     if now < delay_end:
         ev["samples_considered"] = 0
-        return Decision("warming_up", f"initial delay: {delay_end - now:.0f}s of {cfg.initial_delay:g}s left", ev)
+        return Decision(Verdict.WARMING_UP, f"initial delay: {delay_end - now:.0f}s of {cfg.initial_delay:g}s left", ev)
 
     first = _first_at_or_after(samples, delay_end)
     start = first + cfg.initial_delay_samples
@@ -559,18 +558,18 @@ def decide(
     if cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
         ev.update(no_data_for=quiet, no_data_timeout=cfg.no_data_timeout)
         since = "since the last sample" if last is not None and last.t >= delay_end else "since the initial delay ended"
-        return Decision("stall", f"no throughput sample for {quiet:.0f}s {since} (no_data_timeout {cfg.no_data_timeout:g}s)", ev)
+        return Decision(Verdict.STALL, f"no throughput sample for {quiet:.0f}s {since} (no_data_timeout {cfg.no_data_timeout:g}s)", ev)
 
     if n - first < cfg.initial_delay_samples:
         return Decision(
-            "warming_up",
+            Verdict.WARMING_UP,
             f"ignoring the first {cfg.initial_delay_samples} samples after the initial delay ({n - first} so far)",
             ev,
         )
     if thr is None:
-        return Decision("inconclusive", src, ev)
+        return Decision(Verdict.INCONCLUSIVE, src, ev)
     if counted < cfg.window:
-        return Decision("inconclusive", f"{counted} of {cfg.window} samples needed for a window", ev)
+        return Decision(Verdict.INCONCLUSIVE, f"{counted} of {cfg.window} samples needed for a window", ev)
 
     lo = max(start, n - (cfg.window + cfg.failure_limit - 1))
     tail = [s.value for s in samples[lo:n]]
@@ -595,10 +594,10 @@ def decide(
     head = f"median {fmt_rate(med)} tok/s of last {cfg.window} samples"
     limit_txt = f"{fmt_rate(thr)} tok/s ({src})"
     if streak == 0:
-        return Decision("ok", f"{head} >= {limit_txt}", ev)
+        return Decision(Verdict.OK, f"{head} >= {limit_txt}", ev)
     if streak < cfg.failure_limit:
-        return Decision("breach", f"{head} < {limit_txt}: {streak} of {cfg.failure_limit} consecutive windows", ev)
-    return Decision("rollback", f"{head} < {limit_txt} for {streak} consecutive windows", ev)
+        return Decision(Verdict.BREACH, f"{head} < {limit_txt}: {streak} of {cfg.failure_limit} consecutive windows", ev)
+    return Decision(Verdict.ROLLBACK, f"{head} < {limit_txt} for {streak} consecutive windows", ev)
 
 
 def known_good(
