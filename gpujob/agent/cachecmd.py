@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpujob.agent import envs, jobenv, snapshots, throughput
+from gpujob.agent import envs, jobenv, signals, snapshots
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 
 class Refused(Exception):
@@ -196,7 +196,7 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
                 except subprocess.TimeoutExpired:
                     code = None
                 tail = open(log, "rb").read()[-20000:].decode("utf-8", "replace").splitlines()[-200:]
-                name, reason = throughput.classify_exit(code if code is None or code >= 0 else None,
+                name, reason = signals.classify_exit(code if code is None or code >= 0 else None,
                                                         -code if code is not None and code < 0 else None, tail,
                                                         (spec.get("rollback") or {}).get("error_signatures") or [],
                                                         log_name="the warmup's log")

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, jobenv, sources, throughput
+from gpujob.agent import checkpoint, envs, jobenv, policy, sources, throughput
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 from gpujob.agent.protocol import JobState, OutcomeKind
@@ -104,7 +104,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                     throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
                                            tokens_per_step=tp.get("tokens_per_step"), scale=self.tp_scale),
                     throughput.make_step_parser(tp["format"]))
-            self.policy = throughput.PolicyConfig(
+            self.policy = policy.PolicyConfig(
                 min=tp.get("min"), min_ratio=tp.get("min_ratio"), window=tp.get("window", 5),
                 failure_limit=tp.get("failure_limit", 3),
                 initial_delay=tp.get("initial_delay", 0.0),

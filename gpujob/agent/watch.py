@@ -11,7 +11,7 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import checkpoint, sources, throughput, timings
+from gpujob.agent import checkpoint, policy, signals, sources, throughput, timings
 from gpujob.agent.journal import now
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.commands import substitute
@@ -111,7 +111,7 @@ class PhaseWatch:
     def samples_since(self, start: float) -> list:
         """The samples a previous supervisor recorded for this run (re-adoption)."""
         records = read_jsonl_from(self.journal.path("samples.jsonl"), self.trimmer.start_of("samples.jsonl"))
-        return [throughput.Sample(r["t"], r["value"], r.get("step")) for r in records
+        return [policy.Sample(r["t"], r["value"], r.get("step")) for r in records
                 if r.get("t", 0) >= start and "value" in r]
 
     def keep_small(self, run, t: float) -> None:
@@ -200,7 +200,7 @@ class PhaseWatch:
         self.keep_small(run, now())
         self.summarise(run, now())
         if run.samples and outcome is None:  # the last word on this run's throughput
-            self.publish(run.samples, throughput.decide(self.policy, run.samples, now(), run.start,
+            self.publish(run.samples, policy.decide(self.policy, run.samples, now(), run.start,
                                                         run.baseline), run.baseline)
         code = proc.returncode
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
@@ -216,7 +216,7 @@ class PhaseWatch:
                 return Outcome(OutcomeKind.SIGNAL, "container_restart", reason, {"tail": list(run.tail)[-10:]})
             return Outcome(OutcomeKind.SIGNAL, "crash", reason, {"tail": list(run.tail)[-10:]})
         sig = -code if code is not None and code < 0 else None
-        name, reason = throughput.classify_exit(code if code is None or code >= 0 else None, sig,
+        name, reason = signals.classify_exit(code if code is None or code >= 0 else None, sig,
                                                 run.hits + list(run.tail), self.signatures)
         self.say(f"{run.phase} failed: {reason}")
         return Outcome(OutcomeKind.SIGNAL, name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
@@ -244,7 +244,7 @@ class PhaseWatch:
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""
         run.tail.append(line)
-        hit = throughput.scan_line(line, self.signatures)
+        hit = signals.scan_line(line, self.signatures)
         if hit:
             run.hits.append(line)
             run.hit_at = run.hit_at or (t, hit)
@@ -257,10 +257,10 @@ class PhaseWatch:
 
     def on_sample(self, run, value: float, step, t: float):
         """One throughput sample, from whichever source: the policy, the journal, the ledger."""
-        run.samples.append(throughput.Sample(t, value, step))
+        run.samples.append(policy.Sample(t, value, step))
         if len(run.samples) > 50000:
             del run.samples[:25000]
-        d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+        d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.evidence.get("median"), profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
@@ -282,7 +282,7 @@ class PhaseWatch:
         if d.verdict == Verdict.ROLLBACK:
             return Outcome(OutcomeKind.SIGNAL, "low_throughput", d.reason, d.evidence)
         if not run.good_known:
-            base = throughput.known_good(self.policy, run.samples, t, run.start, run.baseline)
+            base = policy.known_good(self.policy, run.samples, t, run.start, run.baseline)
             if base is not None:
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
@@ -302,7 +302,7 @@ class PhaseWatch:
             return outcome
         acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or [])
         if run.hit_at and t - run.hit_at[0] > self.grace_after_signature and run.hit_at[1] in acted_on:
-            _name, reason = throughput.classify_exit(1, None, run.hits, self.signatures)
+            _name, reason = signals.classify_exit(1, None, run.hits, self.signatures)
             return Outcome(OutcomeKind.SIGNAL, run.hit_at[1], f"{reason} (the process kept running "
                            f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
         if run.timeout and t - run.start > run.timeout:
@@ -315,7 +315,7 @@ class PhaseWatch:
             if outcome:
                 return outcome
         if run.watch_tps:
-            d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+            d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
             if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
                 return Outcome(OutcomeKind.SIGNAL, "stall", d.reason, d.evidence)
