@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 # every module of gpujob/agent/ ships (they are stdlib-only by rule): none can be forgotten
 AGENT_MODULES = tuple(sorted(p.name for p in (Path(__file__).parent / "agent").glob("*.py")))
+AGENT_DATA = ("spec_defaults.json",)  # read with pkgutil.get_data (gpujob/agent/defaults.py)
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
 BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
              "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"
@@ -48,7 +49,7 @@ def agent_zip() -> tuple[bytes, str]:
             z.writestr(info, data)
         add("__main__.py", AGENT_MAIN.encode())
         add("gpujob/__init__.py", (pkg / "__init__.py").read_bytes())
-        for mod in AGENT_MODULES:
+        for mod in AGENT_MODULES + AGENT_DATA:
             add(f"gpujob/agent/{mod}", (pkg / "agent" / mod).read_bytes())
     data = buf.getvalue()
     return data, hashlib.sha256(data).hexdigest()[:12]

@@ -15,7 +15,7 @@ only; a mixin like PhaseWatch: it uses the supervisor's journal, ledger and spec
 
 from __future__ import annotations
 
-from gpujob.agent import envs, snapshots
+from gpujob.agent import defaults, envs, snapshots
 from gpujob.agent.journal import now
 from gpujob.agent.protocol import OutcomeKind
 
@@ -23,7 +23,7 @@ from gpujob.agent.protocol import OutcomeKind
 class CacheKeep:
 
     def snapshots_keep(self) -> int:
-        return int((self.spec.get("caches") or {}).get("snapshots_keep", 1))
+        return int(defaults.section(self.spec, "caches")["snapshots_keep"])
 
     def usable_snapshot(self, profile: str):
         """The newest snapshot of this profile's cache made from the same venv."""

@@ -5,10 +5,11 @@ and a failure limit of consecutive breaching windows before acting."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.protocol import Verdict
 from gpujob.agent.throughput import fmt_rate
 
@@ -24,6 +25,9 @@ class Sample:
     step: Optional[int] = None
 
 
+_TP = DEFAULTS["throughput"]
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Throughput policy.
@@ -34,14 +38,20 @@ class PolicyConfig:
     None disables stall detection.
     """
 
-    min: Optional[float] = None  # absolute tok/s
-    min_ratio: Optional[float] = None  # of baseline
-    window: int = 5  # median of the last N samples
-    failure_limit: int = 3  # consecutive breaching windows before acting
-    initial_delay: float = 0.0  # seconds after phase start: samples ignored
-    initial_delay_samples: int = 0  # then ignore the first K samples too
-    no_data_timeout: Optional[float] = 600.0  # no sample for that long = stall
-    good_after: float = 600.0  # held above threshold this long = known-good
+    # defaults: the spec's throughput section (gpujob/spec.py, via spec_defaults.json)
+    min: Optional[float] = _TP["min"]  # absolute tok/s
+    min_ratio: Optional[float] = _TP["min_ratio"]  # of baseline
+    window: int = _TP["window"]  # median of the last N samples
+    failure_limit: int = _TP["failure_limit"]  # consecutive breaching windows before acting
+    initial_delay: float = _TP["initial_delay"]  # seconds after phase start: samples ignored
+    initial_delay_samples: int = _TP["initial_delay_samples"]  # then ignore the first K samples too
+    no_data_timeout: Optional[float] = _TP["no_data_timeout"]  # no sample for that long = stall
+    good_after: float = _TP["good_after"]  # held above threshold this long = known-good
+
+    @classmethod
+    def from_spec(cls, tp: dict) -> "PolicyConfig":
+        """From the spec's throughput section (completed by defaults.section)."""
+        return cls(**{f.name: tp[f.name] for f in fields(cls)})
 
     def __post_init__(self) -> None:
         if self.window < 1 or self.failure_limit < 1:

@@ -16,7 +16,8 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, jobenv, policy, sources, throughput
+from gpujob.agent import checkpoint, defaults, envs, jobenv, policy, sources, throughput
+from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 from gpujob.agent.protocol import JobState, OutcomeKind
@@ -90,36 +91,30 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.phase_proc: Phase | None = None
         self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
         self._secrets: dict | None = None
-        tp = self.spec.get("throughput")
+        tp = defaults.section(self.spec, "throughput")
         self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
         self.line_source = None
         self.tp_scale = 1.0
         if tp:
             gpus = self.spec.get("gpus") or {}
-            if tp.get("scope") == "per_gpu":
-                group = tp.get("scope_group")
+            if tp["scope"] == "per_gpu":
+                group = tp["scope_group"]
                 self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
-            if tp.get("source", "stdout") == "stdout":
+            if tp["source"] == "stdout":
                 self.line_source = sources.LineSource(
-                    throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
-                                           tokens_per_step=tp.get("tokens_per_step"), scale=self.tp_scale),
+                    throughput.make_parser(tp["format"], pattern=tp["pattern"],
+                                           tokens_per_step=tp["tokens_per_step"], scale=self.tp_scale),
                     throughput.make_step_parser(tp["format"]))
-            self.policy = policy.PolicyConfig(
-                min=tp.get("min"), min_ratio=tp.get("min_ratio"), window=tp.get("window", 5),
-                failure_limit=tp.get("failure_limit", 3),
-                initial_delay=tp.get("initial_delay", 0.0),
-                initial_delay_samples=tp.get("initial_delay_samples", 0),
-                no_data_timeout=tp.get("no_data_timeout", 600.0),
-                good_after=tp.get("good_after", 600.0))
+            self.policy = policy.PolicyConfig.from_spec(tp)
             self.base_policy = self.policy
-        self.rb = self.spec.get("rollback") or {}
-        self.restart_cfg = (self.spec.get("train") or {}).get("restarts") or {}
-        self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
-        self.signatures = list(self.rb.get("error_signatures") or [])
-        self.grace_after_signature = float(self.rb.get("signature_grace", self.grace_after_signature))
-        jcfg = self.spec.get("journal") or {}
-        self.keep_log = int(jcfg.get("keep_log", 256 << 20))
-        self.full_rate = float(jcfg.get("full_rate_samples", 3600.0))
+        self.rb = defaults.section(self.spec, "rollback")
+        self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
+        self.per_profile_caches = defaults.section(self.spec, "caches")["per_profile"]
+        self.signatures = list(self.rb["error_signatures"] or [])
+        self.grace_after_signature = float(self.rb["signature_grace"])
+        jcfg = defaults.section(self.spec, "journal")
+        self.keep_log = int(jcfg["keep_log"])
+        self.full_rate = float(jcfg["full_rate_samples"])
         self.trimmer = Trimmer(self.journal.dir)
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
         self._login: dict | None = None
@@ -305,9 +300,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if sig in (self.rb.get("stop_on") or []):
             self.finish(JobState.FAILED, f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
             return True
-        if self.rb.get("enabled", True) and sig in (self.rb.get("on") or []):
+        if self.rb["enabled"] and sig in self.rb["on"]:
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
-            limit = int(self.rb.get("max_rollbacks", 2))
+            limit = int(self.rb["max_rollbacks"])
             if len(self.auto_rollbacks()) >= limit:
                 self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
                             exit_code=out.exit_code)
@@ -319,8 +314,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                 return True
             self.plan_rollback(profile, target, out, sig, mark_bad=False)  # marked just above
             return False
-        if sig == "container_restart" or sig in (self.restart_cfg.get("on") or []):
-            cfg = self.restart_cfg if sig in (self.restart_cfg.get("on") or []) else {"max": 3, "within": 3600}
+        if sig == "container_restart" or sig in self.restart_cfg["on"]:
+            cfg = self.restart_cfg if sig in self.restart_cfg["on"] else DEFAULTS["restarts"]
             refusal = restart_refusal(cfg, self.restarts, sig, now())
             if refusal is None:
                 rec = {"at": now(), "signal": sig, "reason": reason, "profile": profile,
@@ -427,12 +422,12 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
 
     # ---- phases ------------------------------------------------------------
     def warmup(self, profile: str, done: list) -> Outcome:
-        w = self.spec.get("warmup")
+        w = defaults.section(self.spec, "warmup")
         if not w:
             return Outcome(OutcomeKind.DONE)
-        when = w.get("when", "cold")
+        when = w["when"]
         gpus = [None]
-        if w.get("per_gpu"):
+        if w["per_gpu"]:
             gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
         digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
         cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
@@ -451,7 +446,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
             self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
             out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
-                             timeout=w.get("timeout", 3600.0), watch_tps=False, gpu=gpu)
+                             timeout=w["timeout"], watch_tps=False, gpu=gpu)
             if out.kind != OutcomeKind.DONE:
                 return out
             done = list(done) + [gpu]
@@ -462,7 +457,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         return Outcome(OutcomeKind.DONE)
 
     def train(self, profile: str, resume: bool) -> Outcome:
-        t = self.spec["train"]
+        t = defaults.section(self.spec, "train")
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)
         env = self.child_env(profile)
@@ -484,8 +479,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if started is None:
             self.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
-                          timeout=t.get("timeout"), watch_tps=self.watching,
-                          grace=t.get("grace", 30.0), started=started)
+                          timeout=t["timeout"], watch_tps=self.watching,
+                          grace=t["grace"], started=started)
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace
@@ -526,17 +521,17 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if child.get("phase") == "train":
             self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
         watch_tps = bool(child.get("watch_tps"))
-        timeout = (self.spec.get("warmup") or {}).get("timeout", 3600.0) if child.get("phase") == "warmup" \
-            else self.spec["train"].get("timeout")
+        timeout = defaults.section(self.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
+            else defaults.section(self.spec, "train")["timeout"]
         return self.watch(None, None, logname, child.get("profile") or profile, timeout=timeout,
-                          watch_tps=watch_tps, grace=self.spec["train"].get("grace", 30.0), adopt=child)
+                          watch_tps=watch_tps, grace=defaults.section(self.spec, "train")["grace"], adopt=child)
 
 
 def restart_refusal(cfg: dict, restarts: list, sig: str, t: float) -> str | None:
     """Why the restart policy will not restart the trainer after ``sig`` (None: it will).
     Pure: ``restarts`` are the earlier restarts of the job, newest last."""
-    limit = int(cfg.get("max", 3))
-    within = float(cfg.get("within", 3600.0))
+    limit = int(cfg["max"])
+    within = float(cfg["within"])
     recent = [r for r in restarts if t - r["at"] <= within]
     if sig == "oom_killed" and restarts and restarts[-1].get("signal") == "oom_killed":
         return "OOM-kill loop: killed by the OOM killer again right after a restart"

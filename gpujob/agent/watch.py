@@ -15,6 +15,8 @@ from gpujob.agent import checkpoint, policy, signals, sources, throughput, timin
 from gpujob.agent.journal import now
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.commands import substitute
+from gpujob.agent import defaults
+from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.proc import Phase
 from gpujob.agent.protocol import JobState, OutcomeKind, Verdict
 from gpujob.agent.trim import read_jsonl_from
@@ -26,7 +28,6 @@ COALESCE = 0.05        # after a small read, let output gather this long: one wa
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 TAIL_LINES = 200
-SIGNATURE_GRACE = 10.0  # a trainer still running this long after an error signature is stuck
 
 
 class EnvError(Exception):
@@ -73,7 +74,7 @@ class PhaseWatch:
     """The supervisor's half that runs and watches phase commands (a mixin: it
     uses the supervisor's journal, relay, policy and requests)."""
 
-    grace_after_signature = SIGNATURE_GRACE
+    grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
 
     def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
         """Start a phase command (or take ``started``: (a Phase already running, where
@@ -231,8 +232,8 @@ class PhaseWatch:
     def make_source(self, profile: str, adopt: dict | None):
         """The run's throughput source: output lines, or the metrics file (from where
         a previous supervisor left it, when re-adopting)."""
-        tp = self.spec.get("throughput") or {}
-        if tp.get("source", "stdout") != "file":
+        tp = defaults.section(self.spec, "throughput")
+        if tp is None or tp["source"] != "file":
             return self.line_source
         path = substitute(tp["path"], self.values(profile))
         path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
