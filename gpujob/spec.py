@@ -559,26 +559,3 @@ def load_spec(path: str | Path) -> JobSpec:
     spec._lines = source.lines
     spec._source_name = str(path)
     return spec
-
-
-#: the sections whose defaults the agent needs for a job.json that lacks a key
-AGENT_DEFAULT_SECTIONS = {"caches": Caches, "journal": Journal, "rollback": Rollback,
-                          "throughput": Throughput, "train": Train, "warmup": Warmup,
-                          "restarts": Restarts}  # train.restarts
-
-
-def agent_defaults() -> dict:
-    """gpujob/agent/spec_defaults.json: each section's field defaults, and the sections
-    every spec has (``_always``). Regenerate with
-    ``python -c 'import gpujob.spec as s; print(s.agent_defaults_json(), end="")' > gpujob/agent/spec_defaults.json``."""
-    from pydantic_core import to_jsonable_python
-    out: dict = {name: {f: to_jsonable_python(info.get_default(call_default_factory=True))
-                        for f, info in model.model_fields.items() if not info.is_required()}
-                 for name, model in AGENT_DEFAULT_SECTIONS.items()}
-    out["_always"] = sorted(n for n in AGENT_DEFAULT_SECTIONS
-                            if n in JobSpec.model_fields and JobSpec.model_fields[n].default_factory)
-    return out
-
-
-def agent_defaults_json() -> str:
-    return json.dumps(agent_defaults(), indent=1, sort_keys=True) + "\n"
