@@ -20,7 +20,7 @@ from typing import Callable
 from gpujob import jobs
 from gpujob.agent.commands import fleet_env, fleet_values
 from gpujob.errors import GpujobError, JobError
-from gpujob.spec import JobSpec
+from gpujob.spec import JobSpec, Nodes
 from gpujob.target import Target
 
 ASK = "<node 0's primary IP, asked at submit>"
@@ -30,15 +30,13 @@ PORT = "<a port free on node 0, chosen at submit>"
 def node_info(spec: JobSpec, labels: list, rank: int, master_addr: str, master_port, channel_port) -> dict:
     """What node ``rank`` is told of the fleet (pure): its place, the rendezvous,
     the leader's channel, the loss policy, its own env (nodes.env)."""
-    nodes = spec.nodes
+    nodes = spec.nodes or Nodes()  # its defaults are spec.py's
     return {"nnodes": len(labels), "node_rank": rank, "nodes": list(labels),
             "master_addr": master_addr, "master_port": master_port,
             "leader_addr": master_addr, "channel_port": channel_port,
-            "on_loss": nodes.on_loss if nodes else "end",
-            "lost_after": nodes.lost_after if nodes else 60.0,
-            "start_timeout": nodes.start_timeout if nodes else 900.0,
+            "on_loss": nodes.on_loss, "lost_after": nodes.lost_after, "start_timeout": nodes.start_timeout,
             "values": fleet_values(len(labels), rank, str(master_addr), master_port),
-            "env": dict(nodes.env[rank]) if nodes and nodes.env else {}}
+            "env": dict(nodes.env[rank]) if nodes.env else {}}
 
 
 def build_plan(spec: JobSpec, targets: list, job_id: str, profile: str) -> list:
@@ -55,10 +53,10 @@ def build_plan(spec: JobSpec, targets: list, job_id: str, profile: str) -> list:
                                                               **info["env"]}.items()))]
         if rank == 0:
             steps.append(jobs.Step("ports", "container", "choose two free ports (rendezvous, channel) and, "
-                                   "without hosts.yaml's address, the primary IP", t.agent_argv("fleet", "ports")))
+                                   "without hosts.yaml's address, the primary IP", jobs._agent(t, "fleet", "ports")))
         steps += jobs.build_plan(spec, t, job_id, profile, fleet=info)
         steps.append(jobs.Step("go", "container", "once every node holds its lock: go (else release: "
-                               "nothing starts anywhere)", t.agent_argv("fleet", "go", job_id)))
+                               "nothing starts anywhere)", jobs._agent(t, "fleet", "go", job_id)))
         out.append((rank, t, steps))
     return out
 

@@ -342,7 +342,7 @@ class Throughput(Strict):
     failure_limit: int = Field(3, ge=1, le=10_000)
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     good_after: Duration = 600.0
-    aggregate: Literal["sum", "min", "per_node"] | None = None  # multi-node: default sum
+    aggregate: Literal["sum", "min"] = "sum"  # multi-node: the nodes' latest tok/s summed, or the slowest
 
     @model_validator(mode="after")
     def _consistent(self) -> Throughput:
@@ -525,7 +525,7 @@ class JobSpec(Strict):
             return
         if self.nodes is not None:
             raise At(("nodes",), "only for a multi-node job (target: a list of containers)")
-        if self.throughput is not None and self.throughput.aggregate is not None:
+        if self.throughput is not None and "aggregate" in self.throughput.model_fields_set:
             raise At(("throughput", "aggregate"), "only for a multi-node job (target: a list of containers)")
         texts = [(("train", "command"), self.train.command)]
         if self.warmup:

@@ -22,9 +22,11 @@ import hashlib
 import queue
 import time
 
+from gpujob.agent import defaults
 from gpujob.agent.channel import Client, Server
 from gpujob.agent.journal import now
-from gpujob.agent.throughput import Sample
+from gpujob.agent.protocol import OutcomeKind
+from gpujob.agent.policy import Sample
 from gpujob.agent.watch import Outcome, Stop
 
 
@@ -52,8 +54,8 @@ class Node:
         self.sup, self.info = sup, info
         self.rank, self.n = int(info["node_rank"]), int(info["nnodes"])
         self.labels = list(info["nodes"])
-        self.lost_after = float(info.get("lost_after", 60.0))
-        self.on_loss = info.get("on_loss", "end")
+        self.lost_after = float(info["lost_after"])  # the controller sends spec.py's defaults
+        self.on_loss = info["on_loss"]
         st = sup.journal.state()
         self.round = int(st.get("fleet_round") or 0)
         self.started = False
@@ -91,7 +93,7 @@ class Node:
             if self.sup.stop_asked:
                 self.sup.finish("stopped", "stopped before it started")
                 return False
-            limit = float(self.info.get("start_timeout", 900.0))
+            limit = float(self.info["start_timeout"])
             if now() - since > limit:  # the controller died between the holds and the go
                 self.sup.finish("failed", f"the controller never said go within {limit:g}s "
                                           "(nodes.start_timeout; the submit was cut off): nothing was started")
@@ -108,7 +110,8 @@ class Leader(Node):
 
     def __init__(self, sup, info):
         super().__init__(sup, info)
-        self.aggregate = (sup.spec.get("throughput") or {}).get("aggregate") or "sum"
+        tp = defaults.section(sup.spec, "throughput")
+        self.aggregate = tp["aggregate"] if tp else None  # no throughput watched: nothing to aggregate
         self.server: Server | None = None
         self.heard: dict = {}
         self.ready: dict = {}
@@ -193,7 +196,7 @@ class Leader(Node):
         sig = body.get("signal") or "node_failed"  # a node that ended: no restart brings it back
         reason = f"{self.label(rank)}: {body.get('reason') or 'failed'}"
         self.sup.say(f"{reason} (counts for the whole job)")
-        return Outcome("signal", sig, reason, {"node": rank, "tail": body.get("tail") or []},
+        return Outcome(OutcomeKind.SIGNAL, sig, reason, {"node": rank, "tail": body.get("tail") or []},
                        exit_code=body.get("exit_code"))
 
     def lost_outcome(self, t: float):
@@ -203,7 +206,7 @@ class Leader(Node):
             why = (f"{self.label(rank)} lost: no word from its supervisor for {t - self.heard[rank]:.0f}s "
                    f"(nodes.lost_after {self.lost_after:g}s)")
             if self.on_loss == "end":
-                return Outcome("signal", "node_lost", why, {"node": rank})
+                return Outcome(OutcomeKind.SIGNAL, "node_lost", why, {"node": rank})
             if rank not in self.lost_said:
                 self.lost_said.add(rank)
                 self.sup.say(f"{why}; waiting for it (nodes.on_loss: wait)")
@@ -249,7 +252,7 @@ class Leader(Node):
             time.sleep(0.05)
 
     def handle(self, out, profile):
-        if out.kind == "signal" and "returncode" in out.evidence and "node" not in out.evidence:
+        if out.kind == OutcomeKind.SIGNAL and "returncode" in out.evidence and "node" not in out.evidence:
             # our own trainer exited by itself: a peer's failure that caused it is the better reason
             end = now() + 2.0
             while now() < end and not self.fresh_failures():
@@ -270,7 +273,7 @@ class Leader(Node):
         st = self.sup.journal.state()
         if st.get("step") == "rollback" and st.get("pending_rollback"):
             to, reason = st["pending_rollback"]["to"], st["pending_rollback"]["reason"]
-        elif len(self.sup.restarts) > restarts_before or (out.kind == "signal" and st.get("step") == "train"):
+        elif len(self.sup.restarts) > restarts_before or (out.kind == OutcomeKind.SIGNAL and st.get("step") == "train"):
             to, reason = st.get("profile") or profile, f"restart on {profile}: {out.reason}"
         else:
             return
@@ -335,13 +338,13 @@ class Follower(Node):
                 self.set_round(int(body["round"]))
                 self.client.hello["round"] = self.round
                 self.ready_msg = None
-                return Outcome("rollback", "fleet", f"node 0 decided: {body.get('reason')}",
+                return Outcome(OutcomeKind.ROLLBACK, "fleet", f"node 0 decided: {body.get('reason')}",
                                to=body.get("profile"), mark_bad=False)
             elif kind == "end":
-                return Outcome("fleet_end", body.get("state") or "failed",
+                return Outcome(OutcomeKind.FLEET_END, body.get("state") or "failed",
                                f"node 0: {body.get('reason') or 'ended'}")
             elif kind == "go" and int(body.get("round") or 0) == self.round:
-                return Outcome("fleet_go")
+                return Outcome(OutcomeKind.FLEET_GO)
 
     def own_sample(self, run, value, step, t):
         self.client.send({"kind": "sample", "value": value, "step": step, "round": self.round})
@@ -357,7 +360,7 @@ class Follower(Node):
 
     def poll(self, run, t: float):
         out = self.drain()
-        if out is not None and out.kind != "fleet_go":
+        if out is not None and out.kind != OutcomeKind.FLEET_GO:
             return out
         if not self.away_said and self.leader_gone_for(t) > 3.0:
             self.away_said = True
@@ -372,10 +375,10 @@ class Follower(Node):
             if out is not None:
                 return out
             req = self.sup.requests()
-            if req is not None and req.kind == "stop":
+            if req is not None and req.kind == OutcomeKind.STOP:
                 return req
             if self.leader_gone_for(now()) > self.lost_after:
-                return Outcome("fleet_end", "failed", f"{why}; leader {self.label(0)} unreachable for "
+                return Outcome(OutcomeKind.FLEET_END, "failed", f"{why}; leader {self.label(0)} unreachable for "
                                f"{self.leader_gone_for(now()):.0f}s (nodes.lost_after {self.lost_after:g}s)")
             time.sleep(0.05)
 
@@ -384,7 +387,7 @@ class Follower(Node):
         self.client.send(self.ready_msg)
         self.sup.say(f"ready (round {self.round}, profile {profile}); waiting for node 0's go")
         out = self.wait_word("waiting at the barrier")
-        if out.kind == "fleet_go":
+        if out.kind == OutcomeKind.FLEET_GO:
             self.ready_msg = None
             return None
         return out
@@ -392,17 +395,17 @@ class Follower(Node):
     def handle(self, out, profile):
         """How a follower acts on an outcome: True/False as Supervisor.handle, None: as usual."""
         while True:
-            if out.kind == "fleet_end":
+            if out.kind == OutcomeKind.FLEET_END:
                 self.sup.finish(out.signal_name, out.reason)
                 return True
-            if out.kind == "rollback" and out.signal_name == "fleet":
+            if out.kind == OutcomeKind.ROLLBACK and out.signal_name == "fleet":
                 if out.to == profile:
                     self.sup.journal.set_state(step="train", resume=True)
                     self.sup.say(f"restart on {profile}: {out.reason}")
                 else:
                     self.sup.plan_rollback(profile, out.to, out, "fleet", mark_bad=False)
                 return False
-            if out.kind != "signal":
+            if out.kind != OutcomeKind.SIGNAL:
                 return None
             body = {"kind": "failed", "signal": out.signal_name, "reason": out.reason, "round": self.round,
                     "exit_code": out.exit_code, "tail": list((out.evidence or {}).get("tail") or [])[-5:]}
@@ -411,9 +414,9 @@ class Follower(Node):
             self.sup.say(f"reported to node 0: {out.reason}; waiting for its decision")
             self.ready_msg = None
             nxt = self.wait_word(out.reason)
-            while nxt.kind == "fleet_go":  # a go of a round we already left
+            while nxt.kind == OutcomeKind.FLEET_GO:  # a go of a round we already left
                 nxt = self.wait_word(out.reason)
-            if nxt.kind == "stop":
+            if nxt.kind == OutcomeKind.STOP:
                 raise Stop()
             out = nxt
 
