@@ -11,6 +11,10 @@ Figures (medians over the runs):
                (venvs built and cached from the first run on: a resubmit)
   rollback     the leader's decision → the last node's trainer started on fast, and
                → the last node's first sample on fast (both nodes training again)
+
+``--torch PYTHON`` runs jobs/fleet-torch.yaml instead (torchrun's c10d rendezvous, a CUDA
+all-reduce each step) on that base interpreter's torch: ``--gpus 0,0`` (one GPU shared, gloo)
+or ``--gpus 0,1 --backend nccl``; ``--out F`` writes the figures and each run's node logs.
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--torch", metavar="PYTHON", help="run jobs/fleet-torch.yaml (real torchrun, c10d) with "
                     "this base interpreter's torch instead of the stand-in trainer")
     ap.add_argument("--gpus", default="0,0", help="with --torch: CUDA_VISIBLE_DEVICES of node 0 and node 1")
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
+                    help="with --torch: the process group's backend (nccl wants a GPU per node: --gpus 0,1)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args(argv)
     from gpujob.wheelhouse import build_indexes, serve
@@ -121,6 +127,7 @@ def main(argv=None) -> int:
         for prof in spec["profiles"]:
             prof["python"] = args.torch
         spec["nodes"]["env"] = [{"CUDA_VISIBLE_DEVICES": g} for g in args.gpus.split(",")]
+        spec["train"]["command"] += f" --backend {args.backend}"
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     env = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))
     runs = []
