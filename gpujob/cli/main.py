@@ -17,7 +17,7 @@ from rich.table import Table
 
 from gpujob import __version__
 from gpujob.agent.journal import ENDED, FINAL_STATES
-from gpujob.cli import render
+from gpujob.cli import conventions, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
 from gpujob.target import Target, Targets
@@ -30,6 +30,7 @@ cache_app = typer.Typer(no_args_is_help=True, help="Per-profile compile caches."
 app.add_typer(cache_app, name="cache")
 ledger_app = typer.Typer(no_args_is_help=True, help="The known-good ledger of a job name, by hand.")
 app.add_typer(ledger_app, name="ledger")
+app.command("completion")(conventions.completion)
 
 out = render.console()
 err = render.console(stderr=True)
@@ -409,6 +410,18 @@ def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Opti
         print_status_view(st, t)
 
 
+
+@app.command()
+def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the most recent)"),
+         output: Optional[Path] = typer.Option(None, "--output", "-o", help="FILE.png, .svg or .html "
+                                               "(default: a plot in the terminal)"),
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
+    """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
+    from gpujob.cli import plot as plot_
+    job_id, t = job_target(job, target)
+    plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
+
 @app.command()
 def ps(as_json: bool = typer.Option(False, "--json"),
        limit: int = typer.Option(20, help="how many recent jobs")):
@@ -645,8 +658,8 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
 
 
 def main() -> None:
-    try:
-        app()  # standalone: click reports usage errors itself (one line, exit 2)
+    try:  # usage errors one line (exit 2), global options after the command too
+        code = conventions.run(app, err=lambda line: err.print(render.lit(line), soft_wrap=True))
     except GpujobError as e:
         err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
         if e.hint:
@@ -657,6 +670,7 @@ def main() -> None:
         sys.exit(130)
     finally:
         ctx.close()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
