@@ -6,6 +6,7 @@ code (2 for bad input), never a traceback.
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -168,13 +169,15 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
         except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
             if isinstance(e, InputError):
                 raise
-            label, checks = name, [doc.Check("connect", "fail", e.message, e.hint or "")]
+            label, checks = name, doc.with_fixes([doc.Check("connect", "fail", e.message, e.hint or "")])
         report[label] = [c.as_dict() for c in checks]
         failed |= any(c.status == "fail" for c in checks)
         if not as_json:
             out.print(render.doctor_table(label, checks))
     if as_json:
         out.print_json(json.dumps(report))
+    else:
+        out.print(render.doctor_summary(collections.Counter(c["status"] for cs in report.values() for c in cs)))
     raise typer.Exit(1 if failed else 0)
 
 
@@ -640,7 +643,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
                            f"rolls back to {good} and resumes from the checkpoint")]
     final = {}
     for profile, title in acts:
-        out.rule(render.lit(title, "bold"))
+        render.heading(out, title)
         job_id = _fresh_id(spec.name)
         _start(spec, spec_path, t, profile, job_id, False)
         _follow(job_id, t, "job.log", None)
@@ -651,7 +654,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
     if not rolled:
         raise JobError("the demo ended without a rollback: the slow build was not caught")
     r = rolled[-1]
-    out.rule(render.lit("What happened", "bold"))
+    render.heading(out, "What happened")
     out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
               f"bad and had the trainer running on {r['to']} {r['took']:.2f}s later, resumed from "
               f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}"))

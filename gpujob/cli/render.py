@@ -25,8 +25,26 @@ STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "prep
 
 
 def console(stderr: bool = False) -> Console:
-    """A console that never reads markup or emoji codes in what it prints."""
-    return Console(stderr=stderr, highlight=False, markup=False, emoji=False)
+    """A console that never reads markup or emoji codes in what it prints. Piped (not a
+    terminal) it never hard-wraps: lines go out whole and tables take their natural width
+    (unless $COLUMNS says otherwise), so grep and cut see one record a line."""
+    import os
+    import sys
+    stream = sys.stderr if stderr else sys.stdout
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    wide = {} if tty or os.environ.get("COLUMNS") else {"width": PIPED_WIDTH}
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=not tty, **wide)
+
+
+PIPED_WIDTH = 1000  # "no limit" for tables when piped; lines are not wrapped at all
+
+
+def heading(con: Console, text: str) -> None:
+    """A section title: a rule on a terminal, a plain line when piped."""
+    if con.is_terminal:
+        con.rule(lit(text, "bold"))
+    else:
+        con.print(lit(f"== {text} =="))
 
 
 def lit(value, style: str = "") -> Text:
@@ -192,8 +210,11 @@ def hosts_table(rows: list[dict], source: str) -> Table:
 
 def ps_table(views: list[dict]) -> Table:
     table = Table(show_edge=False)
-    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime", "exit"):
-        table.add_column(col)
+    # the id is what people copy: never cut or wrapped; the other columns fold when narrow
+    table.add_column("job", no_wrap=True, min_width=max([len(str(v["job"] or "")) for v in views] + [3]))
+    for col in ("target", "state", "phase", "profile", "tok/s", "uptime"):
+        table.add_column(col, overflow="fold")
+    table.add_column("exit", overflow="fold", ratio=1)
     for v in views:
         style = STATE_STYLE.get(v["state"], "red" if v["state"] == "unreachable" else "")
         exit_ = v["exit"] or (v.get("reason") or "" if v["state"] == "unreachable" else "")
@@ -205,12 +226,20 @@ def ps_table(views: list[dict]) -> Table:
 
 def doctor_table(label: str, checks) -> Table:
     table = Table(title=f"gpujob doctor: {label}", title_justify="left")
-    for col in ("check", "", "detail", "fix"):
-        table.add_column(col)
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
+    table.add_column("fix", overflow="fold", ratio=1)
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     for c in checks:
         table.add_row(lit(c.name), lit(c.status, colour.get(c.status, "")), lit(c.detail), lit(c.hint))
     return table
+
+
+def doctor_summary(counts: dict) -> Text:
+    """doctor's last line: ``N ok, N warn, N fail``, coloured by the worst."""
+    colour = "red" if counts.get("fail") else "yellow" if counts.get("warn") else "green"
+    return lit(", ".join(f"{counts.get(k, 0)} {k}" for k in ("ok", "warn", "fail")), colour)
 
 
 def plan_lines(header: str, steps) -> list[Text]:
