@@ -29,15 +29,18 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
     t0 = min((r["t"] for r in recs), default=0.0)
     end = max((r["t"] for r in recs), default=t0)
 
+    def rel(t: float) -> float:  # seconds since the start, to the journal's millisecond
+        return round(t - t0, 3)
+
     seen, points = set(), []
     for r in sorted((r for r in recs if r.get("type") == "sample"), key=lambda r: r["t"]):
         v = _num(r.get("value"))
         if v is None or r["t"] in seen:
             continue
         seen.add(r["t"])
-        points.append({"t": r["t"] - t0, "value": v, "profile": r.get("profile"), "verdict": r.get("verdict")})
-    first = points[0]["t"] + t0 if points else math.inf
-    minutes = [{"t": r["t"] - t0, "since": (_num(r.get("since")) or r["t"]) - t0, "median": _num(r.get("median")),
+        points.append({"t": rel(r["t"]), "value": v, "profile": r.get("profile"), "verdict": r.get("verdict")})
+    first = points[0]["t"] + t0 - 1e-6 if points else math.inf
+    minutes = [{"t": rel(r["t"]), "since": rel(_num(r.get("since")) or r["t"]), "median": _num(r.get("median")),
                 "min": _num(r.get("min")), "max": _num(r.get("max")), "n": r.get("n"), "profile": r.get("profile")}
                for r in events if r.get("type") == "samples_1m" and _num(r.get("t")) is not None
                and r["t"] < first and _num(r.get("median")) is not None]
@@ -47,20 +50,20 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
     for r in sorted((r for r in events if r.get("type") == "state" and r.get("state")), key=lambda r: r["t"]):
         profile = r.get("profile") or profile
         if phases:
-            phases[-1]["end"] = r["t"] - t0
+            phases[-1]["end"] = rel(r["t"])
         if r["state"] in PHASE_OF_STATE:
-            phases.append({"start": r["t"] - t0, "end": None, "phase": PHASE_OF_STATE[r["state"]],
+            phases.append({"start": rel(r["t"]), "end": None, "phase": PHASE_OF_STATE[r["state"]],
                            "profile": r.get("profile") if r["state"] != "rolling_back" else None})
     for p in phases:
         if p["end"] is None:
-            p["end"] = end - t0
+            p["end"] = rel(end)
 
     threshold: list[dict] = []
     for r in sorted((r for r in events if r.get("type") == "decision"), key=lambda r: r["t"]):
         ev = r.get("evidence") or {}
         v = _num(ev.get("threshold"))
         if v is not None and (not threshold or threshold[-1]["value"] != v):
-            threshold.append({"t": r["t"] - t0, "value": v, "source": ev.get("threshold_source")})
+            threshold.append({"t": rel(r["t"]), "value": v, "source": ev.get("threshold_source")})
     window = status.get("window") or {}
     if not threshold and _num(window.get("threshold")) is not None:
         threshold.append({"t": 0.0, "value": window["threshold"], "source": window.get("threshold_source")})
@@ -73,11 +76,11 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
         if isinstance(e, dict) and e.get("status") == "good" and _num(e.get("baseline")) is not None:
             baselines.setdefault(str(name), e["baseline"])
 
-    rollbacks = [{"t": (_num(r.get("decided_at")) or r["t"]) - t0, "from": r.get("from"), "to": r.get("to"),
+    rollbacks = [{"t": rel(_num(r.get("decided_at")) or r["t"]), "from": r.get("from"), "to": r.get("to"),
                   "signal": r.get("signal"), "reason": r.get("reason")}
                  for r in sorted((r for r in events if r.get("type") == "rollback"), key=lambda r: r["t"])]
     return {"job": status.get("job_id"), "name": status.get("name"), "state": status.get("state"),
-            "t0": t0, "duration": end - t0, "points": points, "minutes": minutes, "phases": phases,
+            "t0": t0, "duration": rel(end), "points": points, "minutes": minutes, "phases": phases,
             "threshold": threshold, "baselines": baselines, "rollbacks": rollbacks}
 
 
@@ -155,7 +158,7 @@ def grid(s: dict, width: int = 72, height: int = 12) -> list[list[tuple[str, str
     lw = max(len(v) for v in labels.values()) + 1
     out = [[(labels.get(r, "").rjust(lw - 1) + " ", "axis")] + cells[r] for r in range(height)]
     strip = [(" " * lw, "")] + [(" ", "")] * width
-    for p in s["phases"]:
+    for p in sorted(s["phases"], key=lambda p: p["phase"] == "rollback"):  # a short rollback stays seen
         for c in range(col(p["start"]), col(p["end"]) + 1):
             strip[c + 1] = (PHASE_CHAR.get(p["phase"], "?"), "phase")
     out.append(strip)
