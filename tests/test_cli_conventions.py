@@ -53,8 +53,11 @@ def box(tmp_path_factory):
     env.pop("COLUMNS")
     spec = write_spec(tmp / "job.yaml", target="box", fast_url=idx["fast"], slow_url=idx["slow"],
                       profile="fast", trainer_args="--steps 12 --interval 0.01")
-    p = run(["submit", str(spec), "--job-id", LONG_ID, "--follow"], env)
+    p = run(["submit", str(spec), "--job-id", LONG_ID, "--follow", "--json"], env)
     assert p.returncode == 0, p.stdout.decode()[-2000:] + p.stderr.decode()[-2000:]
+    recs = [json.loads(ln) for ln in p.stdout.decode().splitlines()]  # JSON Lines: start, log, end
+    assert recs[0]["job_id"] == LONG_ID and recs[-1]["state"] == "succeeded"
+    assert {"line": "training finished at step 12"} in recs[1:-1]
     return {"env": env, "tmp": tmp, "spec": spec, "idx": idx}
 
 
