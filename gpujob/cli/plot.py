@@ -166,7 +166,8 @@ def figure(s: dict):
     ax.yaxis.set_major_formatter(plt.FuncFormatter(lambda v, _: fmt_rate(v)))
     ax.set_title(f"{s['job']} on {s.get('target', '?')}: tok/s ({s.get('state') or '?'})", fontsize=11)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # a job with no samples yet has nothing to name
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 
