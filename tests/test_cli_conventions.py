@@ -259,6 +259,8 @@ def test_json_lines_for_streams(box):
 
 def test_json_on_the_other_commands(box):
     env = box["env"]
+    assert run(["--json", "ps"], env).stdout == run(["ps", "--json"], env).stdout  # a global option too
+    assert jsonl(run(["--json", "logs", LONG_ID, "--events"], env))[-1]["state"] == "succeeded"
     plan = json.loads(run(["submit", str(box["spec"]), "--plan", "--json"], env).stdout)
     assert plan["target"] == "lab/box" and any(s["kind"] == "train" for s in plan["steps"])
     assert LONG_ID in [r["job"] for r in json.loads(run(["ps", "--json"], env).stdout)]

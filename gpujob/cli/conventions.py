@@ -95,10 +95,45 @@ def _walk(cmd, globals_: list) -> None:
         _walk(sub, globals_)
 
 
+def _json_everywhere(root) -> None:
+    """``gpujob --json CMD`` as ``gpujob CMD --json``: the root's ``--json`` becomes the
+    default of every command's own ``--json``."""
+    own = []
+
+    def collect(cmd):
+        own.extend(p for p in cmd.params if "--json" in getattr(p, "opts", ()))
+        for sub in getattr(cmd, "commands", {}).values():
+            collect(sub)
+
+    collect(root)
+    if not own or any("--json" in getattr(p, "opts", ()) for p in root.params):
+        return
+    flag = copy.copy(own[0])
+    flag.name, flag.expose_value, flag.help = "json_all", False, "--json for the command that follows"
+
+    def cb(cctx, param, value):
+        if value:
+            cctx.meta["gpujob.json"] = True
+        return value
+
+    flag.callback = cb
+    root.params.insert(len(root.params) - 1 if root.params else 0, flag)
+
+    def default():
+        from typer._click.globals import get_current_context
+        c = get_current_context(silent=True)
+        return bool(c and c.meta.get("gpujob.json"))  # meta is shared by the contexts of one run
+
+    for p in own:
+        p.default = default
+        p.show_default = False
+
+
 def build(app: typer.Typer):
     """The click command of ``app``, with the conventions above applied."""
     root = typer.main.get_command(app)
     globals_ = [p for p in root.params if p.param_type_name == "option" and not p.is_eager]
+    _json_everywhere(root)
     _walk(root, [])
     for sub in getattr(root, "commands", {}).values():
         _walk(sub, globals_)
