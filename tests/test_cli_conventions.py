@@ -36,6 +36,33 @@ def run(args, env, **kw) -> subprocess.CompletedProcess:
                           timeout=kw.pop("timeout", 180), **kw)
 
 
+def run_tty(args, env, cols: int = 80) -> str:
+    """``gpujob ARGS`` on a real terminal (a pty) ``cols`` wide; its output without colours."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
+    env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    p = subprocess.Popen([GPUJOB, *args], env=env, stdout=slave, stderr=subprocess.DEVNULL, cwd=str(REPO))
+    os.close(slave)
+    buf = b""
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the other side is closed
+                break
+            if not data:
+                break
+            buf += data
+    finally:
+        os.close(master)
+        p.wait(timeout=60)
+    return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", buf.decode()).replace("\r\n", "\n")
+
+
 def one_line(p) -> str:
     text = p.stderr.decode()
     assert "Traceback" not in text and p.stdout == b"", text
@@ -286,11 +313,17 @@ def test_piped_output_is_never_hard_wrapped(box):
 
 
 def test_ids_are_whole_at_80_columns(box):
-    out = run(["ps"], dict(box["env"], COLUMNS="80")).stdout.decode()
+    out = run_tty(["ps"], box["env"])
     assert LONG_ID in out and "…" not in out.split(LONG_ID)[0][-5:]
     assert max(len(ln) for ln in out.splitlines()) <= 80
-    st = run(["status", LONG_ID], dict(box["env"], COLUMNS="80")).stdout.decode()
+    st = run_tty(["status", LONG_ID], box["env"])
     assert LONG_ID in st
+    keys = {c["env_key"] for c in json.loads(run(["cache", "ls", "box", "--json"], box["env"]).stdout)["caches"]}
+    for args in (["status", LONG_ID], ["cache", "ls", "box"], ["profiles", "box"], ["hosts"]):
+        out = run_tty(args, box["env"])
+        assert "…" not in out and max(len(ln) for ln in out.splitlines()) <= 80, (args, out)
+        if args[0] != "status" and args[0] != "hosts":
+            assert all(k in out for k in keys), out  # venv keys whole
 
 
 # ---- doctor -----------------------------------------------------------------------------
@@ -301,16 +334,16 @@ def test_doctor_gives_a_fix_for_every_failure_and_a_summary(box, tmp_path):
         hosts = ssh_hosts(tmp_path, srv.getsockname()[1])
         with open(hosts, "a") as f:  # and the local box: ok and warn checks beside the failure
             f.write(f"  lab:\n    kind: local\n    containers:\n      box: {{root: {box['tmp'] / 'root'}}}\n")
-        p = run(["doctor", "--hosts", str(hosts)], dict(box["env"], COLUMNS="80"))
-        wide = run(["doctor", "--hosts", str(hosts)], box["env"]).stdout.decode()  # piped: a row a line
+        p = run(["doctor", "--hosts", str(hosts)], box["env"])
+        narrow = run_tty(["doctor", "--hosts", str(hosts)], box["env"])
         report = json.loads(run(["doctor", "--json", "--hosts", str(hosts)], box["env"]).stdout)
     finally:
         srv.close()
     out = p.stdout.decode()
     assert p.returncode == 1, out
-    assert re.search(r"┃ check\s+┃ status\s+┃ detail\s+┃ fix", out)
-    assert "…" not in out  # at 80 columns the fix column folds, it is not cut
-    [row] = [ln for ln in wide.splitlines() if "Error reading SSH protocol banner" in ln]
+    assert re.search(r"┃ check\s+┃ status\s+┃ detail\s+┃ fix", narrow)
+    assert "…" not in narrow and max(len(ln) for ln in narrow.splitlines()) <= 80  # folds, not cut
+    [row] = [ln for ln in out.splitlines() if "Error reading SSH protocol banner" in ln]
     assert "something answered that is not sshd: check `address` and `port` in hosts.yaml" in row
     checks = [c for cs in report.values() for c in cs]
     assert all(c["hint"] for c in checks if c["status"] != "ok")

@@ -584,7 +584,7 @@ def gc(target: str = typer.Argument(...),
     for e in res["envs"]:
         decision = ("removed" if e["removed"] else "would remove") if e["why"] == "remove" else f"kept: {e['why']}"
         table.add_row(e["env_key"], e.get("profile") or "?", render.disk(e["disk"]), decision)
-    out.print(table)
+    out.print(render.whole(table, "venv"))
     freed = sum(e["disk"]["own"] for e in res["envs"] if e["why"] == "remove")
     out.print(f"{'freed' if not dry_run else 'would free'} {render.size(freed)}")
 

@@ -39,6 +39,20 @@ def console(stderr: bool = False) -> Console:
 PIPED_WIDTH = 1000  # "no limit" for tables when piped; lines are not wrapped at all
 
 
+def whole(table: Table, *ids: str) -> Table:
+    """Nothing in ``table`` is cut with an ellipsis when the terminal is narrow: the ``ids``
+    columns (what people copy: job ids, venv keys) keep their width and never wrap, the
+    others fold onto more lines."""
+    for col in table.columns:
+        cells = [c.plain if isinstance(c, Text) else str(c) for c in col._cells]
+        if col.header in ids:
+            col.no_wrap = True
+            col.min_width = max([len(x) for x in cells] + [len(str(col.header))])
+        else:
+            col.overflow = "fold"
+    return table
+
+
 def heading(con: Console, text: str) -> None:
     """A section title: a rule on a terminal, a plain line when piped."""
     if con.is_terminal:
@@ -143,7 +157,7 @@ def print_status(console: Console, v: dict) -> None:
                        lit(f"{r['from']} → {r['to']}"), lit(r.get("signal", "")), lit(r.get("reason", "")),
                        f"{r['took']:.2f}s" if r.get("took") is not None else "-",
                        lit(timings.describe(r)), lit(r.get("resumed") or "-"))
-        console.print(rt)
+        console.print(whole(rt, "from → to"))
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
 
@@ -159,7 +173,7 @@ def ledger_table(ledger: dict) -> Table:
                    lit((e.get("proof") or "-") + (" (warm only)" if e.get("proof") == "warm" else ""))
                    if e.get("status") == "good" else "-",
                    lit(e.get("reason") or ""))
-    return lt
+    return whole(lt, "profile")
 
 
 def disk(d: dict) -> str:
@@ -205,23 +219,21 @@ def hosts_table(rows: list[dict], source: str) -> Table:
         colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
         table.add_row(lit(f"{r['host']}/{r['container']}"), lit(r.get("vmid") or "-"),
                       styled((st, colour), f" ({r['error']})" if r.get("error") else ""), lit(r.get("job") or "-"))
-    return table
+    return whole(table, "target", "running job")
 
 
 def ps_table(views: list[dict]) -> Table:
     table = Table(show_edge=False)
-    # the id is what people copy: never cut or wrapped; the other columns fold when narrow
-    table.add_column("job", no_wrap=True, min_width=max([len(str(v["job"] or "")) for v in views] + [3]))
-    for col in ("target", "state", "phase", "profile", "tok/s", "uptime"):
-        table.add_column(col, overflow="fold")
-    table.add_column("exit", overflow="fold", ratio=1)
+    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime"):
+        table.add_column(col)
+    table.add_column("exit", ratio=1)
     for v in views:
         style = STATE_STYLE.get(v["state"], "red" if v["state"] == "unreachable" else "")
         exit_ = v["exit"] or (v.get("reason") or "" if v["state"] == "unreachable" else "")
         table.add_row(lit(v["job"]), lit(v["target"]), lit(v["state"] or "-", style), lit(v["phase"] or "-"),
                       lit(v["profile"] or "-"), fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
                       duration(v["uptime_s"]), lit(exit_))
-    return table
+    return whole(table, "job")  # the id is what people copy
 
 
 def doctor_table(label: str, checks) -> Table:
@@ -233,7 +245,7 @@ def doctor_table(label: str, checks) -> Table:
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     for c in checks:
         table.add_row(lit(c.name), lit(c.status, colour.get(c.status, "")), lit(c.detail), lit(c.hint))
-    return table
+    return whole(table, "check", "status")
 
 
 def doctor_summary(counts: dict) -> Text:
@@ -274,7 +286,7 @@ def profiles_table(res: dict, label: str) -> Table:
     if res.get("disk_total"):
         table.caption = (f"all venvs together: {disk(res['disk_total'])} (own: only in these venvs; "
                          "real: each file once; uv links the rest from its cache)")
-    return table
+    return whole(table, "profile", "venv")
 
 
 def age(seconds) -> str:
@@ -293,7 +305,7 @@ def cache_table(caches: list, title: str) -> Table:
         table.add_row(lit(c["env_key"]), size(c["size"]), str(c.get("files", "?")),
                       *(size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")),
                       age(c.get("age")), lit(", ".join(c.get("proof") or []) or "-"))
-    return table
+    return whole(table, "profile venv")
 
 
 def snapshot_table(caches: list, title: str) -> Table:
@@ -304,7 +316,7 @@ def snapshot_table(caches: list, title: str) -> Table:
         for s in c.get("snapshots") or []:
             table.add_row(lit(c["env_key"]), lit(s["name"]), age(s["age"]), str(s["files"]),
                           size(s["bytes"]), str(s.get("linked")), lit(str(s.get("job") or "-")))
-    return table
+    return whole(table, "profile venv", "snapshot", "job")
 
 
 def candidates_line(cands: list) -> str:
