@@ -15,14 +15,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpujob.wheelhouse import build_indexes
-from helpers import REPO, local_env, wait_for, write_spec
+from helpers import REPO, local_env, write_spec
 
 GPUJOB = str(Path(sys.executable).parent / "gpujob")
 LONG_ID = "conventions-long-job-id-0123456789abcdef"

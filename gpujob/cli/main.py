@@ -142,7 +142,8 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
         on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
     r = t.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_out, on_stderr=on_err)
     if as_json:
-        on_out.close(), on_err.close()
+        on_out.close()
+        on_err.close()
         jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
     if r.timed_out:
         err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
@@ -695,7 +696,8 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
         _follow(job_id, t, "job.log", None, as_json=as_json)
         final = _status(job_id, t) if as_json else _print_final(job_id, t)
         if as_json:
-            print(json.dumps({"act": title, "status": render.status_view(final, t.label)}), flush=True)
+            from gpujob.cli import jsonl
+            jsonl.emit({"act": title, "status": render.status_view(final, t.label)})
         if final.get("state") != "succeeded":
             raise JobError(f"demo job {job_id} ended {final.get('state')}: {final.get('reason')}")
     rolled = [r for r in final.get("rollbacks") or [] if r.get("signal") != "manual"]
@@ -703,7 +705,8 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
         raise JobError("the demo ended without a rollback: the slow build was not caught")
     r = rolled[-1]
     if as_json:
-        print(json.dumps({"rollback": r}), flush=True)
+        from gpujob.cli import jsonl
+        jsonl.emit({"rollback": r})
         return
     render.heading(out, "What happened")
     out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
