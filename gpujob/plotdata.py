@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import math
 
+from gpujob.agent.protocol import JobState
 from gpujob.agent.throughput import fmt_rate
 
-PHASE_OF_STATE = {"preparing": "prepare", "warmup": "warmup", "training": "train",
-                  "rolling_back": "rollback", "stopping": "stop"}
+PHASE_OF_STATE = {JobState.PREPARING: "prepare", JobState.WARMUP: "warmup", JobState.TRAINING: "train",
+                  JobState.ROLLING_BACK: "rollback", JobState.STOPPING: "stop"}
 
 
 def _num(v) -> float | None:
@@ -53,7 +54,7 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
             phases[-1]["end"] = rel(r["t"])
         if r["state"] in PHASE_OF_STATE:
             phases.append({"start": rel(r["t"]), "end": None, "phase": PHASE_OF_STATE[r["state"]],
-                           "profile": r.get("profile") if r["state"] != "rolling_back" else None})
+                           "profile": r.get("profile") if r["state"] != JobState.ROLLING_BACK else None})
     for p in phases:
         if p["end"] is None:
             p["end"] = rel(end)

@@ -16,8 +16,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from gpujob import __version__
-from gpujob.agent.journal import ENDED, FINAL_STATES
+from gpujob import __version__, kinds
+from gpujob.agent.protocol import ENDED, FINAL_STATES, JobState
 from gpujob.cli import conventions, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
@@ -111,10 +111,10 @@ def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Tar
             continue  # out of reach: as last seen
         for st in jobs_:
             fetched[st["job_id"]] = st.get("state")
-            if st.get("state") != "not_found":
+            if st.get("state") != JobState.NOT_FOUND:
                 ctx.state().seen(st["job_id"], st.get("state"))
     cands = [(r["job_id"], r["target"], fetched.get(r["job_id"], r["state"])) for r in rows]
-    cands = [c for c in cands if c[2] not in FINAL_STATES + ("not_found",)]
+    cands = [c for c in cands if c[2] not in FINAL_STATES + (JobState.NOT_FOUND,)]
     if len(cands) != 1:
         raise InputError(render.candidates_line(cands))
     return cands[0][0], ctx.target(cands[0][1])
@@ -215,8 +215,8 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
             try:
                 t = targets.open(f"{host_name}/{cname}")
                 row["vmid"] = t.vmid
-                row["status"] = t.transport.status() if t.kind == "ssh" else "local"
-                if row["status"] in ("running", "local"):
+                row["status"] = t.driver.status(t)
+                if row["status"] in kinds.READY:
                     jobs = t.agent_json("status").get("jobs", [])
                     live = [j for j in jobs if j.get("state") not in ENDED]
                     row["job"] = live[-1]["job_id"] if live else None
@@ -292,13 +292,13 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         _follow(job_id, t, "job.log", None, as_json=True)
         st = _status(job_id, t)
         jsonl.emit(render.status_view(st, t.label))
-        raise typer.Exit(0 if st.get("state") == "succeeded" else 1)
+        raise typer.Exit(0 if st.get("state") == JobState.SUCCEEDED else 1)
     if as_json:
         out.print_json(json.dumps(dict(res, job_id=job_id, target=t.label)))
         return
     if follow:
         _follow(job_id, t, "job.log", None)
-        raise typer.Exit(0 if _print_final(job_id, t).get("state") == "succeeded" else 1)
+        raise typer.Exit(0 if _print_final(job_id, t).get("state") == JobState.SUCCEEDED else 1)
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
@@ -322,15 +322,15 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
-        state.seen(job_id, "unknown")
+        state.seen(job_id, JobState.UNKNOWN)
         raise
     except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
         state.unreserve(job_id)
         raise
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
-        state.seen(job_id, "unknown")
+        state.seen(job_id, JobState.UNKNOWN)
         raise
-    state.seen(job_id, "preparing")
+    state.seen(job_id, JobState.PREPARING)
     if res.get("stale_lock"):
         err.print(render.styled(("note:", "yellow"), f" took over the container from job "
                                 f"{res['stale_lock'].get('job_id')} (its supervisor, pid "
@@ -698,7 +698,7 @@ def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"
         if as_json:
             from gpujob.cli import jsonl
             jsonl.emit({"act": title, "status": render.status_view(final, t.label)})
-        if final.get("state") != "succeeded":
+        if final.get("state") != JobState.SUCCEEDED:
             raise JobError(f"demo job {job_id} ended {final.get('state')}: {final.get('reason')}")
     rolled = [r for r in final.get("rollbacks") or [] if r.get("signal") != "manual"]
     if not rolled:

@@ -16,12 +16,13 @@ from rich.table import Table
 from rich.text import Text
 
 from gpujob.agent import timings
-from gpujob.agent.journal import ENDED
+from gpujob.agent.protocol import ENDED, JobState
 from gpujob.agent.throughput import fmt_rate, sparkline
 
-STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "preparing": "yellow",
-               "rolling_back": "magenta", "stopping": "yellow", "stopped": "dim", "failed": "red",
-               "lost": "red"}
+S = JobState
+STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
+               S.ROLLING_BACK: "magenta", S.STOPPING: "yellow", S.STOPPED: "dim", S.FAILED: "red",
+               S.LOST: "red"}
 
 
 def console(stderr: bool = False) -> Console:
@@ -145,7 +146,7 @@ def print_status(console: Console, v: dict) -> None:
     t.add_row("uptime", duration(v["uptime_s"]))
     if v["exit"]:
         t.add_row("exit", lit(v["exit"]))
-    elif v["reason"] and v["state"] == "rolling_back":
+    elif v["reason"] and v["state"] == JobState.ROLLING_BACK:
         t.add_row("why", lit(v["reason"]))
     console.print(t)
     if v["rollbacks"]:
