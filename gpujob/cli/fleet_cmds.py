@@ -125,7 +125,8 @@ def status(job_id: str, labels: list, as_json: bool) -> None:
     print_views(job_id, views)
 
 
-def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: str, tail: Optional[int]) -> None:
+def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: str, tail: Optional[int],
+         events: bool = False, as_json: bool = False) -> None:
     """Every node's log, each line prefixed ``[node i]`` (interleaved as they come
     with -f), or one node's as it is (``--node i``)."""
     m = _m()
@@ -133,7 +134,7 @@ def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: 
     if node is not None and not 0 <= node < len(labels):
         raise InputError(f"--node: expected 0 to {len(labels) - 1}, got {node}")
     if node is not None:
-        m._follow(job_id, m.ctx.target(labels[node]), file, tail, follow=follow)
+        m._follow(job_id, m.ctx.target(labels[node]), file, tail, follow=follow, events=events, as_json=as_json)
         return
     so = sys.stdout.buffer
     lock = threading.Lock()
