@@ -52,7 +52,37 @@ def gather(target: Target, workdir: str | None = None) -> dict:
     return facts
 
 
+def with_fixes(checks: list[Check]) -> list[Check]:
+    """Every failed or warned check with a fix: the specific one it has, else one by what failed."""
+    for c in checks:
+        if c.status != "ok" and not c.hint:
+            c.hint = fallback_fix(c.name, c.detail)
+    return checks
+
+
+def fallback_fix(name: str, detail: str) -> str:
+    d = detail.lower()
+    if name in ("host", "connect"):
+        if "banner" in d or "protocol" in d:
+            return ("something answered that is not sshd: check `address` and `port` in hosts.yaml "
+                    "(or ~/.ssh/config) and that sshd listens there: ssh -p PORT USER@ADDRESS true")
+        if "timed out" in d or "timeout" in d:
+            return ("check the address, the network path (VPN, firewall) and that the host is up; "
+                    "raise `connect_timeout` in hosts.yaml for slow links")
+        return ("check `address`, `port` and `user` in hosts.yaml (or ~/.ssh/config), and that sshd runs "
+                "there: ssh -p PORT USER@ADDRESS true")
+    if name == "pct":
+        return "run `pct status VMID` on the host as root to see why it fails"
+    if name == "python3":
+        return "check that the container runs and has python3 3.8+: gpujob exec CT -- python3 -V"
+    return "see README: Troubleshooting"
+
+
 def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
+    return with_fixes(_judge(facts, expected_gpus=expected_gpus, cudas=cudas))
+
+
+def _judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
     checks: list[Check] = []
     add = lambda *a: checks.append(Check(*a))  # noqa: E731
     if not kinds.get(facts["kind"]).judge(facts, add):
