@@ -272,7 +272,9 @@ def test_a_crash_restarts_every_node_together_on_the_same_profile(tmp_path, env,
 
 
 def test_rollback_and_stop_from_the_cli_act_on_every_node(tmp_path, env, index_urls):
-    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=2000, interval=0.1)
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, steps=2000, interval=0.1,  # slow is no breach here
+                      throughput={"format": "ktok", "window": 3, "min": "1K", "failure_limit": 2,
+                                  "no_data_timeout": "30s", "good_after": "1s"})
     job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
     wait_for(lambda: node_state(tmp_path, 1, job_id).get("tps"), 90, what="node 1 training")
     p = cli(["rollback", job_id, "--to", "slow"], env, check=True)
