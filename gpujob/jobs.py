@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, envs
+from gpujob.agent import checkpoint, envs, metrics, notify
 from gpujob.agent.commands import command_argv
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
@@ -124,7 +124,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
            "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
            "env_passthrough": list(env_passthrough or [])}
-    if secrets and (secrets.get("env") or secrets.get("profiles")):
+    if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")):
         req["secrets"] = secrets
     return req
 
@@ -225,6 +225,15 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           ["<rollback target's venv>/bin/python", "-c", "<standby: preload, wait on "
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
+    for i, hook in enumerate(req["spec"].get("notify") or []):
+        steps.append(Step("notify", "supervisor", f"post to {notify.describe(i, hook)} from the container's "
+                          f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
+                          when="on " + ", ".join(hook["events"])))
+    if spec.metrics is not None:
+        where = metrics.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
+        steps.append(Step("metrics", "supervisor", f"write the job's gauges to {where} (Prometheus text "
+                          "format, temp file + rename)", when=f"at most every {spec.metrics.every:g}s while "
+                          "samples come, and on each state change"))
     return steps
 
 

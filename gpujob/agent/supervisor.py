@@ -18,8 +18,10 @@ import time
 
 from gpujob.agent import checkpoint, envs, jobenv, sources, throughput
 from gpujob.agent.cachekeep import CacheKeep
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
+from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Fenced, Held, Lock
+from gpujob.agent.metrics import MetricsFile
+from gpujob.agent.notify import Notifier
 from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
@@ -123,6 +125,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
         self._login: dict | None = None
         self._passed: dict = {}
+        self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
+        self.metrics = MetricsFile(self.journal, self.job)
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:
@@ -134,16 +138,23 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.journal.set_state(state=state, **kw)
         self.journal.event("state", state=state, **{k: v for k, v in kw.items()
                                                     if k in ("phase", "profile", "reason")})
+        self.metrics.write(force=True)
 
     # ---- entry -------------------------------------------------------------
     def main(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         os.makedirs(self.journal.dir, exist_ok=True)
+        fenced = False
         try:
             self.joblog = JobLog(self.journal.path("job.log"))
             self.relay = Relay(self.journal.dir, self.joblog)
             self.relay.recover()
+            self.notifier.start()
+            if self.journal.state().get("state") in ENDED:  # revived only to deliver its notifications
+                self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()))
+                self.journal.event("notify_resumed", supervisor_pid=os.getpid())
+                return 0
             self.make_reserve()
             self.announce()
             self.lifecycle()
@@ -153,6 +164,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.finish("failed", str(e))
         except Fenced as e:  # a newer holder owns the job now: touch nothing more
             sys.stderr.write(f"gpujob supervisor: {e}; leaving\n")
+            fenced = True
             return 3
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -165,6 +177,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         finally:
             if self.held:
                 self.held.release()
+            if not fenced:  # the job's last messages go out before the supervisor does (the
+                self.notifier.close()  # container is free meanwhile: its pid in state keeps revive off)
         return 0
 
     def announce(self) -> None:
@@ -204,6 +218,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             left = self.phase_proc.kill(5)
             kw.setdefault("left", left)
         self.drop_standby()
+        if state in ("succeeded", "failed"):  # written down before the state: a death between re-emits it
+            self.notifier.emit("success" if state == "succeeded" else "failure", "end", reason=reason,
+                               profile=self.journal.state().get("profile"), signal=kw.get("signal"),
+                               exit_code=kw.get("exit_code"), rollbacks=len(self.rollbacks))
         self.drop_secrets()
         self.drop_boot_hook()
         self.say(f"job {state}: {reason}")
@@ -355,6 +373,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.rollbacks.append(rec)
             self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            self.notifier.emit("rollback", str(len(self.rollbacks)), **{k: rec[k] for k in
+                                                                         ("from", "to", "reason", "signal")})
             p = dict(p, recorded=True)
             self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
             self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
@@ -411,7 +431,12 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         return self._secrets
 
     def drop_secrets(self) -> None:
-        """The job has ended: its secrets leave the container."""
+        """The job has ended: its secrets leave the container (a webhook's stay until
+        the job's last messages are out: notify.py)."""
+        kept = self.notifier.kept_secrets()
+        if kept:
+            write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
+            return
         try:
             os.unlink(self.journal.path(SECRETS_FILE))
         except FileNotFoundError:

@@ -1,0 +1,273 @@
+"""Webhook notifications and Prometheus metrics (agent/notify.py, agent/metrics.py):
+the pure parts fast, then real jobs on the `local` target posting to a real HTTP
+server in the test, with a supervisor SIGKILLed while a message waits in its outbox."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpujob.agent import metrics, notify
+from gpujob.agent.journal import STATES
+from gpujob.wheelhouse import build_indexes
+from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+
+SECRET_PATH = "T0SECRET/B0SECRET/xoxb-hook-secret-771"
+SECRET_TOKEN = "tk_ntfy-secret-token-5521"
+
+
+class HookServer:
+    """A webhook receiver on loopback: records every POST; paths in ``fail`` answer
+    HTTP 500 as many times as their count says, paths in ``down`` always."""
+
+    def __init__(self):
+        self.posts: list = []  # {"path", "headers", "body", "status"}
+        self.fail: dict = {}
+        self.down: set = set()
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with server.lock:
+                    path = self.path
+                    bad = path in server.down or server.fail.get(path, 0) > 0
+                    if server.fail.get(path, 0) > 0:
+                        server.fail[path] -= 1
+                    status = 500 if bad else 200
+                    server.posts.append({"path": path, "headers": dict(self.headers), "body": body,
+                                         "status": status})
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *a):
+                pass
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def received(self, path: str, ok_only: bool = True) -> list:
+        with self.lock:
+            return [p for p in self.posts if p["path"] == path and (p["status"] == 200 or not ok_only)]
+
+    def ids(self, path: str, ok_only: bool = True) -> list:
+        return [p["headers"]["X-Gpujob-Event-Id"] for p in self.received(path, ok_only)]
+
+    def close(self):
+        self.httpd.shutdown()
+
+
+@pytest.fixture
+def hooks():
+    h = HookServer()
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def index_urls(tmp_path_factory):
+    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
+    return {b: p.as_uri() for b, p in idx.items()}
+
+
+# ---- pure ------------------------------------------------------------------------
+
+def test_each_format_renders_as_its_receiver_expects():
+    msg = notify.message("rollback", "j-1.rollback.1", "j-1", "tjob", 100.0, **{
+        "from": "slow", "to": "fast", "reason": "median 4.9K < 10K", "signal": "low_throughput"})
+    body, headers = notify.render("slack", msg)
+    assert json.loads(body) == {"text": "gpujob j-1: rolled back slow -> fast: median 4.9K < 10K"}
+    assert headers["Content-Type"] == "application/json" and headers["X-Gpujob-Event-Id"] == "j-1.rollback.1"
+    body, headers = notify.render("ntfy", msg, token="tok")
+    assert body.decode() == msg["text"]
+    assert (headers["Title"], headers["Tags"], headers["Priority"]) == \
+        ("gpujob tjob: rolled back slow -> fast", "warning", "high")
+    assert headers["Authorization"] == "Bearer tok"
+    body, _ = notify.render("json", msg)
+    sent = json.loads(body)
+    assert (sent["id"], sent["type"], sent["from"], sent["to"]) == ("j-1.rollback.1", "rollback", "slow", "fast")
+    # outside text never breaks a header: one latin-1 line
+    odd = notify.message("failure", "x", "j", "n\r\nX-Evil: 1 ☃", 0.0, reason="r")
+    assert "\n" not in notify.render("ntfy", odd)[1]["Title"]
+    assert [notify.backoff(a) for a in (1, 2, 3, 8, 20)] == [1, 2, 4, 60, 60]
+
+
+PROM_LINE = re.compile(r'^(# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+|'
+                       r'[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\[\\"n])*",?)*\})? '
+                       r'[-+]?([0-9.]+([eE][-+]?[0-9]+)?|NaN|[-+]Inf))$')
+
+
+def parse_prom(text: str) -> dict:
+    """{(metric, frozenset(labels)): value}; every line must be valid exposition format."""
+    out = {}
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        assert PROM_LINE.match(line), f"not exposition format: {line!r}"
+        if line.startswith("#"):
+            continue
+        name_labels, value = line.rsplit(" ", 1)
+        name, _, labels = name_labels.partition("{")
+        pairs = re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels)
+        unescaped = {k: v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\") for k, v in pairs}
+        out[(name, frozenset(unescaped.items()))] = float(value)
+    return out
+
+
+def test_exposition_escapes_outside_text_and_leaves_out_what_is_unknown():
+    st = {"state": "training", "profile": 'we"ird\\pro\nfile', "tps": 12800.5,
+          "window": {"median": 12000.0, "threshold": 10000.0}, "rollbacks": [{}], "baseline": None}
+    g = metrics.gauges(st, "j-1", "tjob")
+    got = parse_prom(metrics.exposition(g, 1.5))
+    labels = frozenset({"job_id": "j-1", "job_name": "tjob", "profile": st["profile"]}.items())
+    assert got[("gpujob_tokens_per_second", labels)] == 12800.5
+    assert got[("gpujob_window_median_tokens_per_second", labels)] == 12000.0
+    assert got[("gpujob_threshold_tokens_per_second", labels)] == 10000.0
+    assert not any(k[0] == "gpujob_known_good_baseline_tokens_per_second" for k in got)  # no value yet
+    job = {("job_id", "j-1"), ("job_name", "tjob")}
+    assert got[("gpujob_rollbacks_total", frozenset(job))] == 1
+    states = {dict(k[1])["state"]: v for k, v in got.items() if k[0] == "gpujob_state"}
+    assert states == {s: float(s == "training") for s in STATES}
+
+
+# ---- real jobs on the local target ---------------------------------------------------
+
+def jdir(tmp_path: Path, job_id: str) -> Path:
+    return tmp_path / "root" / "jobs" / job_id
+
+
+def all_text(d: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in d.rglob("*") if p.is_file())
+
+
+def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(tmp_path, index_urls, hooks):
+    env = local_env(tmp_path)
+    env["HOOK_URL"] = f"{hooks.url}/slack/{SECRET_PATH}"
+    (tmp_path / "ntfy.token").write_text(SECRET_TOKEN + "\n")
+    hooks.fail["/flaky"] = 2  # the json receiver fails twice, then takes it
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 40 --interval 0.05",
+                      rollback={"fallback": ["fast"]},
+                      notify=[{"url": {"from_env": "HOOK_URL"}, "format": "slack"},
+                              {"url": f"{hooks.url}/ntfy/gpujob", "format": "ntfy",
+                               "token": {"from_file": "ntfy.token"}, "events": ["rollback", "success"]},
+                              {"url": f"{hooks.url}/flaky", "format": "json", "events": ["success"],
+                               "timeout": "5s", "retries": 3}],
+                      metrics={"textfile": "{job_id}.prom", "every": "1s"})
+    p = cli(["submit", str(spec), "--follow"], env, timeout=180)
+    assert p.returncode == 0, p.stdout.decode()[-3000:]
+    job_id = job_id_of(p.stdout)
+    slack = f"/slack/{SECRET_PATH}"
+    wait_for(lambda: hooks.received("/flaky"), 60, what="the flaky receiver to take the message")
+    wait_for(lambda: not notify.waiting(str(jdir(tmp_path, job_id))), 30, what="the outbox to drain")
+    # slack: rollback, known-good, success, in that order, as {"text": ...}
+    texts = [json.loads(p["body"]) for p in hooks.received(slack)]
+    assert [set(t) for t in texts] == [{"text"}] * 3
+    assert [h.split(".")[1] for h in hooks.ids(slack)] == ["rollback", "known_good", "success"]
+    assert "rolled back slow -> fast" in texts[0]["text"] and "known-good" in texts[1]["text"]
+    # ntfy: only the kinds it asked for; plain text; its headers; the token as a bearer
+    ntfy = hooks.received("/ntfy/gpujob")
+    assert [p["headers"]["Tags"] for p in ntfy] == ["warning", "white_check_mark"]
+    assert ntfy[1]["headers"]["Title"] == "gpujob tjob: job succeeded"
+    assert ntfy[1]["body"].decode() == f"gpujob {job_id}: job succeeded: on profile fast"
+    assert {p["headers"]["Authorization"] for p in ntfy} == {f"Bearer {SECRET_TOKEN}"}
+    # the flaky one: two refusals, then the message once; ids let a receiver drop repeats
+    tries = hooks.received("/flaky", ok_only=False)
+    assert [t["status"] for t in tries] == [500, 500, 200]
+    assert len({t["headers"]["X-Gpujob-Event-Id"] for t in tries}) == 1
+    sent = json.loads(tries[-1]["body"])
+    assert (sent["type"], sent["job_id"], sent["profile"], sent["rollbacks"]) == ("success", job_id, "fast", 1)
+    ev = events(jdir(tmp_path, job_id))
+    errors = [e for e in ev if e["type"] == "notify_error"]
+    assert [(e["webhook"], e["attempt"], e["error"], e["gave_up"]) for e in errors] == \
+        [(2, 1, "HTTP 500", False), (2, 2, "HTTP 500", False)]
+    assert len([e for e in ev if e["type"] == "notify_sent"]) == 3 + 2 + 1
+    # the secrets: in no file of the job (secrets.json is gone now the outbox is empty), no argv
+    d = jdir(tmp_path, job_id)
+    assert not (d / "secrets.json").exists()
+    text = all_text(d) + p.stdout.decode() + p.stderr.decode()
+    assert SECRET_PATH not in text and SECRET_TOKEN not in text
+    assert "notify[0].url" in json.loads((d / "job.json").read_text())["secret_names"]
+    # metrics: the textfile parses and says what the samples say; status --json carries the same
+    got = parse_prom((d / f"{job_id}.prom").read_text())
+    samples = [json.loads(ln) for ln in (d / "samples.jsonl").read_text().splitlines()]
+    st = cli_json(["status", job_id, "--json"], env)
+    labels = frozenset({"job_id": job_id, "job_name": "tjob", "profile": "fast"}.items())
+    assert got[("gpujob_tokens_per_second", labels)] == samples[-1]["value"] == st["metrics"]["tok_s"]
+    assert got[("gpujob_window_median_tokens_per_second", labels)] == st["window_median"] \
+        == st["metrics"]["window_median"] == samples[-1]["median"]
+    assert got[("gpujob_threshold_tokens_per_second", labels)] == 10000 == st["metrics"]["threshold"]
+    assert got[("gpujob_known_good_baseline_tokens_per_second", labels)] == st["metrics"]["baseline"] > 10000
+    job = frozenset({"job_id": job_id, "job_name": "tjob"}.items())
+    assert got[("gpujob_rollbacks_total", job)] == 1 == st["metrics"]["rollbacks"]
+    assert got[("gpujob_state", job | {("state", "succeeded")})] == 1
+    assert st["metrics"]["state"] == "succeeded" and st["metrics"]["profile"] == "fast"
+
+
+def test_a_supervisor_killed_with_messages_in_its_outbox_delivers_them_after_revival(tmp_path, index_urls,
+                                                                                   hooks):
+    env = local_env(tmp_path)
+    hooks.down.add("/hook")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False,
+                      trainer_args="--steps 80 --interval 0.1",
+                      notify=[{"url": f"{hooks.url}/hook", "events": ["known_good", "success"],
+                               "timeout": "5s", "retries": 20}])
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    d = jdir(tmp_path, job_id)
+
+    def state():
+        return json.loads((d / "state.json").read_text())
+    # 1. mid-job: the known-good message is refused, the supervisor dies, a new one sends it
+    wait_for(lambda: any(e["type"] == "notify_error" for e in events(d)), 60, what="a refused known_good")
+    os.kill(state()["supervisor_pid"], signal.SIGKILL)
+    assert notify.waiting(str(d))
+    hooks.down.clear()
+    cli(["status", job_id], env, check=True)  # revives the supervisor; it re-adopts the trainer
+    wait_for(lambda: hooks.ids("/hook"), 30, what="the known_good message after revival")
+    assert [i.split(".")[1] for i in hooks.ids("/hook")] == ["known_good"]
+    # 2. after the end: the success message is refused, the supervisor dies while it waits
+    hooks.down.add("/hook")
+    wait_for(lambda: state().get("state") == "succeeded", 60, what="the job to succeed")
+    wait_for(lambda: any(e["type"] == "notify_error" and ".success." in e["id"] for e in events(d)), 30,
+             what="a refused success message")
+    os.kill(state()["supervisor_pid"], signal.SIGKILL)
+    hooks.down.clear()
+    revived = cli_json(["status", job_id, "--json"], env)
+    assert revived["state"] == "succeeded"
+    wait_for(lambda: len(hooks.ids("/hook")) == 2, 30, what="the success message after revival")
+    wait_for(lambda: not notify.waiting(str(d)), 30, what="the outbox to drain")
+    ids = hooks.ids("/hook")
+    assert [i.split(".")[1] for i in ids] == ["known_good", "success"]  # each acknowledged once
+    assert any(e["type"] == "notify_resumed" for e in events(d))
+    assert json.loads((d / "state.json").read_text())["state"] == "succeeded"  # the end was not redone
+    assert [e["type"] for e in events(d) if e["type"] == "state"].count("state") == \
+        len([e for e in events(d) if e["type"] == "state"])
+    assert [e.get("state") for e in events(d) if e["type"] == "state"].count("succeeded") == 1
+
+
+def test_a_webhook_that_never_answers_is_an_event_never_a_job_failure(tmp_path, index_urls, hooks):
+    env = local_env(tmp_path)
+    hooks.down.add("/dead")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False, throughput=False,
+                      trainer_args="--steps 3 --interval 0.01",
+                      notify=[{"url": f"{hooks.url}/dead", "events": ["success"], "retries": 1}])
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0, p.stdout.decode()[-2000:]
+    d = jdir(tmp_path, job_id_of(p.stdout))
+    wait_for(lambda: any(e["type"] == "notify_error" and e["gave_up"] for e in events(d)), 30,
+             what="the sender to give up")
+    assert json.loads((d / "state.json").read_text())["state"] == "succeeded"
+    assert len(hooks.received("/dead", ok_only=False)) == 2
+    wait_for(lambda: not notify.waiting(str(d)), 10, what="the outbox to close")
+    assert [p.name.split(".")[1] for p in (d / "notify").iterdir()] == ["success"]
