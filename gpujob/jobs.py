@@ -172,8 +172,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       env_passthrough=target.env_passthrough)
     refs = secrets_env.secret_refs(spec)
     if refs:
-        steps.append(Step("secrets", "container", "write the secret env values to the job's own 0600 "
-                          "secrets.json (read by the supervisor, removed when the job ends): " + ", ".join(
+        steps.append(Step("secrets", "container", "write the secret values to the job's own 0600 "
+                          "secrets.json (read by the supervisor, removed when the job ends; a webhook's once "
+                          "the job's last messages are out): " + ", ".join(
                               f"{name}={secrets_env.MASK} ({ref.describe()})" for _, name, ref in refs)))
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])

@@ -139,6 +139,62 @@ def test_exposition_escapes_outside_text_and_leaves_out_what_is_unknown():
     assert states == {s: float(s == "training") for s in STATES}
 
 
+BASE = """\
+name: nt
+profiles:
+  - {name: fast, index_url: "https://i/simple", packages: ["a==1"]}
+train: {command: python t.py}
+"""
+
+
+@pytest.mark.parametrize("block, message", [
+    ("notify:\n  - url: ftp://h/x\n", "job.yaml:6: notify[0].url: expected an http(s):// URL or "
+                                       "{from_env: VAR} / {from_file: PATH}, got 'ftp://h/x'"),
+    ("notify:\n  - url: https://u:pw@h/x\n", "job.yaml:6: notify[0].url: this URL holds credentials"),
+    ("notify:\n  - url: https://h/x\n    token: abc\n", "job.yaml:7: notify[0].token: a token is a secret"),
+    ("notify:\n  - url: https://h/x\n    format: teams\n", "job.yaml:7: notify[0].format:"),
+    ("notify:\n  - url: https://h/x\n    events: [success, success]\n",
+     "job.yaml:7: notify[0].events[1]: 'success' is listed twice"),
+    ("notify:\n  - url: https://h/x\n    events: [stopped]\n", "job.yaml:7: notify[0].events[0]:"),
+    ("notify:\n  - url: https://h/x\n    retries: 99\n", "job.yaml:7: notify[0].retries: must be <= 20"),
+    ("notify:\n  - url: {from_env: 'a b'}\n", "job.yaml:6: notify[0].url.from_env: expected a variable name"),
+    ("metrics: {textfile: /var/lib/node_exporter/gpujob.txt}\n",
+     "job.yaml:5: metrics.textfile: expected a path ending in .prom"),
+    ("metrics: {every: 0.1}\n", "job.yaml:5: metrics.every: must be >= 1"),
+])
+def test_bad_notify_and_metrics_blocks_are_one_line_with_file_and_line(tmp_path, block, message):
+    from gpujob.errors import SpecError
+    from gpujob.spec import load_spec
+    (tmp_path / "job.yaml").write_text(BASE + block)
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "job.yaml")
+    text = str(e.value)
+    assert "\n" not in text and message in text, text
+
+
+def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch):
+    from gpujob import jobs, secrets_env
+    from gpujob.errors import SpecError
+    from gpujob.spec import load_spec
+    (tmp_path / "tok").write_text("tok-123456\n")
+    (tmp_path / "job.yaml").write_text(BASE + "notify:\n  - url: {from_env: HOOK}\n    format: slack\n"
+                                       "  - url: https://ntfy.sh/t\n    format: ntfy\n    token: {from_file: tok}\n")
+    spec = load_spec(tmp_path / "job.yaml")
+    with pytest.raises(SpecError, match=r"job.yaml:6: notify\[0\].url: from_env: \$HOOK is not set"):
+        secrets_env.resolve(spec)
+    monkeypatch.setenv("HOOK", "https://hooks.slack.com/services/T/B/sekret99")
+    secrets = secrets_env.resolve(spec)
+    assert secrets["notify"] == {"0": {"url": "https://hooks.slack.com/services/T/B/sekret99"},
+                                 "1": {"token": "tok-123456"}}
+    req = jobs.job_request(spec, "nt-1", "fast", clear_caches=False, secrets=secrets)
+    assert req["secret_names"] == ["notify[0].url", "notify[1].token"]
+    assert [h["url"] for h in req["spec"]["notify"]] == ["***", "https://ntfy.sh/t"]
+    assert "sekret99" not in json.dumps(req["spec"]) and "tok-123456" not in json.dumps(req["spec"])
+    assert secrets_env.scrub("posting to https://hooks.slack.com/services/T/B/sekret99 failed", secrets) == \
+        "posting to *** failed"
+    assert notify.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
+
+
 # ---- real jobs on the local target ---------------------------------------------------
 
 def jdir(tmp_path: Path, job_id: str) -> Path:
