@@ -429,8 +429,9 @@ def _webhook_url(value: Any) -> Any:
     if isinstance(value, dict):
         return _env_value(value)
     if not (isinstance(value, str) and value.startswith(("http://", "https://"))):
-        raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, "
-                         f"got {describe(value)}")
+        got = "a string that does not start with http:// or https://" if isinstance(value, str) else kind_of(value)
+        raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, got {got} "
+                         "(not echoed: it may hold a token)")
     if "@" in value.split("/", 3)[2]:
         raise ValueError("this URL holds credentials (user:pass@): give it as a secret, "
                          "{from_env: VAR} or {from_file: PATH}, so it stays out of job.json and logs")

@@ -148,8 +148,9 @@ train: {command: python t.py}
 
 
 @pytest.mark.parametrize("block, message", [
-    ("notify:\n  - url: ftp://h/x\n", "job.yaml:6: notify[0].url: expected an http(s):// URL or "
-                                       "{from_env: VAR} / {from_file: PATH}, got 'ftp://h/x'"),
+    ("notify:\n  - url: hooks.slack.com/services/T/B/sekret\n",
+     "job.yaml:6: notify[0].url: expected an http(s):// URL or {from_env: VAR} / {from_file: PATH}, got a string "
+     "that does not start with http:// or https:// (not echoed: it may hold a token)"),
     ("notify:\n  - url: https://u:pw@h/x\n", "job.yaml:6: notify[0].url: this URL holds credentials"),
     ("notify:\n  - url: https://h/x\n    token: abc\n", "job.yaml:7: notify[0].token: a token is a secret"),
     ("notify:\n  - url: https://h/x\n    format: teams\n", "job.yaml:7: notify[0].format:"),
