@@ -272,12 +272,12 @@ def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(t
 
 def test_a_supervisor_killed_with_messages_in_its_outbox_delivers_them_after_revival(tmp_path, index_urls,
                                                                                    hooks):
-    env = local_env(tmp_path)
+    env = dict(local_env(tmp_path), HOOK_URL=f"{hooks.url}/hook")
     hooks.down.add("/hook")
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], profile="fast", warmup=False,
                       trainer_args="--steps 80 --interval 0.1",
-                      notify=[{"url": f"{hooks.url}/hook", "events": ["known_good", "success"],
+                      notify=[{"url": {"from_env": "HOOK_URL"}, "events": ["known_good", "success"],
                                "timeout": "5s", "retries": 20}])
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     d = jdir(tmp_path, job_id)
@@ -298,6 +298,8 @@ def test_a_supervisor_killed_with_messages_in_its_outbox_delivers_them_after_rev
     wait_for(lambda: any(e["type"] == "notify_error" and ".success." in e["id"] for e in events(d)), 30,
              what="a refused success message")
     os.kill(state()["supervisor_pid"], signal.SIGKILL)
+    # the job is over, its secret URL stays for the message that waits, and only that
+    assert json.loads((d / "secrets.json").read_text()) == {"notify": {"0": {"url": f"{hooks.url}/hook"}}}
     hooks.down.clear()
     revived = cli_json(["status", job_id, "--json"], env)
     assert revived["state"] == "succeeded"
@@ -306,6 +308,7 @@ def test_a_supervisor_killed_with_messages_in_its_outbox_delivers_them_after_rev
     ids = hooks.ids("/hook")
     assert [i.split(".")[1] for i in ids] == ["known_good", "success"]  # each acknowledged once
     assert any(e["type"] == "notify_resumed" for e in events(d))
+    wait_for(lambda: not (d / "secrets.json").exists(), 10, what="the secret URL to leave")
     assert json.loads((d / "state.json").read_text())["state"] == "succeeded"  # the end was not redone
     assert [e["type"] for e in events(d) if e["type"] == "state"].count("state") == \
         len([e for e in events(d) if e["type"] == "state"])
@@ -328,3 +331,32 @@ def test_a_webhook_that_never_answers_is_an_event_never_a_job_failure(tmp_path, 
     assert len(hooks.received("/dead", ok_only=False)) == 2
     wait_for(lambda: not notify.waiting(str(d)), 10, what="the outbox to close")
     assert [p.name.split(".")[1] for p in (d / "notify").iterdir()] == ["success"]
+
+
+def test_a_job_restarted_by_hand_after_its_end_keeps_no_env_secret_but_sends_what_waited(tmp_path, index_urls,
+                                                                                         hooks):
+    env = dict(local_env(tmp_path), HOOK_URL=f"{hooks.url}/hook", TOK_VALUE="env-secret-value-8812")
+    hooks.down.add("/hook")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False,
+                      trainer_args="--steps 400 --interval 0.05", env={"TOK": {"from_env": "TOK_VALUE"}},
+                      notify=[{"url": {"from_env": "HOOK_URL"}, "events": ["known_good", "failure"],
+                               "retries": 20}])
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    d = jdir(tmp_path, job_id)
+    wait_for(lambda: any(e["type"] == "notify_error" for e in events(d)), 60, what="a refused known_good")
+    cli(["stop", job_id], env, check=True)
+    # stopped: the env secret is gone, the webhook's stays for the message that waits
+    assert json.loads((d / "secrets.json").read_text()) == {"notify": {"0": {"url": f"{hooks.url}/hook"}}}
+    sender = json.loads((d / "state.json").read_text())["supervisor_pid"]
+    p = cli(["rollback", job_id, "--to", "slow"], env, check=True)  # ends the sender, starts a supervisor
+    assert "restarted" in p.stdout.decode()
+    wait_for(lambda: not os.path.exists(f"/proc/{sender}") or
+             open(f"/proc/{sender}/stat").read().split(")")[1].split()[0] == "Z", 10, what="the old sender to go")
+    wait_for(lambda: json.loads((d / "state.json").read_text()).get("state") == "failed", 60, what="the end")
+    assert "secrets were removed" in json.loads((d / "state.json").read_text())["reason"]
+    hooks.down.clear()
+    wait_for(lambda: len(hooks.ids("/hook")) == 2, 30, what="known_good and failure")
+    assert sorted(i.split(".")[1] for i in hooks.ids("/hook")) == ["failure", "known_good"]
+    wait_for(lambda: not (d / "secrets.json").exists(), 30, what="the webhook secret to leave")
+    assert "env-secret-value-8812" not in all_text(d)

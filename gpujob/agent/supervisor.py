@@ -425,7 +425,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         """The secret env values of the job (secrets.json, 0600), read once; {} without."""
         if self._secrets is None:
             self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
-            if not self._secrets and self.job.get("secret_names"):
+            env_names = [n for n in self.job.get("secret_names") or [] if not n.startswith("notify[")]
+            if env_names and not (self._secrets.get("env") or self._secrets.get("profiles")):
                 raise EnvError("the job's secrets were removed from the container when it ended; "
                                "submit it again to run it")
         return self._secrets
