@@ -331,6 +331,15 @@ def test_a_webhook_that_never_answers_is_an_event_never_a_job_failure(tmp_path, 
     assert len(hooks.received("/dead", ok_only=False)) == 2
     wait_for(lambda: not notify.waiting(str(d)), 10, what="the outbox to close")
     assert [p.name.split(".")[1] for p in (d / "notify").iterdir()] == ["success"]
+    # without throughput, a job that exits 0 makes its profile known-good: that is sent too
+    hooks.down.clear()
+    spec = write_spec(tmp_path / "job2.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="slow", warmup=False, throughput=False,
+                      trainer_args="--steps 3 --interval 0.01", notify=[{"url": f"{hooks.url}/ok"}])
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    assert p.returncode == 0, p.stdout.decode()[-2000:]
+    wait_for(lambda: len(hooks.ids("/ok")) == 2, 30, what="two messages")
+    assert [i.split(".")[1] for i in hooks.ids("/ok")] == ["known_good", "success"]
 
 
 def test_a_job_restarted_by_hand_after_its_end_keeps_no_env_secret_but_sends_what_waited(tmp_path, index_urls,

@@ -300,6 +300,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if out.kind == "done":  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step="succeeded")
             if not self.watching and self.ledger.status(profile) != "good":
+                self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
                 self.mark_good(profile, reason="job succeeded")
             else:
                 self.ensure_snapshot(profile)
