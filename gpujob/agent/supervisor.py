@@ -437,8 +437,11 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         the job's last messages are out: notify.py)."""
         kept = self.notifier.kept_secrets()
         if kept:
-            write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
-            return
+            try:
+                write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
+                return
+            except OSError:  # a full disk: all of them go
+                pass
         try:
             os.unlink(self.journal.path(SECRETS_FILE))
         except FileNotFoundError:
