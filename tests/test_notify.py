@@ -196,6 +196,50 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     assert notify.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
 
 
+SENDER = """
+import sys
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.notify import Notifier
+root, url = sys.argv[1:3]
+j = Journal(Home(root), "nt-1")
+hooks = [{"url": url + "/ok", "events": ["failure"]}, {"url": url + "/kill", "events": ["failure"]}]
+n = Notifier(j, {"spec": {"name": "nt", "notify": hooks}}, j.path("secrets.json"))
+n.emit("failure", "end", reason="boom")  # the same message when run again: kept once
+n.start()
+n.close(limit=30)
+"""
+
+
+def test_a_sender_killed_mid_post_resends_that_message_only_where_it_was_not_acknowledged(tmp_path, hooks):
+    import subprocess
+    import sys
+    (tmp_path / "jobs" / "nt-1").mkdir(parents=True)
+    (tmp_path / "jobs" / "nt-1" / "state.json").write_text('{"state": "failed"}')
+    argv = [sys.executable, "-c", SENDER, str(tmp_path), hooks.url]
+    first = subprocess.Popen(argv, cwd=str(Path(__file__).parent.parent))
+    killed = threading.Event()
+    real = hooks.httpd.RequestHandlerClass.do_POST
+
+    def do_post(handler):  # the sender dies while /kill holds its message, before any answer
+        if handler.path == "/kill" and not killed.is_set():
+            killed.set()
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait()
+        real(handler)
+    hooks.httpd.RequestHandlerClass.do_POST = do_post
+    assert first.wait(60) == -signal.SIGKILL and killed.is_set()
+    d = tmp_path / "jobs" / "nt-1"
+    assert notify.waiting(str(d))
+    second = subprocess.run(argv, cwd=str(Path(__file__).parent.parent), timeout=60)
+    assert second.returncode == 0
+    assert not notify.waiting(str(d))
+    assert hooks.ids("/ok") == ["nt-1.failure.end"]  # acknowledged before the death: never again
+    assert hooks.ids("/kill", ok_only=False) == ["nt-1.failure.end"] * 2  # at least once, same id
+    assert [p["status"] for p in hooks.received("/kill", ok_only=False)] == [200, 200]
+    rec = json.loads((d / "notify" / "nt-1.failure.end.done").read_text())
+    assert (rec["acked"], rec["failed"], rec["pending"]) == ([0, 1], [], [])
+
+
 # ---- real jobs on the local target ---------------------------------------------------
 
 def jdir(tmp_path: Path, job_id: str) -> Path:
