@@ -86,7 +86,7 @@ def test_each_format_renders_as_its_receiver_expects():
     msg = notify.message("rollback", "j-1.rollback.1", "j-1", "tjob", 100.0, **{
         "from": "slow", "to": "fast", "reason": "median 4.9K < 10K", "signal": "low_throughput"})
     body, headers = notify.render("slack", msg)
-    assert json.loads(body) == {"text": "gpujob j-1: rolled back slow -> fast: median 4.9K < 10K"}
+    assert json.loads(body) == {"text": "gpujob j-1: rolled back slow -&gt; fast: median 4.9K &lt; 10K"}
     assert headers["Content-Type"] == "application/json" and headers["X-Gpujob-Event-Id"] == "j-1.rollback.1"
     body, headers = notify.render("ntfy", msg, token="tok")
     assert body.decode() == msg["text"]
@@ -100,6 +100,10 @@ def test_each_format_renders_as_its_receiver_expects():
     odd = notify.message("failure", "x", "j", "n\r\nX-Evil: 1 ☃", 0.0, reason="r")
     assert "\n" not in notify.render("ntfy", odd)[1]["Title"]
     assert [notify.backoff(a) for a in (1, 2, 3, 8, 20)] == [1, 2, 4, 60, 60]
+    # a trainer's line in a reason cannot ping a Slack channel or make a link
+    loud = notify.message("failure", "x", "j", "n", 0.0, reason="<!channel> see <http://evil|here> & more")
+    assert json.loads(notify.render("slack", loud)[0])["text"] == \
+        "gpujob j: job failed: &lt;!channel&gt; see &lt;http://evil|here&gt; &amp; more"
 
 
 PROM_LINE = re.compile(r'^(# (HELP|TYPE) [a-zA-Z_:][a-zA-Z0-9_:]* .+|'
@@ -274,7 +278,7 @@ def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(t
     texts = [json.loads(p["body"]) for p in hooks.received(slack)]
     assert [set(t) for t in texts] == [{"text"}] * 3
     assert [h.split(".")[1] for h in hooks.ids(slack)] == ["rollback", "known_good", "success"]
-    assert "rolled back slow -> fast" in texts[0]["text"] and "known-good" in texts[1]["text"]
+    assert "rolled back slow -&gt; fast" in texts[0]["text"] and "known-good" in texts[1]["text"]
     # ntfy: only the kinds it asked for; plain text; its headers; the token as a bearer
     ntfy = hooks.received("/ntfy/gpujob")
     assert [p["headers"]["Tags"] for p in ntfy] == ["warning", "white_check_mark"]
@@ -291,10 +295,11 @@ def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(t
     errors = [e for e in ev if e["type"] == "notify_error"]
     assert [(e["webhook"], e["attempt"], e["error"], e["gave_up"]) for e in errors] == \
         [(2, 1, "HTTP 500", False), (2, 2, "HTTP 500", False)]
-    assert len([e for e in ev if e["type"] == "notify_sent"]) == 3 + 2 + 1
+    wait_for(lambda: len([e for e in events(jdir(tmp_path, job_id)) if e["type"] == "notify_sent"]) == 3 + 2 + 1,
+             10, what="an event for each message taken")
     # the secrets: in no file of the job (secrets.json is gone now the outbox is empty), no argv
     d = jdir(tmp_path, job_id)
-    assert not (d / "secrets.json").exists()
+    wait_for(lambda: not (d / "secrets.json").exists(), 10, what="the secrets to leave with the last message")
     text = all_text(d) + p.stdout.decode() + p.stderr.decode()
     assert SECRET_PATH not in text and SECRET_TOKEN not in text
     assert "notify[0].url" in json.loads((d / "job.json").read_text())["secret_names"]

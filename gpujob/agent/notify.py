@@ -70,8 +70,9 @@ def render(fmt: str, msg: dict, token: str | None = None) -> tuple:
     headers = {"User-Agent": USER_AGENT, "X-Gpujob-Event-Id": _latin1(msg["id"])}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    if fmt == "slack":
-        body = json.dumps({"text": msg["text"]}).encode()
+    if fmt == "slack":  # outside text is data: no <!channel>, no <url|link> (Slack's own escaping)
+        text = msg["text"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        body = json.dumps({"text": text}).encode()
         headers["Content-Type"] = "application/json"
     elif fmt == "ntfy":
         body = msg["text"].encode()
