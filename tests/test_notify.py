@@ -319,6 +319,24 @@ def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(t
     assert st["metrics"]["state"] == "succeeded" and st["metrics"]["profile"] == "fast"
 
 
+def test_the_plan_shows_the_webhooks_and_the_textfile_never_a_secret(tmp_path, index_urls):
+    env = dict(local_env(tmp_path), HOOK_URL=f"https://hooks.example/{SECRET_PATH}")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"],
+                      notify=[{"url": {"from_env": "HOOK_URL"}, "format": "slack"},
+                              {"url": "https://ntfy.sh/t", "format": "ntfy", "events": ["failure"]}],
+                      metrics={"textfile": "/var/lib/node_exporter/textfile/gpujob-{job_id}.prom"})
+    p = cli(["submit", str(spec), "--plan", "--job-id", "tjob-plan"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    out = " ".join(p.stdout.decode().split())
+    assert "post to notify[0] (slack, a secret URL)" in out and "(on rollback, failure, success, known_good)" in out
+    assert "post to notify[1] (ntfy, https://ntfy.sh/t)" in out and "(on failure)" in out
+    assert "notify[0].url=*** (from $HOOK_URL)" in out
+    assert "gauges to /var/lib/node_exporter/textfile/gpujob-tjob-plan.prom" in out
+    assert SECRET_PATH not in p.stdout.decode() + p.stderr.decode()
+    assert not (tmp_path / "root").exists()
+
+
 def test_a_supervisor_killed_with_messages_in_its_outbox_delivers_them_after_revival(tmp_path, index_urls,
                                                                                    hooks):
     env = dict(local_env(tmp_path), HOOK_URL=f"{hooks.url}/hook")
