@@ -298,6 +298,7 @@ def summary(home: Home, job_id: str) -> dict:
         st["policy"] = {k: tp.get(k) for k in ("min", "min_ratio", "window", "failure_limit")}
     st["ledger"] = Ledger(home, st["name"]).read() if st["name"] else {}
     st["metrics"] = metrics.gauges(st, job_id, st["name"])  # what the metrics textfile says
+    st["notify"] = notify.outbox_summary(j.dir)
     t = now()  # durations on the container's own clock: the laptop's may be off
     st["now"] = t
     st["uptime_s"] = max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at") else None

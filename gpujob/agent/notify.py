@@ -116,6 +116,19 @@ def waiting(job_dir: str) -> bool:
         return False
 
 
+def outbox_summary(job_dir: str) -> dict | None:
+    """How the job's messages stand (for status): waiting, taken by every webhook,
+    given up by some; None when the job has no outbox."""
+    try:
+        names = os.listdir(os.path.join(job_dir, OUTBOX))
+    except OSError:
+        return None
+    done = [read_json(os.path.join(job_dir, OUTBOX, n)) or {} for n in names if n.endswith(".done")]
+    return {"waiting": sum(n.endswith(".json") for n in names),
+            "sent": sum(1 for r in done if not r.get("failed")),
+            "given_up": sorted((r.get("message") or {}).get("id", "?") for r in done if r.get("failed"))}
+
+
 class Notifier:
     """One job's outbox and the thread that drains it. ``emit`` (any thread) writes a
     message down and wakes the sender; ``close`` waits until the outbox is drained
@@ -132,7 +145,6 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._next: dict = {}  # (id, webhook index) -> monotonic time of the next attempt
         self._busy = False
-        self._lock = threading.Lock()
 
     # -- writing messages down --
     def emit(self, kind: str, key: str, **fields) -> str | None:
