@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from gpujob.agent import metrics, notify
-from gpujob.agent.journal import STATES
 from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
@@ -140,7 +139,8 @@ def test_exposition_escapes_outside_text_and_leaves_out_what_is_unknown():
     job = {("job_id", "j-1"), ("job_name", "tjob")}
     assert got[("gpujob_rollbacks_total", frozenset(job))] == 1
     states = {dict(k[1])["state"]: v for k, v in got.items() if k[0] == "gpujob_state"}
-    assert states == {s: float(s == "training") for s in STATES}
+    assert states == {s: float(s == "training") for s in metrics.STATES}
+    assert set(metrics.STATES) >= {"preparing", "training", "succeeded", "failed", "lost"}
 
 
 BASE = """\

@@ -13,8 +13,12 @@ import math
 import os
 import time
 
+from gpujob.agent import defaults
 from gpujob.agent.commands import substitute
-from gpujob.agent.journal import STATES, write_bytes
+from gpujob.agent.journal import write_bytes
+from gpujob.agent.protocol import JobState
+
+STATES = tuple(s.value for s in JobState if s not in (JobState.NOT_FOUND, JobState.UNKNOWN))  # a job's own
 
 _GAUGES = (  # (name, key in gauges(), help)
     ("gpujob_tokens_per_second", "tok_s", "Last throughput sample of the job (tokens/s)."),
@@ -82,11 +86,11 @@ class MetricsFile:
     a job failure."""
 
     def __init__(self, journal, job: dict):
-        cfg = (job.get("spec") or {}).get("metrics")
+        cfg = defaults.section(job.get("spec") or {}, "metrics")
         self.journal = journal
         self.name = (job.get("spec") or {}).get("name")
         self.path = textfile_path(journal.dir, journal.job_id, cfg["textfile"]) if cfg else None
-        self.every = float(cfg.get("every", 10.0)) if cfg else 0.0
+        self.every = float(cfg["every"]) if cfg else 0.0
         self.last = None
         self.failed = False
 

@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 
+from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.journal import now, read_json, write_json
 
 OUTBOX = "notify"
@@ -88,7 +89,7 @@ def describe(index: int, hook: dict) -> str:
     """A webhook as the plan and the journal name it (never its URL when that is a secret)."""
     url = hook.get("url")
     where = "a secret URL" if not isinstance(url, str) or url == MASK else url.split("?")[0]
-    return f"notify[{index}] ({hook.get('format', 'json')}, {where})"
+    return f"notify[{index}] ({hook.get('format', DEFAULTS['notify']['format'])}, {where})"
 
 
 def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
@@ -137,7 +138,7 @@ class Notifier:
     def __init__(self, journal, job: dict, secrets_path: str):
         self.journal = journal
         self.job = job
-        self.hooks = list(job.get("spec", {}).get("notify") or [])
+        self.hooks = [{**DEFAULTS["notify"], **h} for h in job.get("spec", {}).get("notify") or []]
         self.dir = journal.path(OUTBOX)
         self.secrets_path = secrets_path
         self._secrets: dict | None = None
@@ -161,7 +162,7 @@ class Notifier:
             return None
 
     def _emit(self, kind: str, key: str, **fields) -> str | None:
-        targets = [i for i, h in enumerate(self.hooks) if kind in (h.get("events") or EVENTS)]
+        targets = [i for i, h in enumerate(self.hooks) if kind in h["events"]]
         if not targets:
             return None
         job_id = self.journal.job_id
@@ -195,8 +196,8 @@ class Notifier:
         self.release_secrets()
 
     def _worst_case(self) -> float:
-        per = [(int(h.get("retries", 5)) + 1) * float(h.get("timeout", 10.0))
-               + sum(backoff(a) for a in range(1, int(h.get("retries", 5)) + 1)) for h in self.hooks]
+        per = [(int(h["retries"]) + 1) * float(h["timeout"])
+               + sum(backoff(a) for a in range(1, int(h["retries"]) + 1)) for h in self.hooks]
         return 10.0 + 4 * sum(per)
 
     def _loop(self) -> None:
@@ -238,18 +239,18 @@ class Notifier:
                 if self._next.get(key, 0.0) > time.monotonic():
                     continue
                 self._next.pop(key, None)
-                hook = self.hooks[index] if index < len(self.hooks) else {}
+                hook = self.hooks[index] if index < len(self.hooks) else dict(DEFAULTS["notify"], retries=0)
                 url, token = self._credentials(index, hook)
                 attempt = int(rec["attempts"].get(str(index), 0)) + 1
                 why = "its secret URL is gone from the container" if not url else None
                 if why is None:
-                    body, headers = render(hook.get("format", "json"), msg, token)
-                    why = post(url, body, headers, float(hook.get("timeout", 10.0)))
+                    body, headers = render(hook["format"], msg, token)
+                    why = post(url, body, headers, float(hook["timeout"]))
                 rec["attempts"][str(index)] = attempt
                 rec["pending"].remove(index)
                 if why is None:
                     rec["acked"].append(index)
-                elif attempt > int(hook.get("retries", 5)) or not url:
+                elif attempt > int(hook["retries"]) or not url:
                     rec["failed"].append(index)
                 else:
                     rec["pending"].append(index)
