@@ -40,9 +40,10 @@ def records(path: Path) -> list:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
 
 
-def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None) -> dict:
+def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: str | None = None) -> dict:
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--force"], env=env,
+    extra = ["--profile", profile] if profile else []
+    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--force", *extra], env=env,
                        capture_output=True, timeout=300)
     if p.returncode != 0:
         raise SystemExit(p.stderr.decode()[-2000:])
@@ -61,7 +62,21 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None) -> dict:
     if states != ["succeeded"] * len(dirs):
         raise SystemExit(f"{job_id} ended {states}")
     lead = json.loads((dirs[0] / "state.json").read_text())
+    agg = records(dirs[0] / "samples.jsonl")  # node 0 leads: its samples are the fleet's aggregate
+    per_profile = {}
+    for rec in agg:
+        if rec.get("verdict") not in ("warmup", "initial_delay") and rec.get("value") is not None:
+            per_profile.setdefault(rec.get("profile"), []).append(rec["value"])
+    figures = {"tps": {k: statistics.median(v) for k, v in per_profile.items()},
+               "node_tps": [{k: statistics.median(v) for k, v in _by_profile(records(d / "samples.jsonl")).items()}
+                            for d in dirs]}
+    if not lead.get("rollbacks"):
+        firsts = [min(s["t"] for s in records(d / "samples.jsonl")) for d in dirs]
+        return dict(figures, start=max(firsts) - t0)
     decided = lead["rollbacks"][0]["decided_at"]
+    figures["timings"] = lead["rollbacks"][0].get("timings")
+    after = [r["value"] for r in agg if r["t"] > decided and r.get("profile") == "fast"]
+    figures["fast_after_rollback"] = statistics.median(after) if after else None
     first, started, resumed = [], [], []
     for d in dirs:
         samples = records(d / "samples.jsonl")
@@ -69,8 +84,16 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None) -> dict:
         resumed.append(min(s["t"] for s in samples if s["t"] > decided and s.get("profile") == "fast"))
         started.append(min(e["t"] for e in records(d / "events.jsonl")
                            if e.get("type") == "phase" and e.get("phase") == "train" and e.get("profile") == "fast"))
-    return {"start": max(first) - t0, "rollback_trainers": max(started) - decided,
-            "rollback_training": max(resumed) - decided}
+    return dict(figures, start=max(first) - t0, rollback_trainers=max(started) - decided,
+                rollback_training=max(resumed) - decided)
+
+
+def _by_profile(samples: list) -> dict:
+    out: dict = {}
+    for rec in samples:
+        if rec.get("value") is not None:
+            out.setdefault(rec.get("profile"), []).append(rec["value"])
+    return out
 
 
 def main(argv=None) -> int:
@@ -102,7 +125,7 @@ def main(argv=None) -> int:
         job_dirs = lambda j: [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]  # noqa: E731
     else:
         urls = {b: p.as_uri() for b, p in idx.items()}
-        hosts = {"lab": {"kind": "local", "env_passthrough": ["NCCL_*"],
+        hosts = {"lab": {"kind": "local", "env_passthrough": ["NCCL_*", "TORCH_SYMM_MEM_*", "NVSHMEM_*", "LD_LIBRARY_PATH", "CUDA_HOME"],
                          "containers": {"n0": {"root": str(tmp / "n0")},
                                                            "n1": {"root": str(tmp / "n1")}}}}
         target = ["lab/n0", "lab/n1"]
@@ -128,13 +151,18 @@ def main(argv=None) -> int:
             prof["python"] = args.torch
         spec["nodes"]["env"] = [{"CUDA_VISIBLE_DEVICES": g} for g in args.gpus.split(",")]
         spec["train"]["command"] += f" --backend {args.backend}"
+        spec["name"] = "bench-fleet-torch"
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     env = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))
     runs = []
+    act1 = None
     try:
+        if args.torch:  # act 1: the fleet on fast until it is known-good, its baseline
+            act1 = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / "act1" if args.out else None, profile="fast")
+            print("act1 " + json.dumps(act1, default=str), flush=True)
         for i in range(args.n + 1):  # the first run builds the venvs: reported apart
             r = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / f"run{i}" if args.out else None)
-            print(("cold " if i == 0 else "warm ") + json.dumps({k: round(v, 3) for k, v in r.items()}), flush=True)
+            print(("cold " if i == 0 else "warm ") + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, default=str), flush=True)
             if i:
                 runs.append(r)
     finally:
@@ -144,13 +172,22 @@ def main(argv=None) -> int:
             bed.stop()
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
-    med = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+    keys = ("start", "rollback_trainers", "rollback_training")
+    med = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+    if act1 is not None:
+        base = act1["tps"].get("fast")
+        med["baseline_tps"] = base
+        med["slow_tps"] = statistics.median(r["tps"].get("slow") or 0 for r in runs)
+        med["fast_after_rollback_tps"] = statistics.median(r["fast_after_rollback"] or 0 for r in runs)
+        med["recovered_pct"] = round(100 * med["fast_after_rollback_tps"] / base, 1) if base else None
+        goods = [r["timings"].get("first_good") for r in runs if r.get("timings")]
+        med["decision_to_first_good"] = statistics.median(goods) if all(g is not None for g in goods) and goods else None
     result = {"where": "testbed (2 sshd, 2 LXC)" if args.testbed else "2 local homes",
               "trainer": "torchrun c10d (jobs/fleet-torch.yaml)" if args.torch else "stand-in",
-              "runs": len(runs), "median_s": med, "each": runs}
-    print(json.dumps(result))
+              "runs": len(runs), "median_s": med, "act1": act1, "each": runs}
+    print(json.dumps(result, default=str))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
     return 0
 
 
