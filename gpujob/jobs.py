@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, envs, metrics, notify
+from gpujob.agent import checkpoint, envs, metrics, notify, planshare
 from gpujob.agent.commands import command_argv
 from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
@@ -178,11 +178,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                               f"{name}={secrets_env.MASK} ({ref.describe()})" for _, name, ref in refs)))
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
-    for argv in envs.build_commands(prof, venv, target.python, uv="uv", uv_cache=f"{home}/uv-cache",
-                                    common_requirements=list(spec.requirements),
-                                    constraints_file=f"{venv}/.gpujob-constraints.txt",
-                                    profile_requirements_file=(f"{venv}/.gpujob-requirements.txt"
-                                                               if prof.get("requirements_text") else None)):
+    for argv in planshare.env_build_commands(prof, venv, target.python, uv="uv", home=home, spec=req["spec"]):
         if argv[1:3] == ["-c", envs.LINK_BASE_SCRIPT]:
             argv = [argv[0], "-c", "<link the base interpreter's site-packages: _gpujob_base.pth>", argv[3]]
         steps.append(Step("env", "supervisor", f"build venv {prof['env_key']}", argv,
@@ -200,19 +196,17 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     steps.append(Step("env", "supervisor", "job environment: the container's login environment "
                       f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "
                       "env, the cache variables, the venv first on PATH"))
-    values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
-    values.update(profile=profile, job_id=job_id, workdir=workdir)
-    values.update((fleet or {}).get("values") or {})
-    if spec.warmup:
-        gpus = spec.gpus.get(spec.warmup.per_gpu, []) if spec.warmup.per_gpu else [None]
-        for gpu in gpus:
-            vals = dict(values, gpu=str(gpu)) if gpu is not None else values
-            steps.append(Step("warmup", "supervisor",
-                              "warmup" + (f" with CUDA_VISIBLE_DEVICES={gpu}" if gpu is not None else ""),
-                              command_argv(req["spec"]["warmup"]["command"], vals),
-                              when={"cold": "unless a warmup of this command and profile succeeded "
-                                            "before (marker in the profile's cache)",
-                                    "never": "never", "always": ""}[spec.warmup.when]))
+    values = planshare.template_values(req["spec"], job_id=job_id, profile=profile, workdir=workdir, fleet=fleet)
+    for gpu in planshare.warmup_gpus(req["spec"]):
+        visible = planshare.warmup_env(gpu).get("CUDA_VISIBLE_DEVICES")
+        steps.append(Step("warmup", "supervisor",
+                          "warmup" + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
+                          command_argv(req["spec"]["warmup"]["command"],
+                                       planshare.template_values(req["spec"], job_id=job_id, profile=profile,
+                                                                 workdir=workdir, fleet=fleet, gpu=gpu)),
+                          when={"cold": "unless a warmup of this command and profile succeeded "
+                                        "before (marker in the profile's cache)",
+                                "never": "never", "always": ""}[spec.warmup.when]))
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])})",
                       command_argv(req["spec"]["train"]["command"], values)))

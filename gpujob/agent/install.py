@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 
-from gpujob.agent import envs, gc, throughput
+from gpujob.agent import envs, gc, planshare, throughput
 from gpujob.agent.journal import now, write_json
 from gpujob.agent.watch import POLL, EnvError, Stop
 
@@ -59,15 +59,8 @@ class Installer:
         self.journal.event("env_build", profile=profile, env_key=key, installer="uv" if uv else "pip")
         self.say(f"profile {profile}: building venv {key} with {'uv' if uv else 'pip'}")
         os.makedirs(venv, exist_ok=True)  # so the side files below have a place; uv venv reuses it
-        req_file = None
-        if prof.get("requirements_text"):
-            req_file = os.path.join(venv, ".gpujob-requirements.txt")
-        constraints = os.path.join(venv, ".gpujob-constraints.txt")
-        cmds = envs.build_commands(prof, venv, sys.executable, uv=uv,
-                                   uv_cache=self.home.path("uv-cache"),
-                                   common_requirements=self.spec.get("requirements") or [],
-                                   constraints_file=constraints,
-                                   profile_requirements_file=req_file)
+        constraints, req_file = planshare.side_files(venv, prof)
+        cmds = planshare.env_build_commands(prof, venv, sys.executable, uv=uv, home=self.home.root, spec=self.spec)
         try:
             for i, argv in enumerate(cmds):
                 if i == 1:  # the venv exists now; side files go in
@@ -76,6 +69,7 @@ class Installer:
                             f.write(prof["requirements_text"])
                     with open(constraints, "w") as f:
                         f.write("\n".join(prof["packages"]) + "\n")
+                self.journal.event("prepare", profile=profile, argv=argv)  # the plan's env steps, as run
                 code, tail = self.run_logged(argv, "prepare.log", timeout=3600)
                 if code != 0:
                     raise EnvError(f"installing profile {profile} failed ({os.path.basename(argv[0])} "

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, defaults, envs, fleet, jobenv, policy, sources, throughput
+from gpujob.agent import checkpoint, defaults, envs, fleet, jobenv, planshare, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
@@ -422,10 +422,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.journal.event("job_env", login=source, passthrough=sorted(passed))
             self._passed = passed
         secrets = self.secrets()
-        own = {f"GPUJOB_GPUS_{group.upper()}": ",".join(str(i) for i in ids)
-               for group, ids in (self.spec.get("gpus") or {}).items()}
-        own.update(GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile, GPUJOB_HOME=self.home.root)
-        own.update(placeholder_env(self.values(profile)))
+        own = {"GPUJOB_HOME": self.home.root, **placeholder_env(self.values(profile))}  # GPUJOB_GPUS_*, _JOB_ID, ...
         if self.job.get("fleet"):
             own.update(fleet_env(self.job["fleet"]["values"]))
         return jobenv.job_env(self._login, self._passed,
@@ -460,12 +457,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             pass
 
     def values(self, profile: str, gpu=None) -> dict:
-        vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
-        vals.update(profile=profile, job_id=self.job_id, workdir=self.workdir)
-        vals.update((self.job.get("fleet") or {}).get("values") or {})
-        if gpu is not None:
-            vals["gpu"] = str(gpu)
-        return vals
+        return planshare.template_values(self.spec, job_id=self.job_id, profile=profile, workdir=self.workdir,
+                                         fleet=self.job.get("fleet"), gpu=gpu)
 
     # ---- phases ------------------------------------------------------------
     def warmup(self, profile: str, done: list) -> Outcome:
@@ -473,9 +466,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if not w:
             return Outcome(OutcomeKind.DONE)
         when = w["when"]
-        gpus = [None]
-        if w["per_gpu"]:
-            gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
+        gpus = planshare.warmup_gpus(self.spec)
         digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
         cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
         if not done and (when == "never" or (when == "cold" and cache == "warm")):
@@ -487,7 +478,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         for gpu in gpus:
             if gpu in done:
                 continue
-            extra = {"CUDA_VISIBLE_DEVICES": str(gpu), "GPUJOB_GPU": str(gpu)} if gpu is not None else {}
+            extra = planshare.warmup_env(gpu)
             argv = command_argv(w["command"], self.values(profile, gpu))
             where = f" on GPU {gpu}" if gpu is not None else ""
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")

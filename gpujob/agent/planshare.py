@@ -1,0 +1,65 @@
+"""What the plan shows and the supervisor runs, derived once (stdlib only).
+
+``gpujob.jobs.build_plan`` (controller) and the supervisor (agent) both call these
+functions, so the plan cannot drift from the run: the placeholder values of a
+command, the warmup's fan-out (which GPUs, which environment per run), the venv's
+side files and the venv build commands.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpujob.agent import defaults, envs
+
+CONSTRAINTS_FILE = ".gpujob-constraints.txt"   # in the venv: the profile's pins, as uv constraints
+REQUIREMENTS_FILE = ".gpujob-requirements.txt"  # in the venv: a profile's requirements_text
+
+
+def template_values(spec: dict, *, job_id: str, profile: str, workdir: str, fleet: dict | None = None,
+                    gpu=None) -> dict:
+    """The values of the placeholders of a spec command (commands.substitute):
+    ``gpus.NAME``, ``profile``, ``job_id``, ``workdir``, a multi-node job's own
+    values (``fleet["values"]``) and, for one run of a per-GPU warmup, ``gpu``."""
+    vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (spec.get("gpus") or {}).items()}
+    vals.update(profile=profile, job_id=job_id, workdir=workdir)
+    vals.update((fleet or {}).get("values") or {})
+    if gpu is not None:
+        vals["gpu"] = str(gpu)
+    return vals
+
+
+def warmup_gpus(spec: dict) -> list:
+    """The warmup's runs: one per GPU of its ``per_gpu`` group, else one run ([None]);
+    [] without a warmup."""
+    w = defaults.section(spec, "warmup")
+    if not w:
+        return []
+    if w["per_gpu"]:
+        return list((spec.get("gpus") or {}).get(w["per_gpu"], []))
+    return [None]
+
+
+def warmup_env(gpu) -> dict:
+    """The environment one warmup run gets on top of the job's: its one GPU."""
+    return {"CUDA_VISIBLE_DEVICES": str(gpu), "GPUJOB_GPU": str(gpu)} if gpu is not None else {}
+
+
+def side_files(venv: str, profile: dict) -> tuple:
+    """The files the venv build writes into the venv before installing: the
+    constraints file and (for a profile with requirements_text) the requirements file."""
+    req = os.path.join(venv, REQUIREMENTS_FILE) if profile.get("requirements_text") else None
+    return os.path.join(venv, CONSTRAINTS_FILE), req
+
+
+def uv_cache(home: str) -> str:
+    return os.path.join(home, "uv-cache")
+
+
+def env_build_commands(profile: dict, venv: str, python: str, *, uv, home: str, spec: dict) -> list:
+    """The argv lists that build ``profile``'s venv (envs.build_commands with the
+    side files and uv cache above)."""
+    constraints, req = side_files(venv, profile)
+    return envs.build_commands(profile, venv, python, uv=uv, uv_cache=uv_cache(home),
+                               common_requirements=list(spec.get("requirements") or []),
+                               constraints_file=constraints, profile_requirements_file=req)
