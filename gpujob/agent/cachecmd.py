@@ -144,7 +144,7 @@ def refusal(wanted: list, in_use: dict) -> str | None:
 
 
 def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
-    from gpujob.agent.supervisor import command_argv
+    from gpujob.agent.commands import command_argv
     job_id, job = latest_job_with(home, profile)
     if job is None:
         raise Refused(f"no job in this container has profile {profile} and a warmup to prove it with")

@@ -6,6 +6,7 @@ previous supervisor started (re-adoption): the command never depended on it.
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import subprocess
@@ -28,6 +29,41 @@ COALESCE = 0.05        # after a small read, let output gather this long: one wa
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 TAIL_LINES = 200
+
+
+class _Run:
+    """What one run of a phase command knows while the supervisor watches it."""
+
+    def __init__(self, sup, logname: str, profile: str, timeout, watch_tps: bool,
+                 start: float | None = None):
+        self.phase = logname[:-len(".log")]
+        self.profile = profile
+        self.timeout = timeout
+        self.watch_tps = watch_tps
+        self.start = start or now()
+        self.samples: list = []
+        self.baseline = sup.ledger.baseline(profile) or sup.ledger.baseline(sup.ledger.last_good() or "")
+        self.good_known = sup.ledger.status(profile) == "good"
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.hits: list = []
+        self.hit_at = None  # (when, signal) of the first error signature printed
+        self.last_state = self.last_check = self.last_gpu = 0.0
+        self.last_trim = self.start
+        self.minute: list = []  # sample values since the last samples_1m summary
+        self.minute_start = self.start
+        self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
+        self.held = None  # an automatic rollback waiting for the first checkpoint
+        self.held_at = 0.0
+        self.ck_seen = False
+        self.last_verdict = None
+        self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
+        gpus = sup.spec.get("gpus") or {}
+        self.idle_gpus: list = []
+        if self.idle_cfg:
+            self.idle_gpus = list(gpus[self.idle_cfg["group"]]) if self.idle_cfg.get("group") else \
+                sorted({g for ids in gpus.values() for g in ids})
+        self.idle_poll = min(10.0, max(0.5, self.idle_cfg["for"] / 5)) if self.idle_cfg else 0
+        self.gpu_history: list = []
 
 
 class EnvError(Exception):
@@ -225,7 +261,6 @@ class PhaseWatch:
                        exit_code=code)
 
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
-        from gpujob.agent.supervisor import _Run
         run = _Run(self, logname, profile, timeout, watch_tps, start)
         run.source = self.make_source(profile, adopt) if watch_tps else None
         return run
