@@ -5,6 +5,16 @@ so a command costs a frame on an open channel instead of a new SSH channel, a
 ``pct`` process (Perl on Proxmox) and an ``lxc-attach``. Output still streams as
 it comes, stdin still streams in, exit codes and timeouts mean what they mean
 for every other transport, and commands may run concurrently.
+
+The protocol: frames are ``type (1 byte) | id (4) | length (4) | payload``
+(``HEADER``, network order). To the server: ``O`` open a command (JSON: argv,
+timeout, stdin), ``I`` stdin data, ``E`` stdin EOF, ``K`` kill it. From the
+server: ``H`` hello (once, ready), ``o`` stdout, ``e`` stderr, ``x`` exit (JSON:
+code, timed_out). Two more kinds never travel on the wire: the reader thread
+puts them on a waiting call's queue to end it on this side —
+``SINK_FAILED`` (``b"!!"``, payload: the exception a caller's output sink raised,
+re-raised in the caller after the command is killed) and ``LOST`` (``b"!"``, the
+channel closed before the command's ``x``: ConnectionLost).
 """
 
 from __future__ import annotations
@@ -23,6 +33,8 @@ from gpujob.transport.base import KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdi
 
 HEADER = struct.Struct("!cII")
 SERVER_SOURCE = (Path(__file__).parent / "mux_server.py").read_text()
+SINK_FAILED = b"!!"  # local only: a caller's sink raised (payload: the exception)
+LOST = b"!"          # local only: the channel closed before the command's exit frame
 
 
 class _Call:
@@ -47,7 +59,7 @@ class _Call:
                 cb(payload)
             except BaseException as e:  # the caller's sink failed: end the command there
                 self.failed = True
-                self.done.put((b"!!", e))
+                self.done.put((SINK_FAILED, e))
         else:
             self.done.put((kind, payload))
 
@@ -112,7 +124,7 @@ class MuxClient:
             self.hello.set()
             with self._lock:
                 for call in self._calls.values():
-                    call.done.put((b"!", b""))
+                    call.done.put((LOST, b""))
 
     def _feed(self, cid: int, stdin: Stdin) -> None:
         try:
@@ -153,7 +165,7 @@ class MuxClient:
                     info = json.loads(payload)
                     return Result(argv, info["code"], bytes(call.out), bytes(call.err), info["timed_out"],
                                   time.monotonic() - started)
-                if kind == b"!!":
+                if kind == SINK_FAILED:
                     raise payload
                 raise ConnectionLost(f"lost the connection to {self.where} while running {argv[0]}")
         except BaseException:
