@@ -17,7 +17,8 @@ from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
-from gpujob.spec_types import (UNFIXABLE, Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
+from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
+from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
                                Interpreter, JobName, Name, Pinned, Rate, SecretRef, Signal, Size, Url,
                                _env_value, _local_path, remote_dest)
 
@@ -84,7 +85,7 @@ class Restarts(Strict):
     torchrun's --max-restarts; a crash loop ends the job."""
     max: int = Field(3, ge=0, le=1000)
     within: Duration = 3600.0
-    on: list[Signal] = ["crash", "nccl_timeout", "hw_error"]
+    on: list[Signal] = [F.CRASH.value, F.NCCL_TIMEOUT.value, F.HW_ERROR.value]
 
     @model_validator(mode="after")
     def _fixable(self) -> Restarts:
@@ -202,7 +203,7 @@ class Rollback(Strict):
     enabled: bool = True
     max_rollbacks: int = Field(2, ge=0, le=1_000)
     fallback: list[str] = []
-    on: list[Signal] = ["low_throughput", "stall", "error_signature", "cuda_oom"]
+    on: list[Signal] = [F.LOW_THROUGHPUT.value, F.STALL.value, F.ERROR_SIGNATURE.value, F.CUDA_OOM.value]
     stop_on: list[Signal] = []
     error_signatures: list[str] = ["is_fx_symbolic_tracing",
                                    "Detected that you are using FX to symbolically trace"]
@@ -215,7 +216,7 @@ class Rollback(Strict):
         for i, signal in enumerate(self.stop_on):
             if signal in self.on:
                 raise At(("stop_on", i), f"'{signal}' is also in rollback.on")
-        watched = "gpu_idle" in self.on + self.stop_on
+        watched = F.GPU_IDLE in self.on + self.stop_on
         if watched and self.gpu_idle is None:
             raise At((), "the gpu_idle signal needs a gpu_idle block")
         if self.gpu_idle is not None and not watched:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo
 
 from gpujob.agent.commands import is_shell_c, quoted_placeholders
+from gpujob.agent.protocol import FailureSignal
 from gpujob.yamlsrc import At, Strict, describe, kind_of, shorten
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
@@ -187,9 +188,7 @@ Url = Annotated[str, BeforeValidator(_url)]
 Cuda = Annotated[str, BeforeValidator(_cuda)]
 Command = Annotated[str | list[str], BeforeValidator(_command)]
 Args = Annotated[list[str], BeforeValidator(_args)]
-Signal = Literal["low_throughput", "stall", "error_signature", "cuda_oom", "oom_killed", "crash", "gpu_idle",
-                 "nccl_timeout", "hw_error", "driver_mismatch"]
-UNFIXABLE = ("driver_mismatch",)  # a restart on the same wheels cannot help: the host changed
+Signal = Literal[tuple(s.value for s in FailureSignal)]  # rollback.on etc.: protocol.FailureSignal's names
 
 
 def _local_path(info: ValidationInfo, path: str) -> Path:

@@ -105,3 +105,21 @@ def test_the_launcher_says_agent_missing_by_its_exit_code(tmp_path):
         (shadow / f"{mod}.py").write_text("raise SystemExit(99)\n")
     p = subprocess.run(argv, capture_output=True, timeout=60, cwd=shadow)
     assert p.returncode == 0 and json.loads(p.stdout)["home"] == str(tmp_path), p.stderr
+
+
+def test_failure_signals_are_the_names_the_spec_accepts_and_the_agent_reports():
+    from typing import get_args
+
+    import pytest
+
+    from gpujob.agent import signals
+    from gpujob.doctor import Check, CheckStatus
+    from gpujob.spec_types import Signal
+    assert list(get_args(Signal)) == [s.value for s in protocol.FailureSignal]
+    name, _ = signals.classify_exit(-9, None, ["killed"], [])
+    assert name is protocol.FailureSignal.OOM_KILLED and json.dumps(name) == '"oom_killed"'
+    assert signals.scan_line("CUDA out of memory", []) is protocol.FailureSignal.CUDA_OOM
+    assert Check("x", "warn", "d").status is CheckStatus.WARN
+    assert Check("x", CheckStatus.FAIL, "d").as_dict()["status"] == "fail"
+    with pytest.raises(ValueError):
+        Check("x", "fine", "d")

@@ -11,6 +11,7 @@ import os
 import subprocess
 
 from gpujob.agent import defaults, envs, jobenv, signals, snapshots
+from gpujob.agent.protocol import FailureSignal
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 
 class Refused(Exception):
@@ -201,7 +202,7 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
                                                         (spec.get("rollback") or {}).get("error_signatures") or [],
                                                         log_name="the warmup's log")
                 if code is None:
-                    name, reason = "crash", f"timed out after {w.get('timeout', 3600.0)}s"
+                    name, reason = FailureSignal.CRASH, f"timed out after {w.get('timeout', 3600.0)}s"
                 if name != "ok":
                     result = {"ok": False, "reason": f"GPUs {ids}: {reason}", "signal": name}
                     break

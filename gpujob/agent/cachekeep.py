@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from gpujob.agent import defaults, envs, snapshots
 from gpujob.agent.journal import now
-from gpujob.agent.protocol import OutcomeKind
+from gpujob.agent.protocol import FailureSignal, OutcomeKind
 
 
 class CacheKeep:
@@ -123,7 +123,7 @@ class CacheKeep:
         """True when the failure ``out`` is retried once on the restored cache."""
         st = self.journal.state()
         start = st.get("cache_start") or {}
-        if out.kind != OutcomeKind.SIGNAL or out.signal_name != "error_signature" or st.get("cold_retry"):
+        if out.kind != OutcomeKind.SIGNAL or out.signal_name != FailureSignal.ERROR_SIGNATURE or st.get("cold_retry"):
             return False
         if start.get("profile") != profile or start.get("kind") != "cold":
             return False

@@ -13,6 +13,7 @@ import os
 import re
 
 from gpujob.agent import defaults
+from gpujob.agent.protocol import FailureSignal
 
 _STEP = re.compile(r"(?:global_step|step|iter|it|epoch)[_-]?(\d+)", re.I)
 _LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")
@@ -77,12 +78,12 @@ def warnings(spec: dict) -> list:
     out = []
     tp = spec.get("throughput")
     fix = "set rollback.wait_for_checkpoint: true, or a longer delay"
-    if tp and "low_throughput" in on and float(tp.get("initial_delay") or 0) < every:
+    if tp and FailureSignal.LOW_THROUGHPUT in on and float(tp.get("initial_delay") or 0) < every:
         out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s) is shorter than "
                    f"train.checkpoint.every ({every:g}s): a low_throughput rollback can come before the "
                    f"first checkpoint exists, and the resumed trainer would start from scratch; {fix}")
     idle = rb.get("gpu_idle")
-    if idle and "gpu_idle" in on and float(idle["for"]) < every:
+    if idle and FailureSignal.GPU_IDLE in on and float(idle["for"]) < every:
         out.append(f"rollback.gpu_idle.for ({float(idle['for']):g}s) is shorter than train.checkpoint.every "
                    f"({every:g}s): a gpu_idle rollback can come before the first checkpoint exists; {fix}")
     return out

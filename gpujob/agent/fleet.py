@@ -193,10 +193,10 @@ class Leader(Node):
 
     def failure_outcome(self):
         rank, body = self.failures.pop(0)
-        sig = body.get("signal") or "node_failed"  # a node that ended: no restart brings it back
+        failure = body.get("signal") or "node_failed"  # a node that ended: no restart brings it back
         reason = f"{self.label(rank)}: {body.get('reason') or 'failed'}"
         self.sup.say(f"{reason} (counts for the whole job)")
-        return Outcome(OutcomeKind.SIGNAL, sig, reason, {"node": rank, "tail": body.get("tail") or []},
+        return Outcome(OutcomeKind.SIGNAL, failure, reason, {"node": rank, "tail": body.get("tail") or []},
                        exit_code=body.get("exit_code"))
 
     def lost_outcome(self, t: float):

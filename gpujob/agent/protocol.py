@@ -2,7 +2,8 @@
 and the controller imports this same module).
 
 - job states (``JobState``, with ``is_terminal``), the policy's verdicts
-  (``Verdict``) and how a phase ended (``OutcomeKind``): str-valued, so the JSON
+  (``Verdict``), how a phase ended (``OutcomeKind``) and the failure signals a run
+  can end with (``FailureSignal``, what rollback.on names): str-valued, so the JSON
   in state.json, events.jsonl and the agent's answers is what it always was;
 - the agent's exit codes: 0 ok, 1 failed, 2 bad usage, ``REFUSED``, and
   ``AGENT_MISSING`` (the launcher found no agent file: ship it and ask again);
@@ -40,6 +41,9 @@ class _StrEnum(str, Enum):
             return None
 
 
+StrEnum = _StrEnum  # for the controller's own str enums (doctor's CheckStatus)
+
+
 class JobState(_StrEnum):
     PREPARING = "preparing"
     WARMUP = "warmup"
@@ -74,6 +78,25 @@ class Verdict(_StrEnum):
     BREACH = "breach"
     ROLLBACK = "rollback"
     STALL = "stall"
+
+
+class FailureSignal(_StrEnum):
+    """Why a run failed: the names rollback.on / stop_on and train.restarts.on list
+    (spec.py's Signal takes its values from here, in this order)."""
+    LOW_THROUGHPUT = "low_throughput"
+    STALL = "stall"
+    ERROR_SIGNATURE = "error_signature"
+    CUDA_OOM = "cuda_oom"
+    OOM_KILLED = "oom_killed"
+    CRASH = "crash"
+    GPU_IDLE = "gpu_idle"
+    NCCL_TIMEOUT = "nccl_timeout"
+    HW_ERROR = "hw_error"
+    DRIVER_MISMATCH = "driver_mismatch"
+
+
+#: a restart on the same wheels cannot help: the host changed
+UNFIXABLE = (FailureSignal.DRIVER_MISMATCH,)
 
 
 class OutcomeKind(_StrEnum):

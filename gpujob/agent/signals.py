@@ -8,6 +8,7 @@ import re
 import signal as _signal
 from typing import Optional, Sequence, Tuple
 
+from gpujob.agent.protocol import FailureSignal as F
 from gpujob.agent.throughput import strip_ansi
 
 # --------------------------------------------------------------------------
@@ -30,23 +31,23 @@ def find_signature(lines: Sequence[str], error_signatures: Sequence[str]) -> Opt
     Matching is a plain substring test on ANSI-stripped lines; empty
     signatures are ignored.
     """
-    sigs = [s for s in error_signatures if s]
-    if not sigs:
+    patterns = [s for s in error_signatures if s]
+    if not patterns:
         return None
     for line in lines:
         text = strip_ansi(line)
-        for sig in sigs:
-            if sig in text:
-                return sig
+        for pattern in patterns:
+            if pattern in text:
+                return pattern
     return None
 
 
 def scan_line(line: str, error_signatures: Sequence[str]) -> Optional[str]:
     """Live check of one log line: 'error_signature', 'cuda_oom' or None."""
     if find_signature([line], error_signatures) is not None:
-        return "error_signature"
+        return F.ERROR_SIGNATURE
     if _CUDA_OOM.search(strip_ansi(line)):
-        return "cuda_oom"
+        return F.CUDA_OOM
     return None
 
 
@@ -83,15 +84,16 @@ def _clip(s: str, n: int = 200) -> str:
 
 def classify_exit(
     returncode: Optional[int],
-    signal: Optional[int],
+    sig: Optional[int],
     log_tail: Sequence[str],
     error_signatures: Sequence[str],
     *,
     log_name: str = "train.log",
 ) -> Tuple[str, str]:
-    """Classify how the trainer ended: ``(signal_name, reason)``.
+    """Classify how the trainer ended (``sig``: the OS signal that killed it, if
+    known): ``(failure, reason)``.
 
-    ``signal_name`` is one of ``ok`` (return code 0 and no signal: a clean
+    ``failure`` is one of ``ok`` (return code 0 and no signal: a clean
     exit is ok even if a signature was printed — live detection is
     :func:`scan_line`'s job), ``error_signature`` (a spec signature in the
     tail; wins over everything else), ``cuda_oom``, ``driver_mismatch``,
@@ -99,25 +101,25 @@ def classify_exit(
     (SIGKILL: signal 9, exit -9 or 137) or ``crash`` (any other failure,
     including an unknown exit status).
     """
-    if returncode == 0 and signal is None:
+    if returncode == 0 and sig is None:
         return "ok", "exited with code 0"
-    how, sig = _exit_text(returncode, signal)
+    how, sig = _exit_text(returncode, sig)
     lines = [strip_ansi(l) for l in log_tail]
     found = find_signature(lines, error_signatures)
     if found is not None:
-        return "error_signature", f"error signature {found!r} in {log_name} ({how})"
+        return F.ERROR_SIGNATURE, f"error signature {found!r} in {log_name} ({how})"
     oom = next((l for l in reversed(lines) if _CUDA_OOM.search(l)), None)
     if oom is not None:
-        return "cuda_oom", f"CUDA out of memory ({how}): {_clip(oom)}"
-    for name, rx, what in (("driver_mismatch", _DRIVER_MISMATCH, "driver/library mismatch"),
-                           ("nccl_timeout", _NCCL_TIMEOUT, "NCCL timeout"),
-                           ("hw_error", _HW_ERROR, "GPU hardware error")):
+        return F.CUDA_OOM, f"CUDA out of memory ({how}): {_clip(oom)}"
+    for name, rx, what in ((F.DRIVER_MISMATCH, _DRIVER_MISMATCH, "driver/library mismatch"),
+                           (F.NCCL_TIMEOUT, _NCCL_TIMEOUT, "NCCL timeout"),
+                           (F.HW_ERROR, _HW_ERROR, "GPU hardware error")):
         hit = next((l for l in reversed(lines) if rx.search(l)), None)
         if hit is not None:
             return name, f"{what} ({how}): {_clip(hit)}"
     if sig == _signal.SIGKILL:
-        return "oom_killed", f"{how}, likely the OOM killer"
+        return F.OOM_KILLED, f"{how}, likely the OOM killer"
     last = next((l for l in reversed(lines) if _EXC_LINE.search(l)), None)
     if last is None:
         last = next((l for l in reversed(lines) if l.strip()), None)
-    return "crash", f"{how}: {_clip(last)}" if last else how
+    return F.CRASH, f"{how}: {_clip(last)}" if last else how

@@ -18,7 +18,7 @@ from gpujob.agent import defaults, fleet, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
-from gpujob.agent.protocol import JobState, OutcomeKind
+from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.metrics import MetricsFile
 from gpujob.agent.notify import Notifier
@@ -291,46 +291,46 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
         if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
             return False
-        sig, reason = out.signal_name, out.reason
-        if sig in (self.rb.get("stop_on") or []):
-            self.finish(JobState.FAILED, f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
+        failure, reason = out.signal_name, out.reason
+        if failure in (self.rb.get("stop_on") or []):
+            self.finish(JobState.FAILED, f"{reason} ({failure} is in rollback.stop_on)", signal=failure, exit_code=out.exit_code)
             return True
-        if self.rb["enabled"] and sig in self.rb["on"]:
+        if self.rb["enabled"] and failure in self.rb["on"]:
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
             limit = int(self.rb["max_rollbacks"])
             if len(self.auto_rollbacks()) >= limit:
-                self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
+                self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=failure,
                             exit_code=out.exit_code)
                 return True
             target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
             if target is None:
                 self.finish(JobState.FAILED, f"no known-good profile to roll back to; {profile}: {reason}",
-                            signal=sig, exit_code=out.exit_code)
+                            signal=failure, exit_code=out.exit_code)
                 return True
-            self.plan_rollback(profile, target, out, sig, mark_bad=False)  # marked just above
+            self.plan_rollback(profile, target, out, failure, mark_bad=False)  # marked just above
             return False
-        if sig == "container_restart" or sig in self.restart_cfg["on"]:
-            cfg = self.restart_cfg if sig in self.restart_cfg["on"] else DEFAULTS["restarts"]
-            refusal = restart_refusal(cfg, self.restarts, sig, now())
+        if failure == "container_restart" or failure in self.restart_cfg["on"]:
+            cfg = self.restart_cfg if failure in self.restart_cfg["on"] else DEFAULTS["restarts"]
+            refusal = restart_refusal(cfg, self.restarts, failure, now())
             if refusal is None:
-                rec = {"at": now(), "signal": sig, "reason": reason, "profile": profile,
+                rec = {"at": now(), "signal": failure, "reason": reason, "profile": profile,
                        "exit_code": out.exit_code}
                 self.restarts.append(rec)
                 self.journal.event("restart", **rec)
                 self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
                 self.journal.set_state(restarts=self.restarts, step="train", resume=True)
                 return False
-            self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=sig, exit_code=out.exit_code)
+            self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=failure, exit_code=out.exit_code)
             return True
-        self.finish(JobState.FAILED, reason, signal=sig, exit_code=out.exit_code)
+        self.finish(JobState.FAILED, reason, signal=failure, exit_code=out.exit_code)
         return True
 
     def auto_rollbacks(self) -> list:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]
 
-    def plan_rollback(self, frm: str, to: str, out: Outcome, sig: str, mark_bad: bool) -> None:
+    def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool) -> None:
         """Write the rollback down before doing any of it, then let ``switch`` do it."""
-        pending = {"from": frm, "to": to, "reason": out.reason, "signal": sig,
+        pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
                    "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
                    "request": out.request}
         self.journal.set_state(step="rollback", pending_rollback=pending)
@@ -379,13 +379,13 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
 
 
 
-def restart_refusal(cfg: dict, restarts: list, sig: str, t: float) -> str | None:
-    """Why the restart policy will not restart the trainer after ``sig`` (None: it will).
+def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> str | None:
+    """Why the restart policy will not restart the trainer after ``failure`` (None: it will).
     Pure: ``restarts`` are the earlier restarts of the job, newest last."""
     limit = int(cfg["max"])
     within = float(cfg["within"])
     recent = [r for r in restarts if t - r["at"] <= within]
-    if sig == "oom_killed" and restarts and restarts[-1].get("signal") == "oom_killed":
+    if failure == FailureSignal.OOM_KILLED and restarts and restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
         return "OOM-kill loop: killed by the OOM killer again right after a restart"
     if len(recent) >= limit:
         return f"crash loop: {len(recent)} restarts within {within:g}s (train.restarts.max {limit})"

@@ -19,7 +19,7 @@ from gpujob.agent.commands import substitute
 from gpujob.agent import defaults
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.proc import Phase
-from gpujob.agent.protocol import JobState, OutcomeKind, Verdict
+from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.trim import read_jsonl_from
 
 POLL = 0.05            # seconds between looks at a quiet log
@@ -252,7 +252,7 @@ class PhaseWatch:
             self.say(f"{run.phase} failed: {reason}")
             if self.spec.get("resume_after_reboot"):
                 return Outcome(OutcomeKind.SIGNAL, "container_restart", reason, {"tail": list(run.tail)[-10:]})
-            return Outcome(OutcomeKind.SIGNAL, "crash", reason, {"tail": list(run.tail)[-10:]})
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, reason, {"tail": list(run.tail)[-10:]})
         sig = -code if code is not None and code < 0 else None
         name, reason = signals.classify_exit(code if code is None or code >= 0 else None, sig,
                                                 run.hits + list(run.tail), self.signatures)
@@ -324,7 +324,7 @@ class PhaseWatch:
                 self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
                 self.journal.set_state(rollbacks=self.rollbacks)
         if d.verdict == Verdict.ROLLBACK:
-            return Outcome(OutcomeKind.SIGNAL, "low_throughput", d.reason, d.evidence)
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
         if not run.good_known:
             base = policy.known_good(self.policy, run.samples, t, run.start, run.baseline)
             if base is not None:
@@ -353,7 +353,7 @@ class PhaseWatch:
             return Outcome(OutcomeKind.SIGNAL, run.hit_at[1], f"{reason} (the process kept running "
                            f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
         if run.timeout and t - run.start > run.timeout:
-            return Outcome(OutcomeKind.SIGNAL, "crash", f"{run.phase} timed out after {run.timeout:g}s")
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
                 t >= run.start + (self.policy.initial_delay if self.watching else 0):
             # start-up (imports, compile) idles the GPUs: watched from the first sample on
@@ -365,7 +365,7 @@ class PhaseWatch:
             d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
             if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
-                return Outcome(OutcomeKind.SIGNAL, "stall", d.reason, d.evidence)
+                return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, d.evidence)
         return None
 
     def check_gpu_idle(self, run, t: float):
@@ -382,7 +382,7 @@ class PhaseWatch:
                                                   saved[0][1] if saved else 0.0, run.save_time)
         if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
             return None
-        return Outcome(OutcomeKind.SIGNAL, "gpu_idle",
+        return Outcome(OutcomeKind.SIGNAL, FailureSignal.GPU_IDLE,
                        f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
                        f"under {cfg['below']:g}% for {idle:.0f}s",
                        {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),

@@ -179,9 +179,9 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
         except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
             if isinstance(e, InputError):
                 raise
-            label, checks = name, doc.with_fixes([doc.Check("connect", "fail", e.message, e.hint or "")])
+            label, checks = name, doc.with_fixes([doc.Check("connect", doc.CheckStatus.FAIL, e.message, e.hint or "")])
         report[label] = [c.as_dict() for c in checks]
-        failed |= any(c.status == "fail" for c in checks)
+        failed |= any(c.status == doc.CheckStatus.FAIL for c in checks)
         if not as_json:
             out.print(render.doctor_table(label, checks))
     if as_json:

@@ -6,13 +6,22 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from gpujob.agent.protocol import StrEnum
 from gpujob.transport.base import Transport
 
 if TYPE_CHECKING:
     from gpujob.steps import Step
     from gpujob.target import Target, Targets
 
-#: ``add(name, status, detail, hint="")``: how a kind's judge reports a check.
+class CheckStatus(StrEnum):
+    """A doctor check's outcome."""
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+
+
+#: ``add(name, status, detail, hint="")``: how a kind's judge reports a check
+#: (status: a CheckStatus).
 AddCheck = Callable[..., None]
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from gpujob.errors import ConnectError
-from gpujob.kinds.base import AddCheck, Kind, Opened
+from gpujob.kinds.base import AddCheck, CheckStatus, Kind, Opened
 from gpujob.steps import Step
 from gpujob.transport.pct import PctTransport
 
@@ -54,28 +54,28 @@ class SshKind(Kind):
     def judge(self, facts: dict, add: AddCheck) -> bool:
         host = facts.get("host", {})
         if not host.get("ok"):
-            add("host", "fail", host.get("error", "not reached"), host.get("hint", ""))
+            add("host", CheckStatus.FAIL, host.get("error", "not reached"), host.get("hint", ""))
             return False
-        add("host", "ok", f"{host['where']} ({host['key']})")
+        add("host", CheckStatus.OK, f"{host['where']} ({host['key']})")
         pct = facts["pct"]
         if pct["exit"] == 127:
-            add("pct", "fail", "pct not found on the host", "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
+            add("pct", CheckStatus.FAIL, "pct not found on the host", "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
             return False
         if pct["exit"] != 0:
             text = pct["err"] or pct["out"]
             if "does not exist" in text:
-                add("pct", "ok", "pct present")
-                add("container", "fail", text, "check the vmid in hosts.yaml (`pct list` on the host lists them)")
+                add("pct", CheckStatus.OK, "pct present")
+                add("container", CheckStatus.FAIL, text, "check the vmid in hosts.yaml (`pct list` on the host lists them)")
             elif "permission" in text.lower() or "must be root" in text.lower():
-                add("pct", "fail", text, "pct needs root: set `user: root` for this host")
+                add("pct", CheckStatus.FAIL, text, "pct needs root: set `user: root` for this host")
             else:
-                add("pct", "fail", text or f"pct status exited {pct['exit']}")
+                add("pct", CheckStatus.FAIL, text or f"pct status exited {pct['exit']}")
             return False
-        add("pct", "ok", "pct present")
+        add("pct", CheckStatus.OK, "pct present")
         if "running" not in pct["out"] or "not running" in pct["out"]:
-            add("container", "fail", pct["out"], f"start it on the host: pct start {facts.get('vmid')}")
+            add("container", CheckStatus.FAIL, pct["out"], f"start it on the host: pct start {facts.get('vmid')}")
             return False
-        add("container", "ok", pct["out"])
+        add("container", CheckStatus.OK, pct["out"])
         return True
 
     def status(self, target) -> str:
