@@ -18,6 +18,7 @@ from rich.table import Table
 from gpujob import __version__
 from gpujob.agent.journal import ENDED, FINAL_STATES
 from gpujob.cli import render
+from gpujob.conn import commands
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import find_inventory, load_inventory
 from gpujob.target import Target, Targets
@@ -84,12 +85,7 @@ def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory f
 
 def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
     """(job id, target) of a job this laptop knows, or of JOB on --target."""
-    if target:
-        if job is None:
-            raise InputError("with --target, name the job too")
-        return job, ctx.target(target)
-    row = ctx.state().job(job)
-    return row["job_id"], ctx.target(row["target"])
+    return commands.job_target(ctx, job, target)
 
 
 def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
@@ -131,12 +127,15 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)
     stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
-    so, se = sys.stdout.buffer, sys.stderr.buffer
-    r = t.run(argv, stdin=stdin, timeout=timeout,
-              on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
-    if r.timed_out:
-        err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
-    raise typer.Exit(r.exit_code)
+    raise typer.Exit(commands.run_exec(t, argv, stdin, timeout, sys.stdout.buffer, sys.stderr.buffer, err))
+
+
+@app.command()
+def disconnect():
+    """End the kept connection: the background process holding SSH connections (README)."""
+    from gpujob.conn.client import disconnect as end
+    from gpujob.conn.entry import disconnect_line
+    print(disconnect_line(end()))
 
 
 # ---- doctor / hosts --------------------------------------------------------
@@ -325,23 +324,7 @@ def print_status_view(st: dict, t: Target) -> None:
 
 
 def _status(job_id: str, t: Target) -> dict:
-    st = t.agent_json("status", job_id)["jobs"][0]
-    _say_revived(st)
-    ctx.state().seen(job_id, st.get("state"), st.get("ledger"), t.label, st.get("name"))
-    return st
-
-
-def _say_revived(st: dict) -> None:
-    r = st.get("revived")
-    if not r:
-        return
-    if r.get("revived"):
-        what = "it re-adopted the running command" if r.get("readopted") else "it carries on from the journal"
-        err.print(f"note: the supervisor of {st.get('job_id')} (pid {r.get('previous_pid')}) was gone; "
-                  f"restarted its supervisor (pid {r.get('supervisor_pid')}): {what}", markup=False)
-    else:
-        err.print(f"warning: the supervisor of {st.get('job_id')} is gone and was not restarted: {r.get('why')}",
-                  markup=False)
+    return commands.fetch_status(ctx, job_id, t, err)
 
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
@@ -401,12 +384,7 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
 def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Option(False, "--json"),
            target: Optional[str] = typer.Option(None, "--target", "-t")):
     """State, phase, profile, tok/s with its trend and threshold, rollbacks."""
-    job_id, t = job_target(job, target)
-    st = _status(job_id, t)
-    if as_json:
-        out.print_json(json.dumps(render.status_view(st, t.label)))
-    else:
-        print_status_view(st, t)
+    commands.show_status(ctx, *job_target(job, target), as_json, out, err)
 
 
 @app.command()

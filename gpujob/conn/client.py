@@ -1,0 +1,164 @@
+"""The thin side of the kept connection (stdlib only): reach the daemon, starting
+it when none answers, hand it a request with our stdin/stdout/stderr, and wait
+for its exit code."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+from gpujob.conn import paths, proto
+
+START_TIMEOUT = 20.0
+
+
+def _connect(path) -> socket.socket | None:
+    """A connection to a live daemon at path; None when none is there (a stale socket
+    file, one that refuses, is left for the caller to clean under the lock)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except OSError as e:
+        s.close()
+        if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            return None
+        raise paths.NoDaemon(f"cannot reach {path}: {e.strerror}") from None
+    uid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    if uid != os.getuid():  # the directory check makes this impossible; check anyway
+        s.close()
+        raise paths.NoDaemon(f"{path} is served by uid {uid}")
+    return s
+
+
+def _spawn(path) -> subprocess.Popen:
+    """Start the daemon detached: its own session, no terminal, nothing inherited."""
+    log = open(path.parent / "conn.log", "ab")
+    os.chmod(log.name, 0o600)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                                cwd="/")
+    finally:
+        log.close()
+
+
+def connect(start: bool = True) -> socket.socket | None:
+    """A connection to this user's daemon, starting one when ``start`` and none answers.
+
+    Spawners take a lock, so two commands at once start one daemon; a socket file
+    nobody answers (a daemon that was killed) is removed first."""
+    path = paths.socket_path(create=start)
+    s = _connect(path)
+    if s is not None or not start:
+        return s
+    import fcntl
+    with open(path.parent / "conn.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        s = _connect(path)
+        if s is not None:
+            return s
+        try:
+            path.unlink()  # stale: its daemon is gone
+        except FileNotFoundError:
+            pass
+        proc = _spawn(path)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            s = _connect(path)
+            if s is not None:
+                return s
+            if proc.poll() is not None:
+                raise paths.NoDaemon(f"the connection daemon exited {proc.returncode} at start")
+            time.sleep(0.02)
+        raise paths.NoDaemon("the connection daemon did not start in time")
+
+
+class Fallback(Exception):
+    """The daemon declined (or died before starting the work): run the full CLI."""
+
+
+def request(req: dict) -> int:
+    """Send ``req`` to the daemon with our stdio; its exit code. Raises Fallback when
+    the full CLI should run instead (nothing was done or printed)."""
+    try:
+        s = connect()
+    except (paths.NoDaemon, OSError):
+        raise Fallback() from None
+    req = dict(req, stamp=paths.code_stamp(), env=paths.env_view(), cwd=os.getcwd(),
+               term={k: os.environ[k] for k in paths.TERM_KEYS if k in os.environ},
+               encoding=[getattr(sys.stdout, "encoding", None) or "utf-8",
+                         getattr(sys.stderr, "encoding", None) or "utf-8"])
+    going = False
+    interrupted = False
+    old = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        try:
+            s.sendall(proto.pack(b"K"))
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        try:
+            socket.send_fds(s, [proto.pack_json(b"R", req)], [0, 1, 2])
+        except OSError:
+            raise Fallback() from None
+        reader = proto.Reader(s)
+        while True:
+            try:
+                got = reader.frame()
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                got = None
+            if got is None:
+                break
+            kind, payload = got
+            if kind == b"G":
+                going = True
+            elif kind == b"F":
+                raise Fallback()
+            elif kind == b"x":
+                import json
+                return int(json.loads(payload)["code"])
+    finally:
+        signal.signal(signal.SIGINT, old)
+        s.close()
+    if interrupted:
+        sys.stderr.write("\ninterrupted\n")
+        return 130
+    if not going:
+        raise Fallback()  # it died before doing anything: do it ourselves
+    sys.stderr.write("gpujob: the connection daemon ended while the command ran; it may or may not "
+                     "have finished (exit code unknown)\n")
+    return 3
+
+
+def disconnect() -> bool:
+    """Ask this user's daemon to end; True when one was running."""
+    try:
+        s = connect(start=False)
+    except (paths.NoDaemon, OSError):
+        return False
+    if s is None:
+        try:
+            paths.socket_path(create=False).unlink()  # a stale socket: clean it
+        except (OSError, paths.NoDaemon):
+            pass
+        return False
+    with s:
+        try:
+            socket.send_fds(s, [proto.pack_json(b"R", {"op": "stop"})], [])
+            proto.Reader(s).frame()
+        except OSError:
+            pass
+    return True

@@ -1,0 +1,308 @@
+"""The kept connection (gpujob/conn): the thin client and the daemon on the loopback
+test bed (real sshd, fake pct, a real LXC container). Every fast-path output is
+compared byte for byte with the full CLI's; the daemon is killed (SIGKILL) idle
+and mid-command, and a changed hosts.yaml or known_hosts must never ride an old
+connection."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpujob.wheelhouse import build_indexes, serve
+from helpers import REPO, cli, job_id_of, wait_for, write_spec
+
+pytestmark = pytest.mark.testbed
+
+HEAVY = ("typer", "rich", "paramiko", "pydantic")
+
+
+def fast(args, env, *, input=None, timeout=120, extra=()):
+    """``gpujob ARGS`` through the console entry point (what the installed script runs)."""
+    return subprocess.run([sys.executable, *extra, "-m", "gpujob.conn.entry", *args], env=env, input=input,
+                          capture_output=True, timeout=timeout, cwd=str(REPO))
+
+
+def sock_path(env) -> Path:
+    return Path(env["XDG_RUNTIME_DIR"]) / "gpujob" / "conn.sock"
+
+
+def daemon_pid(env) -> int | None:
+    """The pid serving the socket (SO_PEERCRED), or None when nothing answers."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(sock_path(env)))
+        return struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+    except OSError:
+        return None
+    finally:
+        s.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def env(testbed, tmp_path):
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    inv = testbed.write_hosts_yaml(tmp_path / "hosts.yaml")
+    e = dict(os.environ, GPUJOB_HOSTS=str(inv), XDG_STATE_HOME=str(tmp_path / "state"),
+             XDG_RUNTIME_DIR=str(runtime), COLUMNS="200")
+    e.pop("GPUJOB_NO_DAEMON", None)
+    yield e
+    pid = daemon_pid(e)
+    fast(["disconnect"], e)
+    if pid is not None:
+        try:
+            wait_for(lambda: not alive(pid), 10, what="the daemon to end")
+        except AssertionError:
+            os.kill(pid, signal.SIGKILL)
+
+
+def same(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) -> None:
+    assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr)
+
+
+def test_exec_through_the_daemon_is_the_full_cli_byte_for_byte(env):
+    argv = ["exec", "tb/ct200", "--", "sh", "-c", "echo out; echo 'err ✓' >&2; printf 'x\\0y'; exit 7"]
+    first = fast(argv, env)  # starts the daemon
+    pid = daemon_pid(env)
+    assert pid is not None and alive(pid)
+    st = os.stat(sock_path(env))
+    assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
+    assert os.stat(sock_path(env).parent).st_mode & 0o777 == 0o700
+    warm = fast(argv, env)
+    full = cli(argv, env)
+    assert full.returncode == 7 and full.stdout == b"out\nx\0y" and full.stderr == "err ✓\n".encode()
+    same(first, full)
+    same(warm, full)
+    assert daemon_pid(env) == pid  # one daemon served both
+    # the warm client imported none of the heavy modules: it really was the fast path
+    traced = fast(argv, env, extra=("-X", "importtime"))
+    assert traced.returncode == 7
+    loaded = {ln.split("|")[-1].strip().split(".")[0] for ln in traced.stderr.decode().splitlines()
+              if ln.startswith("import time:")}
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_exec_stdin_timeout_and_errors_match(env, testbed):
+    data = os.urandom(300_000)
+    a = fast(["exec", "tb/ct200", "--", "sha256sum"], env, input=data)
+    b = cli(["exec", "tb/ct200", "--", "sha256sum"], env, input=data)
+    same(a, b)
+    assert a.returncode == 0 and len(a.stdout.split()[0]) == 64
+    for argv in (["exec", "tb/ct200", "--timeout", "1", "--", "sleep", "30"],
+                 ["exec", "nosuch", "--", "true"],
+                 ["exec", "tb/ct201", "--", "true"],              # a stopped container
+                 ["exec", "-n", "tb/ct200", "--", "cat"],
+                 ["exec", "tb/ct200", "--", "no-such-command"]):
+        a, b = fast(argv, env), cli(argv, env)
+        same(a, b)
+        assert a.returncode != 0 or argv[1] == "-n", argv
+
+
+def _pty_run(cmd, env) -> tuple[int, bytes]:
+    """Run cmd with stdout and stderr on a 97x31 terminal; (exit code, what it showed)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 97, 0, 0))
+    p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=str(REPO))
+    os.close(slave)
+    got = bytearray()
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            got.extend(chunk)
+
+    t = threading.Thread(target=drain)
+    t.start()
+    code = p.wait(120)
+    t.join(10)
+    os.close(master)
+    return code, bytes(got)
+
+
+@pytest.fixture(scope="module")
+def finished_job(testbed, tmp_path_factory):
+    """One short job run to its end on the bed (through the full CLI), for status."""
+    tmp = tmp_path_factory.mktemp("connjob")
+    root = tmp / "index"
+    build_indexes(root)
+    server, url = serve(root)
+    home = "/root/gj-conn-status"
+    inv = {"hosts": {"tb": {"address": "127.0.0.1", "port": testbed.port, "user": "root",
+                            "identity_file": str(testbed.user_key), "known_hosts": str(testbed.known_hosts),
+                            "containers": {"ct200": {"vmid": 200, "home": home}}}}}
+    (tmp / "hosts.yaml").write_text(yaml.safe_dump(inv))
+    e = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))
+    spec = write_spec(tmp / "job.yaml", target="tb/ct200", fast_url=f"{url}/fast/simple",
+                      slow_url=f"{url}/slow/simple", profile="fast", trainer_args="--steps 8 --interval 0.1",
+                      warmup=False)
+    try:
+        job = job_id_of(cli(["submit", str(spec)], e, check=True).stdout)
+        wait_for(lambda: json.loads(cli(["status", job, "--json"], e, check=True).stdout)["state"]
+                 in ("succeeded", "failed"), 240, 1, what="the job to end")
+        yield job, e
+    finally:
+        server.shutdown()
+        testbed.container_exec("rm", "-rf", home)
+
+
+def test_status_through_the_daemon_is_the_full_cli(finished_job, tmp_path):
+    job, base = finished_job
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(base, XDG_RUNTIME_DIR=str(runtime), COLUMNS="200")
+    try:
+        for args in (["status", job], ["status"], ["status", job, "--json"], ["status", "--json"],
+                     ["status", job, "-t", "tb/ct200"], ["status", "nosuchjob"]):
+            a, b = fast(args, env), cli(args, env)
+            same(a, b)
+        assert daemon_pid(env) is not None
+        assert b"succeeded" in fast(["status", job], env).stdout
+        # a terminal: width from the terminal itself, colours from TERM
+        tty = dict(env, TERM="xterm-256color")
+        tty.pop("COLUMNS", None)
+        a = _pty_run([sys.executable, "-m", "gpujob.conn.entry", "status", job], tty)
+        b = _pty_run([sys.executable, "-m", "gpujob.cli.main", "status", job], tty)
+        assert a == b and a[0] == 0 and b"\x1b[" in a[1]
+    finally:
+        pid = daemon_pid(env)
+        fast(["disconnect"], env)
+        if pid:
+            wait_for(lambda: not alive(pid), 10, what="the daemon to end")
+
+
+def test_daemon_killed_idle_then_next_command_starts_a_new_one_quietly(env):
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    pid = daemon_pid(env)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), 10, what="the daemon to die")
+    assert sock_path(env).exists()  # stale: nobody answers there any more
+    p = fast(["exec", "tb/ct200", "--", "echo", "hi"], env)
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"hi\n", b"")
+    new = daemon_pid(env)
+    assert new is not None and new != pid
+
+
+def test_daemon_killed_mid_command(env, testbed):
+    marker = "/tmp/conn-mid-" + str(os.getpid())
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    pid = daemon_pid(env)
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "sh", "-c",
+                          f"echo $$ > {marker}; sleep 60"], env=env, cwd=str(REPO),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    wait_for(lambda: testbed.container_path(marker).exists(), 60, what="the command to start")
+    os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 3
+    lines = err.decode().splitlines()
+    assert len(lines) == 1 and "connection daemon ended" in lines[0] and "Traceback" not in err.decode()
+    # the command does not live on in the container without its connection
+    remote = testbed.container_path(marker).read_text().strip()
+    wait_for(lambda: not testbed.container_path(f"/proc/{remote}").exists(), 30, what="the command to end")
+    testbed.container_exec("rm", "-f", marker)
+    q = fast(["exec", "tb/ct200", "--", "echo", "again"], env)
+    assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
+
+
+def test_ctrl_c_ends_the_remote_command(env, testbed):
+    marker = "/tmp/conn-int-" + str(os.getpid())
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "sh", "-c",
+                          f"echo $$ > {marker}; sleep 60"], env=env, cwd=str(REPO),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    wait_for(lambda: testbed.container_path(marker).exists(), 60, what="the command to start")
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err == b"\ninterrupted\n"
+    remote = testbed.container_path(marker).read_text().strip()
+    wait_for(lambda: not testbed.container_path(f"/proc/{remote}").exists(), 30, what="the command to end")
+    testbed.container_exec("rm", "-f", marker)
+    assert daemon_pid(env) is not None  # the daemon itself carries on
+
+
+def test_changed_hosts_yaml_or_known_hosts_never_rides_the_old_connection(env, testbed, tmp_path):
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    pid = daemon_pid(env)
+    inv = Path(env["GPUJOB_HOSTS"])
+    good = inv.read_text()
+    wrong_key = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True)
+    inv.write_text(good.replace(str(testbed.user_key), str(wrong_key)))
+    a, b = fast(["exec", "tb/ct200", "--", "true"], env), cli(["exec", "tb/ct200", "--", "true"], env)
+    same(a, b)
+    assert a.returncode == 3 and b"authentication failed" in a.stderr
+    inv.write_text(good)
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    # a known_hosts that no longer knows the key: strict host keys, even with a warm connection
+    kh = tmp_path / "known_hosts"
+    kh.write_text("")
+    inv.write_text(good.replace(str(testbed.known_hosts), str(kh)))
+    a, b = fast(["exec", "tb/ct200", "--", "true"], env), cli(["exec", "tb/ct200", "--", "true"], env)
+    same(a, b)
+    assert a.returncode == 3 and b"not known" in a.stderr
+    assert daemon_pid(env) == pid
+
+
+def test_disconnect_idle_time_and_turning_it_off(env, tmp_path):
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    pid = daemon_pid(env)
+    p = fast(["disconnect"], env)
+    assert p.returncode == 0 and b"closed the kept connection" in p.stdout
+    wait_for(lambda: not alive(pid), 10, what="the daemon to end")
+    assert not sock_path(env).exists()
+    assert fast(["disconnect"], env).stdout == b"gpujob: no kept connection was open\n"
+    # GPUJOB_NO_DAEMON=1: the full CLI, and no daemon
+    p = fast(["exec", "tb/ct200", "--", "echo", "direct"], dict(env, GPUJOB_NO_DAEMON="1"))
+    assert (p.returncode, p.stdout) == (0, b"direct\n") and daemon_pid(env) is None
+    # idle time: a daemon with nothing to do ends by itself
+    short = dict(env, GPUJOB_CONN_IDLE="1")
+    assert fast(["exec", "tb/ct200", "--", "true"], short).returncode == 0
+    pid = daemon_pid(short)
+    assert pid is not None
+    wait_for(lambda: not alive(pid), 30, what="the idle daemon to end")
+    assert not sock_path(env).exists()
+
+
+def test_a_runtime_dir_not_private_is_refused(tmp_path):
+    from gpujob.conn import paths
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    os.chmod(loose, 0o777)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    (tmp_path / "real").mkdir(mode=0o700)
+    for bad in (loose, theirs, link):
+        with pytest.raises(paths.NoDaemon):
+            paths._private_dir(bad, create=False)
+    ok = tmp_path / "ok"
+    assert paths._private_dir(ok, create=True) == ok and ok.stat().st_mode & 0o777 == 0o700
