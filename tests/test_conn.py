@@ -260,6 +260,12 @@ def test_changed_hosts_yaml_or_known_hosts_never_rides_the_old_connection(env, t
     assert a.returncode == 3 and b"authentication failed" in a.stderr
     inv.write_text(good)
     assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    # an inventory that does not validate: the same one line as the full CLI
+    inv.write_text(good.replace("port:", "prot:"))
+    a, b = fast(["exec", "tb/ct200", "--", "true"], env), cli(["exec", "tb/ct200", "--", "true"], env)
+    same(a, b)
+    assert a.returncode == 2
+    inv.write_text(good)
     # a known_hosts that no longer knows the key: strict host keys, even with a warm connection
     kh = tmp_path / "known_hosts"
     kh.write_text("")
@@ -306,3 +312,21 @@ def test_a_runtime_dir_not_private_is_refused(tmp_path):
             paths._private_dir(bad, create=False)
     ok = tmp_path / "ok"
     assert paths._private_dir(ok, create=True) == ok and ok.stat().st_mode & 0o777 == 0o700
+
+
+def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
+    """The agent zip is written with .pyc compiled by the python that runs it (zipimport
+    caches none itself); every module loads from that bytecode and the agent runs."""
+    from gpujob.target import AGENT_MODULES, BOOTSTRAP, agent_zip
+    import zipfile
+    dest = tmp_path / "bin" / "agent-x.pyz"
+    data, _ = agent_zip()
+    subprocess.run(["python3", "-c", BOOTSTRAP, str(dest)], input=data, check=True)
+    names = set(zipfile.ZipFile(dest).namelist())
+    assert {f"gpujob/agent/{m}c" for m in AGENT_MODULES} <= names
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpujob.agent.main as m, gpujob.agent.journal as j;"
+             "print(m.__file__, j.__file__)")
+    files = subprocess.run(["python3", "-c", probe, str(dest)], capture_output=True, text=True, check=True).stdout
+    assert all(f.endswith(".pyc") for f in files.split()), files
+    p = subprocess.run(["python3", str(dest), "--home", str(tmp_path / "home"), "status"], capture_output=True)
+    assert p.returncode == 0 and json.loads(p.stdout)["jobs"] == []

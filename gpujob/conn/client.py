@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import struct
-import subprocess
 import sys
 import time
 
@@ -36,9 +35,10 @@ def _connect(path) -> socket.socket | None:
     return s
 
 
-def _spawn(path) -> subprocess.Popen:
+def _spawn(path: str):
     """Start the daemon detached: its own session, no terminal, nothing inherited."""
-    log = open(path.parent / "conn.log", "ab")
+    import subprocess
+    log = open(os.path.join(os.path.dirname(path), "conn.log"), "ab")
     os.chmod(log.name, 0o600)
     try:
         return subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], stdin=subprocess.DEVNULL,
@@ -58,13 +58,13 @@ def connect(start: bool = True) -> socket.socket | None:
     if s is not None or not start:
         return s
     import fcntl
-    with open(path.parent / "conn.lock", "a") as lock:
+    with open(os.path.join(os.path.dirname(path), "conn.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(path)
         if s is not None:
             return s
         try:
-            path.unlink()  # stale: its daemon is gone
+            os.unlink(path)  # stale: its daemon is gone
         except FileNotFoundError:
             pass
         proc = _spawn(path)
@@ -150,8 +150,13 @@ def disconnect() -> bool:
     except (paths.NoDaemon, OSError):
         return False
     if s is None:
-        try:
-            paths.socket_path(create=False).unlink()  # a stale socket: clean it
+        try:  # a stale socket: clean it, under the spawners' lock
+            path = paths.socket_path(create=False)
+            import fcntl
+            with open(os.path.join(os.path.dirname(path), "conn.lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if _connect(path) is None:
+                    os.unlink(path)
         except (OSError, paths.NoDaemon):
             pass
         return False

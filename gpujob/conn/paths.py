@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from pathlib import Path
 
 #: seconds a daemon with nothing to do stays up (GPUJOB_CONN_IDLE overrides)
 DEFAULT_IDLE = 300.0
@@ -33,11 +32,11 @@ def idle_seconds() -> float:
         return DEFAULT_IDLE
 
 
-def _private_dir(path: Path, create: bool) -> Path:
+def _private_dir(path: str, create: bool) -> str:
     """``path`` when it is a real directory of ours that nobody else may enter."""
     if create:
         try:
-            path.mkdir(mode=0o700)
+            os.mkdir(path, 0o700)
         except FileExistsError:
             pass
         except OSError as e:
@@ -51,20 +50,20 @@ def _private_dir(path: Path, create: bool) -> Path:
     return path
 
 
-def runtime_dir(create: bool = True) -> Path:
+def runtime_dir(create: bool = True) -> str:
     """$XDG_RUNTIME_DIR/gpujob when that runtime dir is ours, else /tmp/gpujob-UID (0700, checked)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         try:
-            _private_dir(Path(xdg), create=False)
-            return _private_dir(Path(xdg) / "gpujob", create)
+            _private_dir(xdg, create=False)
+            return _private_dir(os.path.join(xdg, "gpujob"), create)
         except NoDaemon:
             pass
-    return _private_dir(Path(f"/tmp/gpujob-{os.getuid()}"), create)
+    return _private_dir(f"/tmp/gpujob-{os.getuid()}", create)
 
 
-def socket_path(create: bool = True) -> Path:
-    return runtime_dir(create) / "conn.sock"
+def socket_path(create: bool = True) -> str:
+    return os.path.join(runtime_dir(create), "conn.sock")
 
 
 def find_inventory(explicit: str | None) -> str | None:
@@ -73,22 +72,22 @@ def find_inventory(explicit: str | None) -> str | None:
     CLI says so in its own words)."""
     for given in (explicit, os.environ.get("GPUJOB_HOSTS")):
         if given:
-            path = Path(given).expanduser()
-            if not path.is_file():
+            path = os.path.expanduser(given)
+            if not os.path.isfile(path):
                 raise NoDaemon(f"no such file: {path}")
-            return str(path.resolve())
-    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    for path in (Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"):
-        if path.is_file():
-            return str(path.resolve())
+            return os.path.realpath(path)
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    for path in ("hosts.yaml", os.path.join(config, "gpujob", "hosts.yaml")):
+        if os.path.isfile(path):
+            return os.path.realpath(path)
     return None
 
 
 def code_stamp() -> str:
     """Which gpujob this is: a daemon whose code differs (an upgrade, an edit) hands over."""
-    pkg = Path(__file__).resolve().parent.parent
+    pkg = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     newest = 0
-    for sub in (pkg, pkg / "cli", pkg / "conn", pkg / "transport"):
+    for sub in (pkg, *(os.path.join(pkg, d) for d in ("cli", "conn", "transport"))):
         try:
             with os.scandir(sub) as it:
                 for e in it:

@@ -101,7 +101,11 @@ class Pool:
             if entry is None or not entry.fresh(digest):
                 if entry is not None:
                     self._retire(entry)
-                entry = self.entries[path] = Entry(path, digest)  # SpecError: the caller prints it
+                try:
+                    entry = Entry(path, digest)
+                except GpujobError:  # an invalid inventory: the full CLI names it in its own words
+                    raise Fallback() from None
+                self.entries[path] = entry
             entry.users += 1
             return entry
 
@@ -389,7 +393,7 @@ class Server:
 
 def serve() -> int:
     try:
-        path = paths.socket_path(create=True)
+        path = Path(paths.socket_path(create=True))
     except paths.NoDaemon as e:
         log(str(e))
         return 1
