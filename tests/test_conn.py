@@ -296,6 +296,26 @@ def test_disconnect_idle_time_and_turning_it_off(env, tmp_path):
     assert not sock_path(env).exists()
 
 
+def test_commands_at_once_start_one_daemon_and_another_setup_is_not_served(env, tmp_path):
+    procs = [subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "echo", str(i)],
+                              env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL) for i in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [(p.returncode, o) for p, o in zip(procs, outs)] == [(0, (f"{i}\n".encode(), b"")) for i in range(4)]
+    pid = daemon_pid(env)
+    servers = [d for d in os.listdir("/proc") if d.isdigit() and alive(int(d)) and
+               b"gpujob.conn\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and
+               f"XDG_RUNTIME_DIR={env['XDG_RUNTIME_DIR']}".encode() in open(f"/proc/{d}/environ", "rb").read()]
+    assert servers == [str(pid)]
+    # another state directory (or HOME, or ssh-agent): that daemon is not used, the answer is the same
+    other = dict(env, XDG_STATE_HOME=str(tmp_path / "other-state"))
+    p = fast(["status"], other)
+    same(p, cli(["status"], other))
+    assert p.returncode != 0
+    assert (tmp_path / "other-state" / "gpujob").exists()
+    assert daemon_pid(env) == pid
+
+
 def test_a_runtime_dir_not_private_is_refused(tmp_path):
     from gpujob.conn import paths
     loose = tmp_path / "loose"
