@@ -121,12 +121,14 @@ def run(bed: TestBed, reps: int, log) -> dict:
             subprocess.run([*gj, "disconnect"], env=env, capture_output=True)
             samples["exec_cold"].append(timed([*gj, "exec", "tb/ct200", "--", "true"], env))
         med = {k: statistics.median(v) * 1000 for k, v in samples.items()}
+        load = os.getloadavg()
         figs = {
             "exec_warm": {"ours_ms": med["exec_warm"], "baseline_ms": med["ssh"],
                           "ratio": med["ssh"] / med["exec_warm"], "met": med["ssh"] / med["exec_warm"] >= 2},
             "status_warm": {"ours_ms": med["status_warm"], "met": med["status_warm"] <= 150},
         }
-        return {"medians_ms": med, "figures": figs, "samples_s": samples, "reps": reps, "job": job}
+        return {"medians_ms": med, "figures": figs, "samples_s": samples, "reps": reps, "job": job,
+                "loadavg_at_end": load}
     finally:
         if env is not None:
             subprocess.run([*gj, "disconnect"], env=env, capture_output=True)
@@ -152,7 +154,8 @@ def table(res: dict) -> str:
     f = res["figures"]
     out.append("")
     out.append(f"goals: exec ≥ 2× faster than ssh: {'met' if f['exec_warm']['met'] else 'NOT met'}; "
-               f"status ≤ 150 ms: {'met' if f['status_warm']['met'] else 'NOT met'}")
+               f"status ≤ 150 ms: {'met' if f['status_warm']['met'] else 'NOT met'} "
+               f"(load average {res['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs at the end)")
     return "\n".join(out)
 
 

@@ -350,3 +350,15 @@ def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
     assert all(f.endswith(".pyc") for f in files.split()), files
     p = subprocess.run(["python3", str(dest), "--home", str(tmp_path / "home"), "status"], capture_output=True)
     assert p.returncode == 0 and json.loads(p.stdout)["jobs"] == []
+
+
+def test_the_connection_bench_produces_its_figures(testbed, tmp_path, capsys):
+    """bench/conn.py in quick mode, so its code cannot rot; no timing is asserted."""
+    from bench.conn import main
+    out = tmp_path / "conn.json"
+    assert main(["--quick", "--json", str(out)], bed=testbed) == 0
+    res = json.loads(out.read_text())
+    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "status_warm", "exec_full", "status_full", "exec_cold"}
+    assert all(v > 0 for v in res["medians_ms"].values())
+    assert res["figures"]["exec_warm"]["ratio"] > 0
+    assert "| command | median |" in capsys.readouterr().out
