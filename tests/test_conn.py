@@ -85,12 +85,16 @@ def same(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) -> None
 
 def test_exec_through_the_daemon_is_the_full_cli_byte_for_byte(env):
     argv = ["exec", "tb/ct200", "--", "sh", "-c", "echo out; echo 'err ✓' >&2; printf 'x\\0y'; exit 7"]
-    first = fast(argv, env)  # starts the daemon
+    first = fast(argv, dict(env, SECRET_TOKEN="hunter2"))  # starts the daemon
     pid = daemon_pid(env)
     assert pid is not None and alive(pid)
     st = os.stat(sock_path(env))
     assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
     assert os.stat(sock_path(env).parent).st_mode & 0o777 == 0o700
+    # it keeps none of the starting command's other variables (a token, say)
+    daemon_environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+    assert f"XDG_STATE_HOME={env['XDG_STATE_HOME']}".encode() in daemon_environ
+    assert not [v for v in daemon_environ if v.startswith((b"GPUJOB_HOSTS=", b"SECRET_TOKEN="))]
     warm = fast(argv, env)
     full = cli(argv, env)
     assert full.returncode == 7 and full.stdout == b"out\nx\0y" and full.stderr == "err ✓\n".encode()

@@ -35,6 +35,18 @@ def _connect(path) -> socket.socket | None:
     return s
 
 
+#: what the daemon keeps of the environment of the command that starts it: it lives for
+#: minutes and serves other commands, so it carries none of this one's other variables
+#: (tokens a job spec takes from the environment, say)
+DAEMON_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+              "SSH_AUTH_SOCK", "GPUJOB_CONN_IDLE")
+
+
+def daemon_env() -> dict:
+    return {k: v for k, v in os.environ.items()
+            if k in DAEMON_ENV or k.startswith(("LC_", "XDG_"))}
+
+
 def _spawn(path: str):
     """Start the daemon detached: its own session, no terminal, nothing inherited."""
     import subprocess
@@ -43,7 +55,7 @@ def _spawn(path: str):
     try:
         return subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, close_fds=True,
-                                cwd="/")
+                                cwd="/", env=daemon_env())
     finally:
         log.close()
 
