@@ -174,9 +174,10 @@ class Target:
 class Targets:
     """Opens targets from the inventory; one SSH connection per host, reused."""
 
-    def __init__(self, inventory: Inventory, *, accept_new: bool = False):
+    def __init__(self, inventory: Inventory, *, accept_new: bool = False, kept: bool = False):
         self.inventory = inventory
         self.accept_new = accept_new
+        self.kept = kept and not accept_new  # commands go over the kept connection (gpujob/conn)
         self._hosts: dict[str, "SshTransport"] = {}
         self._lock = threading.Lock()
 
@@ -201,6 +202,9 @@ class Targets:
         if home.startswith("~"):
             home = "/root" + home[1:]  # pct exec runs as root in the container
         pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
+        if self.kept and self.inventory.source != "embedded default":
+            from gpujob.conn.remote import KeptTransport
+            pct = KeptTransport(pct, str(Path(self.inventory.source).resolve()), f"{host_name}/{cname}")
         return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
                       vmid=container.vmid, expected_gpus=container.gpus,
                       env_passthrough=host.env_passthrough + container.env_passthrough)

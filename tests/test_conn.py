@@ -320,6 +320,39 @@ def test_commands_at_once_start_one_daemon_and_another_setup_is_not_served(env, 
     assert daemon_pid(env) == pid
 
 
+def test_the_full_cli_rides_the_kept_connection_too(env, testbed):
+    """Commands the thin client does not serve run the full CLI, whose commands go to the
+    daemon as frames (relay.py): same output; the first such command starts the daemon."""
+    data = os.urandom(200_000)
+    for args, stdin in ((["exec", "tb/ct200", "sha256sum"], data),          # no `--`: the full CLI
+                        (["exec", "tb/ct200", "cat", "/etc/hostname", "/nonexistent"], None),
+                        (["hosts"], None), (["hosts", "--json"], None), (["ps"], None),
+                        (["exec", "tb/ct201", "true"], None), (["exec", "nosuch", "true"], None)):
+        a = fast(args, env, input=stdin)
+        if args == ["exec", "tb/ct200", "sha256sum"]:
+            assert daemon_pid(env) is not None  # started by the full CLI's first command
+        same(a, cli(args, env, input=stdin))
+    p = fast(["exec", "tb/ct200", "sha256sum"], env, input=data)
+    assert p.returncode == 0 and len(p.stdout.split()[0]) == 64
+    # the daemon killed while the full CLI's command runs: one line, exit 3; the next one works
+    marker = "/tmp/conn-relay-" + str(os.getpid())
+    pid = daemon_pid(env)
+    # (a timeout written 1e3 is the full CLI's: the thin client takes plain numbers only)
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--timeout", "1e3", "--",
+                          "sh", "-c", f"echo $$ > {marker}; sleep 60"], env=env, cwd=str(REPO),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    wait_for(lambda: testbed.container_path(marker).exists(), 60, what="the command to start")
+    os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    lines = err.decode().splitlines()
+    assert p.returncode == 3 and len(lines) == 1 and "lost the connection daemon" in lines[0], err
+    remote = testbed.container_path(marker).read_text().strip()
+    wait_for(lambda: not testbed.container_path(f"/proc/{remote}").exists(), 30, what="the command to end")
+    testbed.container_exec("rm", "-f", marker)
+    q = fast(["exec", "tb/ct200", "echo", "again"], env)
+    assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
+
+
 def test_a_runtime_dir_not_private_is_refused(tmp_path):
     from gpujob.conn import paths
     loose = tmp_path / "loose"

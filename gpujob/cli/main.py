@@ -44,7 +44,9 @@ class Ctx:
 
     def targets(self) -> Targets:
         if self._targets is None:
-            self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new)
+            from gpujob.conn import paths
+            self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new,
+                                    kept=paths.kept())
         return self._targets
 
     def target(self, name: str) -> Target:

@@ -90,6 +90,7 @@ def main() -> None:
         print(disconnect_line(disconnect()))
         sys.exit(0)
     from gpujob.conn import paths
+    paths.FROM_ENTRY = True  # the full CLI below may use the kept connection too
     req = None if paths.disabled() else parse(argv)
     if req is not None:
         from gpujob.conn.client import Fallback, request

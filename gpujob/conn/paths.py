@@ -21,8 +21,18 @@ class NoDaemon(Exception):
     """The kept connection cannot be used here; run the command directly."""
 
 
+#: set by the console entry point: only the installed ``gpujob`` uses the kept connection
+#: (``python -m gpujob.cli.main``, as the tests run it, connects directly)
+FROM_ENTRY = False
+
+
 def disabled() -> bool:
     return os.environ.get("GPUJOB_NO_DAEMON", "") not in ("", "0")
+
+
+def kept() -> bool:
+    """Whether the full CLI's commands go over the kept connection too."""
+    return FROM_ENTRY and not disabled()
 
 
 def idle_seconds() -> float:

@@ -4,7 +4,9 @@
 stdin, stdout and stderr travel with it as SCM_RIGHTS descriptors, so the daemon
 writes the command's output straight to them), ``K`` interrupt (Ctrl-C). Daemon:
 ``G`` going (remote work starts now), ``F`` fall back (run the full CLI directly;
-nothing was done or printed), ``x`` exit (JSON ``{"code": N}``).
+nothing was done or printed), ``x`` exit (JSON ``{"code": N}``). The ``run`` request
+(relay.py) adds ``I``/``E`` (stdin, its end) from the client and ``o``/``e`` (output)
+and ``!`` (an error) from the daemon.
 """
 
 from __future__ import annotations
@@ -14,15 +16,19 @@ import socket
 import struct
 
 HEADER = struct.Struct("!cI")
-MAX_FRAME = 1 << 20
+MAX_FRAME = 1 << 24
 
 
 def pack(kind: bytes, payload: bytes = b"") -> bytes:
     return HEADER.pack(kind, len(payload)) + payload
 
 
+def json_bytes(obj) -> bytes:
+    return json.dumps(obj).encode()
+
+
 def pack_json(kind: bytes, obj) -> bytes:
-    return pack(kind, json.dumps(obj).encode())
+    return pack(kind, json_bytes(obj))
 
 
 class Reader:

@@ -295,11 +295,16 @@ class Server:
                 conn.sendall(proto.pack_json(b"x", {"code": 0}))
                 self.stopping.set()
                 return
-            if req.get("stamp") != self.stamp or req.get("env") != self.env or len(fds) != 3:
+            if req.get("stamp") != self.stamp or req.get("env") != self.env or \
+                    len(fds) != (0 if req.get("op") == "run" else 3):
                 conn.sendall(proto.pack(b"F"))  # another gpujob, or another user's setting
                 if req.get("stamp") != self.stamp:
                     log("a different gpujob asked: ending so that it starts its own")
                     self.stopping.set()
+                return
+            if req.get("op") == "run":
+                from gpujob.conn.relay import serve_run
+                serve_run(self.pool, conn, reader, req)
                 return
             self.run(conn, reader, req, fds)
         except (OSError, ValueError) as e:
