@@ -353,6 +353,31 @@ def test_the_full_cli_rides_the_kept_connection_too(env, testbed):
     assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
 
 
+def test_a_changed_gpujob_takes_over_after_what_runs_ends(env):
+    """An upgrade (here: a newer module file) is not served by the old daemon: it answers
+    'fall back', lets its running command finish, and ends; the next command starts a new one."""
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    old = daemon_pid(env)
+    running = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "sh", "-c",
+                                "sleep 3; echo done"], env=env, cwd=str(REPO), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    time.sleep(1)
+    module = REPO / "gpujob" / "conn" / "proto.py"
+    st = module.stat()
+    try:
+        os.utime(module, ns=(st.st_atime_ns, time.time_ns() + 10**10))  # the newest file now
+        p = fast(["exec", "tb/ct200", "--", "echo", "new"], env)
+        assert (p.returncode, p.stdout, p.stderr) == (0, b"new\n", b"")
+        out, err = running.communicate(timeout=60)
+        assert (running.returncode, out, err) == (0, b"done\n", b"")
+        wait_for(lambda: not alive(old), 20, what="the old daemon to end")
+        assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+        new = daemon_pid(env)
+        assert new is not None and new != old
+    finally:
+        os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def test_a_runtime_dir_not_private_is_refused(tmp_path):
     from gpujob.conn import paths
     loose = tmp_path / "loose"

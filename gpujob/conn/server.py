@@ -230,6 +230,7 @@ class Server:
         self.active = 0
         self.last = time.monotonic()
         self.stopping = threading.Event()
+        self.handing_over = threading.Event()  # stopping for another gpujob, not by request
         self.lock = threading.Lock()
 
     # the listening socket
@@ -279,6 +280,8 @@ class Server:
                     self.path.unlink()
             except OSError:
                 pass
+            while self.handing_over.is_set() and self.active > 0:
+                time.sleep(0.2)  # a new gpujob takes over the socket; what runs here ends first
             self.pool.close()
             log("stopped")
 
@@ -299,7 +302,8 @@ class Server:
                     len(fds) != (0 if req.get("op") == "run" else 3):
                 conn.sendall(proto.pack(b"F"))  # another gpujob, or another user's setting
                 if req.get("stamp") != self.stamp:
-                    log("a different gpujob asked: ending so that it starts its own")
+                    log("a different gpujob asked: handing over to it once what runs here ends")
+                    self.handing_over.set()
                     self.stopping.set()
                 return
             if req.get("op") == "run":
