@@ -53,6 +53,17 @@ def daemon_pid(env) -> int | None:
         s.close()
 
 
+def started(env) -> int:
+    """The daemon's pid once it answers: the command that finds none starts one in the
+    background and runs directly itself."""
+    return wait_for(lambda: daemon_pid(env), 60, what="the daemon to start")
+
+
+def warm(env) -> int:
+    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    return started(env)
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -70,12 +81,31 @@ def env(testbed, tmp_path):
              XDG_RUNTIME_DIR=str(runtime), COLUMNS="200")
     e.pop("GPUJOB_NO_DAEMON", None)
     yield e
-    pid = daemon_pid(e)
-    fast(["disconnect"], e)
-    if pid is not None:
+    end_daemons(e)
+
+
+def daemons_of(env) -> list[int]:
+    """Daemon processes started for this test's runtime dir (bound or still starting)."""
+    mine = f"XDG_RUNTIME_DIR={env['XDG_RUNTIME_DIR']}".encode()
+    found = []
+    for d in os.listdir("/proc"):
         try:
-            wait_for(lambda: not alive(pid), 10, what="the daemon to end")
-        except AssertionError:
+            if d.isdigit() and b"gpujob.conn\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and \
+                    mine in open(f"/proc/{d}/environ", "rb").read().split(b"\0") and alive(int(d)):
+                found.append(int(d))
+        except OSError:
+            pass
+    return found
+
+
+def end_daemons(env) -> None:
+    """`gpujob disconnect`, then SIGKILL whatever of this test's daemons is left (one still
+    starting when a test failed, say): no test leaves one behind."""
+    fast(["disconnect"], env)
+    try:
+        wait_for(lambda: not daemons_of(env), 10, what="the daemons to end")
+    except AssertionError:
+        for pid in daemons_of(env):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -85,9 +115,9 @@ def same(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) -> None
 
 def test_exec_through_the_daemon_is_the_full_cli_byte_for_byte(env):
     argv = ["exec", "tb/ct200", "--", "sh", "-c", "echo out; echo 'err ✓' >&2; printf 'x\\0y'; exit 7"]
-    first = fast(argv, dict(env, SECRET_TOKEN="hunter2"))  # starts the daemon
-    pid = daemon_pid(env)
-    assert pid is not None and alive(pid)
+    first = fast(argv, dict(env, SECRET_TOKEN="hunter2"))  # runs directly, starts the daemon
+    pid = started(env)
+    assert alive(pid)
     st = os.stat(sock_path(env))
     assert st.st_mode & 0o777 == 0o600 and st.st_uid == os.getuid()
     assert os.stat(sock_path(env).parent).st_mode & 0o777 == 0o700
@@ -183,11 +213,12 @@ def test_status_through_the_daemon_is_the_full_cli(finished_job, tmp_path):
     runtime.mkdir(mode=0o700)
     env = dict(base, XDG_RUNTIME_DIR=str(runtime), COLUMNS="200")
     try:
+        fast(["status", job], env)
+        started(env)
         for args in (["status", job], ["status"], ["status", job, "--json"], ["status", "--json"],
                      ["status", job, "-t", "tb/ct200"], ["status", "nosuchjob"]):
             a, b = fast(args, env), cli(args, env)
             same(a, b)
-        assert daemon_pid(env) is not None
         assert b"succeeded" in fast(["status", job], env).stdout
         # a terminal: width from the terminal itself, colours from TERM
         tty = dict(env, TERM="xterm-256color")
@@ -196,28 +227,23 @@ def test_status_through_the_daemon_is_the_full_cli(finished_job, tmp_path):
         b = _pty_run([sys.executable, "-m", "gpujob.cli.main", "status", job], tty)
         assert a == b and a[0] == 0 and b"\x1b[" in a[1]
     finally:
-        pid = daemon_pid(env)
-        fast(["disconnect"], env)
-        if pid:
-            wait_for(lambda: not alive(pid), 10, what="the daemon to end")
+        end_daemons(env)
 
 
 def test_daemon_killed_idle_then_next_command_starts_a_new_one_quietly(env):
-    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
-    pid = daemon_pid(env)
+    pid = warm(env)
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not alive(pid), 10, what="the daemon to die")
     assert sock_path(env).exists()  # stale: nobody answers there any more
     p = fast(["exec", "tb/ct200", "--", "echo", "hi"], env)
     assert (p.returncode, p.stdout, p.stderr) == (0, b"hi\n", b"")
-    new = daemon_pid(env)
-    assert new is not None and new != pid
+    new = started(env)
+    assert new != pid
 
 
 def test_daemon_killed_mid_command(env, testbed):
     marker = "/tmp/conn-mid-" + str(os.getpid())
-    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
-    pid = daemon_pid(env)
+    pid = warm(env)
     p = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "sh", "-c",
                           f"echo $$ > {marker}; sleep 60"], env=env, cwd=str(REPO),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -237,7 +263,7 @@ def test_daemon_killed_mid_command(env, testbed):
 
 def test_ctrl_c_ends_the_remote_command(env, testbed):
     marker = "/tmp/conn-int-" + str(os.getpid())
-    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
+    warm(env)
     p = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "sh", "-c",
                           f"echo $$ > {marker}; sleep 60"], env=env, cwd=str(REPO),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -252,8 +278,7 @@ def test_ctrl_c_ends_the_remote_command(env, testbed):
 
 
 def test_changed_hosts_yaml_or_known_hosts_never_rides_the_old_connection(env, testbed, tmp_path):
-    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
-    pid = daemon_pid(env)
+    pid = warm(env)
     inv = Path(env["GPUJOB_HOSTS"])
     good = inv.read_text()
     wrong_key = tmp_path / "wrong_key"
@@ -281,8 +306,7 @@ def test_changed_hosts_yaml_or_known_hosts_never_rides_the_old_connection(env, t
 
 
 def test_disconnect_idle_time_and_turning_it_off(env, tmp_path):
-    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
-    pid = daemon_pid(env)
+    pid = warm(env)
     p = fast(["disconnect"], env)
     assert p.returncode == 0 and b"closed the kept connection" in p.stdout
     wait_for(lambda: not alive(pid), 10, what="the daemon to end")
@@ -293,9 +317,7 @@ def test_disconnect_idle_time_and_turning_it_off(env, tmp_path):
     assert (p.returncode, p.stdout) == (0, b"direct\n") and daemon_pid(env) is None
     # idle time: a daemon with nothing to do ends by itself
     short = dict(env, GPUJOB_CONN_IDLE="1")
-    assert fast(["exec", "tb/ct200", "--", "true"], short).returncode == 0
-    pid = daemon_pid(short)
-    assert pid is not None
+    pid = warm(short)
     wait_for(lambda: not alive(pid), 30, what="the idle daemon to end")
     assert not sock_path(env).exists()
 
@@ -306,11 +328,8 @@ def test_commands_at_once_start_one_daemon_and_another_setup_is_not_served(env, 
                               stdin=subprocess.DEVNULL) for i in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [(p.returncode, o) for p, o in zip(procs, outs)] == [(0, (f"{i}\n".encode(), b"")) for i in range(4)]
-    pid = daemon_pid(env)
-    servers = [d for d in os.listdir("/proc") if d.isdigit() and alive(int(d)) and
-               b"gpujob.conn\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and
-               f"XDG_RUNTIME_DIR={env['XDG_RUNTIME_DIR']}".encode() in open(f"/proc/{d}/environ", "rb").read()]
-    assert servers == [str(pid)]
+    pid = started(env)
+    assert daemons_of(env) == [pid]
     # another state directory (or HOME, or ssh-agent): that daemon is not used, the answer is the same
     other = dict(env, XDG_STATE_HOME=str(tmp_path / "other-state"))
     p = fast(["status"], other)
@@ -330,7 +349,7 @@ def test_the_full_cli_rides_the_kept_connection_too(env, testbed):
                         (["exec", "tb/ct201", "true"], None), (["exec", "nosuch", "true"], None)):
         a = fast(args, env, input=stdin)
         if args == ["exec", "tb/ct200", "sha256sum"]:
-            assert daemon_pid(env) is not None  # started by the full CLI's first command
+            started(env)  # started by the full CLI's first command
         same(a, cli(args, env, input=stdin))
     p = fast(["exec", "tb/ct200", "sha256sum"], env, input=data)
     assert p.returncode == 0 and len(p.stdout.split()[0]) == 64
@@ -356,8 +375,7 @@ def test_the_full_cli_rides_the_kept_connection_too(env, testbed):
 def test_a_changed_gpujob_takes_over_after_what_runs_ends(env):
     """An upgrade (here: a newer module file) is not served by the old daemon: it answers
     'fall back', lets its running command finish, and ends; the next command starts a new one."""
-    assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
-    old = daemon_pid(env)
+    old = warm(env)
     running = subprocess.Popen([sys.executable, "-m", "gpujob.conn.entry", "exec", "tb/ct200", "--", "sh", "-c",
                                 "sleep 3; echo done"], env=env, cwd=str(REPO), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -367,13 +385,12 @@ def test_a_changed_gpujob_takes_over_after_what_runs_ends(env):
     try:
         os.utime(module, ns=(st.st_atime_ns, time.time_ns() + 10**10))  # the newest file now
         p = fast(["exec", "tb/ct200", "--", "echo", "new"], env)
-        assert (p.returncode, p.stdout, p.stderr) == (0, b"new\n", b"")
+        assert (p.returncode, p.stdout, p.stderr) == (0, b"new\n", b""), p.stderr.decode()
         out, err = running.communicate(timeout=60)
         assert (running.returncode, out, err) == (0, b"done\n", b"")
         wait_for(lambda: not alive(old), 20, what="the old daemon to end")
-        assert fast(["exec", "tb/ct200", "--", "true"], env).returncode == 0
-        new = daemon_pid(env)
-        assert new is not None and new != old
+        new = warm(env)
+        assert new != old
     finally:
         os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
 
@@ -420,7 +437,8 @@ def test_the_connection_bench_produces_its_figures(testbed, tmp_path, capsys):
     out = tmp_path / "conn.json"
     assert main(["--quick", "--json", str(out)], bed=testbed) == 0
     res = json.loads(out.read_text())
-    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "status_warm", "exec_full", "status_full", "exec_cold"}
+    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "status_warm", "exec_full", "status_full", "exec_cold",
+                                     "ps_warm", "ps_full"}
     assert all(v > 0 for v in res["medians_ms"].values())
     assert res["figures"]["exec_warm"]["ratio"] > 0
     assert "| command | median |" in capsys.readouterr().out

@@ -1,6 +1,6 @@
-"""The thin side of the kept connection (stdlib only): reach the daemon, starting
-it when none answers, hand it a request with our stdin/stdout/stderr, and wait
-for its exit code."""
+"""The thin side of the kept connection (stdlib only): reach the daemon (starting it
+in the background when none answers: that command runs directly), hand it a request
+with our stdin/stdout/stderr, and wait for its exit code."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import time
 
 from gpujob.conn import paths, proto
 
-START_TIMEOUT = 20.0
+STARTING_FOR = 30.0
 
 
 def _connect(path) -> socket.socket | None:
@@ -61,34 +61,44 @@ def _spawn(path: str):
 
 
 def connect(start: bool = True) -> socket.socket | None:
-    """A connection to this user's daemon, starting one when ``start`` and none answers.
-
-    Spawners take a lock, so two commands at once start one daemon; a socket file
-    nobody answers (a daemon that was killed) is removed first."""
+    """A connection to this user's live daemon, or None. With ``start``, when none
+    answers, one is started in the background for the commands that follow; this one
+    runs directly (waiting for a daemon to start costs more than the command itself)."""
     path = paths.socket_path(create=start)
     s = _connect(path)
-    if s is not None or not start:
-        return s
+    if s is None and start:
+        _start(path)
+    return s
+
+
+def _start(path: str) -> None:
+    """Start the daemon unless one answers or is on its way (``conn.starting`` holds the
+    pid of one spawned less than STARTING_FOR seconds ago). Spawners take a lock, so
+    commands at once start one daemon; a socket nobody answers (a killed daemon) goes."""
     import fcntl
-    with open(os.path.join(os.path.dirname(path), "conn.lock"), "a") as lock:
+    where = os.path.dirname(path)
+    marker = os.path.join(where, "conn.starting")
+    with open(os.path.join(where, "conn.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(path)
         if s is not None:
-            return s
+            s.close()
+            return
+        try:
+            with open(marker) as f:
+                pid = int(f.read().strip() or 0)
+            if pid and time.time() - os.stat(marker).st_mtime < STARTING_FOR:
+                os.kill(pid, 0)
+                return  # it is starting
+        except (OSError, ValueError):
+            pass
         try:
             os.unlink(path)  # stale: its daemon is gone
         except FileNotFoundError:
             pass
         proc = _spawn(path)
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            s = _connect(path)
-            if s is not None:
-                return s
-            if proc.poll() is not None:
-                raise paths.NoDaemon(f"the connection daemon exited {proc.returncode} at start")
-            time.sleep(0.02)
-        raise paths.NoDaemon("the connection daemon did not start in time")
+        with open(marker, "w") as f:
+            f.write(str(proc.pid))
 
 
 class Fallback(Exception):
@@ -101,7 +111,9 @@ def request(req: dict) -> int:
     try:
         s = connect()
     except (paths.NoDaemon, OSError):
-        raise Fallback() from None
+        s = None
+    if s is None:
+        raise Fallback()  # run directly; a daemon is starting for the next command
     req = dict(req, stamp=paths.code_stamp(), env=paths.env_view(), cwd=os.getcwd(),
                term={k: os.environ[k] for k in paths.TERM_KEYS if k in os.environ},
                encoding=[getattr(sys.stdout, "encoding", None) or "utf-8",

@@ -70,8 +70,10 @@ class KeptTransport(Transport):
     def _open(self, argv, stdin, timeout):
         """A socket on which the daemon said it is going ahead, or None: run directly."""
         try:
-            s = client.connect()
+            s = client.connect()  # none answering: one starts for the next command
         except (paths.NoDaemon, OSError):
+            return None
+        if s is None:
             return None
         req = {"op": "run", "inventory": self.inventory, "target": self.target, "where": self.where,
                "argv": list(argv), "timeout": timeout, "stdin": stdin is not None,

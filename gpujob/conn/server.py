@@ -259,6 +259,10 @@ class Server:
     def serve(self) -> None:
         sock = self.bind()
         log(f"listening on {self.path}; idle time {self.idle:g}s")
+        try:
+            os.unlink(self.path.parent / "conn.starting")  # started: spawners need not wait
+        except OSError:
+            pass
         signal.signal(signal.SIGTERM, lambda *a: self.stopping.set())
         try:
             while not self.stopping.is_set():
