@@ -442,3 +442,18 @@ def test_the_connection_bench_produces_its_figures(testbed, tmp_path, capsys):
     assert all(v > 0 for v in res["medians_ms"].values())
     assert res["figures"]["exec_warm"]["ratio"] > 0
     assert "| command | median |" in capsys.readouterr().out
+
+
+def test_a_local_target_never_starts_a_daemon(tmp_path):
+    from helpers import local_env
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(local_env(tmp_path), XDG_RUNTIME_DIR=str(runtime))
+    env.pop("GPUJOB_NO_DAEMON", None)
+    (tmp_path / "root").mkdir()
+    for args in (["exec", "lab/box", "--", "echo", "hi"], ["exec", "box", "echo", "hi"]):
+        a, b = fast(args, env), cli(args, env)
+        same(a, b)
+        assert a.stdout == b"hi\n"
+    time.sleep(1)
+    assert not daemons_of(env) and not sock_path(env).exists()

@@ -1,6 +1,7 @@
-"""The thin side of the kept connection (stdlib only): reach the daemon (starting it
-in the background when none answers: that command runs directly), hand it a request
-with our stdin/stdout/stderr, and wait for its exit code."""
+"""The thin side of the kept connection (stdlib only): reach the daemon, hand it a
+request with our stdin/stdout/stderr, and wait for its exit code. When none answers,
+the full CLI runs the command, and its first command on an SSH host starts one in the
+background (remote.py): a local target never starts a daemon."""
 
 from __future__ import annotations
 
@@ -109,11 +110,11 @@ def request(req: dict) -> int:
     """Send ``req`` to the daemon with our stdio; its exit code. Raises Fallback when
     the full CLI should run instead (nothing was done or printed)."""
     try:
-        s = connect()
+        s = connect(start=False)
     except (paths.NoDaemon, OSError):
         s = None
-    if s is None:
-        raise Fallback()  # run directly; a daemon is starting for the next command
+    if s is None:  # the full CLI runs it; its first command on an SSH host starts the daemon
+        raise Fallback()
     req = dict(req, stamp=paths.code_stamp(), env=paths.env_view(), cwd=os.getcwd(),
                term={k: os.environ[k] for k in paths.TERM_KEYS if k in os.environ},
                encoding=[getattr(sys.stdout, "encoding", None) or "utf-8",

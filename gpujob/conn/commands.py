@@ -16,12 +16,16 @@ from gpujob.errors import InputError
 
 
 def run_exec(t, argv: list[str], stdin, timeout: Optional[float], so, se, err) -> int:
-    """``gpujob exec``: run argv in the container, output streamed; its exit code."""
+    """``gpujob exec`` (without --json): run argv in the container, output streamed; its exit code."""
     r = t.run(argv, stdin=stdin, timeout=timeout,
               on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
+    say_timed_out(r, timeout, t, err)
+    return r.exit_code
+
+
+def say_timed_out(r, timeout: Optional[float], t, err) -> None:
     if r.timed_out:
         err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
-    return r.exit_code
 
 
 def job_target(ctx, job: Optional[str], target: Optional[str]):

@@ -48,14 +48,16 @@ class KeptTransport(Transport):
     def __getattr__(self, name):  # vmid, pct, host_argv, … of the direct transport
         return getattr(self.direct, name)
 
-    def status(self) -> str:
-        """``pct status`` as PctTransport.status says it, asked over the kept connection."""
+    def status_result(self):
+        """``pct status VMID`` as PctTransport.status_result says it, asked over the kept connection."""
+        from gpujob.transport.pct import PctStatus
         host = KeptTransport(self.direct.inner, self.inventory, self.target, where="host")
         r = host.run([self.direct.pct, "status", str(self.direct.vmid)], timeout=30)
-        text = r.text.strip()
-        if r.ok and text.startswith("status:"):
-            return text.split(":", 1)[1].strip()
-        return (r.tail() or f"pct status exited {r.exit_code}")
+        return PctStatus(r.exit_code, r.text.strip(), r.tail())
+
+    def status(self) -> str:
+        from gpujob.transport.pct import PctTransport
+        return PctTransport.status(self)  # its reading of status_result, over ours
 
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
