@@ -212,6 +212,7 @@ def test_status_through_the_daemon_is_the_full_cli(finished_job, tmp_path):
     runtime = tmp_path / "run"
     runtime.mkdir(mode=0o700)
     env = dict(base, XDG_RUNTIME_DIR=str(runtime), COLUMNS="200")
+    env.pop("GPUJOB_NO_DAEMON", None)
     try:
         fast(["status", job], env)
         started(env)

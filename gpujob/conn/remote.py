@@ -45,6 +45,10 @@ class KeptTransport(Transport):
     def close(self) -> None:
         self.direct.close()
 
+    def open_stream(self, argv: Sequence[str]):
+        """A raw stream is the direct transport's (nothing in gpujob asks one of a target)."""
+        return self.direct.open_stream(argv)
+
     def __getattr__(self, name):  # vmid, pct, host_argv, … of the direct transport
         return getattr(self.direct, name)
 
