@@ -13,6 +13,7 @@ import zipfile
 
 import pytest
 
+from gpujob.agent import protocol
 from gpujob.target import BOOTSTRAP, agent_zip
 from gpujob.transport.local import LocalTransport
 from gpujob.transport.mux import SERVER_SOURCE, MuxClient
@@ -33,7 +34,7 @@ def main():
         raise RuntimeError("boom")
     if args[:1] == ["say"]:
         sys.exit("said no")
-    print(json.dumps({"argv0": sys.argv[0], "args": args, "forked": b"-c" in cmdline, "pgid": os.getpgid(0) == os.getpid()}))
+    print(json.dumps({"argv0": sys.argv[0], "args": args, "forked": any(b"F_SETPIPE_SZ" in a for a in cmdline), "pgid": os.getpgid(0) == os.getpid()}))
     print("to stderr ü", file=sys.stderr)
     return int(args[0]) if args and args[0].isdigit() else 0
 '''
@@ -61,24 +62,28 @@ def mux():
     client.close()
 
 
-def test_a_forked_agent_is_the_same_command_exec_d(mux, tmp_path):
+@pytest.mark.parametrize("launcher", [False, True])
+def test_a_forked_agent_is_the_same_command_exec_d(mux, tmp_path, launcher):
     pyz = fake_agent(tmp_path / "agent-abc.pyz")
+    py = [sys.executable, "-c", protocol.LAUNCHER] if launcher else [sys.executable]
     for args in (["7", "a b", "ü", ""], ["0"]):
-        r = mux.run([sys.executable, pyz, *HS, *args])
-        direct = LocalTransport().run([sys.executable, pyz, *HS, *args])
+        r = mux.run([*py, pyz, *HS, *args])
+        direct = LocalTransport().run([*py, pyz, *HS, *args])
         out = json.loads(r.stdout)
         assert out["forked"] and out["pgid"]  # forked from the server, in a session of its own
         assert dict(out, forked=False) == json.loads(direct.stdout)
         assert (r.exit_code, r.stderr) == (direct.exit_code, direct.stderr) == (int(args[0]), "to stderr ü\n".encode())
     data = bytes(range(256)).decode("latin-1").encode() * 1000
-    assert mux.run([sys.executable, pyz, *HS, "cat"], stdin=b"hello\n").stdout == b"hello\n"
-    assert len(mux.run([sys.executable, pyz, *HS, "cat"], stdin=data).stdout) == len(data)
-    r = mux.run([sys.executable, pyz, *HS, "boom"])
+    assert mux.run([*py, pyz, *HS, "cat"], stdin=b"hello\n").stdout == b"hello\n"
+    assert len(mux.run([*py, pyz, *HS, "cat"], stdin=data).stdout) == len(data)
+    r = mux.run([*py, pyz, *HS, "boom"])
     assert r.exit_code == 1 and b"RuntimeError: boom" in r.stderr
-    r = mux.run([sys.executable, pyz, *HS, "say"])
+    r = mux.run([*py, pyz, *HS, "say"])
     assert (r.exit_code, r.stderr) == (1, b"said no\n")
+    if launcher:  # the launcher's own answer when the zip is not there (exec'd: no zip to load)
+        assert mux.run([*py, str(tmp_path / "agent-gone.pyz"), *HS]).exit_code == protocol.AGENT_MISSING
     t0 = time.monotonic()
-    r = mux.run([sys.executable, pyz, *HS, "sleep", "60"], timeout=0.5)
+    r = mux.run([*py, pyz, *HS, "sleep", "60"], timeout=0.5)
     assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 10
 
 
@@ -97,7 +102,8 @@ def test_only_one_agent_zip_and_only_this_interpreter_is_forked(mux, tmp_path):
 def test_the_real_agent_forked_answers_as_exec_d(mux, tmp_path):
     dest = tmp_path / "bin" / "agent-real.pyz"
     subprocess.run([sys.executable, "-c", BOOTSTRAP, str(dest)], input=agent_zip()[0], check=True)
-    argv = [sys.executable, str(dest), "--home", str(tmp_path / "home"), "status"]
-    r, direct = mux.run(argv), LocalTransport().run(argv)
-    assert (r.exit_code, r.stdout, r.stderr) == (direct.exit_code, direct.stdout, direct.stderr)
-    assert r.exit_code == 0 and json.loads(r.stdout)["jobs"] == []
+    for py in ([sys.executable], [sys.executable, "-c", protocol.LAUNCHER]):  # Target.agent_argv's shape
+        argv = [*py, str(dest), "--home", str(tmp_path / "home"), "status"]
+        r, direct = mux.run(argv), LocalTransport().run(argv)
+        assert (r.exit_code, r.stdout, r.stderr) == (direct.exit_code, direct.stdout, direct.stderr)
+        assert r.exit_code == 0 and json.loads(r.stdout)["jobs"] == []

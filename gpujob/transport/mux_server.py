@@ -28,24 +28,31 @@ F_SETPIPE_SZ = 1031  # Linux: a child's output pipe of 1 MiB means fewer, larger
 
 
 class Zygote:
-    """gpujob's agent, preloaded: ``[python3, …/agent-HASH.pyz, args…]`` that this very
-    interpreter would run is forked from this server with the agent's modules already
-    imported (from the zip's bytecode), which saves a Python start and the agent's imports
-    on every agent call. Only the short commands in COMMANDS are forked (a forked child
-    shows the server's command line in ps, which nobody needs to read for them); one agent
-    zip per server; anything else is exec'd as usual."""
+    """gpujob's agent, preloaded: ``[python3, …/agent-HASH.pyz, --home, H, CMD, …]`` (or the
+    same behind ``-c LAUNCHER``, gpujob/agent/protocol.py) that this very interpreter would
+    run is forked from this server with the agent's modules already imported (from the
+    zip's bytecode), which saves a Python start and the agent's imports on every agent
+    call. Only the short commands in COMMANDS are forked (a forked child shows the server's
+    command line in ps, which nobody needs to read for them); one agent zip per server;
+    anything else is exec'd as usual."""
 
     COMMANDS = ("status",)
     path = None  # the zip whose modules are loaded; "" after a failure: never again
 
+    @staticmethod
+    def zip_at(argv):
+        """Where the zip is in argv: 1 (``python3 ZIP …``) or 3 (``python3 -c SRC ZIP …``)."""
+        return 3 if len(argv) > 1 and argv[1] == "-c" else 1
+
     @classmethod
     def accepts(cls, argv):
-        if cls.path == "" or len(argv) < 5 or argv[2] != "--home" or argv[4] not in cls.COMMANDS or \
-                not argv[1].endswith(".pyz") or not os.path.basename(argv[1]).startswith("agent-") or \
-                not os.path.isfile(argv[1]):
+        z = cls.zip_at(argv)
+        if cls.path == "" or len(argv) < z + 4 or argv[z + 1] != "--home" or argv[z + 3] not in cls.COMMANDS \
+                or not argv[z].endswith(".pyz") or not os.path.basename(argv[z]).startswith("agent-") or \
+                not os.path.isfile(argv[z]):
             return False
         if cls.path is not None:
-            return cls.path == argv[1]
+            return cls.path == argv[z]
         import shutil
         exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
         if not exe or os.path.realpath(exe) != os.path.realpath(sys.executable):
@@ -53,9 +60,9 @@ class Zygote:
         before = list(sys.path)
         try:
             import runpy  # noqa: F401  (what the child runs the zip with)
-            sys.path[:] = [argv[1]] + [p for p in sys.path if p not in ("", argv[1])]
+            sys.path[:] = [argv[z]] + [p for p in sys.path if p not in ("", argv[z])]
             __import__("gpujob.agent.main")
-            cls.path = argv[1]
+            cls.path = argv[z]
             return True
         except Exception:
             sys.path[:] = before
@@ -102,10 +109,15 @@ class Forked:
         sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errs)
         sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc,
                                       "backslashreplace", line_buffering=True)
-        sys.argv = list(argv[1:])
         code = 0
         try:
-            runpy.run_path(argv[1], run_name="__main__")
+            if Zygote.zip_at(argv) == 3:  # python3 -c SRC ZIP …: SRC as -c runs it, with '' first on sys.path
+                sys.argv = ["-c"] + list(argv[3:])
+                sys.path[:] = [""] + [p for p in sys.path if p not in ("", argv[3])]
+                exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            else:
+                sys.argv = list(argv[1:])
+                runpy.run_path(argv[1], run_name="__main__")
         except SystemExit as e:
             if e.code is None:
                 code = 0
