@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, envs
+from gpujob.agent import checkpoint, envs, metrics, notify
 from gpujob.agent.commands import command_argv
 from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
@@ -118,7 +118,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
            "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
            "env_passthrough": list(env_passthrough or [])}
-    if secrets and (secrets.get("env") or secrets.get("profiles")):
+    if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")):
         req["secrets"] = secrets
     return req
 
@@ -167,8 +167,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       env_passthrough=target.env_passthrough)
     refs = secrets_env.secret_refs(spec)
     if refs:
-        steps.append(Step("secrets", "container", "write the secret env values to the job's own 0600 "
-                          "secrets.json (read by the supervisor, removed when the job ends): " + ", ".join(
+        steps.append(Step("secrets", "container", "write the secret values to the job's own 0600 "
+                          "secrets.json (read by the supervisor, removed when the job ends; a webhook's once "
+                          "the job's last messages are out): " + ", ".join(
                               f"{name}={secrets_env.MASK} ({ref.describe()})" for _, name, ref in refs)))
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
@@ -220,6 +221,15 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           ["<rollback target's venv>/bin/python", "-c", "<standby: preload, wait on "
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
+    for i, hook in enumerate(req["spec"].get("notify") or []):
+        steps.append(Step("notify", "supervisor", f"post to {notify.describe(i, hook)} from the container's "
+                          f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
+                          when="on " + ", ".join(hook["events"])))
+    if spec.metrics is not None:
+        where = metrics.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
+        steps.append(Step("metrics", "supervisor", f"write the job's gauges to {where} (Prometheus text "
+                          "format, temp file + rename)", when=f"at most every {spec.metrics.every:g}s while "
+                          "samples come, and on each state change"))
     return steps
 
 

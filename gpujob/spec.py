@@ -420,6 +420,64 @@ class Journal(Strict):
     full_rate_samples: Duration = Field(3600.0, ge=60)  # then one summary a minute
 
 
+NotifyEvent = Literal["rollback", "failure", "success", "known_good"]
+
+
+def _webhook_url(value: Any) -> Any:
+    """A webhook URL: http(s) written in the spec, or a secret reference (from_env,
+    from_file) when the URL holds a token (Slack's does, in its path)."""
+    if isinstance(value, dict):
+        return _env_value(value)
+    if not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+        got = "a string that does not start with http:// or https://" if isinstance(value, str) else kind_of(value)
+        raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, got {got} "
+                         "(not echoed: it may hold a token)")
+    if "@" in value.split("/", 3)[2]:
+        raise ValueError("this URL holds credentials (user:pass@): give it as a secret, "
+                         "{from_env: VAR} or {from_file: PATH}, so it stays out of job.json and logs")
+    return value
+
+
+def _token(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError("a token is a secret: give it as {from_env: VAR} or {from_file: PATH}")
+    return _env_value(value)
+
+
+class Webhook(Strict):
+    """One webhook the supervisor posts to (agent/notify.py)."""
+    url: Annotated[str | SecretRef, BeforeValidator(_webhook_url)]
+    format: Literal["slack", "ntfy", "json"] = "json"
+    token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
+    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good"]
+    timeout: Duration = 10.0  # per attempt
+    retries: int = Field(5, ge=0, le=20)  # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Webhook:
+        for i, event in enumerate(self.events):
+            if event in self.events[:i]:
+                raise At(("events", i), f"'{event}' is listed twice")
+        if not self.events:
+            raise At(("events",), "expected at least one of rollback, failure, success, known_good")
+        if not 0 < self.timeout <= 300:
+            raise At(("timeout",), "expected a duration > 0 and at most 5m")
+        return self
+
+
+def _prom_path(value: Any) -> Any:
+    if not (isinstance(value, str) and value.endswith(".prom") and "\x00" not in value and "\n" not in value):
+        raise ValueError(f"expected a path ending in .prom (node_exporter's textfile collector reads only "
+                         f"those), got {describe(value)}")
+    return value
+
+
+class Metrics(Strict):
+    """Prometheus gauges for node_exporter's textfile collector (agent/metrics.py)."""
+    textfile: Annotated[str, BeforeValidator(_prom_path)] = "metrics.prom"  # relative: the job dir
+    every: Duration = Field(10.0, ge=1)  # at most one rewrite this often while samples come
+
+
 class JobSpec(Strict):
     name: JobName
     target: str | None = None  # container name or host/name; --target overrides
@@ -437,6 +495,8 @@ class JobSpec(Strict):
     rollback: Rollback = Field(default_factory=Rollback)
     journal: Journal = Field(default_factory=Journal)
     resume_after_reboot: bool = False  # a boot hook in the container brings the job back
+    notify: list[Webhook] = []  # webhooks the supervisor posts to (rollback, failure, success, known_good)
+    metrics: Metrics | None = None  # a Prometheus textfile of the job's gauges; None: none written
     _source_path: Path | None = PrivateAttr(None)
     _lines: dict = PrivateAttr(default_factory=dict)
     _source_name: str = PrivateAttr("spec")  # the path as the user gave it, for errors

@@ -86,6 +86,8 @@ def cmd_rollback(home: Home, args) -> None:
     held, _stale = acquire(home, args.job)
     try:
         jj = Journal(home, args.job, held.generation)
+        if j.supervisor_alive(st, starting=False):  # an ended job's supervisor, sending its last
+            kill_group(int(st["supervisor_pid"]), 5)  # messages: the new one takes its outbox over
         pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
         if pgid:
             kill_group(int(pgid), 10)  # never two trainers on the same GPUs

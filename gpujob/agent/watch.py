@@ -287,6 +287,8 @@ class PhaseWatch:
             if base is not None:
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
+                self.notifier.emit("known_good", f"{run.profile}.{len(self.rollbacks)}", profile=run.profile,
+                                   baseline=base)
                 self.say(f"profile {run.profile} is now known-good "
                          f"(baseline {throughput.fmt_rate(base)} tok/s)")
                 self.mark_good(run.profile, baseline=base,  # the ledger, then a cache snapshot
@@ -376,4 +378,5 @@ class PhaseWatch:
         self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
                                window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
                                baseline=baseline)
+        self.metrics.write()
 
