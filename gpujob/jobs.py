@@ -100,7 +100,8 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
 
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
-                env_passthrough: list | None = None, secrets: dict | None = None) -> dict:
+                env_passthrough: list | None = None, secrets: dict | None = None,
+                fleet: dict | None = None) -> dict:
     """What ``agent submit`` receives (besides the code), as JSON. Secret env values
     are ``***`` in the spec; their values (``secrets``) ride apart, for secrets.json."""
     data = spec.to_agent_dict()
@@ -118,8 +119,12 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
            "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
            "env_passthrough": list(env_passthrough or [])}
-    if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")):
+    if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")
+                    or secrets.get("fleet_key")):
         req["secrets"] = secrets
+    if fleet is not None:  # one node of a multi-node job (gpujob/fleet.py): its place, its own env
+        req["fleet"] = {k: v for k, v in fleet.items() if k != "env"}
+        req["spec"]["env"].update(fleet.get("env") or {})
     return req
 
 
@@ -131,7 +136,7 @@ def _agent(target: Target, *args: str) -> list[str]:
     return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
 
 
-def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
+def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += target.driver.plan_connect(target)
@@ -164,7 +169,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     # what the supervisor then runs in the container
     secrets_env.resolve(spec)  # an unset variable or unreadable file fails the plan as it would the submit
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
-                      env_passthrough=target.env_passthrough)
+                      env_passthrough=target.env_passthrough, fleet=fleet)
     refs = secrets_env.secret_refs(spec)
     if refs:
         steps.append(Step("secrets", "container", "write the secret values to the job's own 0600 "
@@ -197,6 +202,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       "env, the cache variables, the venv first on PATH"))
     values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
     values.update(profile=profile, job_id=job_id, workdir=workdir)
+    values.update((fleet or {}).get("values") or {})
     if spec.warmup:
         gpus = spec.gpus.get(spec.warmup.per_gpu, []) if spec.warmup.per_gpu else [None]
         for gpu in gpus:
@@ -236,12 +242,16 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
 # ---- executing ---------------------------------------------------------------
 
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
-           clear_caches: bool, progress: Callable[[str], None]) -> dict:
-    """Ship what is needed and start the supervisor; returns the agent's answer."""
+           clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
+           fleet_key: str | None = None) -> dict:
+    """Ship what is needed and start the supervisor; returns the agent's answer. A node
+    of a multi-node job (``fleet``) gets its place and the job's channel key (a secret)."""
     sources = sync_sources(spec)  # local problems surface before any remote change
     secrets = secrets_env.resolve(spec)
+    if fleet_key:
+        secrets = dict(secrets, fleet_key=fleet_key)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
-                      env_passthrough=target.env_passthrough)
+                      env_passthrough=target.env_passthrough, fleet=fleet)
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
         progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "

@@ -101,6 +101,7 @@ def scrub(text: str, secrets: dict) -> str:
     values = list(secrets.get("env", {}).values())
     for env in list(secrets.get("profiles", {}).values()) + list(secrets.get("notify", {}).values()):
         values += list(env.values())
+    values += [secrets["fleet_key"]] if secrets.get("fleet_key") else []
     for value in sorted((v for v in values if len(v) >= 4), key=len, reverse=True):
         text = text.replace(value, MASK)
     return text

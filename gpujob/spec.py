@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
                       model_validator)
 
-from gpujob.agent.commands import is_shell_c, quoted_placeholders
+from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER, is_shell_c, quoted_placeholders
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, kind_of, load_yaml, shorten, suggest
 
@@ -342,6 +342,7 @@ class Throughput(Strict):
     failure_limit: int = Field(3, ge=1, le=10_000)
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     good_after: Duration = 600.0
+    aggregate: Literal["sum", "min"] = "sum"  # multi-node: the nodes' latest tok/s summed, or the slowest
 
     @model_validator(mode="after")
     def _consistent(self) -> Throughput:
@@ -420,6 +421,40 @@ class Journal(Strict):
     full_rate_samples: Duration = Field(3600.0, ge=60)  # then one summary a minute
 
 
+def _targets(value: Any) -> Any:
+    if isinstance(value, list):
+        if not 2 <= len(value) <= 64:
+            raise ValueError(f"expected 2 to 64 containers in a multi-node target, got {len(value)}")
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or not name.strip():
+                raise At((i,), f"expected a container name or host/name, got {describe(name)}")
+            if name in value[:i]:
+                raise At((i,), f"'{shorten(name, 60)}' is listed twice")
+    return value
+
+
+def _plain_env(value: Any) -> Any:
+    value = _env_value(value)
+    if isinstance(value, SecretRef):
+        raise ValueError("a per-node value cannot be a secret (put secrets in env)")
+    return value
+
+
+class Nodes(Strict):
+    """A multi-node job (target: a list): how node losses are treated, and each node's own env."""
+    on_loss: Literal["end", "wait"] = "end"  # a node gone: end the job, or the leader waits for it
+    lost_after: Duration = 60.0  # a node silent this long (supervisor and channel gone) is lost
+    start_timeout: Duration = 900.0  # a node held at the start gives up when no go comes (a submit cut off)
+    env: list[dict[EnvName, Annotated[str, BeforeValidator(_plain_env)]]] = []  # one per node, in order
+
+    @model_validator(mode="after")
+    def _positive(self) -> Nodes:
+        for field in ("lost_after", "start_timeout"):
+            if getattr(self, field) <= 0:
+                raise At((field,), "expected a duration > 0")
+        return self
+
+
 NotifyEvent = Literal["rollback", "failure", "success", "known_good"]
 
 
@@ -480,7 +515,8 @@ class Metrics(Strict):
 
 class JobSpec(Strict):
     name: JobName
-    target: str | None = None  # container name or host/name; --target overrides
+    target: Annotated[str | list[str] | None, BeforeValidator(_targets)] = None  # a list: multi-node
+    nodes: Nodes | None = None  # multi-node only
     workdir: str | None = None  # in the container; None: <gpujob home>/work/<name>
     sync: list[Sync] = []
     env: Env = {}
@@ -533,7 +569,33 @@ class JobSpec(Strict):
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
         if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
             raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
+        self._check_fleet()
         return self
+
+    @property
+    def multi_node(self) -> bool:
+        return isinstance(self.target, list)
+
+    def _check_fleet(self) -> None:
+        """Multi-node keys only with a list target, and each node's env for every node."""
+        if self.multi_node:
+            if self.nodes is not None and self.nodes.env and len(self.nodes.env) != len(self.target):
+                raise At(("nodes", "env"), f"expected one entry per node ({len(self.target)}), "
+                         f"got {len(self.nodes.env)}")
+            return
+        if self.nodes is not None:
+            raise At(("nodes",), "only for a multi-node job (target: a list of containers)")
+        if self.throughput is not None and "aggregate" in self.throughput.model_fields_set:
+            raise At(("throughput", "aggregate"), "only for a multi-node job (target: a list of containers)")
+        texts = [(("train", "command"), self.train.command)]
+        if self.warmup:
+            texts.append((("warmup", "command"), self.warmup.command))
+        for loc, command in texts:
+            for text in [command] if isinstance(command, str) else command:
+                found = [m.group(1) for m in PLACEHOLDER.finditer(text) if m.group(1) in FLEET_KEYS]
+                if found:
+                    raise At(loc, f"{{{found[0]}}} is only for a multi-node job (target: a list of "
+                             "containers)")
 
     def _check_profile(self, loc: tuple, name: str) -> None:
         names = [p.name for p in self.profiles]

@@ -60,6 +60,9 @@ def cmd_rollback(home: Home, args) -> None:
     j = job_or_refuse(home, args.job)
     st = j.effective_state()
     job = j.job()
+    if (job.get("fleet") or {}).get("node_rank"):  # one decision for every node: node 0's
+        raise Refused(f"job {args.job} is node {job['fleet']['node_rank']} of a multi-node job: "
+                      "roll it back through node 0, whose supervisor leads")
     profiles = [p["name"] for p in job["spec"]["profiles"]]
     if args.to and args.to not in profiles:
         raise Refused(f"no profile {args.to!r} in job {args.job}; profiles: {', '.join(profiles)}")

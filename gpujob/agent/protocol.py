@@ -82,6 +82,8 @@ class OutcomeKind(_StrEnum):
     SIGNAL = "signal"      # a failure signal (crash, low_throughput, stall, ...) with its reason
     STOP = "stop"          # stopped on request
     ROLLBACK = "rollback"  # a rollback asked for by the user
+    FLEET_END = "fleet_end"  # a multi-node job's leader ended the job (signal_name: the state)
+    FLEET_GO = "fleet_go"    # the leader's go at the barrier: every node is ready
 
 
 # ---- exit codes ---------------------------------------------------------------

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, defaults, envs, jobenv, policy, sources, throughput
+from gpujob.agent import checkpoint, defaults, envs, fleet, jobenv, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
@@ -27,7 +27,7 @@ from gpujob.agent.notify import Notifier
 from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
-from gpujob.agent.commands import command_argv, placeholder_env, substitute
+from gpujob.agent.commands import command_argv, fleet_env, placeholder_env, substitute
 from gpujob.agent.guard import Safeguards
 from gpujob.agent.install import Installer
 from gpujob.agent.standby import StandbyKeeper
@@ -83,7 +83,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.job_id = job_id
         self.job = self.journal.job()
         self.spec = self.job["spec"]
-        self.ledger = Ledger(self.home, self.spec["name"])
+        self.ledger = Ledger(self.home, fleet.ledger_name(self.job))  # per fleet shape
         self.profiles = {p["name"]: p for p in self.spec["profiles"]}
         self.workdir = self.home.workdir(self.spec)
         self.stop_asked = False
@@ -121,6 +121,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
         self._login: dict | None = None
         self._passed: dict = {}
+        self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
         self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
         self.metrics = MetricsFile(self.journal, self.job)
 
@@ -225,9 +226,15 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         for name, _req in self.journal.pending():  # nothing is left to act on them
             self.journal.done(name)
         self.drop_reserve()
+        if self.fleet is not None:  # every node hears how it ended
+            self.fleet.ended(state, reason)
 
     # ---- the job: a state machine whose every step is in state.json --------
     def lifecycle(self) -> None:
+        if self.fleet is not None:
+            if not self.fleet.wait_go():  # every node's lock taken? (else it ended here)
+                return
+            self.fleet.start()
         while True:
             st = self.journal.state()
             if st.get("state") in ENDED:
@@ -276,8 +283,11 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                             continue
                     else:
                         out = self.train(profile, bool(st.get("resume")))
+            restarts_before = len(self.restarts)
             if self.handle(out, profile):
                 return
+            if self.fleet is not None:  # the leader relaunches every node on its decision
+                self.fleet.decided(out, profile, restarts_before)
 
     def find_started(self, rec: dict) -> None:
         """The command a dead supervisor was starting: adopt it if it runs, else forget it."""
@@ -293,6 +303,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""
+        if self.fleet is not None:
+            over = self.fleet.handle(out, profile)
+            if over is not None:
+                return over
         if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step="succeeded")
             if not self.watching and self.ledger.status(profile) != "good":
@@ -412,6 +426,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                for group, ids in (self.spec.get("gpus") or {}).items()}
         own.update(GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile, GPUJOB_HOME=self.home.root)
         own.update(placeholder_env(self.values(profile)))
+        if self.job.get("fleet"):
+            own.update(fleet_env(self.job["fleet"]["values"]))
         return jobenv.job_env(self._login, self._passed,
                               [self.spec.get("env"), secrets.get("env"), self.profiles[profile].get("env"),
                                (secrets.get("profiles") or {}).get(profile),
@@ -446,6 +462,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     def values(self, profile: str, gpu=None) -> dict:
         vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
         vals.update(profile=profile, job_id=self.job_id, workdir=self.workdir)
+        vals.update((self.job.get("fleet") or {}).get("values") or {})
         if gpu is not None:
             vals["gpu"] = str(gpu)
         return vals
@@ -487,6 +504,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         return Outcome(OutcomeKind.DONE)
 
     def train(self, profile: str, resume: bool) -> Outcome:
+        if self.fleet is not None:  # every node's trainer starts together, or none
+            out = self.fleet.barrier(profile)
+            if out is not None:
+                return out
         t = defaults.section(self.spec, "train")
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)

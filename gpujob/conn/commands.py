@@ -12,7 +12,7 @@ import json
 from typing import Optional
 
 from gpujob.cli import render
-from gpujob.errors import InputError
+from gpujob.errors import GpujobError, InputError
 
 
 def run_exec(t, argv: list[str], stdin, timeout: Optional[float], so, se, err) -> int:
@@ -36,6 +36,16 @@ def job_target(ctx, job: Optional[str], target: Optional[str]):
         return job, ctx.target(target)
     row = ctx.state().job(job)
     return row["job_id"], ctx.target(row["target"])
+
+
+def multi_node(ctx, job: Optional[str]) -> bool:
+    """Whether the laptop's index has JOB (or the most recent job) as a multi-node job
+    (``status`` shows those with gpujob/cli/fleet_cmds.py)."""
+    try:
+        row = ctx.state().job(job)
+    except GpujobError:
+        return False
+    return bool(ctx.state().nodes(row["job_id"]))
 
 
 def fetch_status(ctx, job_id: str, t, err) -> dict:

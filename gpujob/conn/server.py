@@ -397,6 +397,8 @@ class Server:
             return commands.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), FdSink(fds[1]),
                                      FdSink(fds[2]), err)
         if req["op"] == "status":
+            if not req.get("target") and commands.multi_node(ctx, req.get("job")):
+                raise Fallback()  # a multi-node job: the full CLI's fleet view
             job_id, t = commands.job_target(ctx, req.get("job"), req.get("target"))
             ctx.going()
             commands.show_status(ctx, job_id, t, bool(req.get("json")), out, err)
