@@ -221,6 +221,21 @@ def test_status_through_the_daemon_is_the_full_cli(finished_job, tmp_path):
             a, b = fast(args, env), cli(args, env)
             same(a, b)
         assert b"succeeded" in fast(["status", job], env).stdout
+        # a multi-node job (the index names its nodes): the full CLI's fleet view, not the daemon's
+        from gpujob.state import State
+        old_state = os.environ.get("XDG_STATE_HOME")
+        os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
+        try:
+            st = State()
+            st.reserve("fleet-conn-1", "fleet", "tb/ct200", "/x.yaml", "h", "fast")
+            st.set_nodes("fleet-conn-1", ["tb/ct200", "tb/ct200"])
+            st.close()
+        finally:
+            os.environ["XDG_STATE_HOME"] = old_state or ""
+            if old_state is None:
+                del os.environ["XDG_STATE_HOME"]
+        for args in (["status", "fleet-conn-1"], ["status"]):
+            same(fast(args, env), cli(args, env))
         # a terminal: width from the terminal itself, colours from TERM
         tty = dict(env, TERM="xterm-256color")
         tty.pop("COLUMNS", None)

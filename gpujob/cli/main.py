@@ -370,6 +370,10 @@ def _status(job_id: str, t: Target) -> dict:
     return commands.fetch_status(ctx, job_id, t, err)
 
 
+def _say_revived(st: dict) -> None:
+    commands.say_revived(st, err)
+
+
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
             events: bool = False, as_json: bool = False) -> None:
     from gpujob import jobs
