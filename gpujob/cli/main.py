@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
@@ -19,7 +20,7 @@ from gpujob import __version__
 from gpujob.agent.journal import ENDED, FINAL_STATES
 from gpujob.cli import render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
-from gpujob.inventory import find_inventory, load_inventory
+from gpujob.inventory import entry_of, find_inventory, load_inventory, load_inventory_data
 from gpujob.target import Target, Targets
 from gpujob.transport.base import RawStdin
 
@@ -41,13 +42,41 @@ class Ctx:
     _targets: Optional[Targets] = None
     _state = None
 
+    def __init__(self):
+        self._recorded: dict[str, Targets] = {}  # targets opened from a job's recorded entry
+        self._lock = threading.Lock()
+
     def targets(self) -> Targets:
         if self._targets is None:
             self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new)
         return self._targets
 
     def target(self, name: str) -> Target:
-        return self.targets().open(name)
+        """A target of the inventory; one it does not know, but with which this laptop
+        recorded a job (host/name, submitted from another directory), through the
+        inventory entry recorded with that job."""
+        try:
+            return self.targets().open(name)
+        except InputError:
+            if "/" not in name:
+                raise
+        with self._lock:  # `ps` opens targets from several threads
+            if name not in self._recorded:
+                entry = self.state().entry(name)
+                if entry is None:
+                    return self.targets().open(name)  # the inventory's own error
+                self._recorded[name] = Targets(load_inventory_data(entry), accept_new=self.accept_new)
+        return self._recorded[name].open(name)
+
+    def entry(self, t: Target) -> dict | None:
+        """The inventory entry that reached ``t``, to record with a job."""
+        for targets in [self._recorded.get(t.label), self._targets]:
+            if targets is not None:
+                try:
+                    return entry_of(targets.inventory, t.label)
+                except InputError:
+                    pass
+        return None
 
     def state(self):
         if self._state is None:
@@ -58,6 +87,8 @@ class Ctx:
     def close(self) -> None:
         if self._targets is not None:
             self._targets.close()
+        for targets in self._recorded.values():
+            targets.close()
         if self._state is not None:
             self._state.close()
 
@@ -261,6 +292,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
         return
+    from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
+    ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
@@ -290,7 +323,8 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     from gpujob import jobs
     from gpujob.spec import spec_hash
     state = ctx.state()
-    state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
+    state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
+                  entry=ctx.entry(t))
     try:
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
@@ -613,13 +647,15 @@ def cache_prove_cold(target: str = typer.Argument(...),
 # ---- demo ------------------------------------------------------------------
 
 @app.command()
-def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"),
+def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="default: the demo "
+                                                     "shipped with gpujob (works from any directory)"),
          target: Optional[str] = typer.Option(None, "--target", "-t")):
     """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
+    from gpujob.demofiles import build_demo_wheels, work_copy
     from gpujob.spec import load_spec
-    from gpujob.wheelhouse import build_indexes
-    spec = load_spec(spec_path)
-    build_indexes(spec.spec_dir / "demo" / "wheelhouse")
+    spec = load_spec(spec_path or work_copy())
+    spec_path = spec.source_path if spec_path is None else spec_path
+    build_demo_wheels(spec)
     t = ctx.target(target or spec.target or "demo")
     good = next(p.name for p in spec.profiles if p.name != spec.profile)
     acts = [(good, f"Act 1: the {good} wheel build trains and becomes known-good"),
