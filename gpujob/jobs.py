@@ -230,6 +230,17 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
 
 # ---- executing ---------------------------------------------------------------
 
+def submitter() -> str:
+    """user@laptop, as the container's lock and ``ps --all`` show who submitted a job."""
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname().split('.')[0] or '?'}"
+
+
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None]) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer."""
@@ -237,6 +248,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     secrets = secrets_env.resolve(spec)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough)
+    req["by"] = submitter()  # the container's lock says who holds it
     req["boot_hook"] = spec.resume_after_reboot and target.kind == "ssh"  # never a laptop's rc.local
     if spec.resume_after_reboot and target.kind != "ssh":
         progress("note: resume_after_reboot installs no boot hook on a local target (its rc.local "

@@ -444,10 +444,18 @@ def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Opti
 
 
 @app.command()
-def ps(as_json: bool = typer.Option(False, "--json"),
+def ps(target: Optional[str] = typer.Argument(None, help="only this container's jobs"),
+       all_: bool = typer.Option(False, "--all", help="every job in TARGET's journal, whichever laptop "
+                                 "started it (with who did)"),
+       as_json: bool = typer.Option(False, "--json"),
        limit: int = typer.Option(20, help="how many recent jobs")):
     """Jobs started from this laptop, with their state fetched from the containers."""
-    rows = ctx.state().jobs(limit)
+    if all_:
+        return _ps_all(target, as_json, limit)
+    rows = ctx.state().jobs(limit if target is None else 1000)
+    if target is not None:
+        label = ctx.target(target).label
+        rows = [r for r in rows if r["target"] == label][:limit]
     by_target: dict[str, list[str]] = {}
     for r in rows:
         by_target.setdefault(r["target"], []).append(r["job_id"])
@@ -473,6 +481,22 @@ def ps(as_json: bool = typer.Option(False, "--json"),
         out.print_json(json.dumps(views))
         return
     out.print(render.ps_table(views))
+
+
+def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
+    """``ps --all TARGET``: the container's journal, newest first; looks only (no
+    dead supervisor is restarted by asking)."""
+    if target is None:
+        raise InputError("ps --all: name the container: gpujob ps --all TARGET")
+    t = ctx.target(target)
+    jobs_ = t.agent_json("status", "--no-revive")["jobs"]
+    jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
+    mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
+    views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
+    if as_json:
+        out.print_json(json.dumps(views))
+        return
+    out.print(render.ps_table(views, by=True))
 
 
 @app.command()

@@ -76,7 +76,7 @@ def status_view(st: dict, target: str) -> dict:
     """The status of one job as plain data (what --json prints, and what the table shows)."""
     window = st.get("window") or {}
     return {
-        "job": st.get("job_id"), "name": st.get("name"), "target": target,
+        "job": st.get("job_id"), "name": st.get("name"), "target": target, "by": st.get("by"),
         "state": st.get("state"), "phase": st.get("phase"), "profile": st.get("profile"),
         "tok_s": st.get("tps"), "window_median": window.get("median"),
         "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
@@ -96,7 +96,7 @@ def print_status(console: Console, v: dict) -> None:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("job", lit(f"{v['job']}  on {v['target']}"))
+    t.add_row("job", lit(f"{v['job']}  on {v['target']}" + (f"  by {v['by']}" if v.get("by") else "")))
     t.add_row("state", styled((v["state"], style), f"  ({v['phase']})" if v["phase"] else ""))
     t.add_row("profile", lit(v["profile"] or "-"))
     if v["tok_s"] is not None:
@@ -190,16 +190,19 @@ def hosts_table(rows: list[dict], source: str) -> Table:
     return table
 
 
-def ps_table(views: list[dict]) -> Table:
+def ps_table(views: list[dict], by: bool = False) -> Table:
+    """``ps``; with ``by`` (``ps --all``) a column of who submitted each job (user@laptop)."""
     table = Table(show_edge=False)
-    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime", "exit"):
+    for col in ("job", "target") + (("by",) if by else ()) + ("state", "phase", "profile", "tok/s",
+                                                            "uptime", "exit"):
         table.add_column(col)
     for v in views:
         style = STATE_STYLE.get(v["state"], "red" if v["state"] == "unreachable" else "")
         exit_ = v["exit"] or (v.get("reason") or "" if v["state"] == "unreachable" else "")
-        table.add_row(lit(v["job"]), lit(v["target"]), lit(v["state"] or "-", style), lit(v["phase"] or "-"),
-                      lit(v["profile"] or "-"), fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
-                      duration(v["uptime_s"]), lit(exit_))
+        who = [lit((v.get("by") or "?") + (" (you)" if v.get("mine") else ""))] if by else []
+        table.add_row(lit(v["job"]), lit(v["target"]), *who, lit(v["state"] or "-", style),
+                      lit(v["phase"] or "-"), lit(v["profile"] or "-"),
+                      fmt_rate(v["tok_s"]) if v["tok_s"] else "-", duration(v["uptime_s"]), lit(exit_))
     return table
 
 
