@@ -569,10 +569,14 @@ def cmd_profiles(home: Home, args) -> None:
 
 
 def cmd_gc(home: Home, args) -> None:
-    """Remove venvs not used for --days days; never an active or known-good one."""
+    """Remove venvs not used for --days days, never an active or known-good one; job
+    directories ended --older-than days ago and all but the newest
+    --keep-checkpoints checkpoints, never a live job's (agent/prune.py)."""
+    from gpujob.agent import prune
+    res = prune.prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
     root = home.path("envs")
     items = []
-    for key in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    for key in (sorted(os.listdir(root)) if os.path.isdir(root) else []) if args.days is not None else []:
         if not key.startswith("."):
             marker = envs.read_marker(home.root, key)
             items.append({"env_key": key, "profile": marker.get("profile"),
@@ -585,7 +589,8 @@ def cmd_gc(home: Home, args) -> None:
         if remove:
             envs.remove_tree(os.path.join(root, e["env_key"]))
         rows.append(dict(e, why=why, removed=remove, disk=du))
-    emit({"envs": rows, "dry_run": args.dry_run, "days": args.days})
+    emit(dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
+              keep_checkpoints=args.keep_checkpoints))
 
 
 def active_keys(home: Home) -> set:
@@ -683,7 +688,9 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("profiles")
     sub.add_parser("boot")
     s = sub.add_parser("gc")
-    s.add_argument("--days", type=float, required=True)
+    s.add_argument("--days", type=float)
+    s.add_argument("--older-than", type=float)
+    s.add_argument("--keep-checkpoints", type=int)
     s.add_argument("--dry-run", action="store_true")
     s = sub.add_parser("cache")
     s.add_argument("action", choices=["ls", "clear", "restore", "prove-cold"])

@@ -577,27 +577,34 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
 
 @app.command()
 def gc(target: str = typer.Argument(...),
-       days: float = typer.Option(..., "--days", help="remove venvs not used for this many days"),
+       days: Optional[float] = typer.Option(None, "--days", help="remove venvs not used for this many days"),
+       older_than: Optional[float] = typer.Option(None, "--older-than", metavar="DAYS",
+                                                  help="remove the directories of jobs that ended this "
+                                                       "many days ago (never a live job's)"),
+       keep_checkpoints: Optional[int] = typer.Option(None, "--keep-checkpoints", metavar="K",
+                                                      help="keep the newest K of each job's checkpoints "
+                                                           "(train.checkpoint.path); never a live job's"),
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go; remove nothing"),
        as_json: bool = typer.Option(False, "--json")):
-    """Remove profile venvs not used for N days; never the active or a known-good one."""
-    if days < 0:
-        raise InputError(f"--days: expected a number of days >= 0, got {days:g}")
+    """Free disk: old profile venvs, old job directories, old checkpoints (what you ask for)."""
+    if days is None and older_than is None and keep_checkpoints is None:
+        raise InputError("gc: say what to remove: --days N (venvs), --older-than DAYS (job directories), "
+                         "--keep-checkpoints K (checkpoints); --dry-run shows it first")
+    for flag, value in (("--days", days), ("--older-than", older_than), ("--keep-checkpoints", keep_checkpoints)):
+        if value is not None and value < 0:
+            raise InputError(f"{flag}: expected a number >= 0, got {value:g}")
     t = ctx.target(target)
-    res = t.agent_json("gc", "--days", f"{days:g}", *(["--dry-run"] if dry_run else []), timeout=600)
+    args = [*(["--days", f"{days:g}"] if days is not None else []),
+            *(["--older-than", f"{older_than:g}"] if older_than is not None else []),
+            *(["--keep-checkpoints", str(keep_checkpoints)] if keep_checkpoints is not None else []),
+            *(["--dry-run"] if dry_run else [])]
+    res = t.agent_json("gc", *args, timeout=600)
     if as_json:
         out.print_json(json.dumps(res))
         return
-    table = Table(title=f"gc on {t.label} (unused for {days:g} days{', dry run' if dry_run else ''})",
-                  title_justify="left", show_edge=False)
-    for col in ("venv", "profile", "disk: own / real / apparent", "decision"):
-        table.add_column(col)
-    for e in res["envs"]:
-        decision = ("removed" if e["removed"] else "would remove") if e["why"] == "remove" else f"kept: {e['why']}"
-        table.add_row(e["env_key"], e.get("profile") or "?", render.disk(e["disk"]), decision)
-    out.print(table)
-    freed = sum(e["disk"]["own"] for e in res["envs"] if e["why"] == "remove")
-    out.print(f"{'freed' if not dry_run else 'would free'} {render.size(freed)}")
+    for table in render.gc_tables(res, t.label):
+        out.print(table)
+    out.print(render.lit(render.gc_summary(res)), soft_wrap=True)
 
 
 @cache_app.command("ls")

@@ -308,3 +308,49 @@ def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
 def ledger_set_line(res: dict, label: str) -> Text:
     why = f" ({res['reason']})" if res.get("reason") else ""
     return lit(f"ledger of {res['name']} on {label}: {res['profile']} {res['before']} -> {res['status']}{why}")
+
+
+def gc_tables(res: dict, label: str) -> list:
+    """``gc``: one table per kind of thing it looked at (venvs, job directories, checkpoints)."""
+    dry = res.get("dry_run")
+
+    def decision(e: dict) -> Text:
+        if e["why"] == "remove":
+            return lit("removed" if e["removed"] else "would remove")
+        return lit(f"kept: {e['why']}")
+    tables = []
+    if res.get("days") is not None:
+        t = Table(title=f"venvs on {label} (unused for {res['days']:g} days{', dry run' if dry else ''})",
+                  title_justify="left", show_edge=False)
+        for col in ("venv", "profile", "disk: own / real / apparent", "decision"):
+            t.add_column(col)
+        for e in res["envs"]:
+            t.add_row(lit(e["env_key"]), lit(e.get("profile") or "?"), disk(e["disk"]), decision(e))
+        tables.append(t)
+    if res.get("older_than") is not None:
+        t = Table(title=f"job directories on {label} (ended {res['older_than']:g}+ days ago"
+                        f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
+        for col in ("job", "state", "size", "decision"):
+            t.add_column(col)
+        for e in res["jobs"]:
+            t.add_row(lit(e["job_id"]), lit(e.get("state") or "-"), size(e["bytes"]), decision(e))
+        tables.append(t)
+    if res.get("keep_checkpoints") is not None:
+        t = Table(title=f"checkpoints on {label} (newest {res['keep_checkpoints']} kept"
+                        f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
+        for col in ("checkpoint", "size", "decision"):
+            t.add_column(col, overflow="fold")
+        for e in res["checkpoints"]:
+            t.add_row(lit(e["path"]), size(e["bytes"]), decision(e))
+        tables.append(t)
+    return tables
+
+
+def gc_summary(res: dict) -> str:
+    freed = sum(e["disk"]["own"] for e in res.get("envs") or [] if e["why"] == "remove")
+    freed += sum(e["bytes"] for e in (res.get("jobs") or []) + (res.get("checkpoints") or [])
+                 if e["why"] == "remove")
+    text = f"{'would free' if res.get('dry_run') else 'freed'} {size(freed)}"
+    if res.get("finished"):
+        text += f"; finished {len(res['finished'])} removal(s) a killed gc had left"
+    return text
