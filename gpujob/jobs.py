@@ -132,6 +132,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
+    steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
     if target.kind == "ssh":
         steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
                           "(one connection, strict host key)"))
@@ -178,7 +179,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
     for argv in envs.build_commands(prof, venv, target.python, uv="uv", uv_cache=f"{home}/uv-cache",
-                                    common_requirements=list(spec.requirements),
+                                    common_requirements=spec.common_requirements()[0],
                                     constraints_file=f"{venv}/.gpujob-constraints.txt",
                                     profile_requirements_file=(f"{venv}/.gpujob-requirements.txt"
                                                                if prof.get("requirements_text") else None)):
@@ -245,6 +246,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None]) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer."""
     sources = sync_sources(spec)  # local problems surface before any remote change
+    spec.common_requirements(strict=True)  # a requirements file that is missing or unusable, too
     secrets = secrets_env.resolve(spec)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough)

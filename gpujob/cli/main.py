@@ -292,6 +292,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
         return
+    jobs.sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
+    spec.common_requirements(strict=True)
     from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
     ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
