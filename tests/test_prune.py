@@ -127,3 +127,20 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
     p = cli(["gc", "box"], env)
     assert p.returncode == 2 and "--older-than" in p.stderr.decode()
     cli(["stop", live], env, check=True)
+
+
+def test_gc_of_a_venv_killed_halfway_leaves_no_half_venv_and_the_next_gc_finishes_it(tmp_path):
+    idx = {b: p.as_uri() for b, p in build_indexes(tmp_path / "wh").items()}
+    env = local_env(tmp_path)
+    root = tmp_path / "root"
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=idx["fast"], slow_url=idx["slow"],
+                      profile="slow", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+    assert cli(["submit", str(spec), "--follow"], env, timeout=120).returncode == 0
+    cli(["ledger", "set", "box", "tjob", "slow", "untried"], env, check=True)  # not known-good: gc may take it
+    (venv,) = [d.name for d in (root / "envs").iterdir() if d.name.startswith("slow-")]
+    p = agent_killed_at(root, f"env-{venv}", ["--days", "0"])
+    assert p.returncode == -9, p.stderr.decode()
+    assert not (root / "envs" / venv).exists()  # gone from envs/ in one step: never a half venv there
+    assert [d.name.startswith(f"env-{venv}") for d in (root / ".gc").iterdir()] == [True]
+    res = cli_json(["gc", "box", "--days", "0", "--json"], env)
+    assert len(res["finished"]) == 1 and list((root / ".gc").iterdir()) == []

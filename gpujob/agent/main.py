@@ -586,8 +586,8 @@ def cmd_gc(home: Home, args) -> None:
     for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names):
         du = gc.disk_usage([os.path.join(root, e["env_key"])])
         remove = why == "remove" and not args.dry_run
-        if remove:
-            envs.remove_tree(os.path.join(root, e["env_key"]))
+        if remove:  # through the trash: a venv cut halfway never stays where it was
+            prune.remove_tree(home, os.path.join(root, e["env_key"]), "env")
         rows.append(dict(e, why=why, removed=remove, disk=du))
     emit(dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
               keep_checkpoints=args.keep_checkpoints))

@@ -9,7 +9,8 @@ Safe when killed at any moment. A job directory is first renamed into
 ``<home>/.gc/`` (one atomic rename: from then on no command sees the job), then
 deleted; a checkpoint folder is renamed to a hidden sibling (``.gc-NAME``, which
 no glob matches) after a record of it is written to ``<home>/.gc/``; a file is
-unlinked (atomic). Whatever a killed gc left half-deleted is in ``.gc/`` or named
+unlinked (atomic). A venv ``gc --days`` removes goes through the trash like a job
+directory. Whatever a killed gc left half-deleted is in ``.gc/`` or named
 there, and the next gc finishes it before anything else.
 """
 
@@ -157,6 +158,15 @@ def remove_job(home, job_id: str) -> bool:
         return False
     shutil.rmtree(dst, ignore_errors=True)
     return True
+
+
+def remove_tree(home, path: str, tag: str) -> None:
+    """Remove a tree under the home (a venv) the way a job directory goes: renamed
+    into the trash in one step, then deleted; a death in between is finished by
+    the next gc, and no half tree is ever where it was."""
+    dst = os.path.join(_trash(home), f"{tag}-{os.path.basename(path)}-{os.getpid()}")
+    os.rename(path, dst)
+    shutil.rmtree(dst, ignore_errors=True)
 
 
 def remove_checkpoint(home, path: str) -> None:
