@@ -59,8 +59,12 @@ class State:
         self.db.executescript(SCHEMA)
         cols = {r["name"] for r in self.db.execute("PRAGMA table_info(jobs)")}
         if "entry" not in cols:  # an index from before: its jobs have no recorded entry
-            with self.db:
-                self.db.execute("ALTER TABLE jobs ADD COLUMN entry TEXT")
+            try:
+                with self.db:
+                    self.db.execute("ALTER TABLE jobs ADD COLUMN entry TEXT")
+            except sqlite3.OperationalError as e:  # another gpujob added it at the same moment
+                if "duplicate column" not in str(e):
+                    raise
 
     def close(self) -> None:
         self.db.close()
