@@ -89,6 +89,7 @@ class Ctx:
             self._targets.close()
         for targets in self._recorded.values():
             targets.close()
+        self._recorded.clear()
         if self._state is not None:
             self._state.close()
 
