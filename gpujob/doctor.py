@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from gpujob.errors import ConnectError, GpujobError
+from gpujob import kinds
+from gpujob.errors import GpujobError
 from gpujob.target import Target
 
 MIN_FREE_WARN = 20 * 2**30
@@ -42,23 +43,8 @@ def host_driver(proc_version: str | None) -> str | None:
 def gather(target: Target, workdir: str | None = None) -> dict:
     """Facts about the target; stops early (with what it knows) when a layer fails."""
     facts: dict = {"kind": target.kind, "label": target.label, "vmid": target.vmid}
-    if target.kind == "ssh":
-        try:
-            client = target.host_transport.client()
-            key = client.get_transport().get_remote_server_key()
-            from gpujob.transport.ssh import fingerprint
-            facts["host"] = {"ok": True, "key": f"{key.get_name()} {fingerprint(key)}",
-                             "where": target.host_transport.describe()}
-        except ConnectError as e:
-            facts["host"] = {"ok": False, "error": e.message, "hint": e.hint or ""}
-            return facts
-        pct = target.transport
-        r = target.host_transport.run([pct.pct, "status", str(pct.vmid)], timeout=30)
-        facts["pct"] = {"exit": r.exit_code, "out": r.text.strip(), "err": r.tail()}
-        if r.exit_code != 0 or "running" not in r.text:
-            return facts
-        r = target.host_transport.run(["cat", "/proc/driver/nvidia/version"], timeout=30)
-        facts["host_driver"] = r.text if r.ok else None
+    if not target.driver.gather(target, facts):
+        return facts
     try:
         facts["probe"] = target.probe(workdir)
     except GpujobError as e:
@@ -66,34 +52,41 @@ def gather(target: Target, workdir: str | None = None) -> dict:
     return facts
 
 
+def with_fixes(checks: list[Check]) -> list[Check]:
+    """Every failed or warned check with a fix: the specific one it has, else one by what failed."""
+    for c in checks:
+        if c.status != "ok" and not c.hint:
+            c.hint = fallback_fix(c.name, c.detail)
+    return checks
+
+
+def fallback_fix(name: str, detail: str) -> str:
+    d = detail.lower()
+    if name in ("host", "connect"):
+        if "banner" in d or "protocol" in d:
+            return ("something answered that is not sshd: check `address` and `port` in hosts.yaml "
+                    "(or ~/.ssh/config) and that sshd listens there: ssh -p PORT USER@ADDRESS true")
+        if "timed out" in d or "timeout" in d:
+            return ("check the address, the network path (VPN, firewall) and that the host is up; "
+                    "raise `connect_timeout` in hosts.yaml for slow links")
+        return ("check `address`, `port` and `user` in hosts.yaml (or ~/.ssh/config), and that sshd runs "
+                "there: ssh -p PORT USER@ADDRESS true")
+    if name == "pct":
+        return "run `pct status VMID` on the host as root to see why it fails"
+    if name == "python3":
+        return "check that the container runs and has python3 3.8+: gpujob exec CT -- python3 -V"
+    return "see README: Troubleshooting"
+
+
 def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
+    return with_fixes(_judge(facts, expected_gpus=expected_gpus, cudas=cudas))
+
+
+def _judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
     checks: list[Check] = []
     add = lambda *a: checks.append(Check(*a))  # noqa: E731
-    if facts["kind"] == "ssh":
-        host = facts.get("host", {})
-        if not host.get("ok"):
-            add("host", "fail", host.get("error", "not reached"), host.get("hint", ""))
-            return checks
-        add("host", "ok", f"{host['where']} ({host['key']})")
-        pct = facts["pct"]
-        if pct["exit"] == 127:
-            add("pct", "fail", "pct not found on the host", "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
-            return checks
-        if pct["exit"] != 0:
-            text = pct["err"] or pct["out"]
-            if "does not exist" in text:
-                add("pct", "ok", "pct present")
-                add("container", "fail", text, "check the vmid in hosts.yaml (`pct list` on the host lists them)")
-            elif "permission" in text.lower() or "must be root" in text.lower():
-                add("pct", "fail", text, "pct needs root: set `user: root` for this host")
-            else:
-                add("pct", "fail", text or f"pct status exited {pct['exit']}")
-            return checks
-        add("pct", "ok", "pct present")
-        if "running" not in pct["out"] or "not running" in pct["out"]:
-            add("container", "fail", pct["out"], f"start it on the host: pct start {facts.get('vmid')}")
-            return checks
-        add("container", "ok", pct["out"])
+    if not kinds.get(facts["kind"]).judge(facts, add):
+        return checks
     if "probe_error" in facts:
         err = facts["probe_error"]
         hint = "apt install python3 python3-venv in the container" if "python3" in err else ""

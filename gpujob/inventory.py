@@ -7,10 +7,11 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
+from gpujob import kinds
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
 
@@ -43,11 +44,20 @@ class Container(Strict):
     env_passthrough: list[EnvPattern] = []  # added to the host's: variables jobs keep (globs)
 
 
-_SSH_ONLY = ("address", "port", "user", "identity_file", "known_hosts", "proxy_jump")
+def _kind(value):
+    if value not in kinds.NAMES:
+        raise ValueError(f"expected one of {', '.join(kinds.NAMES)}, got {describe(value)}")
+    return value
+
+
+Kind = Annotated[str, BeforeValidator(_kind)]
+#: host fields some kind accepts and the others refuse
+_KIND_ONLY = tuple(f for k in kinds.REGISTRY.values() for f in k.host_fields)
+_CONTAINER_ONLY = tuple(f for k in kinds.REGISTRY.values() for f in k.container_fields)
 
 
 class Host(Strict):
-    kind: Literal["ssh", "local"] = "ssh"
+    kind: Kind = "ssh"  # a name in gpujob.kinds.REGISTRY
     address: str | None = None
     port: int | None = Field(None, ge=1, le=65535)
     user: str | None = None
@@ -62,22 +72,25 @@ class Host(Strict):
 
     @model_validator(mode="after")
     def _fits_kind(self) -> Host:
-        ssh = self.kind == "ssh"
-        if ssh and self.address is None:
+        kind = kinds.get(self.kind)
+        if "address" in kind.host_fields and self.address is None:
             raise At(("address",), "missing (required)")
-        if not ssh:
-            for field in _SSH_ONLY:
-                if getattr(self, field) is not None:
-                    raise At((field,), "only for ssh hosts")
-        required, forbidden = (("vmid",), ("root",)) if ssh else (("root",), ("vmid", "home"))
+        for field in _KIND_ONLY:
+            if field not in kind.host_fields and getattr(self, field) is not None:
+                raise At((field,), f"only for {_who('host_fields', field)} hosts")
         for name, container in self.containers.items():
-            for field in required:
+            for field in kind.container_required:
                 if getattr(container, field) is None:
                     raise At(("containers", name, field), "missing (required)")
-            for field in forbidden:
-                if getattr(container, field) is not None:
-                    raise At(("containers", name, field), f"only for {'local' if ssh else 'ssh'} hosts")
+            for field in _CONTAINER_ONLY:
+                if field not in kind.container_fields and getattr(container, field) is not None:
+                    raise At(("containers", name, field), f"only for {_who('container_fields', field)} hosts")
         return self
+
+
+def _who(attr: str, field: str) -> str:
+    """The kinds that take ``field`` (``ssh``; ``ssh or docker``)."""
+    return " or ".join(k.name for k in kinds.REGISTRY.values() if field in getattr(k, attr))
 
 
 class Inventory(Strict):
@@ -179,8 +192,8 @@ _JUMP = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>[^:@,]+)(?::(?P<port>\d+))?")
 
 def ssh_settings(host_name: str, host: Host, ssh_config_path: str | Path = "~/.ssh/config") -> SshSettings:
     """How to reach host: hosts.yaml, filled in from ~/.ssh/config (hosts.yaml wins)."""
-    if host.kind != "ssh":
-        raise InputError(f"host '{host_name}' is local; it has no SSH settings")
+    if "address" not in kinds.get(host.kind).host_fields:
+        raise InputError(f"host '{host_name}' is {host.kind}; it has no SSH settings")
     path = Path(ssh_config_path).expanduser()
     import paramiko  # only ssh hosts need it: the local demo starts faster without
 

@@ -16,15 +16,16 @@ import secrets
 import shlex
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 from gpujob.agent import checkpoint, envs
 from gpujob.agent.commands import command_argv
+from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
+from gpujob.steps import Step
 from gpujob.target import Target
 from gpujob.tarstream import Concat, TarStream
 
@@ -96,13 +97,6 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
 
 # ---- the plan ----------------------------------------------------------------
 
-@dataclass
-class Step:
-    kind: str          # connect, probe, ship_agent, ship_uv, manifest, submit, env, warmup, train
-    where: str         # laptop, host, container (by the controller), supervisor (in the container)
-    what: str
-    argv: list[str] = field(default_factory=list)
-    when: str = ""     # a condition, when the step is not always taken
 
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
@@ -129,32 +123,33 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     return req
 
 
+#: how the plan shows the agent launcher's source (gpujob/agent/protocol.py LAUNCHER)
+LAUNCHER_SHOWN = "<gpujob agent launcher: run AGENT.pyz, exit 6 when it is missing>"
+
+
+def _agent(target: Target, *args: str) -> list[str]:
+    return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
+
+
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
-    if target.kind == "ssh":
-        steps.append(Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
-                          "(one connection, strict host key)"))
-        mux = target.transport.mux_argv()
-        mux[-1] = "<gpujob exec channel: gpujob/transport/mux_server.py>"
-        steps.append(Step("channel", "host", "open one exec channel into the container; the container "
-                          "commands below run over it (a pct exec each when the container lacks python3)",
-                          mux))
+    steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
-                      (target.agent_argv("probe"))))
+                      (_agent(target, "probe"))))
     steps.append(Step("ship_agent", "container", f"ship the gpujob agent ({target.agent_path})",
                       [target.python, "-c", "<write stdin to file>", target.agent_path],
                       when="if that agent version is not there yet"))
-    if target.kind == "ssh":
+    if target.driver.ships_uv:
         steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
-                          (target.agent_argv("put", f"{target.home}/bin/uv", "--mode", "755")),
+                          (_agent(target, "put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
     sources = sync_sources(spec, strict=False)
     dests = [s.dest for s in sources]
     if dests:
         steps.append(Step("manifest", "container", "list the files already shipped",
-                          (target.agent_argv("manifest", "--name", spec.name,
+                          (_agent(target, "manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
     home = target.home
@@ -166,7 +161,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           for s in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
-                      f"supervisor detached", (target.agent_argv("submit"))))
+                      f"supervisor detached", (_agent(target, "submit"))))
     # what the supervisor then runs in the container
     secrets_env.resolve(spec)  # an unset variable or unreadable file fails the plan as it would the submit
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
@@ -251,10 +246,10 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough)
     req["by"] = submitter()  # the container's lock says who holds it
-    req["boot_hook"] = spec.resume_after_reboot and target.kind == "ssh"  # never a laptop's rc.local
-    if spec.resume_after_reboot and target.kind != "ssh":
-        progress("note: resume_after_reboot installs no boot hook on a local target (its rc.local "
-                 "would be this machine's); `gpujob status` after a restart brings the job back")
+    req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
+    if spec.resume_after_reboot and not target.driver.boot_hooks:
+        progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "
+                 "rc.local would be this machine's); `gpujob status` after a restart brings the job back")
     for w in checkpoint.warnings(req["spec"]):
         progress(f"warning: {w}")
     progress(f"probing {target.label}")
@@ -307,17 +302,14 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
         write(chunk)
         got += len(chunk)
 
-    def started_at(data: bytes) -> None:
-        # the agent says where it starts: where we asked, or later when the part of the
-        # log we asked for was trimmed away (it then says how much we skip)
+    def started_at(rec: dict) -> None:
+        # the agent's first record says where it starts: where we asked, or later when
+        # the part of the log we asked for was trimmed away (it then says how much we skip)
         nonlocal base, located
-        for line in data.decode("utf-8", "replace").splitlines():
-            if line.startswith('{"offset"'):
-                rec = json.loads(line)
-                base, located = rec["offset"] - got0, True
-                if rec.get("skipped"):
-                    notice(f"{rec['skipped']} bytes of {file} before this point were trimmed "
-                           f"(journal.keep_log)")
+        base, located = rec["offset"] - got0, True
+        if rec.get("skipped"):
+            notice(f"{rec['skipped']} bytes of {file} before this point were trimmed "
+                   f"(journal.keep_log)")
 
     backoff = 0.25
     while True:
@@ -325,9 +317,10 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
         got0 = got
         try:
             args = ["tail", job_id, "--file", file, *start] + (["--follow"] if follow else [])
-            r = target.agent(*args, timeout=None, on_stdout=sink, on_stderr=started_at)
+            head = OffsetSplitter(sink, started_at)
+            r = target.agent(*args, timeout=None, on_stdout=head)
             if r.exit_code != 0:
-                raise RemoteError(f"reading {file} of {job_id} failed", r)
+                raise RemoteError(f"reading {file} of {job_id} failed" + (f": {head.error}" if head.error else ""), r)
             return base + got
         except ConnectionLost as e:
             notice(f"connection lost ({e.message}); reconnecting from byte {base + got}")
@@ -335,7 +328,7 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
             time.sleep(backoff)
             backoff = min(backoff * 2, max_backoff)
             try:
-                target.host_transport.reconnect()
+                target.driver.reconnect(target)
                 notice("reconnected")
                 backoff = 0.25
                 break

@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import platform
-import sys
 import threading
 import zipfile
 from dataclasses import dataclass, field
@@ -20,22 +19,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+from gpujob import kinds
+from gpujob.agent import protocol
 from gpujob.errors import JobError, RemoteError
 from gpujob.inventory import Inventory, ssh_settings
 from gpujob.transport.base import OnData, Result, Stdin, Transport
-from gpujob.transport.local import LocalTransport
-from gpujob.transport.pct import PctTransport
 
 if TYPE_CHECKING:
     from gpujob.transport.ssh import SshTransport
 
 # every module of gpujob/agent/ ships (they are stdlib-only by rule): none can be forgotten
 AGENT_MODULES = tuple(sorted(p.name for p in (Path(__file__).parent / "agent").glob("*.py")))
+AGENT_DATA = ("spec_defaults.json",)  # read with pkgutil.get_data (gpujob/agent/defaults.py)
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
 BOOTSTRAP = ("import os,sys\nd=sys.argv[1]\nos.makedirs(os.path.dirname(d),exist_ok=True)\n"
              "t=d+'.tmp%d'%os.getpid()\nf=open(t,'wb')\nf.write(sys.stdin.buffer.read())\nf.close()\n"
              "os.replace(t,d)\n")
-REFUSED = 5
 
 
 @lru_cache(maxsize=1)
@@ -50,7 +49,7 @@ def agent_zip() -> tuple[bytes, str]:
             z.writestr(info, data)
         add("__main__.py", AGENT_MAIN.encode())
         add("gpujob/__init__.py", (pkg / "__init__.py").read_bytes())
-        for mod in AGENT_MODULES:
+        for mod in AGENT_MODULES + AGENT_DATA:
             add(f"gpujob/agent/{mod}", (pkg / "agent" / mod).read_bytes())
     data = buf.getvalue()
     return data, hashlib.sha256(data).hexdigest()[:12]
@@ -68,15 +67,20 @@ def uv_binary() -> Path | None:
 class Target:
     name: str                 # container name, e.g. ct200
     host_name: str
-    kind: str                 # "ssh" or "local"
+    kind: str                 # a name in gpujob.kinds.REGISTRY ("ssh", "local")
     transport: Transport      # runs argv inside the container
-    host_transport: Transport | None  # runs argv on the Proxmox host (ssh kind)
+    host_transport: Transport | None  # runs argv on the host below it (ssh kind: the Proxmox host)
     home: str                 # gpujob's home inside the container (absolute)
     python: str               # interpreter for the agent
     vmid: int | None = None
     expected_gpus: int | None = None
     env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
     _probe: dict | None = field(default=None, repr=False)
+
+    @property
+    def driver(self) -> kinds.Kind:
+        """This target's kind (gpujob/kinds/): plan steps, doctor facts, status, reconnect."""
+        return kinds.get(self.kind)
 
     @property
     def label(self) -> str:
@@ -86,8 +90,10 @@ class Target:
     def agent_path(self) -> str:
         return f"{self.home}/bin/agent-{agent_zip()[1]}.pyz"
 
-    def agent_argv(self, *args: str) -> list[str]:
-        return [self.python, self.agent_path, "--home", self.home, *args]
+    def agent_argv(self, *args: str, launcher: str = protocol.LAUNCHER) -> list[str]:
+        """``python3 -c LAUNCHER AGENT.pyz --home H *args`` (the plan passes a placeholder
+        for the launcher's source)."""
+        return [self.python, "-c", launcher, self.agent_path, "--home", self.home, *args]
 
     def ship_agent(self) -> None:
         data, _ = agent_zip()
@@ -103,7 +109,7 @@ class Target:
         """Run an agent command, shipping the agent first when it is not there yet."""
         argv = self.agent_argv(*args)
         r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
-        if r.exit_code == 2 and b"can't open file" in r.stderr:
+        if r.exit_code == protocol.AGENT_MISSING:
             self.ship_agent()
             if hasattr(stdin, "seek"):
                 stdin.seek(0)
@@ -120,7 +126,7 @@ class Target:
             out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise RemoteError(f"gpujob agent `{args[0]}` on {self.name} failed", r) from None
-        if r.exit_code == REFUSED:
+        if r.exit_code == protocol.REFUSED:
             raise JobError(out.get("error", "refused"))
         if not r.ok or "error" in out:
             raise RemoteError(f"gpujob agent `{args[0]}` on {self.name}: {out.get('error', 'failed')}")
@@ -140,7 +146,7 @@ class Target:
         ours = uv_binary()
         if ours is None:
             return None
-        if self.kind == "local":
+        if not self.driver.ships_uv:
             return str(ours)
         if info.get("system") != platform.system() or info.get("machine") != platform.machine():
             return None
@@ -174,18 +180,9 @@ class Targets:
 
     def open(self, target: str) -> Target:
         host_name, host, cname, container = self.inventory.resolve(target)
-        if host.kind == "local":
-            root = str(Path(container.root).expanduser().resolve())
-            return Target(cname, host_name, "local", LocalTransport(), None, root, sys.executable,
-                          expected_gpus=container.gpus,
-                          env_passthrough=host.env_passthrough + container.env_passthrough)
-        ssh = self.host_transport(host_name)
-        home = container.home or "~/.gpujob"
-        if home.startswith("~"):
-            home = "/root" + home[1:]  # pct exec runs as root in the container
-        pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
-        return Target(cname, host_name, "ssh", pct, ssh, home.rstrip("/"), "python3",
-                      vmid=container.vmid, expected_gpus=container.gpus,
+        o = kinds.get(host.kind).open(self, host_name, host, cname, container)
+        return Target(cname, host_name, host.kind, o.transport, o.host_transport, o.home, o.python,
+                      vmid=o.vmid, expected_gpus=container.gpus,
                       env_passthrough=host.env_passthrough + container.env_passthrough)
 
     def close(self) -> None:

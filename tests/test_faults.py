@@ -108,7 +108,9 @@ def test_supervisor_killed_during_install_the_old_uv_is_ended_before_a_new_one(t
     job_id = submit(spec, env)
     wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "prepare", 30,
              what="the install to start")
-    wait_for(lambda: "pip install" in (jdir(tmp_path, job_id) / "job.log").read_text(), 30, what="uv pip")
+    # the banner is written before the command's keeper records its group: wait for both
+    wait_for(lambda: "pip install" in (jdir(tmp_path, job_id) / "job.log").read_text()
+             and (state_of(tmp_path, job_id).get("child") or {}).get("pgid"), 30, what="uv pip")
     st = state_of(tmp_path, job_id)
     old = st["child"]["pgid"]
     os.kill(st["supervisor_pid"], signal.SIGKILL)

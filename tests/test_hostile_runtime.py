@@ -17,7 +17,7 @@ import paramiko
 import pytest
 import yaml
 
-from gpujob.agent.main import untar
+from gpujob.agent.files import untar
 from gpujob.agent.commands import command_argv, placeholder_env, quoted_placeholders
 from gpujob.cli import render
 from gpujob.errors import HostKeyError

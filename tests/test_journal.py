@@ -273,13 +273,14 @@ def test_tail_starts_where_a_trimmed_log_begins_and_says_what_it_skipped(tmp_pat
     Trimmer(str(d)).trim("job.log", keep=1 << 20)
     p = subprocess.run([sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path), "tail", "j",
                         "--offset", "0"], capture_output=True)
-    info = json.loads(p.stderr.decode().splitlines()[0])
+    info = json.loads(p.stdout.split(b"\n", 1)[0])  # the first record: where the bytes start
     assert info["offset"] == Trimmer(str(d)).start_of("job.log") and info["skipped"] == info["offset"]
-    assert p.stdout.startswith(b"line ") and b"\0" not in p.stdout
+    body = p.stdout.split(b"\n", 1)[1]
+    assert body.startswith(b"line ") and b"\0" not in body
 
 
 def test_a_job_of_an_older_agent_is_never_revived(tmp_path):
-    from gpujob.agent.main import revive
+    from gpujob.agent.lifecycle import revive
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("old"))
     write_json(os.path.join(home.job_dir("old"), "job.json"), {"spec": {"name": "x"}})

@@ -95,8 +95,7 @@ def test_mark_bad_ledger_by_hand_and_submit_onto_a_bad_profile(tmp_path, index_u
     before = ledger_file(tmp_path)
     for args in (["ledger", "set", "box", "tjob", "fast", "maybe"],
                  ["ledger", "set", "box", "Not A Name", "fast", "good"],
-                 ["ledger", "set", "box", "tjob", "--", "-x", "good"],
-                 ["submit", str(spec), "--json", "--follow"]):
+                 ["ledger", "set", "box", "tjob", "--", "-x", "good"]):
         p = cli(args, env)
         assert p.returncode == 2, (args, p.stderr.decode())
         one_error_line(p)

@@ -369,3 +369,20 @@ def test_find_links_have_their_own_key_and_leave_older_keys_alone(tmp_path):
     assert empty.env_key("cu128") == plain
     flat = load_spec(write(tmp_path, BASE.replace('"]\n', '"]\n    find_links: ["file:///opt/wheels"]\n', 1), "c.yaml"))
     assert flat.profiles[0].find_links == ["file:///opt/wheels"] and flat.env_key("cu128") != plain
+
+
+def test_the_agents_spec_defaults_are_generated_from_spec_py():
+    """Defaults live in spec.py only; the agent's copy (for a job.json of an older
+    gpujob that lacks a key) is generated from it."""
+    from pathlib import Path
+
+    import gpujob.spec as s
+    from gpujob.agent.defaults import DEFAULTS, section
+    from gpujob.specdefaults import agent_defaults_json
+    shipped = Path(s.__file__).parent / "agent" / "spec_defaults.json"
+    assert shipped.read_text() == agent_defaults_json(), \
+        "regenerate: python -m gpujob.specdefaults > gpujob/agent/spec_defaults.json"
+    assert DEFAULTS["throughput"]["window"] == s.Throughput.model_fields["window"].default
+    assert section({"rollback": {"max_rollbacks": 7}}, "rollback")["max_rollbacks"] == 7
+    assert section({"rollback": {}}, "rollback")["signature_grace"] == s.Rollback().signature_grace
+    assert section({}, "throughput") is None and section({}, "journal") == DEFAULTS["journal"]

@@ -2,23 +2,9 @@ import json
 
 import pytest
 
-from gpujob.agent.throughput import (
-    Decision,
-    LineSplitter,
-    PolicyConfig,
-    Sample,
-    classify_exit,
-    decide,
-    find_signature,
-    fmt_rate,
-    known_good,
-    make_parser,
-    make_step_parser,
-    scan_line,
-    sparkline,
-    strip_ansi,
-    threshold,
-)
+from gpujob.agent.policy import Decision, PolicyConfig, Sample, decide, known_good, threshold
+from gpujob.agent.signals import classify_exit, find_signature, scan_line
+from gpujob.agent.throughput import LineSplitter, fmt_rate, make_parser, make_step_parser, sparkline, strip_ansi
 
 # ---------------------------------------------------------------- LineSplitter
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpujob.agent import envs, jobenv, snapshots, throughput
+from gpujob.agent import defaults, envs, jobenv, signals, snapshots
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
 
 class Refused(Exception):
@@ -190,13 +190,13 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
                 os.makedirs(workdir, exist_ok=True)
                 try:
                     p = subprocess.run(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=f,
-                                       stderr=subprocess.STDOUT, timeout=float(w.get("timeout", 3600.0)),
+                                       stderr=subprocess.STDOUT, timeout=float(defaults.section(spec, "warmup")["timeout"]),
                                        start_new_session=True)
                     code = p.returncode
                 except subprocess.TimeoutExpired:
                     code = None
                 tail = open(log, "rb").read()[-20000:].decode("utf-8", "replace").splitlines()[-200:]
-                name, reason = throughput.classify_exit(code if code is None or code >= 0 else None,
+                name, reason = signals.classify_exit(code if code is None or code >= 0 else None,
                                                         -code if code is not None and code < 0 else None, tail,
                                                         (spec.get("rollback") or {}).get("error_signatures") or [],
                                                         log_name="the warmup's log")

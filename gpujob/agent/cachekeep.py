@@ -15,14 +15,15 @@ only; a mixin like PhaseWatch: it uses the supervisor's journal, ledger and spec
 
 from __future__ import annotations
 
-from gpujob.agent import envs, snapshots
+from gpujob.agent import defaults, envs, snapshots
 from gpujob.agent.journal import now
+from gpujob.agent.protocol import OutcomeKind
 
 
 class CacheKeep:
 
     def snapshots_keep(self) -> int:
-        return int((self.spec.get("caches") or {}).get("snapshots_keep", 1))
+        return int(defaults.section(self.spec, "caches")["snapshots_keep"])
 
     def usable_snapshot(self, profile: str):
         """The newest snapshot of this profile's cache made from the same venv."""
@@ -122,7 +123,7 @@ class CacheKeep:
         """True when the failure ``out`` is retried once on the restored cache."""
         st = self.journal.state()
         start = st.get("cache_start") or {}
-        if out.kind != "signal" or out.signal_name != "error_signature" or st.get("cold_retry"):
+        if out.kind != OutcomeKind.SIGNAL or out.signal_name != "error_signature" or st.get("cold_retry"):
             return False
         if start.get("profile") != profile or start.get("kind") != "cold":
             return False

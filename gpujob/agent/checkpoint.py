@@ -12,6 +12,8 @@ import glob
 import os
 import re
 
+from gpujob.agent import defaults
+
 _STEP = re.compile(r"(?:global_step|step|iter|it|epoch)[_-]?(\d+)", re.I)
 _LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")
 
@@ -67,8 +69,8 @@ def warnings(spec: dict) -> list:
     ck = (spec.get("train") or {}).get("checkpoint")
     if not ck:
         return []
-    rb = spec.get("rollback") or {}
-    if not rb.get("enabled", True) or rb.get("wait_for_checkpoint"):
+    rb = defaults.section(spec, "rollback")
+    if not rb["enabled"] or rb["wait_for_checkpoint"]:
         return []
     every = float(ck["every"])
     on = rb.get("on") or []

@@ -8,6 +8,7 @@ import os
 
 from gpujob.agent import boothook
 from gpujob.agent.journal import ENDED, Journal, now
+from gpujob.agent.protocol import JobState
 
 
 class Safeguards:
@@ -63,10 +64,10 @@ class Safeguards:
         self.drop_reserve()
         self.drop_secrets()
         reason = f"no space left on device in {where}"
-        self.journal.set_state(state="failed", phase="done", reason=reason, finished_at=now(),
+        self.journal.set_state(state=JobState.FAILED, phase="done", reason=reason, finished_at=now(),
                                child=None, exit_code=code, signal="disk_full")
         try:
-            self.journal.event("state", state="failed", phase="done", reason=reason)
+            self.journal.event("state", state=JobState.FAILED, phase="done", reason=reason)
             self.say(f"job failed: {reason}")
         except OSError:
             pass

@@ -15,9 +15,7 @@ import json
 import os
 import time
 
-FINAL_STATES = ("stopped", "succeeded", "failed")
-ENDED = FINAL_STATES + ("lost",)  # nothing runs any more (lost: its supervisor is gone)
-STATES = ("preparing", "warmup", "training", "rolling_back", "stopping") + FINAL_STATES + ("lost",)
+from gpujob.agent.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
 
 
 def now() -> float:
@@ -171,10 +169,12 @@ class Journal:
         return os.path.join(self.dir, name)
 
     def job(self) -> dict:
-        return read_json(self.path("job.json"), {})
+        """job.json (NewerFormat when a newer agent wrote it)."""
+        return check_format(read_json(self.path("job.json"), {}), f"job {self.job_id}'s job.json")
 
     def state(self) -> dict:
-        return read_json(self.path("state.json"), {})
+        """state.json (NewerFormat when a newer agent wrote it: this one never touches it)."""
+        return check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
 
     def set_state(self, **changes) -> dict:
         """Update state.json durably. A writer whose lock generation is older than
@@ -188,6 +188,7 @@ class Journal:
             st["generation"] = self.generation
         st.update(changes)
         st["updated_at"] = now()
+        st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
         write_json(self.path("state.json"), st)
         return st
 
@@ -218,7 +219,7 @@ class Journal:
         """state.json, with ``lost`` when its supervisor is gone without a final state."""
         st = self.state()
         if st and st.get("state") not in ENDED and not self.supervisor_alive(st):
-            st = dict(st, state="lost", reason=st.get("lost_reason") or
+            st = dict(st, state=JobState.LOST, reason=st.get("lost_reason") or
                       "the supervisor is gone without reaching a final state")
         return st
 

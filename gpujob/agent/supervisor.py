@@ -16,9 +16,11 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, envs, jobenv, sources, throughput
+from gpujob.agent import checkpoint, defaults, envs, jobenv, policy, sources, throughput
+from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
+from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
@@ -89,36 +91,30 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.phase_proc: Phase | None = None
         self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
         self._secrets: dict | None = None
-        tp = self.spec.get("throughput")
+        tp = defaults.section(self.spec, "throughput")
         self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
         self.line_source = None
         self.tp_scale = 1.0
         if tp:
             gpus = self.spec.get("gpus") or {}
-            if tp.get("scope") == "per_gpu":
-                group = tp.get("scope_group")
+            if tp["scope"] == "per_gpu":
+                group = tp["scope_group"]
                 self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
-            if tp.get("source", "stdout") == "stdout":
+            if tp["source"] == "stdout":
                 self.line_source = sources.LineSource(
-                    throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
-                                           tokens_per_step=tp.get("tokens_per_step"), scale=self.tp_scale),
+                    throughput.make_parser(tp["format"], pattern=tp["pattern"],
+                                           tokens_per_step=tp["tokens_per_step"], scale=self.tp_scale),
                     throughput.make_step_parser(tp["format"]))
-            self.policy = throughput.PolicyConfig(
-                min=tp.get("min"), min_ratio=tp.get("min_ratio"), window=tp.get("window", 5),
-                failure_limit=tp.get("failure_limit", 3),
-                initial_delay=tp.get("initial_delay", 0.0),
-                initial_delay_samples=tp.get("initial_delay_samples", 0),
-                no_data_timeout=tp.get("no_data_timeout", 600.0),
-                good_after=tp.get("good_after", 600.0))
+            self.policy = policy.PolicyConfig.from_spec(tp)
             self.base_policy = self.policy
-        self.rb = self.spec.get("rollback") or {}
-        self.restart_cfg = (self.spec.get("train") or {}).get("restarts") or {}
-        self.per_profile_caches = (self.spec.get("caches") or {}).get("per_profile", True)
-        self.signatures = list(self.rb.get("error_signatures") or [])
-        self.grace_after_signature = float(self.rb.get("signature_grace", self.grace_after_signature))
-        jcfg = self.spec.get("journal") or {}
-        self.keep_log = int(jcfg.get("keep_log", 256 << 20))
-        self.full_rate = float(jcfg.get("full_rate_samples", 3600.0))
+        self.rb = defaults.section(self.spec, "rollback")
+        self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
+        self.per_profile_caches = defaults.section(self.spec, "caches")["per_profile"]
+        self.signatures = list(self.rb["error_signatures"] or [])
+        self.grace_after_signature = float(self.rb["signature_grace"])
+        jcfg = defaults.section(self.spec, "journal")
+        self.keep_log = int(jcfg["keep_log"])
+        self.full_rate = float(jcfg["full_rate_samples"])
         self.trimmer = Trimmer(self.journal.dir)
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
         self._login: dict | None = None
@@ -130,7 +126,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         always on a line of its own."""
         self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
 
-    def set_state(self, state: str, **kw) -> None:
+    def set_state(self, state: JobState, **kw) -> None:
         self.journal.set_state(state=state, **kw)
         self.journal.event("state", state=state, **{k: v for k, v in kw.items()
                                                     if k in ("phase", "profile", "reason")})
@@ -148,9 +144,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.announce()
             self.lifecycle()
         except Stop:
-            self.finish("stopped", "stopped on request")
+            self.finish(JobState.STOPPED, "stopped on request")
         except EnvError as e:
-            self.finish("failed", str(e))
+            self.finish(JobState.FAILED, str(e))
         except Fenced as e:  # a newer holder owns the job now: touch nothing more
             sys.stderr.write(f"gpujob supervisor: {e}; leaving\n")
             return 3
@@ -195,11 +191,11 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     def crashed(self, e: BaseException) -> None:
         try:
             self.journal.event("error", error=f"{type(e).__name__}: {e}")
-            self.finish("failed", f"supervisor error: {type(e).__name__}: {e}")
+            self.finish(JobState.FAILED, f"supervisor error: {type(e).__name__}: {e}")
         except Exception:
             pass
 
-    def finish(self, state: str, reason: str, **kw) -> None:
+    def finish(self, state: JobState, reason: str, **kw) -> None:
         if self.phase_proc is not None and self.phase_proc.running():
             left = self.phase_proc.kill(5)
             kw.setdefault("left", left)
@@ -231,7 +227,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                 out = self.readopt(child, profile)
                 if out is None:
                     continue
-                if child.get("phase") == "warmup" and out.kind == "done":
+                if child.get("phase") == "warmup" and out.kind == OutcomeKind.DONE:
                     self.journal.set_state(warmup_done=sorted(set(st.get("warmup_done") or [])
                                                               | {child.get("gpu")}, key=str))
                     continue
@@ -242,7 +238,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                         self.switch(st["pending_rollback"])
                         continue
                     if step == "env":
-                        self.set_state("preparing", phase="env", profile=profile)
+                        self.set_state(JobState.PREPARING, phase="env", profile=profile)
                         self.activate(profile)
                         cold = bool(self.job.get("clear_caches") and not st.get("resume"))
                         if cold:
@@ -254,10 +250,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                         self.journal.set_state(step="warmup")
                         continue
                     if step == "succeeded":  # the trainer exited 0 before a supervisor died
-                        out = Outcome("done", exit_code=0)
+                        out = Outcome(OutcomeKind.DONE, exit_code=0)
                     elif step == "warmup":
                         out = self.warmup(profile, st.get("warmup_done") or [])
-                        if out.kind == "done":
+                        if out.kind == OutcomeKind.DONE:
                             self.journal.set_state(step="train")
                             continue
                     else:
@@ -279,17 +275,17 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""
-        if out.kind == "done":  # written first: a new supervisor finishes the job, never reruns it
+        if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step="succeeded")
             if not self.watching and self.ledger.status(profile) != "good":
                 self.mark_good(profile, reason="job succeeded")
             else:
                 self.ensure_snapshot(profile)
-            self.finish("succeeded", "train exited 0", exit_code=0)
+            self.finish(JobState.SUCCEEDED, "train exited 0", exit_code=0)
             return True
-        if out.kind == "stop":
+        if out.kind == OutcomeKind.STOP:
             raise Stop()
-        if out.kind == "rollback":  # asked for by the user, who named the target
+        if out.kind == OutcomeKind.ROLLBACK:  # asked for by the user, who named the target
             if out.to == profile:
                 self.journal.done(out.request)
                 self.say(f"rollback to {out.to} asked, but the job already runs on it")
@@ -302,24 +298,24 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             return False
         sig, reason = out.signal_name, out.reason
         if sig in (self.rb.get("stop_on") or []):
-            self.finish("failed", f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
+            self.finish(JobState.FAILED, f"{reason} ({sig} is in rollback.stop_on)", signal=sig, exit_code=out.exit_code)
             return True
-        if self.rb.get("enabled", True) and sig in (self.rb.get("on") or []):
+        if self.rb["enabled"] and sig in self.rb["on"]:
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
-            limit = int(self.rb.get("max_rollbacks", 2))
+            limit = int(self.rb["max_rollbacks"])
             if len(self.auto_rollbacks()) >= limit:
-                self.finish("failed", f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
+                self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=sig,
                             exit_code=out.exit_code)
                 return True
             target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
             if target is None:
-                self.finish("failed", f"no known-good profile to roll back to; {profile}: {reason}",
+                self.finish(JobState.FAILED, f"no known-good profile to roll back to; {profile}: {reason}",
                             signal=sig, exit_code=out.exit_code)
                 return True
             self.plan_rollback(profile, target, out, sig, mark_bad=False)  # marked just above
             return False
-        if sig == "container_restart" or sig in (self.restart_cfg.get("on") or []):
-            cfg = self.restart_cfg if sig in (self.restart_cfg.get("on") or []) else {"max": 3, "within": 3600}
+        if sig == "container_restart" or sig in self.restart_cfg["on"]:
+            cfg = self.restart_cfg if sig in self.restart_cfg["on"] else DEFAULTS["restarts"]
             refusal = restart_refusal(cfg, self.restarts, sig, now())
             if refusal is None:
                 rec = {"at": now(), "signal": sig, "reason": reason, "profile": profile,
@@ -329,9 +325,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                 self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
                 self.journal.set_state(restarts=self.restarts, step="train", resume=True)
                 return False
-            self.finish("failed", f"{refusal}; last: {reason}", signal=sig, exit_code=out.exit_code)
+            self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=sig, exit_code=out.exit_code)
             return True
-        self.finish("failed", reason, signal=sig, exit_code=out.exit_code)
+        self.finish(JobState.FAILED, reason, signal=sig, exit_code=out.exit_code)
         return True
 
     def auto_rollbacks(self) -> list:
@@ -358,7 +354,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             p = dict(p, recorded=True)
             self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
             self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
-        self.set_state("rolling_back", phase="env", reason=p["reason"])
+        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"])
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         self.activate(p["to"])
@@ -369,18 +365,18 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         """The next request to act on: a pending stop always wins; else the oldest
         rollback not yet taken. Requests stay queued until acted on."""
         if self.stop_asked:
-            return Outcome("stop")
+            return Outcome(OutcomeKind.STOP)
         taken = {r.get("request") for r in self.rollbacks}
         rollback = None
         for name, req in self.journal.pending():
             if req["kind"] == "stop":
                 self.stop_asked = True
-                return Outcome("stop")
+                return Outcome(OutcomeKind.STOP)
             if req["kind"] == "rollback" and rollback is None:
                 if name in taken:
                     self.journal.done(name)
                     continue
-                rollback = Outcome("rollback", reason=req.get("reason") or "rolled back by hand",
+                rollback = Outcome(OutcomeKind.ROLLBACK, reason=req.get("reason") or "rolled back by hand",
                                    to=req.get("to"), request=name, mark_bad=req.get("mark_bad", True))
         return rollback
 
@@ -426,12 +422,12 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
 
     # ---- phases ------------------------------------------------------------
     def warmup(self, profile: str, done: list) -> Outcome:
-        w = self.spec.get("warmup")
+        w = defaults.section(self.spec, "warmup")
         if not w:
-            return Outcome("done")
-        when = w.get("when", "cold")
+            return Outcome(OutcomeKind.DONE)
+        when = w["when"]
         gpus = [None]
-        if w.get("per_gpu"):
+        if w["per_gpu"]:
             gpus = list((self.spec.get("gpus") or {}).get(w["per_gpu"], []))
         digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
         cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
@@ -439,8 +435,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
             self.say(f"warmup skipped: profile {profile}'s compile cache is {cache}"
                      + (" (this warmup succeeded on it before)" if cache == "warm" else ""))
-            return Outcome("done")
-        self.set_state("warmup", phase="warmup", profile=profile)
+            return Outcome(OutcomeKind.DONE)
+        self.set_state(JobState.WARMUP, phase="warmup", profile=profile)
         for gpu in gpus:
             if gpu in done:
                 continue
@@ -450,22 +446,22 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
             self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
             out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
-                             timeout=w.get("timeout", 3600.0), watch_tps=False, gpu=gpu)
-            if out.kind != "done":
+                             timeout=w["timeout"], watch_tps=False, gpu=gpu)
+            if out.kind != OutcomeKind.DONE:
                 return out
             done = list(done) + [gpu]
             self.journal.set_state(warmup_done=done)
         envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
                        at=now(), was=cache)
         self.journal.event("warm_marked", profile=profile, hash=digest)
-        return Outcome("done")
+        return Outcome(OutcomeKind.DONE)
 
     def train(self, profile: str, resume: bool) -> Outcome:
-        t = self.spec["train"]
+        t = defaults.section(self.spec, "train")
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)
         env = self.child_env(profile)
-        self.set_state("training", phase="train", profile=profile, restarts_count=len(self.restarts))
+        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         point = self.resume_point(profile) if resume else None
@@ -483,8 +479,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if started is None:
             self.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
-                          timeout=t.get("timeout"), watch_tps=self.watching,
-                          grace=t.get("grace", 30.0), started=started)
+                          timeout=t["timeout"], watch_tps=self.watching,
+                          grace=t["grace"], started=started)
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace
@@ -525,17 +521,17 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         if child.get("phase") == "train":
             self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
         watch_tps = bool(child.get("watch_tps"))
-        timeout = (self.spec.get("warmup") or {}).get("timeout", 3600.0) if child.get("phase") == "warmup" \
-            else self.spec["train"].get("timeout")
+        timeout = defaults.section(self.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
+            else defaults.section(self.spec, "train")["timeout"]
         return self.watch(None, None, logname, child.get("profile") or profile, timeout=timeout,
-                          watch_tps=watch_tps, grace=self.spec["train"].get("grace", 30.0), adopt=child)
+                          watch_tps=watch_tps, grace=defaults.section(self.spec, "train")["grace"], adopt=child)
 
 
 def restart_refusal(cfg: dict, restarts: list, sig: str, t: float) -> str | None:
     """Why the restart policy will not restart the trainer after ``sig`` (None: it will).
     Pure: ``restarts`` are the earlier restarts of the job, newest last."""
-    limit = int(cfg.get("max", 3))
-    within = float(cfg.get("within", 3600.0))
+    limit = int(cfg["max"])
+    within = float(cfg["within"])
     recent = [r for r in restarts if t - r["at"] <= within]
     if sig == "oom_killed" and restarts and restarts[-1].get("signal") == "oom_killed":
         return "OOM-kill loop: killed by the OOM killer again right after a restart"
@@ -550,7 +546,7 @@ def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | No
         sup = Supervisor(home, job_id, held)
     except Exception as e:  # a job it cannot even read must not look merely "lost"
         journal = Journal(Home(home), job_id, generation)
-        journal.set_state(state="failed", phase="done", finished_at=now(),
+        journal.set_state(state=JobState.FAILED, phase="done", finished_at=now(),
                           reason=f"supervisor could not start: {type(e).__name__}: {e}")
         if held:
             held.release()

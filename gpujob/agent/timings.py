@@ -9,6 +9,8 @@ Each is seconds after the decision, kept in the rollback's record (state.json,
 
 from __future__ import annotations
 
+from gpujob.agent.protocol import Verdict
+
 MARKS = ("trainer_start", "first_sample", "first_good", "first_ok")
 
 
@@ -25,7 +27,7 @@ def on_sample(rec: dict, t: float, value: float, threshold, verdict: str) -> lis
     mark("first_sample")
     if threshold is None or value >= threshold:
         mark("first_good")
-    if verdict == "ok":
+    if verdict == Verdict.OK:
         mark("first_ok")
     return new
 

@@ -11,11 +11,14 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import checkpoint, sources, throughput, timings
+from gpujob.agent import checkpoint, policy, signals, sources, throughput, timings
 from gpujob.agent.journal import now
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.commands import substitute
+from gpujob.agent import defaults
+from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.proc import Phase
+from gpujob.agent.protocol import JobState, OutcomeKind, Verdict
 from gpujob.agent.trim import read_jsonl_from
 
 POLL = 0.05            # seconds between looks at a quiet log
@@ -25,7 +28,6 @@ COALESCE = 0.05        # after a small read, let output gather this long: one wa
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 TAIL_LINES = 200
-SIGNATURE_GRACE = 10.0  # a trainer still running this long after an error signature is stuck
 
 
 class EnvError(Exception):
@@ -72,7 +74,7 @@ class PhaseWatch:
     """The supervisor's half that runs and watches phase commands (a mixin: it
     uses the supervisor's journal, relay, policy and requests)."""
 
-    grace_after_signature = SIGNATURE_GRACE
+    grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
 
     def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
         """Start a phase command (or take ``started``: (a Phase already running, where
@@ -110,7 +112,7 @@ class PhaseWatch:
     def samples_since(self, start: float) -> list:
         """The samples a previous supervisor recorded for this run (re-adoption)."""
         records = read_jsonl_from(self.journal.path("samples.jsonl"), self.trimmer.start_of("samples.jsonl"))
-        return [throughput.Sample(r["t"], r["value"], r.get("step")) for r in records
+        return [policy.Sample(r["t"], r["value"], r.get("step")) for r in records
                 if r.get("t", 0) >= start and "value" in r]
 
     def keep_small(self, run, t: float) -> None:
@@ -190,8 +192,8 @@ class PhaseWatch:
                 self.nap(proc, COALESCE)
         if outcome is not None:
             self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
-            if outcome.kind == "stop":
-                self.set_state("stopping", phase=run.phase)
+            if outcome.kind == OutcomeKind.STOP:
+                self.set_state(JobState.STOPPING, phase=run.phase)
             left = proc.kill(grace)
             self.journal.event("group_stopped", pgid=proc.pgid, left=left)
             for _ in self.relay.drain():  # what it printed while dying
@@ -199,7 +201,7 @@ class PhaseWatch:
         self.keep_small(run, now())
         self.summarise(run, now())
         if run.samples and outcome is None:  # the last word on this run's throughput
-            self.publish(run.samples, throughput.decide(self.policy, run.samples, now(), run.start,
+            self.publish(run.samples, policy.decide(self.policy, run.samples, now(), run.start,
                                                         run.baseline), run.baseline)
         code = proc.returncode
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
@@ -207,18 +209,18 @@ class PhaseWatch:
         if outcome is not None:
             return outcome
         if code == 0:
-            return Outcome("done", exit_code=0)
+            return Outcome(OutcomeKind.DONE, exit_code=0)
         if adopt is not None and code is None and adopt.get("boot") not in (None, boot_identity()):
             reason = f"the container restarted while {run.phase} ran (exit status unknown)"
             self.say(f"{run.phase} failed: {reason}")
             if self.spec.get("resume_after_reboot"):
-                return Outcome("signal", "container_restart", reason, {"tail": list(run.tail)[-10:]})
-            return Outcome("signal", "crash", reason, {"tail": list(run.tail)[-10:]})
+                return Outcome(OutcomeKind.SIGNAL, "container_restart", reason, {"tail": list(run.tail)[-10:]})
+            return Outcome(OutcomeKind.SIGNAL, "crash", reason, {"tail": list(run.tail)[-10:]})
         sig = -code if code is not None and code < 0 else None
-        name, reason = throughput.classify_exit(code if code is None or code >= 0 else None, sig,
+        name, reason = signals.classify_exit(code if code is None or code >= 0 else None, sig,
                                                 run.hits + list(run.tail), self.signatures)
         self.say(f"{run.phase} failed: {reason}")
-        return Outcome("signal", name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
+        return Outcome(OutcomeKind.SIGNAL, name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
                        exit_code=code)
 
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
@@ -230,8 +232,8 @@ class PhaseWatch:
     def make_source(self, profile: str, adopt: dict | None):
         """The run's throughput source: output lines, or the metrics file (from where
         a previous supervisor left it, when re-adopting)."""
-        tp = self.spec.get("throughput") or {}
-        if tp.get("source", "stdout") != "file":
+        tp = defaults.section(self.spec, "throughput")
+        if tp is None or tp["source"] != "file":
             return self.line_source
         path = substitute(tp["path"], self.values(profile))
         path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
@@ -243,7 +245,7 @@ class PhaseWatch:
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""
         run.tail.append(line)
-        hit = throughput.scan_line(line, self.signatures)
+        hit = signals.scan_line(line, self.signatures)
         if hit:
             run.hits.append(line)
             run.hit_at = run.hit_at or (t, hit)
@@ -256,19 +258,19 @@ class PhaseWatch:
 
     def on_sample(self, run, value: float, step, t: float):
         """One throughput sample, from whichever source: the policy, the journal, the ledger."""
-        run.samples.append(throughput.Sample(t, value, step))
+        run.samples.append(policy.Sample(t, value, step))
         if len(run.samples) > 50000:
             del run.samples[:25000]
-        d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
+        d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.evidence.get("median"), profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
             self.sample_marks.append((t, at))
         run.minute.append(value)
-        if d.verdict != run.last_verdict or d.verdict in ("breach", "rollback"):
+        if d.verdict != run.last_verdict or d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
             self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
             run.last_verdict = d.verdict
-        if t - run.last_state > STATE_EVERY or d.verdict == "rollback":
+        if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
             self.publish(run.samples, d, run.baseline)
             if run.source is not None and run.source.position() is not None:
                 self.journal.set_state(source_offset=run.source.position())  # for a re-adopting supervisor
@@ -278,10 +280,10 @@ class PhaseWatch:
             for mark, secs in timings.on_sample(rec, t, value, d.evidence.get("threshold"), d.verdict):
                 self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
                 self.journal.set_state(rollbacks=self.rollbacks)
-        if d.verdict == "rollback":
-            return Outcome("signal", "low_throughput", d.reason, d.evidence)
+        if d.verdict == Verdict.ROLLBACK:
+            return Outcome(OutcomeKind.SIGNAL, "low_throughput", d.reason, d.evidence)
         if not run.good_known:
-            base = throughput.known_good(self.policy, run.samples, t, run.start, run.baseline)
+            base = policy.known_good(self.policy, run.samples, t, run.start, run.baseline)
             if base is not None:
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
@@ -301,11 +303,11 @@ class PhaseWatch:
             return outcome
         acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or [])
         if run.hit_at and t - run.hit_at[0] > self.grace_after_signature and run.hit_at[1] in acted_on:
-            _name, reason = throughput.classify_exit(1, None, run.hits, self.signatures)
-            return Outcome("signal", run.hit_at[1], f"{reason} (the process kept running "
+            _name, reason = signals.classify_exit(1, None, run.hits, self.signatures)
+            return Outcome(OutcomeKind.SIGNAL, run.hit_at[1], f"{reason} (the process kept running "
                            f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
         if run.timeout and t - run.start > run.timeout:
-            return Outcome("signal", "crash", f"{run.phase} timed out after {run.timeout:g}s")
+            return Outcome(OutcomeKind.SIGNAL, "crash", f"{run.phase} timed out after {run.timeout:g}s")
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
                 t >= run.start + (self.policy.initial_delay if self.watching else 0):
             # start-up (imports, compile) idles the GPUs: watched from the first sample on
@@ -314,10 +316,10 @@ class PhaseWatch:
             if outcome:
                 return outcome
         if run.watch_tps:
-            d = throughput.decide(self.policy, run.samples, t, run.start, run.baseline)
-            if d.verdict == "stall":
+            d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
+            if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
-                return Outcome("signal", "stall", d.reason, d.evidence)
+                return Outcome(OutcomeKind.SIGNAL, "stall", d.reason, d.evidence)
         return None
 
     def check_gpu_idle(self, run, t: float):
@@ -334,7 +336,7 @@ class PhaseWatch:
                                                   saved[0][1] if saved else 0.0, run.save_time)
         if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
             return None
-        return Outcome("signal", "gpu_idle",
+        return Outcome(OutcomeKind.SIGNAL, "gpu_idle",
                        f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
                        f"under {cfg['below']:g}% for {idle:.0f}s",
                        {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
@@ -350,7 +352,7 @@ class PhaseWatch:
             if run.held is None:
                 return None
             outcome = run.held
-        elif outcome.kind != "signal" or outcome.signal_name not in (self.rb.get("on") or []):
+        elif outcome.kind != OutcomeKind.SIGNAL or outcome.signal_name not in (self.rb.get("on") or []):
             return outcome
         if not run.ck_seen:
             run.ck_seen = bool(checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))))

@@ -6,6 +6,7 @@ code (2 for bad input), never a traceback.
 
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import threading
@@ -16,9 +17,9 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from gpujob import __version__
-from gpujob.agent.journal import ENDED, FINAL_STATES
-from gpujob.cli import render
+from gpujob import __version__, kinds
+from gpujob.agent.protocol import ENDED, FINAL_STATES, JobState
+from gpujob.cli import conventions, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
 from gpujob.inventory import entry_of, find_inventory, load_inventory, load_inventory_data
 from gpujob.target import Target, Targets
@@ -31,6 +32,7 @@ cache_app = typer.Typer(no_args_is_help=True, help="Per-profile compile caches."
 app.add_typer(cache_app, name="cache")
 ledger_app = typer.Typer(no_args_is_help=True, help="The known-good ledger of a job name, by hand.")
 app.add_typer(ledger_app, name="ledger")
+app.command("completion")(conventions.completion)
 
 out = render.console()
 err = render.console(stderr=True)
@@ -141,10 +143,10 @@ def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Tar
             continue  # out of reach: as last seen
         for st in jobs_:
             fetched[st["job_id"]] = st.get("state")
-            if st.get("state") != "not_found":
+            if st.get("state") != JobState.NOT_FOUND:
                 ctx.state().seen(st["job_id"], st.get("state"))
     cands = [(r["job_id"], r["target"], fetched.get(r["job_id"], r["state"])) for r in rows]
-    cands = [c for c in cands if c[2] not in FINAL_STATES + ("not_found",)]
+    cands = [c for c in cands if c[2] not in FINAL_STATES + (JobState.NOT_FOUND,)]
     if len(cands) != 1:
         raise InputError(render.candidates_line(cands))
     return cands[0][0], ctx.target(cands[0][1])
@@ -157,15 +159,24 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
           argv: List[str] = typer.Argument(None, help="the command, after --"),
           timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds"),
           no_stdin: bool = typer.Option(False, "--no-stdin", "-n", help="do not read stdin (like ssh -n): "
-                                        "the command gets an empty one")):
+                                        "the command gets an empty one"),
+          as_json: bool = typer.Option(False, "--json", help="JSON Lines: {stream, data} per chunk of output, "
+                                       "then {exit_code, timed_out}")):
     """Run one command in the container; output streamed, exit code passed through."""
     if not argv:
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)
     stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
     so, se = sys.stdout.buffer, sys.stderr.buffer
-    r = t.run(argv, stdin=stdin, timeout=timeout,
-              on_stdout=lambda b: (so.write(b), so.flush()), on_stderr=lambda b: (se.write(b), se.flush()))
+    on_out, on_err = lambda b: (so.write(b), so.flush()), lambda b: (se.write(b), se.flush())
+    if as_json:
+        from gpujob.cli import jsonl
+        on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
+    r = t.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_out, on_stderr=on_err)
+    if as_json:
+        on_out.close()
+        on_err.close()
+        jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
     if r.timed_out:
         err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
     raise typer.Exit(r.exit_code)
@@ -199,13 +210,15 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
         except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
             if isinstance(e, InputError):
                 raise
-            label, checks = name, [doc.Check("connect", "fail", e.message, e.hint or "")]
+            label, checks = name, doc.with_fixes([doc.Check("connect", "fail", e.message, e.hint or "")])
         report[label] = [c.as_dict() for c in checks]
         failed |= any(c.status == "fail" for c in checks)
         if not as_json:
             out.print(render.doctor_table(label, checks))
     if as_json:
         out.print_json(json.dumps(report))
+    else:
+        out.print(render.doctor_summary(collections.Counter(c["status"] for cs in report.values() for c in cs)))
     raise typer.Exit(1 if failed else 0)
 
 
@@ -217,6 +230,10 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
     if check:
         path = find_inventory(ctx.hosts)
         inv = load_inventory(path)
+        if as_json:
+            out.print_json(json.dumps({"path": str(path) if path else None, "valid": True,
+                                       "hosts": len(inv.hosts), "containers": len(inv.targets())}))
+            return
         out.print(render.lit(f"{path or 'built-in inventory'}: ok ({len(inv.hosts)} hosts, "
                              f"{len(inv.targets())} containers)"))
         return
@@ -230,8 +247,8 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
             try:
                 t = targets.open(f"{host_name}/{cname}")
                 row["vmid"] = t.vmid
-                row["status"] = t.transport.status() if t.kind == "ssh" else "local"
-                if row["status"] in ("running", "local"):
+                row["status"] = t.driver.status(t)
+                if row["status"] in kinds.READY:
                     jobs = t.agent_json("status").get("jobs", [])
                     live = [j for j in jobs if j.get("state") not in ENDED]
                     row["job"] = live[-1]["job_id"] if live else None
@@ -262,8 +279,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
            job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
                                                     "NAME-xxxx); refused if this laptop knows it already"),
            force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad"),
-           as_json: bool = typer.Option(False, "--json", help="print the agent's answer, job id and target "
-                                        "as one JSON object")):
+           as_json: bool = typer.Option(False, "--json", help="the agent's answer, job id and target as one "
+                                        "JSON object; with --plan the steps; with -f JSON Lines of the log, "
+                                        "then the final status")):
     """Ship the code and start the job under a detached supervisor in the container."""
     from gpujob import jobs
     from gpujob.spec import load_spec
@@ -283,12 +301,14 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
             raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
                              f"got {job_id_opt[:70]!r}")
-    if as_json and (plan or follow):
-        raise InputError("--json: not with --plan or --follow")
     job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
         steps = jobs.build_plan(spec, t, job_id, profile)
+        if as_json:
+            out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
+                {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
+            return
         for line in render.plan_lines(f" for {spec_path} → {t.label} ({t.transport.describe()}), "
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
@@ -302,12 +322,19 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if entry.get("status") == "bad":
             raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
     res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json)
+    if as_json and follow:
+        from gpujob.cli import jsonl
+        jsonl.emit(dict(res, job_id=job_id, target=t.label))
+        _follow(job_id, t, "job.log", None, as_json=True)
+        st = _status(job_id, t)
+        jsonl.emit(render.status_view(st, t.label))
+        raise typer.Exit(0 if st.get("state") == JobState.SUCCEEDED else 1)
     if as_json:
         out.print_json(json.dumps(dict(res, job_id=job_id, target=t.label)))
         return
     if follow:
         _follow(job_id, t, "job.log", None)
-        raise typer.Exit(0 if _print_final(job_id, t).get("state") == "succeeded" else 1)
+        raise typer.Exit(0 if _print_final(job_id, t).get("state") == JobState.SUCCEEDED else 1)
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
@@ -332,15 +359,15 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
-        state.seen(job_id, "unknown")
+        state.seen(job_id, JobState.UNKNOWN)
         raise
     except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
         state.unreserve(job_id)
         raise
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
-        state.seen(job_id, "unknown")
+        state.seen(job_id, JobState.UNKNOWN)
         raise
-    state.seen(job_id, "preparing")
+    state.seen(job_id, JobState.PREPARING)
     if res.get("stale_lock"):
         err.print(render.styled(("note:", "yellow"), f" took over the container from job "
                                 f"{res['stale_lock'].get('job_id')} (its supervisor, pid "
@@ -382,10 +409,15 @@ def _say_revived(st: dict) -> None:
 
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
-            events: bool = False) -> None:
+            events: bool = False, as_json: bool = False) -> None:
     from gpujob import jobs
     so = sys.stdout.buffer
     buf = bytearray()
+    lines = None
+    if as_json:  # JSON Lines: the journal's records as written, or {"line": ...} a log line
+        from gpujob.cli import jsonl
+        lines = jsonl.Lines(events, damaged=lambda n: err.print(
+            render.lit(f"gpujob: skipped a damaged record in {file} ({n} bytes)")))
 
     def write(chunk: bytes) -> None:
         if not events:
@@ -407,8 +439,10 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
             out.print(render.lit(render.event_line(rec)))
 
     try:
-        jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=write,
+        jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=lines or write,
                         notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+        if lines:
+            lines.close()
     except KeyboardInterrupt:
         err.print(f"\ndetached from {job_id}; it keeps running (gpujob logs -f {job_id})")
         raise typer.Exit(130)
@@ -425,13 +459,15 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          samples: bool = typer.Option(False, "--samples", help="every throughput sample of the last "
                                       "journal.full_rate_samples (events hold one summary a minute)"),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
-         target: Optional[str] = typer.Option(None, "--target", "-t")):
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json", help="JSON Lines: each record of --events/--samples "
+                                      "as written, else {\"line\": TEXT} a log line")):
     """Print a job's log; with -f follow it, surviving dropped connections."""
     if phase not in (None, "warmup", "train", "prepare"):
         raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
     job_id, t = job_target(job, target)
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
-    _follow(job_id, t, file, tail, follow=follow, events=events or samples)
+    _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
 
 
 @app.command()
@@ -445,6 +481,18 @@ def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Opti
     else:
         print_status_view(st, t)
 
+
+
+@app.command()
+def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the most recent)"),
+         output: Optional[Path] = typer.Option(None, "--output", "-o", help="FILE.png, .svg or .html "
+                                               "(default: a plot in the terminal)"),
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
+    """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
+    from gpujob.cli import plot as plot_
+    job_id, t = job_target(job, target)
+    plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 
 @app.command()
 def ps(target: Optional[str] = typer.Argument(None, help="only this container's jobs"),
@@ -628,7 +676,8 @@ def cache_clear(target: str = typer.Argument(...),
                 profile: Optional[str] = typer.Option(None, "--profile", "-p"),
                 all_: bool = typer.Option(False, "--all", help="every profile's cache (needed without -p)"),
                 snapshots: bool = typer.Option(False, "--snapshots", help="delete the snapshots too"),
-                force: bool = typer.Option(False, "--force", help="even under a running job")):
+                force: bool = typer.Option(False, "--force", help="even under a running job"),
+                as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
     """Delete live compile caches (of one profile, or all); snapshots are kept unless --snapshots."""
     if not profile and not all_:
         raise InputError("cache clear: name a profile with -p PROFILE, or pass --all to clear every profile's cache")
@@ -637,6 +686,9 @@ def cache_clear(target: str = typer.Argument(...),
     t = ctx.target(target)
     res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
                        *(["--snapshots"] if snapshots else []), *(["--force"] if force else []), timeout=300)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
     for w in res.get("warnings") or []:
         err.print(f"warning: {w}", markup=False, soft_wrap=True)
     out.print(render.lit(f"cleared: {', '.join(res['cleared']) or 'nothing'}"))
@@ -648,10 +700,14 @@ def cache_clear(target: str = typer.Argument(...),
 
 @cache_app.command("restore")
 def cache_restore(target: str = typer.Argument(...),
-                  profile: str = typer.Option(..., "--profile", "-p", help="a profile name or venv key")):
+                  profile: str = typer.Option(..., "--profile", "-p", help="a profile name or venv key"),
+                  as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
     """Restore a profile's live compile cache from its newest snapshot."""
     t = ctx.target(target)
     res = t.agent_json("cache", "restore", "--profile", profile, timeout=1800)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
     for r in res["restored"]:
         out.print(f"{r['env_key']}: restored {r['text']} in {r['seconds']:.2f}s", markup=False)
 
@@ -660,7 +716,8 @@ def cache_restore(target: str = typer.Argument(...),
 def cache_prove_cold(target: str = typer.Argument(...),
                      profile: str = typer.Option(..., "--profile", "-p"),
                      gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 4,5 (default: the "
-                                                        "warmup's GPUs); no running job may use them")):
+                                                        "warmup's GPUs); no running job may use them"),
+                     as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
     """Run a profile's warmup against an empty scratch cache and record whether it works cold."""
     if gpus is not None:
         parts = [g.strip() for g in gpus.split(",")]
@@ -669,6 +726,9 @@ def cache_prove_cold(target: str = typer.Argument(...),
     t = ctx.target(target)
     res = t.agent_json("cache", "prove-cold", "--profile", profile, *(["--gpus", gpus] if gpus else []),
                        timeout=None)
+    if as_json:
+        out.print_json(json.dumps(res))
+        raise typer.Exit(0 if res["ok"] else 1)
     verdict = "works from a cold cache" if res["ok"] else "FAILED from a cold cache"
     out.print(f"profile {profile}: {verdict} on GPUs {','.join(map(str, res['gpus']))} in "
               f"{res['seconds']:.1f}s: {res['reason']}", markup=False, soft_wrap=True)
@@ -683,7 +743,9 @@ def cache_prove_cold(target: str = typer.Argument(...),
 @app.command()
 def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="default: the demo "
                                                      "shipped with gpujob (works from any directory)"),
-         target: Optional[str] = typer.Option(None, "--target", "-t")):
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json", help="JSON Lines: each act's log lines, its final "
+                                      "status, then the rollback that happened")):
     """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
     from gpujob.demofiles import build_demo_wheels, work_copy
     from gpujob.spec import load_spec
@@ -697,26 +759,34 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
                            f"rolls back to {good} and resumes from the checkpoint")]
     final = {}
     for profile, title in acts:
-        out.rule(render.lit(title, "bold"))
+        if not as_json:
+            render.heading(out, title)
         job_id = _fresh_id(spec.name)
-        _start(spec, spec_path, t, profile, job_id, False)
-        _follow(job_id, t, "job.log", None)
-        final = _print_final(job_id, t)
-        if final.get("state") != "succeeded":
+        _start(spec, spec_path, t, profile, job_id, False, quiet=as_json)
+        _follow(job_id, t, "job.log", None, as_json=as_json)
+        final = _status(job_id, t) if as_json else _print_final(job_id, t)
+        if as_json:
+            from gpujob.cli import jsonl
+            jsonl.emit({"act": title, "status": render.status_view(final, t.label)})
+        if final.get("state") != JobState.SUCCEEDED:
             raise JobError(f"demo job {job_id} ended {final.get('state')}: {final.get('reason')}")
     rolled = [r for r in final.get("rollbacks") or [] if r.get("signal") != "manual"]
     if not rolled:
         raise JobError("the demo ended without a rollback: the slow build was not caught")
     r = rolled[-1]
-    out.rule(render.lit("What happened", "bold"))
+    if as_json:
+        from gpujob.cli import jsonl
+        jsonl.emit({"rollback": r})
+        return
+    render.heading(out, "What happened")
     out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", recorded {r['from']} "
               f"bad and had the trainer running on {r['to']} {r['took']:.2f}s later, resumed from "
               f"its checkpoint. Try: gpujob status, gpujob logs --events, gpujob profiles {t.name}"))
 
 
 def main() -> None:
-    try:
-        app()  # standalone: click reports usage errors itself (one line, exit 2)
+    try:  # usage errors one line (exit 2), global options after the command too
+        code = conventions.run(app, err=lambda line: err.print(render.lit(line), soft_wrap=True))
     except GpujobError as e:
         err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
         if e.hint:
@@ -727,6 +797,7 @@ def main() -> None:
         sys.exit(130)
     finally:
         ctx.close()
+    sys.exit(code)
 
 
 if __name__ == "__main__":

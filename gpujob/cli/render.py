@@ -16,17 +16,50 @@ from rich.table import Table
 from rich.text import Text
 
 from gpujob.agent import timings
-from gpujob.agent.journal import ENDED
+from gpujob.agent.protocol import ENDED, JobState
 from gpujob.agent.throughput import fmt_rate, sparkline
 
-STATE_STYLE = {"succeeded": "green", "training": "cyan", "warmup": "cyan", "preparing": "yellow",
-               "rolling_back": "magenta", "stopping": "yellow", "stopped": "dim", "failed": "red",
-               "lost": "red"}
+S = JobState
+STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
+               S.ROLLING_BACK: "magenta", S.STOPPING: "yellow", S.STOPPED: "dim", S.FAILED: "red",
+               S.LOST: "red"}
 
 
 def console(stderr: bool = False) -> Console:
-    """A console that never reads markup or emoji codes in what it prints."""
-    return Console(stderr=stderr, highlight=False, markup=False, emoji=False)
+    """A console that never reads markup or emoji codes in what it prints. Piped (not a
+    terminal) it never hard-wraps: lines go out whole and tables take their natural width
+    (unless $COLUMNS says otherwise), so grep and cut see one record a line."""
+    import os
+    import sys
+    stream = sys.stderr if stderr else sys.stdout
+    tty = bool(getattr(stream, "isatty", lambda: False)())
+    wide = {} if tty or os.environ.get("COLUMNS") else {"width": PIPED_WIDTH}
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=not tty, **wide)
+
+
+PIPED_WIDTH = 1000  # "no limit" for tables when piped; lines are not wrapped at all
+
+
+def whole(table: Table, *ids: str) -> Table:
+    """Nothing in ``table`` is cut with an ellipsis when the terminal is narrow: the ``ids``
+    columns (what people copy: job ids, venv keys) keep their width and never wrap, the
+    others fold onto more lines."""
+    for col in table.columns:
+        cells = [c.plain if isinstance(c, Text) else str(c) for c in col._cells]
+        if col.header in ids:
+            col.no_wrap = True
+            col.min_width = max([len(x) for x in cells] + [len(str(col.header))])
+        else:
+            col.overflow = "fold"
+    return table
+
+
+def heading(con: Console, text: str) -> None:
+    """A section title: a rule on a terminal, a plain line when piped."""
+    if con.is_terminal:
+        con.rule(lit(text, "bold"))
+    else:
+        con.print(lit(f"== {text} =="))
 
 
 def lit(value, style: str = "") -> Text:
@@ -113,7 +146,7 @@ def print_status(console: Console, v: dict) -> None:
     t.add_row("uptime", duration(v["uptime_s"]))
     if v["exit"]:
         t.add_row("exit", lit(v["exit"]))
-    elif v["reason"] and v["state"] == "rolling_back":
+    elif v["reason"] and v["state"] == JobState.ROLLING_BACK:
         t.add_row("why", lit(v["reason"]))
     console.print(t)
     if v["rollbacks"]:
@@ -125,7 +158,7 @@ def print_status(console: Console, v: dict) -> None:
                        lit(f"{r['from']} → {r['to']}"), lit(r.get("signal", "")), lit(r.get("reason", "")),
                        f"{r['took']:.2f}s" if r.get("took") is not None else "-",
                        lit(timings.describe(r)), lit(r.get("resumed") or "-"))
-        console.print(rt)
+        console.print(whole(rt, "from → to"))
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
 
@@ -141,7 +174,7 @@ def ledger_table(ledger: dict) -> Table:
                    lit((e.get("proof") or "-") + (" (warm only)" if e.get("proof") == "warm" else ""))
                    if e.get("status") == "good" else "-",
                    lit(e.get("reason") or ""))
-    return lt
+    return whole(lt, "profile")
 
 
 def disk(d: dict) -> str:
@@ -187,15 +220,15 @@ def hosts_table(rows: list[dict], source: str) -> Table:
         colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
         table.add_row(lit(f"{r['host']}/{r['container']}"), lit(r.get("vmid") or "-"),
                       styled((st, colour), f" ({r['error']})" if r.get("error") else ""), lit(r.get("job") or "-"))
-    return table
+    return whole(table, "target", "running job")
 
 
 def ps_table(views: list[dict], by: bool = False) -> Table:
     """``ps``; with ``by`` (``ps --all``) a column of who submitted each job (user@laptop)."""
     table = Table(show_edge=False)
-    for col in ("job", "target") + (("by",) if by else ()) + ("state", "phase", "profile", "tok/s",
-                                                            "uptime", "exit"):
+    for col in ("job", "target") + (("by",) if by else ()) + ("state", "phase", "profile", "tok/s", "uptime"):
         table.add_column(col)
+    table.add_column("exit", ratio=1)
     for v in views:
         style = STATE_STYLE.get(v["state"], "red" if v["state"] == "unreachable" else "")
         exit_ = v["exit"] or (v.get("reason") or "" if v["state"] == "unreachable" else "")
@@ -203,17 +236,25 @@ def ps_table(views: list[dict], by: bool = False) -> Table:
         table.add_row(lit(v["job"]), lit(v["target"]), *who, lit(v["state"] or "-", style),
                       lit(v["phase"] or "-"), lit(v["profile"] or "-"),
                       fmt_rate(v["tok_s"]) if v["tok_s"] else "-", duration(v["uptime_s"]), lit(exit_))
-    return table
+    return whole(table, "job")  # the id is what people copy
 
 
 def doctor_table(label: str, checks) -> Table:
     table = Table(title=f"gpujob doctor: {label}", title_justify="left")
-    for col in ("check", "", "detail", "fix"):
-        table.add_column(col)
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail", overflow="fold", ratio=1)
+    table.add_column("fix", overflow="fold", ratio=1)
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}
     for c in checks:
         table.add_row(lit(c.name), lit(c.status, colour.get(c.status, "")), lit(c.detail), lit(c.hint))
-    return table
+    return whole(table, "check", "status")
+
+
+def doctor_summary(counts: dict) -> Text:
+    """doctor's last line: ``N ok, N warn, N fail``, coloured by the worst."""
+    colour = "red" if counts.get("fail") else "yellow" if counts.get("warn") else "green"
+    return lit(", ".join(f"{counts.get(k, 0)} {k}" for k in ("ok", "warn", "fail")), colour)
 
 
 def plan_lines(header: str, steps) -> list[Text]:
@@ -248,7 +289,7 @@ def profiles_table(res: dict, label: str) -> Table:
     if res.get("disk_total"):
         table.caption = (f"all venvs together: {disk(res['disk_total'])} (own: only in these venvs; "
                          "real: each file once; uv links the rest from its cache)")
-    return table
+    return whole(table, "profile", "venv")
 
 
 def age(seconds) -> str:
@@ -267,7 +308,7 @@ def cache_table(caches: list, title: str) -> Table:
         table.add_row(lit(c["env_key"]), size(c["size"]), str(c.get("files", "?")),
                       *(size(c["parts"][k]) for k in ("inductor", "triton", "torch_extensions")),
                       age(c.get("age")), lit(", ".join(c.get("proof") or []) or "-"))
-    return table
+    return whole(table, "profile venv")
 
 
 def snapshot_table(caches: list, title: str) -> Table:
@@ -278,7 +319,7 @@ def snapshot_table(caches: list, title: str) -> Table:
         for s in c.get("snapshots") or []:
             table.add_row(lit(c["env_key"]), lit(s["name"]), age(s["age"]), str(s["files"]),
                           size(s["bytes"]), str(s.get("linked")), lit(str(s.get("job") or "-")))
-    return table
+    return whole(table, "profile venv", "snapshot", "job")
 
 
 def candidates_line(cands: list) -> str:
@@ -326,7 +367,7 @@ def gc_tables(res: dict, label: str) -> list:
             t.add_column(col)
         for e in res["envs"]:
             t.add_row(lit(e["env_key"]), lit(e.get("profile") or "?"), disk(e["disk"]), decision(e))
-        tables.append(t)
+        tables.append(whole(t, "venv"))
     if res.get("older_than") is not None:
         t = Table(title=f"job directories on {label} (ended {res['older_than']:g}+ days ago"
                         f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
@@ -334,15 +375,15 @@ def gc_tables(res: dict, label: str) -> list:
             t.add_column(col)
         for e in res["jobs"]:
             t.add_row(lit(e["job_id"]), lit(e.get("state") or "-"), size(e["bytes"]), decision(e))
-        tables.append(t)
+        tables.append(whole(t, "job"))
     if res.get("keep_checkpoints") is not None:
         t = Table(title=f"checkpoints on {label} (newest {res['keep_checkpoints']} kept"
                         f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
         for col in ("checkpoint", "size", "decision"):
-            t.add_column(col, overflow="fold")
+            t.add_column(col)
         for e in res["checkpoints"]:
             t.add_row(lit(e["path"]), size(e["bytes"]), decision(e))
-        tables.append(t)
+        tables.append(whole(t, "checkpoint"))
     return tables
 
 

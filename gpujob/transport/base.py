@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, Sequence, Union
+from typing import BinaryIO, Callable, Iterable, Protocol, Sequence, Union
 
 Stdin = Union[bytes, BinaryIO, None]
 OnData = Callable[[bytes], None]
@@ -51,8 +51,19 @@ class Result:
         return " | ".join(kept[-lines:])
 
 
+class Stream(Protocol):
+    """A started command as bytes: ``send`` to its stdin, ``recv`` from its stdout
+    (b"" at its end), ``stderr`` what it said there so far, ``close`` ends it."""
+
+    def send(self, data: bytes) -> None: ...
+    def recv(self, n: int) -> bytes: ...
+    def stderr(self) -> bytes: ...
+    def close(self) -> None: ...
+
+
 class Transport(ABC):
-    """Runs argv lists in one place. Subclasses override :meth:`run` and :meth:`describe`."""
+    """Runs argv lists in one place. Subclasses override :meth:`run`,
+    :meth:`open_stream` and :meth:`describe`."""
 
     @abstractmethod
     def run(
@@ -71,6 +82,11 @@ class Transport(ABC):
         command and everything it started, then returns ``exit_code`` 124 and
         ``timed_out`` True.
         """
+
+    @abstractmethod
+    def open_stream(self, argv: Sequence[str]) -> "Stream":
+        """Start ``argv`` and hand back its raw byte stream (stdin in, stdout out, no PTY);
+        the exec channel (mux.py) rides on one."""
 
     @abstractmethod
     def describe(self) -> str:

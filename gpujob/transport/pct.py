@@ -12,7 +12,7 @@ of its own instead.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from gpujob.errors import ConnectionLost
 from gpujob.transport.base import (KILL_AFTER, OnData, Result, Stdin, Transport, timed_out_by,
@@ -31,7 +31,7 @@ class PctTransport(Transport):
         self.vmid = vmid
         self.pct = pct
         self.name = name or f"vmid {vmid}"
-        self.use_mux = mux and hasattr(inner, "open_stream")
+        self.use_mux = mux
         self._mux: MuxClient | None = None
         self._mux_lock = threading.Lock()
 
@@ -91,10 +91,24 @@ class PctTransport(Transport):
             result.timed_out, result.exit_code = True, 124
         return result
 
+    def status_result(self) -> "PctStatus":
+        """``pct status VMID`` as it answered: exit code, output, error tail."""
+        r = self.inner.run([self.pct, "status", str(self.vmid)], timeout=30)
+        return PctStatus(r.exit_code, r.text.strip(), r.tail())
+
     def status(self) -> str:
         """``running``, ``stopped``, or what ``pct status`` said when it failed."""
-        r = self.inner.run([self.pct, "status", str(self.vmid)], timeout=30)
-        text = r.text.strip()
-        if r.ok and text.startswith("status:"):
-            return text.split(":", 1)[1].strip()
-        return (r.tail() or f"pct status exited {r.exit_code}")
+        st = self.status_result()
+        if st.exit_code == 0 and st.out.startswith("status:"):
+            return st.out.split(":", 1)[1].strip()
+        return st.err or f"pct status exited {st.exit_code}"
+
+    def open_stream(self, argv: Sequence[str]):
+        """``argv`` in the container as a raw byte stream (``pct exec`` over the inner stream)."""
+        return self.inner.open_stream(self.host_argv(argv))
+
+
+class PctStatus(NamedTuple):
+    exit_code: int
+    out: str
+    err: str

@@ -234,6 +234,11 @@ class SshTransport(Transport):
                 self._client = connect(self.settings, accept_new=self.accept_new)
             return self._client
 
+    def host_key(self) -> str:
+        """The host's key as ``type SHA256:…`` (connecting first when needed)."""
+        key = self.client().get_transport().get_remote_server_key()
+        return f"{key.get_name()} {fingerprint(key)}"
+
     def reconnect(self) -> None:
         with self._lock:
             self._close_locked()

@@ -1,0 +1,165 @@
+"""The model and protocol both sides share (stdlib only: it ships in the agent zip,
+and the controller imports this same module).
+
+- job states (``JobState``, with ``is_terminal``), the policy's verdicts
+  (``Verdict``) and how a phase ended (``OutcomeKind``): str-valued, so the JSON
+  in state.json, events.jsonl and the agent's answers is what it always was;
+- the agent's exit codes: 0 ok, 1 failed, 2 bad usage, ``REFUSED``, and
+  ``AGENT_MISSING`` (the launcher found no agent file: ship it and ask again);
+- the agent's result shapes: every answer is JSON lines on stdout, a failure one
+  ``{"error": ...}`` line (``error_result``); ``tail`` first sends one
+  ``{"offset": N, "skipped": M}`` line, then the log's raw bytes;
+- the format version of state.json and job.json: a file without one is format 1;
+  an agent reads every format up to its own and refuses a newer one in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+
+
+class _StrEnum(str, Enum):
+    """A str that is also an enum member: equal to, hashed and printed as its value."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    @classmethod
+    def of(cls, value):
+        """The member for ``value``, or None (a state this version does not know)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return None
+
+
+class JobState(_StrEnum):
+    PREPARING = "preparing"
+    WARMUP = "warmup"
+    TRAINING = "training"
+    ROLLING_BACK = "rolling_back"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    LOST = "lost"            # not final: its supervisor is gone (status or boot revives it)
+    NOT_FOUND = "not_found"  # status --missing-ok: no such job in that container
+    UNKNOWN = "unknown"      # the controller's row when a submit's answer never came
+
+    def is_terminal(self) -> bool:
+        """Final: nothing will run for this job any more."""
+        return self in FINAL_STATES
+
+    def has_ended(self) -> bool:
+        """Nothing runs now (final, or lost until revived)."""
+        return self in ENDED
+
+
+FINAL_STATES = (JobState.STOPPED, JobState.SUCCEEDED, JobState.FAILED)
+ENDED = FINAL_STATES + (JobState.LOST,)
+
+
+class Verdict(_StrEnum):
+    """What the throughput policy says of its window."""
+    WARMING_UP = "warming_up"
+    INCONCLUSIVE = "inconclusive"
+    OK = "ok"
+    BREACH = "breach"
+    ROLLBACK = "rollback"
+    STALL = "stall"
+
+
+class OutcomeKind(_StrEnum):
+    """How a phase run ended."""
+    DONE = "done"          # exited 0
+    SIGNAL = "signal"      # a failure signal (crash, low_throughput, stall, ...) with its reason
+    STOP = "stop"          # stopped on request
+    ROLLBACK = "rollback"  # a rollback asked for by the user
+
+
+# ---- exit codes ---------------------------------------------------------------
+OK = 0
+FAILED = 1
+USAGE = 2
+REFUSED = 5        # busy, unknown job, a newer format: the error line says why
+AGENT_MISSING = 6  # the launcher found no agent at the path: ship it first
+
+#: ``python3 -c LAUNCHER AGENT.pyz --home H CMD ...``: runs the agent zipapp as
+#: ``python3 AGENT.pyz ...`` would, but exits AGENT_MISSING when it is not there
+#: (instead of python's exit 2 and an English message on stderr).
+LAUNCHER = ("import os,sys,runpy\nif not os.path.isfile(sys.argv[1]):sys.exit(%d)\n"
+            "del sys.argv[0]\nsys.path.insert(0,sys.argv[0])\n"
+            "runpy.run_path(sys.argv[0],run_name='__main__')\n" % AGENT_MISSING)
+
+
+# ---- result shapes ------------------------------------------------------------
+def error_result(message: str, refused: bool = False) -> dict:
+    out = {"error": message}
+    if refused:
+        out["refused"] = True
+    return out
+
+
+def offset_record(offset: int, skipped: int) -> bytes:
+    """``tail``'s first line: where its bytes start, and how many were trimmed before."""
+    return (json.dumps({"offset": offset, "skipped": skipped}, sort_keys=True) + "\n").encode()
+
+
+class OffsetSplitter:
+    """The controller's side of ``tail``: takes the first line as the offset record
+    (``on_offset(dict)``) and hands every byte after it to ``sink``. A first line
+    that is no offset record (the agent's ``{"error"}`` answer) is kept in ``error``."""
+
+    def __init__(self, sink, on_offset):
+        self.sink, self.on_offset = sink, on_offset
+        self._head = b""
+        self.located = False
+        self.error = None
+
+    def __call__(self, chunk: bytes) -> None:
+        if self.located:
+            self.sink(chunk)
+            return
+        self._head += chunk
+        line, nl, rest = self._head.partition(b"\n")
+        if not nl:
+            return
+        self._head = b""
+        self.located = True
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = None
+        if not isinstance(rec, dict) or not isinstance(rec.get("offset"), int):
+            self.error = rec.get("error") if isinstance(rec, dict) and rec.get("error") else \
+                line.decode("utf-8", "replace")
+            self.on_offset = self.sink = lambda _x: None  # nothing after an error is log
+            return
+        self.on_offset(rec)
+        if rest:
+            self.sink(rest)
+
+
+# ---- format versions of state.json and job.json -----------------------------------
+FORMAT = 1
+FORMAT_KEY = "format"
+
+
+class NewerFormat(Exception):
+    """A file written by a newer agent: this one must not touch it."""
+
+
+def check_format(data: dict, what: str) -> dict:
+    """``data`` as read from ``what``; NewerFormat when a newer agent wrote it."""
+    version = data.get(FORMAT_KEY, 1) if isinstance(data, dict) else 1
+    if not isinstance(version, int) or version > FORMAT:
+        raise NewerFormat(f"{what} has format {version!r}, newer than this agent's {FORMAT}: "
+                          "a newer gpujob wrote it; upgrade gpujob on this machine")
+    return data

@@ -1,0 +1,63 @@
+"""The contract every target kind fulfils (see gpujob/kinds/__init__.py)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from gpujob.transport.base import Transport
+
+if TYPE_CHECKING:
+    from gpujob.steps import Step
+    from gpujob.target import Target, Targets
+
+#: ``add(name, status, detail, hint="")``: how a kind's judge reports a check.
+AddCheck = Callable[..., None]
+
+
+@dataclass
+class Opened:
+    """What a kind hands ``Targets.open`` to build a Target from."""
+    transport: Transport            # runs argv inside the container
+    host_transport: Transport | None  # runs argv on the host below it, when there is one
+    home: str                       # gpujob's home inside the container (absolute)
+    python: str                     # interpreter for the agent
+    vmid: int | None = None
+
+
+class Kind(ABC):
+    #: the name hosts.yaml's ``kind:`` gives
+    name: str = ""
+    #: host fields only this kind accepts (hosts.yaml says 'only for <kind> hosts' elsewhere)
+    host_fields: tuple[str, ...] = ()
+    #: container fields only this kind accepts, and those of them it requires
+    container_fields: tuple[str, ...] = ()
+    container_required: tuple[str, ...] = ()
+    #: may a job here install a boot hook (the container's /etc/rc.local)?
+    boot_hooks: bool = False
+    #: is our own uv binary shipped into the container (else it is used in place)?
+    ships_uv: bool = False
+
+    @abstractmethod
+    def open(self, targets: "Targets", host_name: str, host, cname: str, container) -> Opened:
+        """The transport into the container, and where gpujob lives there."""
+
+    def plan_connect(self, target: "Target") -> list["Step"]:
+        """Plan steps before the first container command (connecting, channels)."""
+        return []
+
+    def gather(self, target: "Target", facts: dict) -> bool:
+        """Add doctor facts of the layers below the container; False: stop there."""
+        return True
+
+    def judge(self, facts: dict, add: AddCheck) -> bool:
+        """Judge those facts (pure); False: a layer failed and nothing above can be checked."""
+        return True
+
+    @abstractmethod
+    def status(self, target: "Target") -> str:
+        """The container's state in a word (``running``, ``stopped``, ``local``) or why not known."""
+
+    def reconnect(self, target: "Target") -> None:
+        """Open again what a dropped connection closed (raises ConnectError when it cannot)."""

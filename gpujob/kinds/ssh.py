@@ -1,0 +1,85 @@
+"""``kind: ssh``: a Proxmox host reached over SSH, its LXC containers entered with
+``pct exec`` (gpujob/transport/pct.py) over that one connection."""
+
+from __future__ import annotations
+
+from gpujob.errors import ConnectError
+from gpujob.kinds.base import AddCheck, Kind, Opened
+from gpujob.steps import Step
+from gpujob.transport.pct import PctTransport
+
+SSH_FIELDS = ("address", "port", "user", "identity_file", "known_hosts", "proxy_jump")
+
+
+class SshKind(Kind):
+    name = "ssh"
+    host_fields = SSH_FIELDS
+    container_fields = ("vmid", "home")
+    container_required = ("vmid",)
+    boot_hooks = True
+    ships_uv = True
+
+    def open(self, targets, host_name, host, cname, container) -> Opened:
+        ssh = targets.host_transport(host_name)
+        home = container.home or "~/.gpujob"
+        if home.startswith("~"):
+            home = "/root" + home[1:]  # pct exec runs as root in the container
+        pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
+        return Opened(pct, ssh, home.rstrip("/"), "python3", vmid=container.vmid)
+
+    def plan_connect(self, target) -> list[Step]:
+        mux = target.transport.mux_argv()
+        mux[-1] = "<gpujob exec channel: gpujob/transport/mux_server.py>"
+        return [Step("connect", "laptop", f"ssh to {target.host_transport.describe()} "
+                     "(one connection, strict host key)"),
+                Step("channel", "host", "open one exec channel into the container; the container "
+                     "commands below run over it (a pct exec each when the container lacks python3)",
+                     mux)]
+
+    def gather(self, target, facts: dict) -> bool:
+        host = target.host_transport
+        try:
+            facts["host"] = {"ok": True, "key": host.host_key(), "where": host.describe()}
+        except ConnectError as e:
+            facts["host"] = {"ok": False, "error": e.message, "hint": e.hint or ""}
+            return False
+        st = target.transport.status_result()
+        facts["pct"] = {"exit": st.exit_code, "out": st.out, "err": st.err}
+        if st.exit_code != 0 or "running" not in st.out:
+            return False
+        r = host.run(["cat", "/proc/driver/nvidia/version"], timeout=30)
+        facts["host_driver"] = r.text if r.ok else None
+        return True
+
+    def judge(self, facts: dict, add: AddCheck) -> bool:
+        host = facts.get("host", {})
+        if not host.get("ok"):
+            add("host", "fail", host.get("error", "not reached"), host.get("hint", ""))
+            return False
+        add("host", "ok", f"{host['where']} ({host['key']})")
+        pct = facts["pct"]
+        if pct["exit"] == 127:
+            add("pct", "fail", "pct not found on the host", "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
+            return False
+        if pct["exit"] != 0:
+            text = pct["err"] or pct["out"]
+            if "does not exist" in text:
+                add("pct", "ok", "pct present")
+                add("container", "fail", text, "check the vmid in hosts.yaml (`pct list` on the host lists them)")
+            elif "permission" in text.lower() or "must be root" in text.lower():
+                add("pct", "fail", text, "pct needs root: set `user: root` for this host")
+            else:
+                add("pct", "fail", text or f"pct status exited {pct['exit']}")
+            return False
+        add("pct", "ok", "pct present")
+        if "running" not in pct["out"] or "not running" in pct["out"]:
+            add("container", "fail", pct["out"], f"start it on the host: pct start {facts.get('vmid')}")
+            return False
+        add("container", "ok", pct["out"])
+        return True
+
+    def status(self, target) -> str:
+        return target.transport.status()
+
+    def reconnect(self, target) -> None:
+        target.host_transport.reconnect()

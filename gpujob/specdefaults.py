@@ -1,0 +1,35 @@
+"""The spec's defaults for the agent: gpujob/agent/spec_defaults.json is generated
+from spec.py's models (the one place defaults are defined); tests/test_spec.py checks
+it is up to date. Regenerate with
+``python -m gpujob.specdefaults > gpujob/agent/spec_defaults.json``."""
+
+from __future__ import annotations
+
+import json
+
+from gpujob.spec import Caches, JobSpec, Journal, Restarts, Rollback, Throughput, Train, Warmup
+
+
+#: the sections whose defaults the agent needs for a job.json that lacks a key
+AGENT_DEFAULT_SECTIONS = {"caches": Caches, "journal": Journal, "rollback": Rollback,
+                          "throughput": Throughput, "train": Train, "warmup": Warmup,
+                          "restarts": Restarts}  # train.restarts
+
+
+def agent_defaults() -> dict:
+    """Each section's field defaults, and the sections every spec has (``_always``)."""
+    from pydantic_core import to_jsonable_python
+    out: dict = {name: {f: to_jsonable_python(info.get_default(call_default_factory=True))
+                        for f, info in model.model_fields.items() if not info.is_required()}
+                 for name, model in AGENT_DEFAULT_SECTIONS.items()}
+    out["_always"] = sorted(n for n in AGENT_DEFAULT_SECTIONS
+                            if n in JobSpec.model_fields and JobSpec.model_fields[n].default_factory)
+    return out
+
+
+def agent_defaults_json() -> str:
+    return json.dumps(agent_defaults(), indent=1, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    print(agent_defaults_json(), end="")
