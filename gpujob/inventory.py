@@ -42,6 +42,9 @@ class Container(Strict):
     root: str | None = None  # local hosts only (required there): stands in for the container
     home: str | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
     env_passthrough: list[EnvPattern] = []  # added to the host's: variables jobs keep (globs)
+    # where the other nodes of a multi-node job reach this container (its rendezvous address);
+    # None: 127.0.0.1 on a local host, the container's primary IP (asked at submit) over ssh
+    address: str | None = Field(None, pattern=r"^[A-Za-z0-9.:_\[\]-]{1,253}$")
 
 
 def _kind(value):

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, envs
+from gpujob.agent import checkpoint, envs, metrics, notify
 from gpujob.agent.commands import command_argv
 from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
@@ -100,7 +100,8 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
 
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
-                env_passthrough: list | None = None, secrets: dict | None = None) -> dict:
+                env_passthrough: list | None = None, secrets: dict | None = None,
+                fleet: dict | None = None) -> dict:
     """What ``agent submit`` receives (besides the code), as JSON. Secret env values
     are ``***`` in the spec; their values (``secrets``) ride apart, for secrets.json."""
     data = spec.to_agent_dict()
@@ -118,8 +119,12 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
            "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
            "env_passthrough": list(env_passthrough or [])}
-    if secrets and (secrets.get("env") or secrets.get("profiles")):
+    if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")
+                    or secrets.get("fleet_key")):
         req["secrets"] = secrets
+    if fleet is not None:  # one node of a multi-node job (gpujob/fleet.py): its place, its own env
+        req["fleet"] = {k: v for k, v in fleet.items() if k != "env"}
+        req["spec"]["env"].update(fleet.get("env") or {})
     return req
 
 
@@ -131,7 +136,7 @@ def _agent(target: Target, *args: str) -> list[str]:
     return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
 
 
-def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list[Step]:
+def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
@@ -165,11 +170,12 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
     # what the supervisor then runs in the container
     secrets_env.resolve(spec)  # an unset variable or unreadable file fails the plan as it would the submit
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
-                      env_passthrough=target.env_passthrough)
+                      env_passthrough=target.env_passthrough, fleet=fleet)
     refs = secrets_env.secret_refs(spec)
     if refs:
-        steps.append(Step("secrets", "container", "write the secret env values to the job's own 0600 "
-                          "secrets.json (read by the supervisor, removed when the job ends): " + ", ".join(
+        steps.append(Step("secrets", "container", "write the secret values to the job's own 0600 "
+                          "secrets.json (read by the supervisor, removed when the job ends; a webhook's once "
+                          "the job's last messages are out): " + ", ".join(
                               f"{name}={secrets_env.MASK} ({ref.describe()})" for _, name, ref in refs)))
     prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
@@ -197,6 +203,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                       "env, the cache variables, the venv first on PATH"))
     values = {f"gpus.{g}": ",".join(map(str, ids)) for g, ids in spec.gpus.items()}
     values.update(profile=profile, job_id=job_id, workdir=workdir)
+    values.update((fleet or {}).get("values") or {})
     if spec.warmup:
         gpus = spec.gpus.get(spec.warmup.per_gpu, []) if spec.warmup.per_gpu else [None]
         for gpu in gpus:
@@ -221,6 +228,15 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str) -> list
                           ["<rollback target's venv>/bin/python", "-c", "<standby: preload, wait on "
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
+    for i, hook in enumerate(req["spec"].get("notify") or []):
+        steps.append(Step("notify", "supervisor", f"post to {notify.describe(i, hook)} from the container's "
+                          f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
+                          when="on " + ", ".join(hook["events"])))
+    if spec.metrics is not None:
+        where = metrics.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
+        steps.append(Step("metrics", "supervisor", f"write the job's gauges to {where} (Prometheus text "
+                          "format, temp file + rename)", when=f"at most every {spec.metrics.every:g}s while "
+                          "samples come, and on each state change"))
     return steps
 
 
@@ -238,13 +254,17 @@ def submitter() -> str:
 
 
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
-           clear_caches: bool, progress: Callable[[str], None]) -> dict:
-    """Ship what is needed and start the supervisor; returns the agent's answer."""
+           clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
+           fleet_key: str | None = None) -> dict:
+    """Ship what is needed and start the supervisor; returns the agent's answer. A node
+    of a multi-node job (``fleet``) gets its place and the job's channel key (a secret)."""
     sources = sync_sources(spec)  # local problems surface before any remote change
     spec.common_requirements(strict=True)  # a requirements file that is missing or unusable, too
     secrets = secrets_env.resolve(spec)
+    if fleet_key:
+        secrets = dict(secrets, fleet_key=fleet_key)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
-                      env_passthrough=target.env_passthrough)
+                      env_passthrough=target.env_passthrough, fleet=fleet)
     req["by"] = submitter()  # the container's lock says who holds it
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:

@@ -22,13 +22,23 @@ def secret_refs(spec: JobSpec) -> list[tuple[tuple, str, SecretRef]]:
     out = [(("env", k), k, v) for k, v in spec.env.items() if isinstance(v, SecretRef)]
     for i, p in enumerate(spec.profiles):
         out += [(("profiles", i, "env", k), k, v) for k, v in p.env.items() if isinstance(v, SecretRef)]
+    for i, hook in enumerate(spec.notify):
+        out += [(("notify", i, k), f"notify[{i}].{k}", v) for k in ("url", "token")
+                if isinstance(getattr(hook, k), SecretRef) for v in [getattr(hook, k)]]
     return out
+
+
+def _field(loc: tuple) -> str:
+    if loc[0] == "env":
+        return f"env.{loc[1]}"
+    if loc[0] == "notify":
+        return f"notify[{loc[1]}].{loc[2]}"
+    return f"profiles[{loc[1]}].env.{loc[3]}"
 
 
 def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
     def fail(message: str) -> SpecError:
-        field = f"{loc[0]}.{loc[1]}" if loc[0] == "env" else f"profiles[{loc[1]}].env.{loc[3]}"
-        return SpecError(spec.source_name, spec.line_of(loc), field, message)
+        return SpecError(spec.source_name, spec.line_of(loc), _field(loc), message)
     if ref.from_env is not None:
         value = os.environ.get(ref.from_env)
         if value is None:
@@ -55,12 +65,15 @@ def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
 
 
 def resolve(spec: JobSpec) -> dict:
-    """{"env": {VAR: value}, "profiles": {profile: {VAR: value}}}; a SpecError (one
-    line, never the value) when a variable is unset or a file unreadable."""
+    """{"env": {VAR: value}, "profiles": {profile: {VAR: value}}, "notify": {index:
+    {"url"|"token": value}}}; a SpecError (one line, never the value) when a variable
+    is unset or a file unreadable."""
     out: dict = {"env": {}, "profiles": {}}
     for loc, name, ref in secret_refs(spec):
         value = _read(spec, loc, ref)
-        if loc[0] == "env":
+        if loc[0] == "notify":
+            out.setdefault("notify", {}).setdefault(str(loc[1]), {})[loc[2]] = value
+        elif loc[0] == "env":
             out["env"][name] = value
         else:
             out["profiles"].setdefault(spec.profiles[loc[1]].name, {})[name] = value
@@ -75,14 +88,20 @@ def mask(spec_data: dict) -> list[str]:
             if isinstance(value, dict):
                 env[key] = MASK
                 names.append(key)
+    for i, hook in enumerate(spec_data.get("notify") or []):
+        for key in ("url", "token"):
+            if isinstance(hook.get(key), dict):
+                hook[key] = MASK
+                names.append(f"notify[{i}].{key}")
     return sorted(set(names))
 
 
 def scrub(text: str, secrets: dict) -> str:
     """``text`` with every secret value in it replaced by ``***``."""
     values = list(secrets.get("env", {}).values())
-    for env in secrets.get("profiles", {}).values():
+    for env in list(secrets.get("profiles", {}).values()) + list(secrets.get("notify", {}).values()):
         values += list(env.values())
+    values += [secrets["fleet_key"]] if secrets.get("fleet_key") else []
     for value in sorted((v for v in values if len(v) >= 4), key=len, reverse=True):
         text = text.replace(value, MASK)
     return text

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
                       model_validator)
 
-from gpujob.agent.commands import is_shell_c, quoted_placeholders
+from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER, is_shell_c, quoted_placeholders
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, kind_of, load_yaml, shorten, suggest
 
@@ -350,6 +350,7 @@ class Throughput(Strict):
     failure_limit: int = Field(3, ge=1, le=10_000)
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     good_after: Duration = 600.0
+    aggregate: Literal["sum", "min"] = "sum"  # multi-node: the nodes' latest tok/s summed, or the slowest
 
     @model_validator(mode="after")
     def _consistent(self) -> Throughput:
@@ -428,9 +429,102 @@ class Journal(Strict):
     full_rate_samples: Duration = Field(3600.0, ge=60)  # then one summary a minute
 
 
+def _targets(value: Any) -> Any:
+    if isinstance(value, list):
+        if not 2 <= len(value) <= 64:
+            raise ValueError(f"expected 2 to 64 containers in a multi-node target, got {len(value)}")
+        for i, name in enumerate(value):
+            if not isinstance(name, str) or not name.strip():
+                raise At((i,), f"expected a container name or host/name, got {describe(name)}")
+            if name in value[:i]:
+                raise At((i,), f"'{shorten(name, 60)}' is listed twice")
+    return value
+
+
+def _plain_env(value: Any) -> Any:
+    value = _env_value(value)
+    if isinstance(value, SecretRef):
+        raise ValueError("a per-node value cannot be a secret (put secrets in env)")
+    return value
+
+
+class Nodes(Strict):
+    """A multi-node job (target: a list): how node losses are treated, and each node's own env."""
+    on_loss: Literal["end", "wait"] = "end"  # a node gone: end the job, or the leader waits for it
+    lost_after: Duration = 60.0  # a node silent this long (supervisor and channel gone) is lost
+    start_timeout: Duration = 900.0  # a node held at the start gives up when no go comes (a submit cut off)
+    env: list[dict[EnvName, Annotated[str, BeforeValidator(_plain_env)]]] = []  # one per node, in order
+
+    @model_validator(mode="after")
+    def _positive(self) -> Nodes:
+        for field in ("lost_after", "start_timeout"):
+            if getattr(self, field) <= 0:
+                raise At((field,), "expected a duration > 0")
+        return self
+
+
+NotifyEvent = Literal["rollback", "failure", "success", "known_good"]
+
+
+def _webhook_url(value: Any) -> Any:
+    """A webhook URL: http(s) written in the spec, or a secret reference (from_env,
+    from_file) when the URL holds a token (Slack's does, in its path)."""
+    if isinstance(value, dict):
+        return _env_value(value)
+    if not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+        got = "a string that does not start with http:// or https://" if isinstance(value, str) else kind_of(value)
+        raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, got {got} "
+                         "(not echoed: it may hold a token)")
+    if "@" in value.split("/", 3)[2]:
+        raise ValueError("this URL holds credentials (user:pass@): give it as a secret, "
+                         "{from_env: VAR} or {from_file: PATH}, so it stays out of job.json and logs")
+    return value
+
+
+def _token(value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise ValueError("a token is a secret: give it as {from_env: VAR} or {from_file: PATH}")
+    return _env_value(value)
+
+
+class Webhook(Strict):
+    """One webhook the supervisor posts to (agent/notify.py)."""
+    url: Annotated[str | SecretRef, BeforeValidator(_webhook_url)]
+    format: Literal["slack", "ntfy", "json"] = "json"
+    token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
+    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good"]
+    timeout: Duration = 10.0  # per attempt
+    retries: int = Field(5, ge=0, le=20)  # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Webhook:
+        for i, event in enumerate(self.events):
+            if event in self.events[:i]:
+                raise At(("events", i), f"'{event}' is listed twice")
+        if not self.events:
+            raise At(("events",), "expected at least one of rollback, failure, success, known_good")
+        if not 0 < self.timeout <= 300:
+            raise At(("timeout",), "expected a duration > 0 and at most 5m")
+        return self
+
+
+def _prom_path(value: Any) -> Any:
+    if not (isinstance(value, str) and value.endswith(".prom") and "\x00" not in value and "\n" not in value):
+        raise ValueError(f"expected a path ending in .prom (node_exporter's textfile collector reads only "
+                         f"those), got {describe(value)}")
+    return value
+
+
+class Metrics(Strict):
+    """Prometheus gauges for node_exporter's textfile collector (agent/metrics.py)."""
+    textfile: Annotated[str, BeforeValidator(_prom_path)] = "metrics.prom"  # relative: the job dir
+    every: Duration = Field(10.0, ge=1)  # at most one rewrite this often while samples come
+
+
 class JobSpec(Strict):
     name: JobName
-    target: str | None = None  # container name or host/name; --target overrides
+    target: Annotated[str | list[str] | None, BeforeValidator(_targets)] = None  # a list: multi-node
+    nodes: Nodes | None = None  # multi-node only
     workdir: str | None = None  # in the container; None: <gpujob home>/work/<name>
     sync: list[Sync] = []
     env: Env = {}
@@ -445,6 +539,8 @@ class JobSpec(Strict):
     rollback: Rollback = Field(default_factory=Rollback)
     journal: Journal = Field(default_factory=Journal)
     resume_after_reboot: bool = False  # a boot hook in the container brings the job back
+    notify: list[Webhook] = []  # webhooks the supervisor posts to (rollback, failure, success, known_good)
+    metrics: Metrics | None = None  # a Prometheus textfile of the job's gauges; None: none written
     _source_path: Path | None = PrivateAttr(None)
     _lines: dict = PrivateAttr(default_factory=dict)
     _source_name: str = PrivateAttr("spec")  # the path as the user gave it, for errors
@@ -481,7 +577,33 @@ class JobSpec(Strict):
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
         if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
             raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
+        self._check_fleet()
         return self
+
+    @property
+    def multi_node(self) -> bool:
+        return isinstance(self.target, list)
+
+    def _check_fleet(self) -> None:
+        """Multi-node keys only with a list target, and each node's env for every node."""
+        if self.multi_node:
+            if self.nodes is not None and self.nodes.env and len(self.nodes.env) != len(self.target):
+                raise At(("nodes", "env"), f"expected one entry per node ({len(self.target)}), "
+                         f"got {len(self.nodes.env)}")
+            return
+        if self.nodes is not None:
+            raise At(("nodes",), "only for a multi-node job (target: a list of containers)")
+        if self.throughput is not None and "aggregate" in self.throughput.model_fields_set:
+            raise At(("throughput", "aggregate"), "only for a multi-node job (target: a list of containers)")
+        texts = [(("train", "command"), self.train.command)]
+        if self.warmup:
+            texts.append((("warmup", "command"), self.warmup.command))
+        for loc, command in texts:
+            for text in [command] if isinstance(command, str) else command:
+                found = [m.group(1) for m in PLACEHOLDER.finditer(text) if m.group(1) in FLEET_KEYS]
+                if found:
+                    raise At(loc, f"{{{found[0]}}} is only for a multi-node job (target: a list of "
+                             "containers)")
 
     def _check_profile(self, loc: tuple, name: str) -> None:
         names = [p.name for p in self.profiles]

@@ -27,6 +27,12 @@ CREATE TABLE IF NOT EXISTS jobs (
     state TEXT,
     seen_at REAL
 );
+CREATE TABLE IF NOT EXISTS nodes (
+    job_id TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    target TEXT NOT NULL,
+    PRIMARY KEY (job_id, rank)
+);
 CREATE TABLE IF NOT EXISTS ledger (
     target TEXT NOT NULL,
     job_name TEXT NOT NULL,
@@ -87,10 +93,23 @@ class State:
             raise JobError(f"job id {job_id} is already taken on this laptop (a job on "
                            f"{row['target'] if row else '?'}); nothing was started") from None
 
+    def set_nodes(self, job_id: str, targets: list) -> None:
+        """A multi-node job's containers, node 0 first (its jobs row names node 0)."""
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?)",
+                                [(job_id, rank, t) for rank, t in enumerate(targets)])
+
+    def nodes(self, job_id: str) -> list:
+        """A multi-node job's containers in rank order; [] for a one-node job."""
+        return [r["target"] for r in self.db.execute(
+            "SELECT target FROM nodes WHERE job_id = ? ORDER BY rank", (job_id,))]
+
     def unreserve(self, job_id: str) -> None:
         """The submit failed before the job started: forget it."""
         with self.db:
-            self.db.execute("DELETE FROM jobs WHERE job_id = ? AND state = 'submitting'", (job_id,))
+            gone = self.db.execute("DELETE FROM jobs WHERE job_id = ? AND state = 'submitting'", (job_id,))
+            if gone.rowcount:
+                self.db.execute("DELETE FROM nodes WHERE job_id = ?", (job_id,))
 
     def known(self, job_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None

@@ -75,6 +75,7 @@ class Target:
     vmid: int | None = None
     expected_gpus: int | None = None
     env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
+    address: str | None = None  # where other nodes reach it (hosts.yaml; None: ask it)
     _probe: dict | None = field(default=None, repr=False)
 
     @property
@@ -183,6 +184,7 @@ class Targets:
         o = kinds.get(host.kind).open(self, host_name, host, cname, container)
         return Target(cname, host_name, host.kind, o.transport, o.host_transport, o.home, o.python,
                       vmid=o.vmid, expected_gpus=container.gpus,
+                      address=container.address or kinds.get(host.kind).default_address,
                       env_passthrough=host.env_passthrough + container.env_passthrough)
 
     def close(self) -> None:

@@ -25,6 +25,14 @@ def testbed():
         bed.stop()
 
 
+@pytest.fixture(scope="session")
+def testbed_two_hosts(testbed):
+    """The bed with a second running container (202) behind a second sshd: only the
+    tests that ask for it pay its start-up."""
+    testbed.start_second_host()
+    return testbed
+
+
 @pytest.fixture(autouse=True)
 def _reap_job_processes(tmp_path):
     """After each test: no supervisor, trainer or agent of that test's jobs lives on,

@@ -26,7 +26,14 @@ def _ssh(tmp_path, request):
     return bed.write_hosts_yaml(tmp_path / "hosts.yaml"), f"tb/ct{bed.vmid}"
 
 
+def _cut_ssh(request) -> int:
+    """The link dies the way a network drop kills it: every sshd session SIGKILLed."""
+    return request.getfixturevalue("testbed").kill_ssh_sessions()
+
+
 SETUPS = {"local": _local, "ssh": _ssh}
+#: how the link below a kind's container dies (None: there is none; local runs here)
+CUTS = {"local": None, "ssh": _cut_ssh}
 
 
 @pytest.fixture(params=kinds.NAMES)
@@ -107,3 +114,14 @@ def test_plan_steps_and_boot_hooks_are_declared(target):
     for step in target.driver.plan_connect(target):
         assert step.kind and step.where in ("laptop", "host")
     assert isinstance(target.driver.boot_hooks, bool)
+
+
+def test_reconnect_after_the_link_died(target, request):
+    assert target.agent_json("status")["jobs"] is not None  # the link and its exec channel are open
+    cut = CUTS[target.kind]
+    if cut is not None:
+        assert cut(request) >= 1
+    target.driver.reconnect(target)
+    r = target.run(["python3", "-c", "print('back')"], timeout=60)
+    assert (r.exit_code, r.stdout) == (0, b"back\n"), r.stderr
+    assert isinstance(target.agent_json("status")["jobs"], list)

@@ -99,3 +99,9 @@ def test_the_launcher_says_agent_missing_by_its_exit_code(tmp_path):
     missing.write_bytes(agent_zip()[0])
     p = subprocess.run(argv, capture_output=True, timeout=60)
     assert p.returncode == 0 and json.loads(p.stdout)["home"] == str(tmp_path)
+    shadow = tmp_path / "cwd"  # modules in the directory it runs in shadow none of the agent's
+    shadow.mkdir()
+    for mod in ("runpy", "json", "argparse", "platform"):
+        (shadow / f"{mod}.py").write_text("raise SystemExit(99)\n")
+    p = subprocess.run(argv, capture_output=True, timeout=60, cwd=shadow)
+    assert p.returncode == 0 and json.loads(p.stdout)["home"] == str(tmp_path), p.stderr

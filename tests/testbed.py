@@ -732,6 +732,7 @@ class TestBed:
 
     vmid: int = 200
     stopped_vmid: int = 201
+    second_vmid: int = 202  # a second running container behind a second sshd (start_second_host)
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -851,6 +852,23 @@ class TestBed:
         self._start_sshd(len(self.ports))
         self._write_meta()
         return self.ports[-1]
+
+    def start_second_host(self) -> int:
+        """A second "host", started only when a test asks: container 202 running (its
+        own writable rootfs, sharing the host network like 200, so 127.0.0.1 and the
+        host's IP reach both) behind one more sshd. Returns that sshd's port. Idempotent."""
+        if getattr(self, "_second_port", None):
+            return self._second_port
+        cached, _ = ensure_rootfs()
+        ct = self.lxcpath / str(self.second_vmid)
+        ct.mkdir()
+        rootfs = ct / "rootfs"
+        self._per_bed_rootfs(cached, ct, rootfs)
+        self._prepare_rootfs(rootfs, f"ct{self.second_vmid}")
+        self._write_lxc_config(ct, f"ct{self.second_vmid}", rootfs)
+        self._lxc_start(self.second_vmid)
+        self._second_port = self.start_extra_sshd()
+        return self._second_port
 
     # -- setup pieces --------------------------------------------------------------
 

@@ -9,11 +9,15 @@ import os
 import re
 import shlex
 
-PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir)\}")
+FLEET_KEYS = ("nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port")
+PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir|nnodes|node_rank|rdzv_endpoint"
+                         r"|master_addr|master_port)\}")
 
 
 def substitute(text: str, values: dict, quote=None) -> str:
     """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``
+    (and for a multi-node job ``{nnodes}``, ``{node_rank}``, ``{rdzv_endpoint}``,
+    ``{master_addr}``, ``{master_port}``)
     (each value passed through ``quote`` when given); any other braces (``${VAR}``,
     ``{}``) are left alone."""
     def one(m):
@@ -72,3 +76,17 @@ def placeholder_env(values: dict) -> dict:
     """The substituted values again as variables: GPUJOB_WORKDIR, GPUJOB_GPU,
     GPUJOB_GPUS_<GROUP>, GPUJOB_PROFILE, GPUJOB_JOB_ID."""
     return {"GPUJOB_" + key.replace(".", "_").upper(): str(value) for key, value in values.items()}
+
+
+def fleet_values(nnodes: int, rank: int, master_addr: str, master_port: int) -> dict:
+    """A multi-node job's placeholder values for node ``rank`` (node 0 is the
+    rendezvous host): what torchrun's --nnodes, --node_rank, --rdzv_endpoint need."""
+    host = f"[{master_addr}]" if ":" in master_addr else master_addr  # an IPv6 address
+    return {"nnodes": str(nnodes), "node_rank": str(rank), "master_addr": master_addr,
+            "master_port": str(master_port), "rdzv_endpoint": f"{host}:{master_port}"}
+
+
+def fleet_env(values: dict) -> dict:
+    """The environment torch.distributed reads, from :func:`fleet_values`."""
+    return {"NNODES": values["nnodes"], "NODE_RANK": values["node_rank"],
+            "MASTER_ADDR": values["master_addr"], "MASTER_PORT": values["master_port"]}

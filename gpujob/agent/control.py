@@ -60,6 +60,9 @@ def cmd_rollback(home: Home, args) -> None:
     j = job_or_refuse(home, args.job)
     st = j.effective_state()
     job = j.job()
+    if (job.get("fleet") or {}).get("node_rank"):  # one decision for every node: node 0's
+        raise Refused(f"job {args.job} is node {job['fleet']['node_rank']} of a multi-node job: "
+                      "roll it back through node 0, whose supervisor leads")
     profiles = [p["name"] for p in job["spec"]["profiles"]]
     if args.to and args.to not in profiles:
         raise Refused(f"no profile {args.to!r} in job {args.job}; profiles: {', '.join(profiles)}")
@@ -86,6 +89,8 @@ def cmd_rollback(home: Home, args) -> None:
     held, _stale = acquire(home, args.job)
     try:
         jj = Journal(home, args.job, held.generation)
+        if j.supervisor_alive(st, starting=False):  # an ended job's supervisor, sending its last
+            kill_group(int(st["supervisor_pid"]), 5)  # messages: the new one takes its outbox over
         pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
         if pgid:
             kill_group(int(pgid), 10)  # never two trainers on the same GPUs

@@ -62,8 +62,9 @@ class Safeguards:
         if self.phase_proc is not None:
             code = self.phase_proc.returncode
         self.drop_reserve()
-        self.drop_secrets()
         reason = f"no space left on device in {where}"
+        self.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)  # if it fits
+        self.drop_secrets()
         self.journal.set_state(state=JobState.FAILED, phase="done", reason=reason, finished_at=now(),
                                child=None, exit_code=code, signal="disk_full")
         try:

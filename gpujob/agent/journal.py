@@ -36,8 +36,12 @@ def write_json(path: str, data, mode: int = 0o644, durable: bool = True) -> None
     after a crash of the machine the rename has reached the disk with the data
     (fsync of the file, rename, fsync of the directory). ``durable=False`` is for
     small files rewritten many times a second that only guard against process deaths."""
+    write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), mode, durable)
+
+
+def write_bytes(path: str, payload: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """``write_json``'s atomic replace, for any content (a metrics textfile)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    payload = (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         view = memoryview(payload)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from gpujob.agent import metrics, notify
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
 from gpujob.agent.lock import Held, Lock
 from gpujob.agent.protocol import JobState
@@ -105,7 +106,8 @@ def revive(home: Home, job_id: str) -> dict | None:
     done (None: nothing needed or allowed)."""
     j = Journal(home, job_id)
     st = j.state()
-    if not st or st.get("state") in ENDED or j.supervisor_alive(st):
+    over = st.get("state") in ENDED and not notify.waiting(j.dir)  # else: revived to send its messages
+    if not st or over or j.supervisor_alive(st):
         return None
     if "step" not in st:  # written by an older agent, whose trainer hung on its supervisor's pipe:
         return None       # nothing to re-adopt; `gpujob stop` or `rollback` finishes it
@@ -121,7 +123,7 @@ def revive(home: Home, job_id: str) -> dict | None:
         return None  # another process holds the lock: a supervisor is (re)starting
     try:
         st = j.state()
-        if st.get("state") in ENDED or j.supervisor_alive(st, starting=False):
+        if (st.get("state") in ENDED and not notify.waiting(j.dir)) or j.supervisor_alive(st, starting=False):
             held.release()
             return None
         Journal(home, job_id, held.generation).set_state(revivals=recent + [t])
@@ -148,6 +150,8 @@ def summary(home: Home, job_id: str) -> dict:
         tp = job["spec"]["throughput"]
         st["policy"] = {k: tp.get(k) for k in ("min", "min_ratio", "window", "failure_limit")}
     st["ledger"] = Ledger(home, st["name"]).read() if st["name"] else {}
+    st["metrics"] = metrics.gauges(st, job_id, st["name"])  # what the metrics textfile says
+    st["notify"] = notify.outbox_summary(j.dir)
     t = now()  # durations on the container's own clock: the laptop's may be off
     st["now"] = t
     st["uptime_s"] = max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at") else None

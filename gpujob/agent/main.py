@@ -107,7 +107,7 @@ def cmd_status(home: Home, args) -> None:
     emit({"jobs": jobs, "lock": Lock(home.root).holder()})
 
 
-LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")  # the spec's rules for a job name, a profile name
+LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?")  # a job name (@ fleet shape)
 
 
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -226,6 +226,14 @@ def cmd_boot(home: Home, args) -> None:
     emit({"booted": done})
 
 
+def cmd_fleet(home: Home, args) -> None:
+    from gpujob.agent import fleetcmd
+    try:
+        emit(fleetcmd.cmd_fleet(home, args))
+    except LookupError as e:
+        raise Refused(str(e)) from None
+
+
 def cmd_run(home: Home, args) -> None:
     from gpujob.agent.supervisor import run
     sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
@@ -276,6 +284,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--reason")
     sub.add_parser("profiles")
     sub.add_parser("boot")
+    s = sub.add_parser("fleet")
+    s.add_argument("action", choices=["ports", "go", "release"])
+    s.add_argument("job", nargs="?")
+    s.add_argument("--reason")
     s = sub.add_parser("gc")
     s.add_argument("--days", type=float)
     s.add_argument("--older-than", type=float)
@@ -293,7 +305,7 @@ def parser() -> argparse.ArgumentParser:
 COMMANDS = {"probe": cmd_probe, "put": cmd_put, "manifest": cmd_manifest, "submit": cmd_submit,
             "run": cmd_run, "status": cmd_status, "tail": cmd_tail, "stop": cmd_stop,
             "rollback": cmd_rollback, "profiles": cmd_profiles, "boot": cmd_boot, "cache": cmd_cache, "gc": cmd_gc,
-            "ledger": cmd_ledger}
+            "ledger": cmd_ledger, "fleet": cmd_fleet}
 
 
 def main(argv=None) -> int:

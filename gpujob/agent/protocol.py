@@ -82,6 +82,8 @@ class OutcomeKind(_StrEnum):
     SIGNAL = "signal"      # a failure signal (crash, low_throughput, stall, ...) with its reason
     STOP = "stop"          # stopped on request
     ROLLBACK = "rollback"  # a rollback asked for by the user
+    FLEET_END = "fleet_end"  # a multi-node job's leader ended the job (signal_name: the state)
+    FLEET_GO = "fleet_go"    # the leader's go at the barrier: every node is ready
 
 
 # ---- exit codes ---------------------------------------------------------------
@@ -94,7 +96,10 @@ AGENT_MISSING = 6  # the launcher found no agent at the path: ship it first
 #: ``python3 -c LAUNCHER AGENT.pyz --home H CMD ...``: runs the agent zipapp as
 #: ``python3 AGENT.pyz ...`` would, but exits AGENT_MISSING when it is not there
 #: (instead of python's exit 2 and an English message on stderr).
-LAUNCHER = ("import os,sys,runpy\nif not os.path.isfile(sys.argv[1]):sys.exit(%d)\n"
+#: Its first line drops ``-c``'s current directory from sys.path: no module lying in
+#: the directory it runs in shadows one of the agent's.
+LAUNCHER = ("import sys\ndel sys.path[0]\nimport os,runpy\n"
+            "if not os.path.isfile(sys.argv[1]):sys.exit(%d)\n"
             "del sys.argv[0]\nsys.path.insert(0,sys.argv[0])\n"
             "runpy.run_path(sys.argv[0],run_name='__main__')\n" % AGENT_MISSING)
 

@@ -16,16 +16,18 @@ import signal
 import sys
 import time
 
-from gpujob.agent import checkpoint, defaults, envs, jobenv, policy, sources, throughput
+from gpujob.agent import checkpoint, defaults, envs, fleet, jobenv, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
+from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
+from gpujob.agent.metrics import MetricsFile
+from gpujob.agent.notify import Notifier
 from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
-from gpujob.agent.commands import command_argv, placeholder_env, substitute
+from gpujob.agent.commands import command_argv, fleet_env, placeholder_env, substitute
 from gpujob.agent.guard import Safeguards
 from gpujob.agent.install import Installer
 from gpujob.agent.standby import StandbyKeeper
@@ -81,7 +83,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.job_id = job_id
         self.job = self.journal.job()
         self.spec = self.job["spec"]
-        self.ledger = Ledger(self.home, self.spec["name"])
+        self.ledger = Ledger(self.home, fleet.ledger_name(self.job))  # per fleet shape
         self.profiles = {p["name"]: p for p in self.spec["profiles"]}
         self.workdir = self.home.workdir(self.spec)
         self.stop_asked = False
@@ -119,6 +121,9 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
         self._login: dict | None = None
         self._passed: dict = {}
+        self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
+        self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
+        self.metrics = MetricsFile(self.journal, self.job)
 
     # ---- journal helpers -------------------------------------------------
     def say(self, text: str) -> None:
@@ -130,16 +135,23 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         self.journal.set_state(state=state, **kw)
         self.journal.event("state", state=state, **{k: v for k, v in kw.items()
                                                     if k in ("phase", "profile", "reason")})
+        self.metrics.write(force=True)
 
     # ---- entry -------------------------------------------------------------
     def main(self) -> int:
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         os.makedirs(self.journal.dir, exist_ok=True)
+        fenced = False
         try:
             self.joblog = JobLog(self.journal.path("job.log"))
             self.relay = Relay(self.journal.dir, self.joblog)
             self.relay.recover()
+            self.notifier.start()
+            if self.journal.state().get("state") in ENDED:  # revived only to deliver its notifications
+                self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()))
+                self.journal.event("notify_resumed", supervisor_pid=os.getpid())
+                return 0
             self.make_reserve()
             self.announce()
             self.lifecycle()
@@ -149,6 +161,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             self.finish(JobState.FAILED, str(e))
         except Fenced as e:  # a newer holder owns the job now: touch nothing more
             sys.stderr.write(f"gpujob supervisor: {e}; leaving\n")
+            fenced = True
             return 3
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -161,6 +174,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         finally:
             if self.held:
                 self.held.release()
+            if not fenced:  # the job's last messages go out before the supervisor does (the
+                self.notifier.close()  # container is free meanwhile: its pid in state keeps revive off)
         return 0
 
     def announce(self) -> None:
@@ -200,6 +215,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
             left = self.phase_proc.kill(5)
             kw.setdefault("left", left)
         self.drop_standby()
+        if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
+            self.notifier.emit("success" if state == JobState.SUCCEEDED else "failure", "end", reason=reason,
+                               profile=self.journal.state().get("profile"), signal=kw.get("signal"),
+                               exit_code=kw.get("exit_code"), rollbacks=len(self.rollbacks))
         self.drop_secrets()
         self.drop_boot_hook()
         self.say(f"job {state}: {reason}")
@@ -207,9 +226,15 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         for name, _req in self.journal.pending():  # nothing is left to act on them
             self.journal.done(name)
         self.drop_reserve()
+        if self.fleet is not None:  # every node hears how it ended
+            self.fleet.ended(state, reason)
 
     # ---- the job: a state machine whose every step is in state.json --------
     def lifecycle(self) -> None:
+        if self.fleet is not None:
+            if not self.fleet.wait_go():  # every node's lock taken? (else it ended here)
+                return
+            self.fleet.start()
         while True:
             st = self.journal.state()
             if st.get("state") in ENDED:
@@ -258,8 +283,11 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                             continue
                     else:
                         out = self.train(profile, bool(st.get("resume")))
+            restarts_before = len(self.restarts)
             if self.handle(out, profile):
                 return
+            if self.fleet is not None:  # the leader relaunches every node on its decision
+                self.fleet.decided(out, profile, restarts_before)
 
     def find_started(self, rec: dict) -> None:
         """The command a dead supervisor was starting: adopt it if it runs, else forget it."""
@@ -275,9 +303,14 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
 
     def handle(self, out: Outcome, profile: str) -> bool:
         """Act on how a phase ended; True when the job is over."""
+        if self.fleet is not None:
+            over = self.fleet.handle(out, profile)
+            if over is not None:
+                return over
         if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step="succeeded")
             if not self.watching and self.ledger.status(profile) != "good":
+                self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
                 self.mark_good(profile, reason="job succeeded")
             else:
                 self.ensure_snapshot(profile)
@@ -351,6 +384,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.rollbacks.append(rec)
             self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            self.notifier.emit("rollback", str(len(self.rollbacks)), **{k: rec[k] for k in
+                                                                         ("from", "to", "reason", "signal")})
             p = dict(p, recorded=True)
             self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
             self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
@@ -391,6 +426,8 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
                for group, ids in (self.spec.get("gpus") or {}).items()}
         own.update(GPUJOB_JOB_ID=self.job_id, GPUJOB_PROFILE=profile, GPUJOB_HOME=self.home.root)
         own.update(placeholder_env(self.values(profile)))
+        if self.job.get("fleet"):
+            own.update(fleet_env(self.job["fleet"]["values"]))
         return jobenv.job_env(self._login, self._passed,
                               [self.spec.get("env"), secrets.get("env"), self.profiles[profile].get("env"),
                                (secrets.get("profiles") or {}).get(profile),
@@ -401,13 +438,22 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         """The secret env values of the job (secrets.json, 0600), read once; {} without."""
         if self._secrets is None:
             self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
-            if not self._secrets and self.job.get("secret_names"):
+            env_names = [n for n in self.job.get("secret_names") or [] if not n.startswith("notify[")]
+            if env_names and not (self._secrets.get("env") or self._secrets.get("profiles")):
                 raise EnvError("the job's secrets were removed from the container when it ended; "
                                "submit it again to run it")
         return self._secrets
 
     def drop_secrets(self) -> None:
-        """The job has ended: its secrets leave the container."""
+        """The job has ended: its secrets leave the container (a webhook's stay until
+        the job's last messages are out: notify.py)."""
+        kept = self.notifier.kept_secrets()
+        if kept:
+            try:
+                write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
+                return
+            except OSError:  # a full disk: all of them go
+                pass
         try:
             os.unlink(self.journal.path(SECRETS_FILE))
         except FileNotFoundError:
@@ -416,6 +462,7 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     def values(self, profile: str, gpu=None) -> dict:
         vals = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (self.spec.get("gpus") or {}).items()}
         vals.update(profile=profile, job_id=self.job_id, workdir=self.workdir)
+        vals.update((self.job.get("fleet") or {}).get("values") or {})
         if gpu is not None:
             vals["gpu"] = str(gpu)
         return vals
@@ -457,6 +504,10 @@ class Supervisor(Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
         return Outcome(OutcomeKind.DONE)
 
     def train(self, profile: str, resume: bool) -> Outcome:
+        if self.fleet is not None:  # every node's trainer starts together, or none
+            out = self.fleet.barrier(profile)
+            if out is not None:
+                return out
         t = defaults.section(self.spec, "train")
         extra = list(t.get("resume_args") or []) if resume else []
         argv = command_argv(t["command"], self.values(profile), extra)

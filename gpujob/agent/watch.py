@@ -75,6 +75,7 @@ class PhaseWatch:
     uses the supervisor's journal, relay, policy and requests)."""
 
     grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
+    fleet = None  # a multi-node job's leader or follower (agent/fleet.py)
 
     def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
         """Start a phase command (or take ``started``: (a Phase already running, where
@@ -257,6 +258,13 @@ class PhaseWatch:
         return self.on_sample(run, got[0], got[1], t)
 
     def on_sample(self, run, value: float, step, t: float):
+        """One throughput sample of this node's trainer; a multi-node job's leader judges
+        the aggregate, a follower only reports it (agent/fleet.py)."""
+        if self.fleet is not None:
+            return self.fleet.own_sample(run, value, step, t)
+        return self.judge_sample(run, value, step, t)
+
+    def judge_sample(self, run, value: float, step, t: float):
         """One throughput sample, from whichever source: the policy, the journal, the ledger."""
         run.samples.append(policy.Sample(t, value, step))
         if len(run.samples) > 50000:
@@ -287,6 +295,8 @@ class PhaseWatch:
             if base is not None:
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
+                self.notifier.emit("known_good", f"{run.profile}.{len(self.rollbacks)}", profile=run.profile,
+                                   baseline=base)
                 self.say(f"profile {run.profile} is now known-good "
                          f"(baseline {throughput.fmt_rate(base)} tok/s)")
                 self.mark_good(run.profile, baseline=base,  # the ledger, then a cache snapshot
@@ -298,7 +308,8 @@ class PhaseWatch:
     def check(self, run, t: float):
         """The checks made every 0.2 s whether or not output came: requests, a hung
         trainer after an error signature, the phase timeout, idle GPUs, a stall."""
-        outcome = self.requests()
+        outcome = self.fleet.poll(run, t) if self.fleet is not None else None
+        outcome = outcome or self.requests()
         if outcome:
             return outcome
         acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or [])
@@ -376,4 +387,5 @@ class PhaseWatch:
         self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
                                window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
                                baseline=baseline)
+        self.metrics.write()
 

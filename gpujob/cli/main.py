@@ -199,7 +199,8 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
         cudas = sorted({p.cuda for p in s.profiles if p.cuda})
         workdir = s.workdir
         target = target or s.target
-    names = [target] if target else [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]
+    names = (target if isinstance(target, list) else [target]) if target else \
+        [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]  # a list: every node of a multi-node spec
     report = {}
     failed = False
     for name in names:
@@ -286,6 +287,20 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     from gpujob import jobs
     from gpujob.spec import load_spec
     spec = load_spec(spec_path)
+    if job_id_opt is not None:
+        import re
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
+            raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
+                             f"got {job_id_opt[:70]!r}")
+    if spec.multi_node:  # a list of containers: one job over several nodes
+        from gpujob.cli import fleet_cmds
+        if as_json and (plan or follow):
+            raise InputError("--json: not with --plan or --follow for a multi-node job (yet)")
+        clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
+        fleet_cmds.submit(spec, spec_path, target=target, profile=spec.profile_by_name(profile).name if profile
+                          else spec.profile, plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
+                          as_json=as_json, force=force)
+        return
     target_name = target or spec.target
     if not target_name:
         raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
@@ -296,11 +311,6 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if target or isinstance(e, SpecError):
             raise
         raise SpecError(str(spec_path), spec.line_of(("target",)), "target", e.message, e.hint) from None
-    if job_id_opt is not None:
-        import re
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
-            raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
-                             f"got {job_id_opt[:70]!r}")
     job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
@@ -460,11 +470,23 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
                                       "journal.full_rate_samples (events hold one summary a minute)"),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
          target: Optional[str] = typer.Option(None, "--target", "-t"),
+         node: Optional[int] = typer.Option(None, "--node", help="a multi-node job: only node I's log"),
          as_json: bool = typer.Option(False, "--json", help="JSON Lines: each record of --events/--samples "
                                       "as written, else {\"line\": TEXT} a log line")):
     """Print a job's log; with -f follow it, surviving dropped connections."""
     if phase not in (None, "warmup", "train", "prepare"):
         raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
+    from gpujob.cli import fleet_cmds
+    fleet_id, labels = fleet_cmds.nodes_of(job, target)
+    if labels:  # a multi-node job: every node's log, [node i] before each line (or --node i)
+        file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+        if as_json and node is None:
+            raise InputError("--json: pick one node of this multi-node job with --node I")
+        fleet_cmds.logs(fleet_id, labels, follow=follow, node=node, file=file, tail=tail,
+                        events=events or samples, as_json=as_json)
+        return
+    if node is not None:
+        raise InputError("--node: only for a multi-node job")
     job_id, t = job_target(job, target)
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
@@ -474,6 +496,11 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
 def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Option(False, "--json"),
            target: Optional[str] = typer.Option(None, "--target", "-t")):
     """State, phase, profile, tok/s with its trend and threshold, rollbacks."""
+    from gpujob.cli import fleet_cmds
+    fleet_id, labels = fleet_cmds.nodes_of(job, target)
+    if labels:  # a multi-node job: one job, a row per node
+        fleet_cmds.status(fleet_id, labels, as_json)
+        return
     job_id, t = job_target(job, target)
     st = _status(job_id, t)
     if as_json:
@@ -556,6 +583,11 @@ def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the on
          as_json: bool = typer.Option(False, "--json")):
     """SIGTERM the trainer's process group, SIGKILL after the grace period, confirm it is gone."""
     job_id, t = live_job_target(job, target)
+    from gpujob.cli import fleet_cmds
+    labels = [] if target else ctx.state().nodes(job_id)
+    if labels:  # every node of a multi-node job
+        fleet_cmds.stop(job_id, labels, as_json)
+        return
     res = t.agent_json("stop", job_id, timeout=600)
     if res.get("state"):
         ctx.state().seen(job_id, res["state"])
@@ -577,6 +609,11 @@ def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: th
              as_json: bool = typer.Option(False, "--json")):
     """Roll a job back to the last known-good wheel profile (or --to one), resuming training."""
     job_id, t = live_job_target(job, target)
+    from gpujob.cli import fleet_cmds
+    labels = [] if target else ctx.state().nodes(job_id)
+    if labels:  # node 0 decides for every node
+        fleet_cmds.rollback(job_id, labels, to, mark_bad, as_json)
+        return
     res = t.agent_json("rollback", job_id, *(["--to", to] if to else []),
                        *(["--mark-bad"] if mark_bad else []), timeout=120)
     if as_json:
@@ -599,7 +636,7 @@ def ledger_set(target: str = typer.Argument(..., help="container name or host/na
     import re
     if status_ not in ("good", "bad", "untried"):
         raise InputError(f"expected good, bad or untried, got {status_[:40]!r}")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", job_name):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?", job_name):  # @: a fleet's
         raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), got {job_name[:50]!r}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile):
         raise InputError(f"profile: expected letters, digits, '_', '.' and '-', got {profile[:50]!r}")
@@ -751,6 +788,9 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
     from gpujob.spec import load_spec
     spec = load_spec(spec_path or work_copy())
     spec_path = spec.source_path if spec_path is None else spec_path
+    if spec.multi_node:
+        raise InputError(f"{spec_path}: the demo runs on one container; this spec's target is a list "
+                         "(a multi-node job: gpujob submit it)")
     build_demo_wheels(spec)
     t = ctx.target(target or spec.target or "demo")
     good = next(p.name for p in spec.profiles if p.name != spec.profile)

@@ -38,6 +38,9 @@ class Kind(ABC):
     boot_hooks: bool = False
     #: is our own uv binary shipped into the container (else it is used in place)?
     ships_uv: bool = False
+    #: where other nodes of a multi-node job reach a container of this kind when hosts.yaml
+    #: gives it no ``address:`` (None: ask the container for its primary IP at submit)
+    default_address: str | None = None
 
     @abstractmethod
     def open(self, targets: "Targets", host_name: str, host, cname: str, container) -> Opened:

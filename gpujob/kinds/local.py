@@ -15,6 +15,7 @@ class LocalKind(Kind):
     container_required = ("root",)
     boot_hooks = False  # its rc.local would be this machine's
     ships_uv = False    # our uv runs here as it is
+    default_address = "127.0.0.1"  # every local "container" is this machine
 
     def open(self, targets, host_name, host, cname, container) -> Opened:
         root = str(Path(container.root).expanduser().resolve())
