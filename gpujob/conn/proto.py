@@ -55,3 +55,10 @@ class Reader:
             if not data:
                 return None
             self.buf += data
+
+
+def interrupt_thread(ident: int) -> None:
+    """Raise KeyboardInterrupt in the thread ``ident``: the client's Ctrl-C reaching the
+    worker thread that runs its command (in the daemon, or the CLI's relay)."""
+    import ctypes
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(KeyboardInterrupt))

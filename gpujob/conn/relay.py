@@ -9,7 +9,6 @@ class name, message and hint); the client going away ends the command as Ctrl-C 
 
 from __future__ import annotations
 
-import ctypes
 import queue
 import threading
 
@@ -77,8 +76,7 @@ def serve_run(pool, conn, reader, req: dict) -> None:
                     return
                 with ilock:
                     if armed[0]:
-                        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker),
-                                                                   ctypes.py_object(KeyboardInterrupt))
+                        proto.interrupt_thread(worker)
                 return
 
         send(b"G")

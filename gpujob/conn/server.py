@@ -13,7 +13,6 @@ is written straight to its terminal or pipe, through the same code
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import io
 import json
@@ -344,8 +343,7 @@ class Server:
                 return
             with ilock:
                 if armed[0]:
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker),
-                                                               ctypes.py_object(KeyboardInterrupt))
+                    proto.interrupt_thread(worker)
             del got
 
         going = [False]
