@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", default="0,0", help="with --torch: CUDA_VISIBLE_DEVICES of node 0 and node 1")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
                     help="with --torch: the process group's backend (nccl wants a GPU per node: --gpus 0,1)")
+    ap.add_argument("--trainer-args", default="", help="with --torch: more arguments for the trainer (e.g. a "
+                    "model shape: gloo moves gradients through host memory, so it wants more tokens per parameter)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args(argv)
     from gpujob.wheelhouse import build_indexes, serve
@@ -150,7 +152,7 @@ def main(argv=None) -> int:
         for prof in spec["profiles"]:
             prof["python"] = args.torch
         spec["nodes"]["env"] = [{"CUDA_VISIBLE_DEVICES": g} for g in args.gpus.split(",")]
-        spec["train"]["command"] += f" --backend {args.backend}"
+        spec["train"]["command"] += f" --backend {args.backend} {args.trainer_args}".rstrip()
         spec["name"] = "bench-fleet-torch"
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     env = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))
