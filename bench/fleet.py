@@ -75,6 +75,10 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: 
         return dict(figures, start=max(firsts) - t0)
     decided = lead["rollbacks"][0]["decided_at"]
     figures["timings"] = lead["rollbacks"][0].get("timings")
+    log = (dirs[0] / "job.log").read_text(errors="replace")
+    figures["resumed"] = [ln for ln in log.splitlines() if ln.startswith("resumed from") or "resume:" in ln][-1:]
+    figures["slow_last_step"] = max((r.get("step") or 0 for r in records(dirs[-1] / "samples.jsonl")
+                                     if r.get("profile") == "slow"), default=None)
     after = [r["value"] for r in agg if r["t"] > decided and r.get("profile") == "fast"]
     figures["fast_after_rollback"] = statistics.median(after) if after else None
     first, started, resumed = [], [], []
