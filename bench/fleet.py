@@ -75,6 +75,10 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: 
         return dict(figures, start=max(firsts) - t0)
     decided = lead["rollbacks"][0]["decided_at"]
     figures["timings"] = lead["rollbacks"][0].get("timings")
+    log = (dirs[0] / "job.log").read_text(errors="replace")
+    figures["resumed"] = [ln for ln in log.splitlines() if ln.startswith("resumed from") or "resume:" in ln][-1:]
+    figures["slow_last_step"] = max((r.get("step") or 0 for r in records(dirs[-1] / "samples.jsonl")
+                                     if r.get("profile") == "slow"), default=None)
     after = [r["value"] for r in agg if r["t"] > decided and r.get("profile") == "fast"]
     figures["fast_after_rollback"] = statistics.median(after) if after else None
     first, started, resumed = [], [], []
@@ -105,6 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", default="0,0", help="with --torch: CUDA_VISIBLE_DEVICES of node 0 and node 1")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
                     help="with --torch: the process group's backend (nccl wants a GPU per node: --gpus 0,1)")
+    ap.add_argument("--trainer-args", default="", help="with --torch: more arguments for the trainer (e.g. a "
+                    "model shape: gloo moves gradients through host memory, so it wants more tokens per parameter)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args(argv)
     from gpujob.wheelhouse import build_indexes, serve
@@ -150,7 +156,7 @@ def main(argv=None) -> int:
         for prof in spec["profiles"]:
             prof["python"] = args.torch
         spec["nodes"]["env"] = [{"CUDA_VISIBLE_DEVICES": g} for g in args.gpus.split(",")]
-        spec["train"]["command"] += f" --backend {args.backend}"
+        spec["train"]["command"] += f" --backend {args.backend} {args.trainer_args}".rstrip()
         spec["name"] = "bench-fleet-torch"
     (tmp / "job.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     env = dict(os.environ, GPUJOB_HOSTS=str(tmp / "hosts.yaml"), XDG_STATE_HOME=str(tmp / "state"))

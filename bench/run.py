@@ -554,7 +554,7 @@ class Bench:
             cm.ThreadPoolExecutor = real_pool if parallel else OneAtATime
             try:
                 busy0, c0, t0 = cpu_busy(), time.process_time(), time.perf_counter()
-                cm.ps(as_json=True, limit=20)
+                cm.ps(target=None, all_=False, as_json=True, limit=20)
                 took = time.perf_counter() - t0
                 use["parallel" if parallel else "sequential"].append(
                     {"client_cpu_s": time.process_time() - c0, "machine_cpu_s": cpu_busy() - busy0,

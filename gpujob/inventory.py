@@ -125,6 +125,22 @@ class Inventory(Strict):
         return h, self.hosts[h], c, self.hosts[h].containers[c]
 
 
+def entry_of(inventory: Inventory, target: str) -> dict:
+    """The part of ``inventory`` that reaches ``target``: its host with only that
+    container, as a small inventory of its own, laptop paths made absolute (they
+    were read from this directory). The laptop index keeps it with each job."""
+    host_name, host, cname, container = inventory.resolve(target)
+    data = host.model_dump(mode="json", exclude_defaults=True, exclude={"containers"})
+    for key in ("identity_file", "known_hosts"):
+        if data.get(key) and not data[key].startswith("~"):
+            data[key] = os.path.abspath(data[key])
+    c = container.model_dump(mode="json", exclude_defaults=True)
+    if c.get("root") and not c["root"].startswith("~"):
+        c["root"] = os.path.abspath(c["root"])
+    data["containers"] = {cname: c}
+    return {"hosts": {host_name: data}}
+
+
 def find_inventory(explicit: str | None) -> Path | None:
     """--hosts, then $GPUJOB_HOSTS, then ./hosts.yaml, then $XDG_CONFIG_HOME/gpujob/hosts.yaml."""
     for given, what in ((explicit, "--hosts"), (os.environ.get("GPUJOB_HOSTS"), "$GPUJOB_HOSTS")):
@@ -146,6 +162,18 @@ def load_inventory(path: Path | None) -> Inventory:
         return Inventory.model_validate(DEFAULT_INVENTORY)
     inventory = load_yaml(path).validate(Inventory)
     inventory._source = str(path)
+    return inventory
+
+
+def load_inventory_data(data: dict) -> Inventory:
+    """An inventory entry this laptop recorded with a job (see entry_of)."""
+    from pydantic import ValidationError
+    try:
+        inventory = Inventory.model_validate(data)
+    except ValidationError as e:
+        raise InputError(f"the inventory entry recorded with this job no longer validates "
+                         f"({e.errors()[0].get('msg')}); give --hosts with its host") from None
+    inventory._source = "recorded with the job"
     return inventory
 
 

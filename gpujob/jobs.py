@@ -139,6 +139,7 @@ def _agent(target: Target, *args: str) -> list[str]:
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
+    steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
     steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
                       (_agent(target, "probe"))))
@@ -235,17 +236,30 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
 
 # ---- executing ---------------------------------------------------------------
 
+def submitter() -> str:
+    """user@laptop, as the container's lock and ``ps --all`` show who submitted a job."""
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname().split('.')[0] or '?'}"
+
+
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
            fleet_key: str | None = None) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer. A node
     of a multi-node job (``fleet``) gets its place and the job's channel key (a secret)."""
     sources = sync_sources(spec)  # local problems surface before any remote change
+    spec.common_requirements(strict=True)  # a requirements file that is missing or unusable, too
     secrets = secrets_env.resolve(spec)
     if fleet_key:
         secrets = dict(secrets, fleet_key=fleet_key)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough, fleet=fleet)
+    req["by"] = submitter()  # the container's lock says who holds it
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
         progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "

@@ -19,7 +19,7 @@ from gpujob.yamlsrc import At, Strict, describe, load_yaml, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
-                               Interpreter, JobName, Name, Pinned, Rate, SecretRef, Signal, Size, Url,
+                               Interpreter, JobName, Name, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
                                _env_value, _local_path, remote_dest)
 
 
@@ -272,7 +272,7 @@ class JobSpec(Strict):
     sync: list[Sync] = []
     env: Env = {}
     gpus: dict[GroupName, GpuList] = {}
-    requirements: list[str] = []
+    requirements: list[Requirement] = []  # strings, or {file, exclude}: gpujob/reqfiles.py
     profiles: list[Profile] = Field(min_length=1)
     profile: str | None = None  # None at load -> the first profile
     caches: Caches = Field(default_factory=Caches)
@@ -398,17 +398,25 @@ class JobSpec(Strict):
             "extra_index_urls": profile.extra_index_urls,
             "packages": sorted(profile.packages),
             "requirements_file": self.requirements_text(profile_name),
-            "requirements": sorted(self.requirements),
+            "requirements": sorted(r for r in self.requirements if isinstance(r, str)),
         }
+        if any(isinstance(r, dict) for r in self.requirements):  # older keys stay as they were
+            content.update(requirements_files=self.common_requirements()[0])
         if profile.python or profile.system_site_packages:  # older keys stay as they were
             content.update(python=profile.python, system_site_packages=profile.system_site_packages)
         if profile.find_links:
             content.update(find_links=profile.find_links)
         return f"{profile.name}-{_sha256(content)[:12]}"
 
+    def common_requirements(self, strict: bool = False) -> tuple[list[str], list[str]]:
+        """(what every venv gets besides its pins, notes): files read (reqfiles.expand)."""
+        from gpujob.reqfiles import expand
+        return expand(self, strict)
+
     def to_agent_dict(self) -> dict:
         """Plain JSON for the supervisor; each profile also gets env_key and requirements_text."""
         data = self.model_dump(mode="json", by_alias=True)
+        data["requirements"] = self.common_requirements()[0]
         for profile in data["profiles"]:
             profile["env_key"] = self.env_key(profile["name"])
             profile["requirements_text"] = self.requirements_text(profile["name"])

@@ -132,6 +132,14 @@ def _pinned(value: Any) -> Any:
     return value
 
 
+def _requirement(value: Any) -> Any:
+    from gpujob.reqfiles import requirement
+    return requirement(value)
+
+
+Requirement = Annotated[Any, BeforeValidator(_requirement)]
+
+
 def _url(value: Any) -> Any:
     if not (isinstance(value, str) and value.startswith(("http://", "https://", "file:"))):
         raise ValueError(f"expected an http(s):// or file: URL, got {describe(value)}")

@@ -7,6 +7,7 @@ seen, so ``gpujob logs`` and ``status`` work without an id and after a restart.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -59,23 +60,34 @@ class State:
     def __init__(self, path: Path | None = None):
         self.path = path or state_dir() / "state.db"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(str(self.path), timeout=10)
+        self.db = sqlite3.connect(str(self.path), timeout=10, check_same_thread=False)  # callers serialise
         self.db.row_factory = sqlite3.Row
         self.db.executescript(SCHEMA)
+        cols = {r["name"] for r in self.db.execute("PRAGMA table_info(jobs)")}
+        if "entry" not in cols:  # an index from before: its jobs have no recorded entry
+            try:
+                with self.db:
+                    self.db.execute("ALTER TABLE jobs ADD COLUMN entry TEXT")
+            except sqlite3.OperationalError as e:  # another gpujob added it at the same moment
+                if "duplicate column" not in str(e):
+                    raise
 
     def close(self) -> None:
         self.db.close()
 
     def reserve(self, job_id: str, name: str, target: str, spec_path: str, spec_hash: str,
-                profile: str) -> None:
+                profile: str, entry: dict | None = None) -> None:
         """Record a job about to be submitted, before anything starts remotely; a job
-        id this laptop already knows is refused (ids are unique in the index)."""
+        id this laptop already knows is refused (ids are unique in the index).
+        ``entry``: the inventory entry that reaches its target (one host, one
+        container), so the job is found again from a directory with another inventory."""
         try:
             with self.db:
                 self.db.execute(
                     "INSERT INTO jobs (job_id, name, target, spec_path, spec_hash, profile, submitted_at,"
-                    " state) VALUES (?, ?, ?, ?, ?, ?, ?, 'submitting')",
-                    (job_id, name, target, spec_path, spec_hash, profile, time.time()))
+                    " state, entry) VALUES (?, ?, ?, ?, ?, ?, ?, 'submitting', ?)",
+                    (job_id, name, target, spec_path, spec_hash, profile, time.time(),
+                     json.dumps(entry) if entry else None))
         except sqlite3.IntegrityError:
             row = self.db.execute("SELECT target FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             raise JobError(f"job id {job_id} is already taken on this laptop (a job on "
@@ -121,6 +133,12 @@ class State:
             raise JobError(f"no job {job_id!r} on this laptop; `gpujob ps` lists them")
         raise JobError(f"{job_id!r} matches {len(rows)} jobs: "
                        f"{', '.join(r['job_id'] for r in rows[:5])}")
+
+    def entry(self, target: str) -> dict | None:
+        """The inventory entry recorded with the newest job on ``target`` (host/name)."""
+        row = self.db.execute("SELECT entry FROM jobs WHERE target = ? AND entry IS NOT NULL "
+                              "ORDER BY rowid DESC LIMIT 1", (target,)).fetchone()
+        return json.loads(row["entry"]) if row else None
 
     def jobs(self, limit: int = 50) -> list[sqlite3.Row]:
         return self.db.execute("SELECT * FROM jobs ORDER BY rowid DESC LIMIT ?",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,11 @@ if str(_REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) from a
     sys.path.insert(0, str(_REPO))
 
 from tests.testbed import TestBed  # noqa: E402
+
+# The kept connection (gpujob/conn) stays off in tests that run the installed `gpujob`:
+# a daemon started there would outlive the test in the user's runtime dir. Its own tests
+# (test_conn.py) turn it on, each with a private runtime dir, and end what they start.
+os.environ.setdefault("GPUJOB_NO_DAEMON", "1")
 
 
 @pytest.fixture(scope="session")

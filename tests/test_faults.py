@@ -379,7 +379,9 @@ def test_uv_killed_mid_install_fails_the_job_clearly_and_leaves_no_partial_venv(
                       slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
                       trainer_args="--steps 3 --interval 0.01")
     job_id = submit(spec, env)
-    wait_for(lambda: "pip install" in (jdir(tmp_path, job_id) / "job.log").read_text()
+    # the banner is written before the keeper records the group: wait for both
+    wait_for(lambda: ("pip install" in (jdir(tmp_path, job_id) / "job.log").read_text()
+                      and (state_of(tmp_path, job_id).get("child") or {}).get("pgid"))
              if (jdir(tmp_path, job_id) / "job.log").exists() else False, 30, what="uv pip install")
     os.killpg(state_of(tmp_path, job_id)["child"]["pgid"], signal.SIGKILL)
     wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")

@@ -53,17 +53,27 @@ def live_processes(st: dict) -> list:
     return group_pids(int(pgid)) if pgid else []
 
 
-def acquire(home: Home, job_id: str) -> tuple:
+def holder_text(job_id: str | None, by: str | None, since: float | None) -> str:
+    """'job X of alice@laptop, since 2026-11-30 14:10:29 UTC (2h13m ago)': who holds a container."""
+    text = f"job {job_id or '?'}" + (f" of {by}" if by else "")
+    if since:
+        ago = max(0, int(now() - since))
+        age = f"{ago // 3600}h{ago % 3600 // 60:02d}m" if ago >= 3600 else f"{ago // 60}m{ago % 60:02d}s"
+        text += f", since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(since))} ({age} ago)"
+    return text
+
+
+def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
     """(the container lock, the job it was taken over from or None); refuses while
     another job's supervisor lives, or while a job whose supervisor died still has
-    a phase command running (never two trainers on the same GPUs)."""
+    a phase command running (never two trainers on the same GPUs). ``by``: the
+    user@laptop submitting, recorded in lock.json and shown to the next one."""
     lock = Lock(home.root)
-    held = lock.try_acquire(job_id)
+    held = lock.try_acquire(job_id, by=by)
     if held is None:
         h = lock.holder() or {}
-        since = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get("since", 0))) if h.get("since") else "?"
-        raise Refused(f"container busy: job {h.get('job_id') or '?'} holds the lock "
-                      f"(supervisor pid {h.get('pid') or '?'}, since {since})")
+        raise Refused(f"container busy: {holder_text(h.get('job_id'), h.get('by'), h.get('since'))} "
+                      f"holds it (supervisor pid {h.get('pid') or '?'})")
     taken_over = None
     for other in home.job_ids():
         if other == job_id:
@@ -78,7 +88,8 @@ def acquire(home: Home, job_id: str) -> tuple:
         left = live_processes(st)
         if left:
             held.release()
-            raise Refused(f"job {other} has no supervisor but its {(st.get('child') or {}).get('phase') or 'phase'} "
+            who = oj.job().get("by")
+            raise Refused(f"job {other}{f' of {who}' if who else ''} has no supervisor but its {(st.get('child') or {}).get('phase') or 'phase'} "
                           f"command still runs (pids {', '.join(map(str, left[:5]))}); `gpujob status {other}` "
                           f"restarts its supervisor, `gpujob stop {other}` ends it")
         # nothing of it runs and nobody holds the lock: that job is over, as lost
@@ -134,6 +145,7 @@ def summary(home: Home, job_id: str) -> dict:
     st["name"] = job.get("spec", {}).get("name")
     st["submitted_at"] = job.get("submitted_at")
     st["initial_profile"] = job.get("profile")
+    st["by"] = job.get("by")  # user@laptop that submitted it
     if job.get("spec", {}).get("throughput"):
         tp = job["spec"]["throughput"]
         st["policy"] = {k: tp.get(k) for k in ("min", "min_ratio", "window", "failure_limit")}

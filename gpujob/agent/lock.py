@@ -4,7 +4,7 @@
 for as long as one open file description of it is open, and drops it the moment
 its holder dies, so there is no stale lock to guess about and no race between
 two processes that both find one. ``H/lock.json`` says who holds it (job, pid,
-since) and the *generation*: a number that grows by one at every acquisition.
+since, and by: the user@laptop that submitted the job) and the *generation*: a number that grows by one at every acquisition.
 Every state write of a job carries the generation of the lock its writer holds,
 and a write from an older generation is refused (``Fenced``): a holder that lost
 the lock without knowing it cannot overwrite what its successor wrote.
@@ -70,8 +70,10 @@ class Lock:
         from gpujob.agent.journal import write_json
         write_json(self.info_path, info)
 
-    def try_acquire(self, job_id: str, pid: int | None = None) -> Held | None:
-        """The lock, or None when a live process holds it."""
+    def try_acquire(self, job_id: str, pid: int | None = None, by: str | None = None) -> Held | None:
+        """The lock, or None when a live process holds it. ``by``: who asked
+        (user@laptop); a job taking its own lock again (a new supervisor) keeps
+        the holder and the time it first took it."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -83,8 +85,10 @@ class Lock:
         prev = self.info() or {}
         generation = int(prev.get("generation") or 0) + 1
         pid = pid or os.getpid()
-        self._write_info({"job_id": job_id, "pid": pid, "ticks": start_ticks(pid), "since": time.time(),
-                          "generation": generation})
+        same = prev.get("job_id") == job_id and by is None
+        self._write_info({"job_id": job_id, "pid": pid, "ticks": start_ticks(pid),
+                          "since": prev.get("since") if same and prev.get("since") else time.time(),
+                          "by": prev.get("by") if same else by, "generation": generation})
         return Held(self, fd, generation, job_id)
 
     @staticmethod

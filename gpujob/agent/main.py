@@ -49,7 +49,7 @@ def cmd_submit(home: Home, args) -> None:
     j = Journal(home, job_id)
     if os.path.exists(j.dir):
         raise Refused(f"job id {job_id} already exists in this container; nothing was changed")
-    held, stale = acquire(home, job_id)
+    held, stale = acquire(home, job_id, job.get("by"))
     try:
         j = Journal(home, job_id, held.generation)
         workdir = home.workdir(job["spec"])
@@ -158,10 +158,14 @@ def cmd_profiles(home: Home, args) -> None:
 
 
 def cmd_gc(home: Home, args) -> None:
-    """Remove venvs not used for --days days; never an active or known-good one."""
+    """Remove venvs not used for --days days, never an active or known-good one; job
+    directories ended --older-than days ago and all but the newest
+    --keep-checkpoints checkpoints, never a live job's (agent/prune.py)."""
+    from gpujob.agent import prune
+    res = prune.prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
     root = home.path("envs")
     items = []
-    for key in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    for key in (sorted(os.listdir(root)) if os.path.isdir(root) else []) if args.days is not None else []:
         if not key.startswith("."):
             marker = envs.read_marker(home.root, key)
             items.append({"env_key": key, "profile": marker.get("profile"),
@@ -171,10 +175,11 @@ def cmd_gc(home: Home, args) -> None:
     for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names):
         du = gc.disk_usage([os.path.join(root, e["env_key"])])
         remove = why == "remove" and not args.dry_run
-        if remove:
-            envs.remove_tree(os.path.join(root, e["env_key"]))
+        if remove:  # through the trash: a venv cut halfway never stays where it was
+            prune.remove_tree(home, os.path.join(root, e["env_key"]), "env")
         rows.append(dict(e, why=why, removed=remove, disk=du))
-    emit({"envs": rows, "dry_run": args.dry_run, "days": args.days})
+    emit(dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
+              keep_checkpoints=args.keep_checkpoints))
 
 
 def active_keys(home: Home) -> set:
@@ -284,7 +289,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("job", nargs="?")
     s.add_argument("--reason")
     s = sub.add_parser("gc")
-    s.add_argument("--days", type=float, required=True)
+    s.add_argument("--days", type=float)
+    s.add_argument("--older-than", type=float)
+    s.add_argument("--keep-checkpoints", type=int)
     s.add_argument("--dry-run", action="store_true")
     s = sub.add_parser("cache")
     s.add_argument("action", choices=["ls", "clear", "restore", "prove-cold"])

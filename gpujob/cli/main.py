@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List, Optional
@@ -19,8 +20,9 @@ from rich.table import Table
 from gpujob import __version__, kinds
 from gpujob.agent.protocol import ENDED, FINAL_STATES, JobState
 from gpujob.cli import conventions, render
+from gpujob.conn import commands
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
-from gpujob.inventory import find_inventory, load_inventory
+from gpujob.inventory import entry_of, find_inventory, load_inventory, load_inventory_data
 from gpujob.target import Target, Targets
 from gpujob.transport.base import RawStdin
 
@@ -43,13 +45,43 @@ class Ctx:
     _targets: Optional[Targets] = None
     _state = None
 
+    def __init__(self):
+        self._recorded: dict[str, Targets] = {}  # targets opened from a job's recorded entry
+        self._lock = threading.Lock()
+
     def targets(self) -> Targets:
         if self._targets is None:
-            self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new)
+            from gpujob.conn import paths
+            self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new,
+                                    kept=paths.kept())
         return self._targets
 
     def target(self, name: str) -> Target:
-        return self.targets().open(name)
+        """A target of the inventory; one it does not know, but with which this laptop
+        recorded a job (host/name, submitted from another directory), through the
+        inventory entry recorded with that job."""
+        try:
+            return self.targets().open(name)
+        except InputError:
+            if "/" not in name:
+                raise
+        with self._lock:  # `ps` opens targets from several threads
+            if name not in self._recorded:
+                entry = self.state().entry(name)
+                if entry is None:
+                    return self.targets().open(name)  # the inventory's own error
+                self._recorded[name] = Targets(load_inventory_data(entry), accept_new=self.accept_new)
+        return self._recorded[name].open(name)
+
+    def entry(self, t: Target) -> dict | None:
+        """The inventory entry that reached ``t``, to record with a job."""
+        for targets in [self._recorded.get(t.label), self._targets]:
+            if targets is not None:
+                try:
+                    return entry_of(targets.inventory, t.label)
+                except InputError:
+                    pass
+        return None
 
     def state(self):
         if self._state is None:
@@ -60,6 +92,9 @@ class Ctx:
     def close(self) -> None:
         if self._targets is not None:
             self._targets.close()
+        for targets in self._recorded.values():
+            targets.close()
+        self._recorded.clear()
         if self._state is not None:
             self._state.close()
 
@@ -86,12 +121,7 @@ def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory f
 
 def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
     """(job id, target) of a job this laptop knows, or of JOB on --target."""
-    if target:
-        if job is None:
-            raise InputError("with --target, name the job too")
-        return job, ctx.target(target)
-    row = ctx.state().job(job)
-    return row["job_id"], ctx.target(row["target"])
+    return commands.job_target(ctx, job, target)
 
 
 def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
@@ -145,9 +175,16 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
         on_out.close()
         on_err.close()
         jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
-    if r.timed_out:
-        err.print(f"gpujob: timed out after {timeout:g}s; the command was ended in {t.name}")
+    commands.say_timed_out(r, timeout, t, err)
     raise typer.Exit(r.exit_code)
+
+
+@app.command()
+def disconnect():
+    """End the kept connection: the background process holding SSH connections (README)."""
+    from gpujob.conn.client import disconnect as end
+    from gpujob.conn.entry import disconnect_line
+    print(disconnect_line(end()))
 
 
 # ---- doctor / hosts --------------------------------------------------------
@@ -291,6 +328,10 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
         return
+    jobs.sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
+    spec.common_requirements(strict=True)
+    from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
+    ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
@@ -327,7 +368,8 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     from gpujob import jobs
     from gpujob.spec import spec_hash
     state = ctx.state()
-    state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile)
+    state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
+                  entry=ctx.entry(t))
     try:
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
@@ -362,23 +404,11 @@ def print_status_view(st: dict, t: Target) -> None:
 
 
 def _status(job_id: str, t: Target) -> dict:
-    st = t.agent_json("status", job_id)["jobs"][0]
-    _say_revived(st)
-    ctx.state().seen(job_id, st.get("state"), st.get("ledger"), t.label, st.get("name"))
-    return st
+    return commands.fetch_status(ctx, job_id, t, err)
 
 
 def _say_revived(st: dict) -> None:
-    r = st.get("revived")
-    if not r:
-        return
-    if r.get("revived"):
-        what = "it re-adopted the running command" if r.get("readopted") else "it carries on from the journal"
-        err.print(f"note: the supervisor of {st.get('job_id')} (pid {r.get('previous_pid')}) was gone; "
-                  f"restarted its supervisor (pid {r.get('supervisor_pid')}): {what}", markup=False)
-    else:
-        err.print(f"warning: the supervisor of {st.get('job_id')} is gone and was not restarted: {r.get('why')}",
-                  markup=False)
+    commands.say_revived(st, err)
 
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
@@ -464,12 +494,7 @@ def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Opti
     if labels:  # a multi-node job: one job, a row per node
         fleet_cmds.status(fleet_id, labels, as_json)
         return
-    job_id, t = job_target(job, target)
-    st = _status(job_id, t)
-    if as_json:
-        out.print_json(json.dumps(render.status_view(st, t.label)))
-    else:
-        print_status_view(st, t)
+    commands.show_status(ctx, *job_target(job, target), as_json, out, err)
 
 
 
@@ -485,10 +510,18 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 
 @app.command()
-def ps(as_json: bool = typer.Option(False, "--json"),
+def ps(target: Optional[str] = typer.Argument(None, help="only this container's jobs"),
+       all_: bool = typer.Option(False, "--all", help="every job in TARGET's journal, whichever laptop "
+                                 "started it (with who did)"),
+       as_json: bool = typer.Option(False, "--json"),
        limit: int = typer.Option(20, help="how many recent jobs")):
     """Jobs started from this laptop, with their state fetched from the containers."""
-    rows = ctx.state().jobs(limit)
+    if all_:
+        return _ps_all(target, as_json, limit)
+    rows = ctx.state().jobs(limit if target is None else 1000)
+    if target is not None:
+        label = ctx.target(target).label
+        rows = [r for r in rows if r["target"] == label][:limit]
     by_target: dict[str, list[str]] = {}
     for r in rows:
         by_target.setdefault(r["target"], []).append(r["job_id"])
@@ -514,6 +547,22 @@ def ps(as_json: bool = typer.Option(False, "--json"),
         out.print_json(json.dumps(views))
         return
     out.print(render.ps_table(views))
+
+
+def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
+    """``ps --all TARGET``: the container's journal, newest first; looks only (no
+    dead supervisor is restarted by asking)."""
+    if target is None:
+        raise InputError("ps --all: name the container: gpujob ps --all TARGET")
+    t = ctx.target(target)
+    jobs_ = t.agent_json("status", "--no-revive")["jobs"]
+    jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
+    mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
+    views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
+    if as_json:
+        out.print_json(json.dumps(views))
+        return
+    out.print(render.ps_table(views, by=True))
 
 
 @app.command()
@@ -604,27 +653,34 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
 
 @app.command()
 def gc(target: str = typer.Argument(...),
-       days: float = typer.Option(..., "--days", help="remove venvs not used for this many days"),
+       days: Optional[float] = typer.Option(None, "--days", help="remove venvs not used for this many days"),
+       older_than: Optional[float] = typer.Option(None, "--older-than", metavar="DAYS",
+                                                  help="remove the directories of jobs that ended this "
+                                                       "many days ago (never a live job's)"),
+       keep_checkpoints: Optional[int] = typer.Option(None, "--keep-checkpoints", metavar="K",
+                                                      help="keep the newest K of each job's checkpoints "
+                                                           "(train.checkpoint.path); never a live job's"),
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go; remove nothing"),
        as_json: bool = typer.Option(False, "--json")):
-    """Remove profile venvs not used for N days; never the active or a known-good one."""
-    if days < 0:
-        raise InputError(f"--days: expected a number of days >= 0, got {days:g}")
+    """Free disk: old profile venvs, old job directories, old checkpoints (what you ask for)."""
+    if days is None and older_than is None and keep_checkpoints is None:
+        raise InputError("gc: say what to remove: --days N (venvs), --older-than DAYS (job directories), "
+                         "--keep-checkpoints K (checkpoints); --dry-run shows it first")
+    for flag, value in (("--days", days), ("--older-than", older_than), ("--keep-checkpoints", keep_checkpoints)):
+        if value is not None and value < 0:
+            raise InputError(f"{flag}: expected a number >= 0, got {value:g}")
     t = ctx.target(target)
-    res = t.agent_json("gc", "--days", f"{days:g}", *(["--dry-run"] if dry_run else []), timeout=600)
+    args = [*(["--days", f"{days:g}"] if days is not None else []),
+            *(["--older-than", f"{older_than:g}"] if older_than is not None else []),
+            *(["--keep-checkpoints", str(keep_checkpoints)] if keep_checkpoints is not None else []),
+            *(["--dry-run"] if dry_run else [])]
+    res = t.agent_json("gc", *args, timeout=600)
     if as_json:
         out.print_json(json.dumps(res))
         return
-    table = Table(title=f"gc on {t.label} (unused for {days:g} days{', dry run' if dry_run else ''})",
-                  title_justify="left", show_edge=False)
-    for col in ("venv", "profile", "disk: own / real / apparent", "decision"):
-        table.add_column(col)
-    for e in res["envs"]:
-        decision = ("removed" if e["removed"] else "would remove") if e["why"] == "remove" else f"kept: {e['why']}"
-        table.add_row(e["env_key"], e.get("profile") or "?", render.disk(e["disk"]), decision)
-    out.print(render.whole(table, "venv"))
-    freed = sum(e["disk"]["own"] for e in res["envs"] if e["why"] == "remove")
-    out.print(f"{'freed' if not dry_run else 'would free'} {render.size(freed)}")
+    for table in render.gc_tables(res, t.label):
+        out.print(table)
+    out.print(render.lit(render.gc_summary(res)), soft_wrap=True)
 
 
 @cache_app.command("ls")
@@ -710,18 +766,20 @@ def cache_prove_cold(target: str = typer.Argument(...),
 # ---- demo ------------------------------------------------------------------
 
 @app.command()
-def demo(spec_path: Path = typer.Argument(Path("jobs/demo.yaml"), metavar="SPEC"),
+def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help="default: the demo "
+                                                     "shipped with gpujob (works from any directory)"),
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          as_json: bool = typer.Option(False, "--json", help="JSON Lines: each act's log lines, its final "
                                       "status, then the rollback that happened")):
     """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
+    from gpujob.demofiles import build_demo_wheels, work_copy
     from gpujob.spec import load_spec
-    from gpujob.wheelhouse import build_indexes
-    spec = load_spec(spec_path)
-    build_indexes(spec.spec_dir / "demo" / "wheelhouse")
+    spec = load_spec(spec_path or work_copy())
+    spec_path = spec.source_path if spec_path is None else spec_path
     if spec.multi_node:
         raise InputError(f"{spec_path}: the demo runs on one container; this spec's target is a list "
                          "(a multi-node job: gpujob submit it)")
+    build_demo_wheels(spec)
     t = ctx.target(target or spec.target or "demo")
     good = next(p.name for p in spec.profiles if p.name != spec.profile)
     acts = [(good, f"Act 1: the {good} wheel build trains and becomes known-good"),

@@ -109,7 +109,7 @@ def status_view(st: dict, target: str) -> dict:
     """The status of one job as plain data (what --json prints, and what the table shows)."""
     window = st.get("window") or {}
     return {
-        "job": st.get("job_id"), "name": st.get("name"), "target": target,
+        "job": st.get("job_id"), "name": st.get("name"), "target": target, "by": st.get("by"),
         "state": st.get("state"), "phase": st.get("phase"), "profile": st.get("profile"),
         "tok_s": st.get("tps"), "window_median": window.get("median"),
         "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
@@ -131,7 +131,7 @@ def print_status(console: Console, v: dict) -> None:
     t = Table.grid(padding=(0, 2))
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("job", lit(f"{v['job']}  on {v['target']}"))
+    t.add_row("job", lit(f"{v['job']}  on {v['target']}" + (f"  by {v['by']}" if v.get("by") else "")))
     t.add_row("state", styled((v["state"], style), f"  ({v['phase']})" if v["phase"] else ""))
     t.add_row("profile", lit(v["profile"] or "-"))
     if v["tok_s"] is not None:
@@ -225,17 +225,19 @@ def hosts_table(rows: list[dict], source: str) -> Table:
     return whole(table, "target", "running job")
 
 
-def ps_table(views: list[dict]) -> Table:
+def ps_table(views: list[dict], by: bool = False) -> Table:
+    """``ps``; with ``by`` (``ps --all``) a column of who submitted each job (user@laptop)."""
     table = Table(show_edge=False)
-    for col in ("job", "target", "state", "phase", "profile", "tok/s", "uptime"):
+    for col in ("job", "target") + (("by",) if by else ()) + ("state", "phase", "profile", "tok/s", "uptime"):
         table.add_column(col)
     table.add_column("exit", ratio=1)
     for v in views:
         style = STATE_STYLE.get(v["state"], "red" if v["state"] == "unreachable" else "")
         exit_ = v["exit"] or (v.get("reason") or "" if v["state"] == "unreachable" else "")
-        table.add_row(lit(v["job"]), lit(v["target"]), lit(v["state"] or "-", style), lit(v["phase"] or "-"),
-                      lit(v["profile"] or "-"), fmt_rate(v["tok_s"]) if v["tok_s"] else "-",
-                      duration(v["uptime_s"]), lit(exit_))
+        who = [lit((v.get("by") or "?") + (" (you)" if v.get("mine") else ""))] if by else []
+        table.add_row(lit(v["job"]), lit(v["target"]), *who, lit(v["state"] or "-", style),
+                      lit(v["phase"] or "-"), lit(v["profile"] or "-"),
+                      fmt_rate(v["tok_s"]) if v["tok_s"] else "-", duration(v["uptime_s"]), lit(exit_))
     return whole(table, "job")  # the id is what people copy
 
 
@@ -349,3 +351,49 @@ def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
 def ledger_set_line(res: dict, label: str) -> Text:
     why = f" ({res['reason']})" if res.get("reason") else ""
     return lit(f"ledger of {res['name']} on {label}: {res['profile']} {res['before']} -> {res['status']}{why}")
+
+
+def gc_tables(res: dict, label: str) -> list:
+    """``gc``: one table per kind of thing it looked at (venvs, job directories, checkpoints)."""
+    dry = res.get("dry_run")
+
+    def decision(e: dict) -> Text:
+        if e["why"] == "remove":
+            return lit("removed" if e["removed"] else "would remove")
+        return lit(f"kept: {e['why']}")
+    tables = []
+    if res.get("days") is not None:
+        t = Table(title=f"venvs on {label} (unused for {res['days']:g} days{', dry run' if dry else ''})",
+                  title_justify="left", show_edge=False)
+        for col in ("venv", "profile", "disk: own / real / apparent", "decision"):
+            t.add_column(col)
+        for e in res["envs"]:
+            t.add_row(lit(e["env_key"]), lit(e.get("profile") or "?"), disk(e["disk"]), decision(e))
+        tables.append(whole(t, "venv"))
+    if res.get("older_than") is not None:
+        t = Table(title=f"job directories on {label} (ended {res['older_than']:g}+ days ago"
+                        f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
+        for col in ("job", "state", "size", "decision"):
+            t.add_column(col)
+        for e in res["jobs"]:
+            t.add_row(lit(e["job_id"]), lit(e.get("state") or "-"), size(e["bytes"]), decision(e))
+        tables.append(whole(t, "job"))
+    if res.get("keep_checkpoints") is not None:
+        t = Table(title=f"checkpoints on {label} (newest {res['keep_checkpoints']} kept"
+                        f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
+        for col in ("checkpoint", "size", "decision"):
+            t.add_column(col)
+        for e in res["checkpoints"]:
+            t.add_row(lit(e["path"]), size(e["bytes"]), decision(e))
+        tables.append(whole(t, "checkpoint"))
+    return tables
+
+
+def gc_summary(res: dict) -> str:
+    freed = sum(e["disk"]["own"] for e in res.get("envs") or [] if e["why"] == "remove")
+    freed += sum(e["bytes"] for e in (res.get("jobs") or []) + (res.get("checkpoints") or [])
+                 if e["why"] == "remove")
+    text = f"{'would free' if res.get('dry_run') else 'freed'} {size(freed)}"
+    if res.get("finished"):
+        text += f"; finished {len(res['finished'])} removal(s) a killed gc had left"
+    return text

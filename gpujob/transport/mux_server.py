@@ -27,6 +27,129 @@ CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031  # Linux: a child's output pipe of 1 MiB means fewer, larger frames
 
 
+class Zygote:
+    """gpujob's agent, preloaded: ``[python3, …/agent-HASH.pyz, --home, H, CMD, …]`` (or the
+    same behind ``-c LAUNCHER``, gpujob/agent/protocol.py) that this very interpreter would
+    run is forked from this server with the agent's modules already imported (from the
+    zip's bytecode), which saves a Python start and the agent's imports on every agent
+    call. Only the short commands in COMMANDS are forked (a forked child shows the server's
+    command line in ps, which nobody needs to read for them); one agent zip per server;
+    anything else is exec'd as usual."""
+
+    COMMANDS = ("status",)
+    path = None  # the zip whose modules are loaded; "" after a failure: never again
+
+    @staticmethod
+    def zip_at(argv):
+        """Where the zip is in argv: 1 (``python3 ZIP …``) or 3 (``python3 -c SRC ZIP …``)."""
+        return 3 if len(argv) > 1 and argv[1] == "-c" else 1
+
+    @classmethod
+    def accepts(cls, argv):
+        z = cls.zip_at(argv)
+        if cls.path == "" or len(argv) < z + 4 or argv[z + 1] != "--home" or argv[z + 3] not in cls.COMMANDS \
+                or not argv[z].endswith(".pyz") or not os.path.basename(argv[z]).startswith("agent-") or \
+                not os.path.isfile(argv[z]):
+            return False
+        if cls.path is not None:
+            return cls.path == argv[z]
+        import shutil
+        exe = argv[0] if os.sep in argv[0] else shutil.which(argv[0])
+        if not exe or os.path.realpath(exe) != os.path.realpath(sys.executable):
+            return False
+        before = list(sys.path)
+        try:
+            import runpy  # noqa: F401  (what the child runs the zip with)
+            sys.path[:] = [argv[z]] + [p for p in sys.path if p not in ("", argv[z])]
+            __import__("gpujob.agent.main")
+            cls.path = argv[z]
+            return True
+        except Exception:
+            sys.path[:] = before
+            for name in [m for m in sys.modules if m == "gpujob" or m.startswith("gpujob.")]:
+                del sys.modules[name]
+            cls.path = ""
+            return False
+
+
+class Forked:
+    """A forked child that runs the agent zip, shaped like the Popen the rest expects."""
+
+    def __init__(self, argv, want_stdin):
+        r_out, w_out = os.pipe()
+        r_err, w_err = os.pipe()
+        r_in, w_in = os.pipe() if want_stdin else (os.open(os.devnull, os.O_RDONLY), None)
+        self.pid = os.fork()
+        if self.pid == 0:  # the child: never returns into the server's loop
+            code = 1
+            try:
+                os.setsid()
+                os.dup2(r_in, 0)
+                os.dup2(w_out, 1)
+                os.dup2(w_err, 2)
+                os.closerange(3, 1 << 16)
+                code = self._run(argv)
+            finally:
+                os._exit(code)
+        for fd in (r_in, w_out, w_err):
+            os.close(fd)
+        self.stdin = os.fdopen(w_in, "wb", buffering=0) if w_in is not None else None
+        self.stdout = os.fdopen(r_out, "rb", buffering=0)
+        self.stderr = os.fdopen(r_err, "rb", buffering=0)
+        self.returncode = None
+
+    @staticmethod
+    def _run(argv):
+        import atexit
+        import io
+        import runpy
+        import traceback
+        enc, errs = sys.stdout.encoding, sys.stdout.errors
+        sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), enc, errs)
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errs)
+        sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc,
+                                      "backslashreplace", line_buffering=True)
+        code = 0
+        try:
+            if Zygote.zip_at(argv) == 3:  # python3 -c SRC ZIP …: SRC as -c runs it, with '' first on sys.path
+                sys.argv = ["-c"] + list(argv[3:])
+                sys.path[:] = [""] + [p for p in sys.path if p not in ("", argv[3])]
+                exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+            else:
+                sys.argv = list(argv[1:])
+                runpy.run_path(argv[1], run_name="__main__")
+        except SystemExit as e:
+            if e.code is None:
+                code = 0
+            elif isinstance(e.code, int):
+                code = e.code
+            else:
+                sys.stderr.write("%s\n" % (e.code,))
+                code = 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except Exception:
+            pass
+        return code & 0xFF
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
 class Child:
     def __init__(self, cid, proc, timeout):
         self.id = cid
@@ -72,8 +195,11 @@ def main():
 
     def start(cid, req):
         try:
-            proc = subprocess.Popen(req["argv"], stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            if hasattr(os, "waitstatus_to_exitcode") and Zygote.accepts(req["argv"]):
+                proc = Forked(req["argv"], req.get("stdin"))
+            else:
+                proc = subprocess.Popen(req["argv"], stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             what = "command not found" if code == 127 else str(e.strerror or e)

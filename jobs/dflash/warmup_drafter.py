@@ -9,19 +9,37 @@ the same moment (the FX-tracing race of the seeds).
 """
 
 import argparse
+import json
 import os
 import time
 
-import torch
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
 p = argparse.ArgumentParser()
-p.add_argument("--heads", type=int, default=32)
-p.add_argument("--head-dim", type=int, default=128)
-p.add_argument("--seq-len", type=int, default=4096)
-p.add_argument("--block-size", type=int, default=16, help="DFlash block size")
-p.add_argument("--dtype", default="bfloat16")
+p.add_argument("--config", help="the drafter's config.json (the train command's --draft-config-path): "
+               "heads, head dim, block size and dtype are read from it, so the warmup compiles the "
+               "training shapes; the flags below override it")
+p.add_argument("--heads", type=int, help="num_attention_heads (default: --config's, else 32)")
+p.add_argument("--head-dim", type=int, help="head_dim (default: --config's, else hidden_size / heads, else 128)")
+p.add_argument("--seq-len", type=int, default=4096, help="the train command's --max-length")
+p.add_argument("--block-size", type=int, help="DFlash block size (default: --config's, else 16)")
+p.add_argument("--dtype", help="default: --config's dtype (torch_dtype), else bfloat16")
 args = p.parse_args()
+
+cfg = {}
+if args.config:
+    with open(args.config) as f:
+        cfg = json.load(f)
+heads = args.heads or cfg.get("num_attention_heads") or 32
+args.heads = heads
+args.head_dim = args.head_dim or cfg.get("head_dim") or (cfg["hidden_size"] // heads if cfg.get("hidden_size")
+                                                         else 128)
+args.block_size = args.block_size or cfg.get("block_size") or 16
+args.dtype = args.dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+print(f"warmup: shapes heads={args.heads} head_dim={args.head_dim} seq_len={args.seq_len} "
+      f"block_size={args.block_size} dtype={args.dtype}" + (f" (from {args.config})" if args.config else ""),
+      flush=True)
+
+import torch  # noqa: E402  (after the shapes: they are printed even where torch is missing)
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: E402
 
 assert torch.cuda.is_available(), "no CUDA device visible"
 dev = torch.device("cuda")

@@ -11,7 +11,9 @@ supervisor watches its own node.
 
 Checkpoints: every ``--ckpt-every`` seconds (a step count agreed by all ranks,
 so every node writes the same step), each node's local rank 0 writes
-``<ckpt-dir>/step_<N>.pt`` atomically and keeps the last two. ``--resume``
+``<ckpt-dir>/step_<N>.pt`` atomically and keeps the last two; a start without
+``--resume`` first removes an earlier run's checkpoints (the workdir outlives the
+job, and a new run is a new series). ``--resume``
 loads the newest step that *every* node has (an all-reduce of each node's
 newest), so a node killed between two saves never splits the fleet.
 
@@ -96,6 +98,9 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(ddp.parameters(), lr=a.lr)
     step = 0
 
+    if not a.resume and speaker:  # a fresh start begins a new series: never resume an older run's
+        for path in step_files(a.ckpt_dir).values():
+            os.unlink(path)
     if a.resume:
         mine = max(step_files(a.ckpt_dir), default=-1) if speaker else 2 ** 62
         t = torch.tensor([mine], dtype=torch.long, device=device)

@@ -1,0 +1,194 @@
+"""The thin side of the kept connection (stdlib only): reach the daemon, hand it a
+request with our stdin/stdout/stderr, and wait for its exit code. When none answers,
+the full CLI runs the command, and its first command on an SSH host starts one in the
+background (remote.py): a local target never starts a daemon."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+from gpujob.conn import paths, proto
+
+STARTING_FOR = 30.0
+
+
+def _connect(path) -> socket.socket | None:
+    """A connection to a live daemon at path; None when none is there (a stale socket
+    file, one that refuses, is left for the caller to clean under the lock)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(str(path))
+    except OSError as e:
+        s.close()
+        if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+            return None
+        raise paths.NoDaemon(f"cannot reach {path}: {e.strerror}") from None
+    uid = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+    if uid != os.getuid():  # the directory check makes this impossible; check anyway
+        s.close()
+        raise paths.NoDaemon(f"{path} is served by uid {uid}")
+    return s
+
+
+#: what the daemon keeps of the environment of the command that starts it: it lives for
+#: minutes and serves other commands, so it carries none of this one's other variables
+#: (tokens a job spec takes from the environment, say)
+DAEMON_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
+              "SSH_AUTH_SOCK", "GPUJOB_CONN_IDLE")
+
+
+def daemon_env() -> dict:
+    return {k: v for k, v in os.environ.items()
+            if k in DAEMON_ENV or k.startswith(("LC_", "XDG_"))}
+
+
+def _spawn(path: str):
+    """Start the daemon detached: its own session, no terminal, nothing inherited."""
+    import subprocess
+    log = open(os.path.join(os.path.dirname(path), "conn.log"), "ab")
+    os.chmod(log.name, 0o600)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True, close_fds=True,
+                                cwd="/", env=daemon_env())
+    finally:
+        log.close()
+
+
+def connect(start: bool = True) -> socket.socket | None:
+    """A connection to this user's live daemon, or None. With ``start``, when none
+    answers, one is started in the background for the commands that follow; this one
+    runs directly (waiting for a daemon to start costs more than the command itself)."""
+    path = paths.socket_path(create=start)
+    s = _connect(path)
+    if s is None and start:
+        _start(path)
+    return s
+
+
+def _start(path: str) -> None:
+    """Start the daemon unless one answers or is on its way (``conn.starting`` holds the
+    pid of one spawned less than STARTING_FOR seconds ago). Spawners take a lock, so
+    commands at once start one daemon; a socket nobody answers (a killed daemon) goes."""
+    import fcntl
+    where = os.path.dirname(path)
+    marker = os.path.join(where, "conn.starting")
+    with open(os.path.join(where, "conn.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        s = _connect(path)
+        if s is not None:
+            s.close()
+            return
+        try:
+            with open(marker) as f:
+                pid = int(f.read().strip() or 0)
+            if pid and time.time() - os.stat(marker).st_mtime < STARTING_FOR:
+                os.kill(pid, 0)
+                return  # it is starting
+        except (OSError, ValueError):
+            pass
+        try:
+            os.unlink(path)  # stale: its daemon is gone
+        except FileNotFoundError:
+            pass
+        proc = _spawn(path)
+        with open(marker, "w") as f:
+            f.write(str(proc.pid))
+
+
+class Fallback(Exception):
+    """The daemon declined (or died before starting the work): run the full CLI."""
+
+
+def request(req: dict) -> int:
+    """Send ``req`` to the daemon with our stdio; its exit code. Raises Fallback when
+    the full CLI should run instead (nothing was done or printed)."""
+    try:
+        s = connect(start=False)
+    except (paths.NoDaemon, OSError):
+        s = None
+    if s is None:  # the full CLI runs it; its first command on an SSH host starts the daemon
+        raise Fallback()
+    req = dict(req, stamp=paths.code_stamp(), env=paths.env_view(), cwd=os.getcwd(),
+               term={k: os.environ[k] for k in paths.TERM_KEYS if k in os.environ},
+               encoding=[getattr(sys.stdout, "encoding", None) or "utf-8",
+                         getattr(sys.stderr, "encoding", None) or "utf-8"])
+    going = False
+    interrupted = False
+    old = signal.getsignal(signal.SIGINT)
+
+    def on_sigint(signum, frame):
+        nonlocal interrupted
+        interrupted = True
+        try:
+            s.sendall(proto.pack(b"K"))
+        except OSError:
+            pass
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        try:
+            socket.send_fds(s, [proto.pack_json(b"R", req)], [0, 1, 2])
+        except OSError:
+            raise Fallback() from None
+        reader = proto.Reader(s)
+        while True:
+            try:
+                got = reader.frame()
+            except InterruptedError:
+                continue
+            except (OSError, ValueError):
+                got = None
+            if got is None:
+                break
+            kind, payload = got
+            if kind == b"G":
+                going = True
+            elif kind == b"F":
+                raise Fallback()
+            elif kind == b"x":
+                import json
+                return int(json.loads(payload)["code"])
+    finally:
+        signal.signal(signal.SIGINT, old)
+        s.close()
+    if interrupted:
+        sys.stderr.write("\ninterrupted\n")
+        return 130
+    if not going:
+        raise Fallback()  # it died before doing anything: do it ourselves
+    sys.stderr.write("gpujob: the connection daemon ended while the command ran; it may or may not "
+                     "have finished (exit code unknown)\n")
+    return 3
+
+
+def disconnect() -> bool:
+    """Ask this user's daemon to end; True when one was running."""
+    try:
+        s = connect(start=False)
+    except (paths.NoDaemon, OSError):
+        return False
+    if s is None:
+        try:  # a stale socket: clean it, under the spawners' lock
+            path = paths.socket_path(create=False)
+            import fcntl
+            with open(os.path.join(os.path.dirname(path), "conn.lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if _connect(path) is None:
+                    os.unlink(path)
+        except (OSError, paths.NoDaemon):
+            pass
+        return False
+    with s:
+        try:
+            socket.send_fds(s, [proto.pack_json(b"R", {"op": "stop"})], [])
+            proto.Reader(s).frame()
+        except OSError:
+            pass
+    return True

@@ -1,0 +1,113 @@
+"""gpujob's console entry point: the few daily commands that can go through the kept
+connection are sent to it without importing the full CLI; everything else (and
+these, whenever the daemon declines) runs ``gpujob.cli.main`` as always.
+
+Fast here: ``exec TARGET [-n] [--timeout S] -- CMD…``, ``status [JOB] [--json]
+[-t TARGET]`` (with ``--hosts FILE`` before them), and ``disconnect``. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+_NUMBER = re.compile(r"\d{1,9}(\.\d{1,9})?")
+
+
+def parse(argv: list[str]) -> dict | None:
+    """The request for a command the fast path serves exactly like the full CLI, or None."""
+    hosts = None
+    if argv[:1] == ["--hosts"] and len(argv) >= 2:
+        hosts, argv = argv[1], argv[2:]
+    elif argv[:1] and argv[0].startswith("--hosts="):
+        hosts, argv = argv[0].split("=", 1)[1], argv[1:]
+    if not argv:
+        return None
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "exec":
+        req = _exec(rest)
+    elif cmd == "status":
+        req = _status(rest)
+    else:
+        return None
+    if req is not None:
+        req["hosts"] = hosts
+    return req
+
+
+def _exec(rest: list[str]) -> dict | None:
+    if "--" not in rest:
+        return None
+    cut = rest.index("--")
+    opts, cmd = rest[:cut], rest[cut + 1:]
+    if not cmd:
+        return None
+    target, timeout, no_stdin = None, None, False
+    i = 0
+    while i < len(opts):
+        a = opts[i]
+        if a in ("-n", "--no-stdin"):
+            no_stdin = True
+        elif a == "--timeout" and i + 1 < len(opts) and _NUMBER.fullmatch(opts[i + 1]):
+            timeout, i = float(opts[i + 1]), i + 1
+        elif a.startswith("--timeout=") and _NUMBER.fullmatch(a[10:]):
+            timeout = float(a[10:])
+        elif not a.startswith("-") and target is None:
+            target = a
+        else:
+            return None
+        i += 1
+    if target is None:
+        return None
+    stdin = not no_stdin and sys.stdin is not None and not os.isatty(0)
+    return {"op": "exec", "target": target, "argv": cmd, "timeout": timeout, "stdin": stdin}
+
+
+def _status(rest: list[str]) -> dict | None:
+    job, target, as_json = None, None, False
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--json":
+            as_json = True
+        elif a in ("-t", "--target") and i + 1 < len(rest) and not rest[i + 1].startswith("-"):
+            target, i = rest[i + 1], i + 1
+        elif a.startswith("--target=") and len(a) > 9:
+            target = a[9:]
+        elif not a.startswith("-") and job is None:
+            job = a
+        else:
+            return None
+        i += 1
+    return {"op": "status", "job": job, "target": target, "json": as_json}
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if argv == ["disconnect"]:
+        from gpujob.conn.client import disconnect
+        print(disconnect_line(disconnect()))
+        sys.exit(0)
+    from gpujob.conn import paths
+    paths.FROM_ENTRY = True  # the full CLI below may use the kept connection too
+    req = None if paths.disabled() else parse(argv)
+    if req is not None:
+        from gpujob.conn.client import Fallback, request
+        try:
+            req["inventory"] = paths.find_inventory(req.pop("hosts"))
+            if req["inventory"] is not None:  # the built-in inventory is this machine only
+                sys.exit(request(req))
+        except (Fallback, paths.NoDaemon):
+            pass
+    from gpujob.cli.main import main as full
+    full()
+
+
+def disconnect_line(was_running: bool) -> str:
+    return ("gpujob: closed the kept connection (its SSH connections are closed)" if was_running
+            else "gpujob: no kept connection was open")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""Where the connection daemon lives, and what a request must agree on with it
+(stdlib only: the thin client imports this)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+#: seconds a daemon with nothing to do stays up (GPUJOB_CONN_IDLE overrides)
+DEFAULT_IDLE = 300.0
+#: variables that change what a command does on the controller side: a daemon
+#: started under other values would act for another user, state dir or ssh-agent
+ENV_KEYS = ("HOME", "USER", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "SSH_AUTH_SOCK")
+#: what rich reads from the environment to decide width, colours and terminal-ness
+TERM_KEYS = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM", "TTY_COMPATIBLE",
+             "TTY_INTERACTIVE", "JUPYTER_COLUMNS", "JUPYTER_LINES")
+
+
+class NoDaemon(Exception):
+    """The kept connection cannot be used here; run the command directly."""
+
+
+#: set by the console entry point: only the installed ``gpujob`` uses the kept connection
+#: (``python -m gpujob.cli.main``, as the tests run it, connects directly)
+FROM_ENTRY = False
+
+
+def disabled() -> bool:
+    return os.environ.get("GPUJOB_NO_DAEMON", "") not in ("", "0")
+
+
+def kept() -> bool:
+    """Whether the full CLI's commands go over the kept connection too."""
+    return FROM_ENTRY and not disabled()
+
+
+def idle_seconds() -> float:
+    try:
+        return max(1.0, float(os.environ.get("GPUJOB_CONN_IDLE", DEFAULT_IDLE)))
+    except ValueError:
+        return DEFAULT_IDLE
+
+
+def _private_dir(path: str, create: bool) -> str:
+    """``path`` when it is a real directory of ours that nobody else may enter."""
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise NoDaemon(f"cannot create {path}: {e.strerror}") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise NoDaemon(f"{path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise NoDaemon(f"{path} is not a private directory of uid {os.getuid()}")
+    return path
+
+
+def runtime_dir(create: bool = True) -> str:
+    """$XDG_RUNTIME_DIR/gpujob when that runtime dir is ours, else /tmp/gpujob-UID (0700, checked)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg:
+        try:
+            _private_dir(xdg, create=False)
+            return _private_dir(os.path.join(xdg, "gpujob"), create)
+        except NoDaemon:
+            pass
+    return _private_dir(f"/tmp/gpujob-{os.getuid()}", create)
+
+
+def socket_path(create: bool = True) -> str:
+    return os.path.join(runtime_dir(create), "conn.sock")
+
+
+def find_inventory(explicit: str | None) -> str | None:
+    """gpujob.inventory.find_inventory without its imports: the absolute inventory path,
+    or None for the built-in one. A path that is not a file raises NoDaemon (the full
+    CLI says so in its own words)."""
+    for given in (explicit, os.environ.get("GPUJOB_HOSTS")):
+        if given:
+            path = os.path.expanduser(given)
+            if not os.path.isfile(path):
+                raise NoDaemon(f"no such file: {path}")
+            return os.path.realpath(path)
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    for path in ("hosts.yaml", os.path.join(config, "gpujob", "hosts.yaml")):
+        if os.path.isfile(path):
+            return os.path.realpath(path)
+    return None
+
+
+def code_stamp() -> str:
+    """Which gpujob this is: a daemon whose code differs (an upgrade, an edit) hands over."""
+    pkg = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    newest = 0
+    for sub in (pkg, *(os.path.join(pkg, d) for d in ("cli", "conn", "transport"))):
+        try:
+            with os.scandir(sub) as it:
+                for e in it:
+                    if e.name.endswith(".py"):
+                        newest = max(newest, e.stat().st_mtime_ns)
+        except OSError:
+            pass
+    return f"{pkg}:{newest}:{sys.version_info[:2]}"
+
+
+def env_view() -> dict:
+    return {k: os.environ.get(k) for k in ENV_KEYS}

@@ -1,0 +1,414 @@
+"""The connection daemon: holds one ``Targets`` (SSH connections, and the exec
+channel into each container) per inventory for a few minutes of idle time, and
+serves ``exec`` and ``status`` requests from the thin client over a Unix socket.
+
+Host keys and authentication are those of :class:`gpujob.transport.ssh.SshTransport`
+unchanged (strict; ``--accept-new`` never comes this way). A connection is reused
+only while the inventory file's bytes, ~/.ssh/config and every known_hosts file it
+names are unchanged; otherwise a fresh ``Targets`` is opened (the old one closes
+when its last command ends). The client's stdio arrive as descriptors, so output
+is written straight to its terminal or pipe, through the same code
+(:mod:`gpujob.conn.commands`) and with a console shaped like its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from gpujob.cli import render
+from gpujob.conn import commands, paths, proto
+from gpujob.errors import GpujobError
+from gpujob.inventory import load_inventory
+from gpujob.target import Targets
+
+
+def log(msg: str) -> None:
+    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} gpujob-conn[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+
+
+class Fallback(Exception):
+    """Not for the daemon (a local target): the client runs the full CLI."""
+
+
+# ---- connections, per inventory ----------------------------------------------------
+
+def _stat(path: Path):
+    try:
+        st = os.stat(path)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return None
+
+
+class Entry:
+    """One inventory's ``Targets`` and the ``Target`` of each container asked for."""
+
+    def __init__(self, path: str | None, digest: str):
+        self.path = path
+        self.digest = digest
+        self.inventory = load_inventory(Path(path) if path else None)
+        self.targets = Targets(self.inventory)
+        self.opened: dict = {}
+        self.users = 0
+        self.retired = False
+        self.lock = threading.Lock()
+        self.watched = [Path("~/.ssh/config").expanduser()] + sorted(
+            {Path(h.known_hosts or "~/.ssh/known_hosts").expanduser()
+             for h in self.inventory.hosts.values() if h.kind == "ssh"})
+        self.stats = [_stat(p) for p in self.watched]
+
+    def fresh(self, digest: str) -> bool:
+        return digest == self.digest and [_stat(p) for p in self.watched] == self.stats
+
+    def target(self, name: str):
+        host_name, host, cname, _ = self.inventory.resolve(name)
+        if host.kind != "ssh":
+            raise Fallback()
+        with self.lock:
+            label = f"{host_name}/{cname}"
+            if label not in self.opened:
+                self.opened[label] = self.targets.open(label)
+            return self.opened[label]
+
+    def close(self) -> None:
+        for t in self.opened.values():
+            t.transport.close()
+        self.targets.close()
+
+
+class Pool:
+    def __init__(self):
+        self.entries: dict = {}
+        self.lock = threading.Lock()
+
+    def acquire(self, path: str | None) -> Entry:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else "built-in"
+        with self.lock:
+            entry = self.entries.get(path)
+            if entry is None or not entry.fresh(digest):
+                if entry is not None:
+                    self._retire(entry)
+                try:
+                    entry = Entry(path, digest)
+                except GpujobError:  # an invalid inventory: the full CLI names it in its own words
+                    raise Fallback() from None
+                self.entries[path] = entry
+            entry.users += 1
+            return entry
+
+    def release(self, entry: Entry) -> None:
+        with self.lock:
+            entry.users -= 1
+            if entry.retired and entry.users == 0:
+                entry.close()
+
+    def _retire(self, entry: Entry) -> None:
+        entry.retired = True
+        del self.entries[entry.path]
+        if entry.users == 0:
+            entry.close()
+
+    def close(self) -> None:
+        with self.lock:
+            for entry in list(self.entries.values()):
+                entry.close()
+            self.entries.clear()
+
+
+# ---- the client's console, shaped like its own -------------------------------------
+
+class FdSink:
+    """A binary sink onto the client's descriptor (what sys.stdout.buffer is there)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def write(self, data: bytes) -> int:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.fd, view)
+            except BlockingIOError:
+                select.select([], [self.fd], [])
+                continue
+            view = view[n:]
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+class PolledStdin:
+    """The client's stdin, read only while its request lasts: a feeder thread still
+    waiting when the command is over takes nothing more from it."""
+
+    def __init__(self, fd: int, done: threading.Event):
+        self.fd, self.done = fd, done
+
+    def read(self, n: int = 65536) -> bytes:
+        while not self.done.is_set():
+            try:
+                ready, _, _ = select.select([self.fd], [], [], 0.2)
+                if ready:
+                    return os.read(self.fd, n if n and n > 0 else 65536)
+            except OSError:
+                return b""
+        return b""
+
+
+def _dims(env: dict, fds: list[int], terminal: bool) -> tuple[int, int]:
+    """rich's Console.size as the client's own process would compute it."""
+    columns, lines = env.get("COLUMNS"), env.get("LINES")
+    w_env = int(columns) if columns and columns.isdigit() else None
+    h_env = int(lines) if lines and lines.isdigit() else None
+    if w_env is not None and h_env is not None:
+        return w_env, h_env
+    if terminal and env.get("TERM", "").lower() in ("dumb", "unknown"):
+        return 80, 25
+    width = height = None
+    for fd in fds:  # rich probes stdin, stdout, stderr in that order
+        try:
+            width, height = os.get_terminal_size(fd)
+            break
+        except OSError:
+            pass
+    return (w_env or width or 80), (h_env or height or 25)
+
+
+def client_console(fd: int, encoding: str, env: dict, fds: list[int]) -> Console:
+    text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
+    # render.console()'s settings (markup, emoji, highlight off), on the client's file and environment
+    c = Console(file=text, highlight=False, markup=False, emoji=False, _environ=env)
+    c.width, c.height = _dims(env, fds, c.is_terminal)
+    return c
+
+
+# ---- one request ---------------------------------------------------------------------
+
+class Ctx:
+    """What the shared command bodies need: the laptop's job index and targets."""
+
+    def __init__(self, entry: Entry, going):
+        self.entry = entry
+        self.going = going
+        self._state = None
+
+    def state(self):
+        if self._state is None:
+            from gpujob.state import State
+            self._state = State()
+        return self._state
+
+    def target(self, name: str):
+        return self.entry.target(name)
+
+    def close(self) -> None:
+        if self._state is not None:
+            self._state.close()
+
+
+class Server:
+    def __init__(self, path: Path, idle: float):
+        self.path = path
+        self.idle = idle
+        self.pool = Pool()
+        self.stamp = paths.code_stamp()
+        self.env = paths.env_view()
+        self.active = 0
+        self.last = time.monotonic()
+        self.stopping = threading.Event()
+        self.handing_over = threading.Event()  # stopping for another gpujob, not by request
+        self.lock = threading.Lock()
+
+    # the listening socket
+    def bind(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(self.path))
+            raise SystemExit("a connection daemon is already running")
+        except (FileNotFoundError, ConnectionRefusedError):
+            if self.path.exists():
+                self.path.unlink()  # stale: the daemon that made it is gone
+        finally:
+            probe.close()
+        old = os.umask(0o177)
+        try:
+            s.bind(str(self.path))
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self.ino = os.stat(self.path).st_ino
+        s.listen(64)
+        s.settimeout(0.5)
+        return s
+
+    def serve(self) -> None:
+        sock = self.bind()
+        log(f"listening on {self.path}; idle time {self.idle:g}s")
+        try:
+            os.unlink(self.path.parent / "conn.starting")  # started: spawners need not wait
+        except OSError:
+            pass
+        signal.signal(signal.SIGTERM, lambda *a: self.stopping.set())
+        try:
+            while not self.stopping.is_set():
+                try:
+                    conn, _ = sock.accept()
+                except socket.timeout:
+                    with self.lock:
+                        if self.active == 0 and time.monotonic() - self.last > self.idle:
+                            log("idle: ending")
+                            break
+                    continue
+                with self.lock:
+                    self.active += 1
+                threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+        finally:
+            sock.close()
+            try:
+                if os.stat(self.path).st_ino == self.ino:
+                    self.path.unlink()
+            except OSError:
+                pass
+            while self.handing_over.is_set() and self.active > 0:
+                time.sleep(0.2)  # a new gpujob takes over the socket; what runs here ends first
+            self.pool.close()
+            log("stopped")
+
+    def handle(self, conn: socket.socket) -> None:
+        fds: list[int] = []
+        try:
+            reader = proto.Reader(conn)
+            got = reader.frame()
+            fds = reader.fds
+            if got is None or got[0] != b"R":
+                return
+            req = json.loads(got[1])
+            if req.get("op") == "stop":
+                conn.sendall(proto.pack_json(b"x", {"code": 0}))
+                self.stopping.set()
+                return
+            if req.get("stamp") != self.stamp or req.get("env") != self.env or \
+                    len(fds) != (0 if req.get("op") == "run" else 3):
+                conn.sendall(proto.pack(b"F"))  # another gpujob, or another user's setting
+                if req.get("stamp") != self.stamp:
+                    log("a different gpujob asked: handing over to it once what runs here ends")
+                    self.handing_over.set()
+                    self.stopping.set()
+                return
+            if req.get("op") == "run":
+                from gpujob.conn.relay import serve_run
+                serve_run(self.pool, conn, reader, req)
+                return
+            self.run(conn, reader, req, fds)
+        except (OSError, ValueError) as e:
+            log(f"request dropped: {type(e).__name__}")
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            with self.lock:
+                self.active -= 1
+                self.last = time.monotonic()
+
+    def run(self, conn: socket.socket, reader: proto.Reader, req: dict, fds: list[int]) -> None:
+        env = req.get("term") or {}
+        enc = req.get("encoding") or ["utf-8", "utf-8"]
+        out = client_console(fds[1], enc[0], env, fds)
+        err = client_console(fds[2], enc[1], env, fds)
+        done = threading.Event()
+        armed = [True]
+        ilock = threading.Lock()
+        worker = threading.get_ident()
+
+        def watch() -> None:  # K from the client, or the client gone: Ctrl-C in the worker
+            try:
+                got = reader.frame()
+            except (OSError, ValueError):
+                got = None
+            if done.is_set():
+                return
+            with ilock:
+                if armed[0]:
+                    proto.interrupt_thread(worker)
+            del got
+
+        going = [False]
+
+        def go() -> None:
+            going[0] = True
+            conn.sendall(proto.pack(b"G"))
+
+        entry = None
+        ctx = None
+        code = 1
+        try:
+            try:
+                threading.Thread(target=watch, daemon=True).start()
+                entry = self.pool.acquire(req.get("inventory"))
+                ctx = Ctx(entry, go)
+                code = self.dispatch(ctx, req, fds, out, err, done)
+            finally:
+                with ilock:
+                    armed[0] = False
+                done.set()
+        except Fallback:
+            if not going[0]:
+                conn.sendall(proto.pack(b"F"))
+                return
+            code = 1
+        except GpujobError as e:
+            err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
+            if e.hint:
+                err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
+            code = e.exit_code
+        except KeyboardInterrupt:
+            err.print("\ninterrupted")
+            code = 130
+        except BrokenPipeError:
+            code = 120  # what Python reports when flushing stdout to a closed pipe
+        finally:
+            if ctx is not None:
+                ctx.close()
+            if entry is not None:
+                self.pool.release(entry)
+        conn.sendall(proto.pack_json(b"x", {"code": code}))
+
+    def dispatch(self, ctx: Ctx, req: dict, fds: list[int], out, err, done) -> int:
+        if req["op"] == "exec":
+            t = ctx.target(req["target"])
+            ctx.going()
+            stdin = PolledStdin(fds[0], done) if req.get("stdin") else None
+            return commands.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), FdSink(fds[1]),
+                                     FdSink(fds[2]), err)
+        if req["op"] == "status":
+            if not req.get("target") and commands.multi_node(ctx, req.get("job")):
+                raise Fallback()  # a multi-node job: the full CLI's fleet view
+            job_id, t = commands.job_target(ctx, req.get("job"), req.get("target"))
+            ctx.going()
+            commands.show_status(ctx, job_id, t, bool(req.get("json")), out, err)
+            return 0
+        raise Fallback()
+
+
+def serve() -> int:
+    try:
+        path = Path(paths.socket_path(create=True))
+    except paths.NoDaemon as e:
+        log(str(e))
+        return 1
+    Server(path, paths.idle_seconds()).serve()
+    return 0

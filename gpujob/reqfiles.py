@@ -1,0 +1,94 @@
+"""Top-level ``requirements:`` entries that name a requirements file on the laptop
+(``{file: ../SpecForge/requirements.txt, exclude: [torchaudio]}``), as a project
+such as SpecForge publishes it, instead of copying its lines into the spec.
+
+The file is read on the laptop (relative paths start at the spec's folder) and its
+requirement lines join the plain entries: every profile's venv gets them, with the
+profile's pins held as constraints. Lines naming a package that a profile pins
+(torch, torchvision: the profile decides the build) and those named in
+``exclude`` are left out, and the plan says so. The content counts in the venv's
+key, so an edited file builds a new venv. A missing file is a note in the plan
+and an error at submit, as a missing ``sync`` source is.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from gpujob.errors import SpecError
+from gpujob.yamlsrc import At, kind_of
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def norm(name: str) -> str:
+    """A package name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement(value: Any) -> Any:
+    """A ``requirements:`` entry: a requirement string, or {file, exclude}."""
+    if isinstance(value, str):
+        if not value.strip() or "\x00" in value:
+            raise ValueError("expected a requirement like transformers==4.57.1")
+        return value
+    if isinstance(value, dict):
+        unknown = sorted(set(map(str, value)) - {"file", "exclude"})
+        if unknown:
+            raise At((unknown[0],), "unknown field; expected file and exclude")
+        if not isinstance(value.get("file"), str) or not value["file"].strip():
+            raise At(("file",), f"expected the path of a requirements file, got {kind_of(value.get('file'))}")
+        exclude = value.get("exclude", [])
+        if not isinstance(exclude, list):
+            raise At(("exclude",), f"expected a list of package names, got {kind_of(exclude)}")
+        for i, name in enumerate(exclude):
+            if not (isinstance(name, str) and _NAME.fullmatch(name)):
+                raise At(("exclude", i), f"expected a package name, got {kind_of(name)}")
+        return {"file": value["file"], "exclude": list(exclude)}
+    raise ValueError(f"expected a requirement string or {{file: PATH, exclude: [...]}}, got {kind_of(value)}")
+
+
+def expand(spec, strict: bool) -> tuple[list[str], list[str]]:
+    """(the requirement strings every venv gets, notes for the plan). ``strict``
+    (submit): a missing or unusable file is a SpecError with its line."""
+    pinned = {norm(_NAME.match(p).group(0)) for prof in spec.profiles for p in prof.packages}
+    out, notes = [], []
+    for i, entry in enumerate(spec.requirements):
+        if isinstance(entry, str):
+            out.append(entry)
+            continue
+        where = (spec.source_name, spec.line_of(("requirements", i, "file")), f"requirements[{i}].file")
+        path = (spec.spec_dir / Path(entry["file"]).expanduser()).resolve()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = "no such file" if isinstance(e, FileNotFoundError) else "cannot read"
+            if strict:
+                raise SpecError(*where, f"{why}: {path}") from None
+            notes.append(f"requirements[{i}]: {why}: {path} (submit refuses until it exists; "
+                         "the venv key below counts it empty)")
+            continue
+        excluded = {norm(n) for n in entry["exclude"]}
+        left = []
+        for n, raw in enumerate(text.splitlines(), 1):
+            line = re.split(r"\s+#", raw, maxsplit=1)[0].strip()
+            if not line or line.startswith("#"):
+                continue
+            m = _NAME.match(line)
+            if line.startswith("-") or not m:
+                if strict:
+                    raise SpecError(*where, f"{path}:{n}: only requirement lines are read, got {line[:60]!r}")
+                notes.append(f"requirements[{i}]: {path}:{n}: {line[:60]!r} is not a requirement line "
+                             "(submit refuses)")
+                continue
+            name = norm(m.group(0))
+            if name in pinned or name in excluded:
+                left.append(line)
+                continue
+            out.append(line)
+        if left:
+            notes.append(f"requirements[{i}]: from {path}, left out {', '.join(left)} (the profiles pin "
+                         "those packages, or exclude names them)")
+    return out, notes
