@@ -526,7 +526,7 @@ class Bench:
                             f"reinstalled first ({what}; uv venv + uv pip install + verify)"))
 
     def fig_status4(self) -> None:
-        import gpujob.cli.main as cm
+        import gpujob.cli.jobs_cmds as cm  # ps, and the out and ThreadPoolExecutor it uses
         from rich.console import Console
 
         from gpujob.state import State

@@ -21,8 +21,8 @@ from gpujob.errors import GpujobError, InputError
 
 
 def _m():
-    from gpujob.cli import main
-    return main
+    from gpujob.cli import app
+    return app
 
 
 def targets_of(labels: list) -> list:

@@ -1,0 +1,162 @@
+"""``gpujob ledger set``, ``profiles``, ``gc``, ``cache ...``: profiles, the ledger and the caches."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from gpujob.cli import render
+from gpujob.errors import InputError, JobError
+from gpujob.cli.app import app, cache_app, ctx, err, ledger_app, out
+
+
+@ledger_app.command("set")
+def ledger_set(target: str = typer.Argument(..., help="container name or host/name"),
+               job_name: str = typer.Argument(..., help="the spec's name: each job name has its own ledger"),
+               profile: str = typer.Argument(...),
+               status_: str = typer.Argument(..., metavar="good|bad|untried", help="untried removes the entry"),
+               reason: Optional[str] = typer.Option(None, "--reason", help="why (default: set by hand)"),
+               as_json: bool = typer.Option(False, "--json")):
+    """Set a profile's ledger entry by hand: good, bad, or untried (forgotten)."""
+    import re
+    if status_ not in ("good", "bad", "untried"):
+        raise InputError(f"expected good, bad or untried, got {status_[:40]!r}")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?", job_name):  # @: a fleet's
+        raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), got {job_name[:50]!r}")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile):
+        raise InputError(f"profile: expected letters, digits, '_', '.' and '-', got {profile[:50]!r}")
+    t = ctx.target(target)
+    res = t.agent_json("ledger", "set", job_name, profile, status_,
+                       *([f"--reason={reason}"] if reason is not None else []))
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    out.print(render.ledger_set_line(res, t.label))
+
+
+@app.command()
+def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
+    """Installed profile venvs (size) and the known-good / bad ledger of each job."""
+    t = ctx.target(target)
+    res = t.agent_json("profiles", timeout=300)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    ledgers = res["ledgers"]
+    out.print(render.profiles_table(res, t.label))
+    for name, led in ledgers.items():
+        out.print(render.ledger_table(led.get("profiles", {})), render.lit(f"(job {name})"))
+
+
+@app.command()
+def gc(target: str = typer.Argument(...),
+       days: Optional[float] = typer.Option(None, "--days", help="remove venvs not used for this many days"),
+       older_than: Optional[float] = typer.Option(None, "--older-than", metavar="DAYS",
+                                                  help="remove the directories of jobs that ended this "
+                                                       "many days ago (never a live job's)"),
+       keep_checkpoints: Optional[int] = typer.Option(None, "--keep-checkpoints", metavar="K",
+                                                      help="keep the newest K of each job's checkpoints "
+                                                           "(train.checkpoint.path); never a live job's"),
+       dry_run: bool = typer.Option(False, "--dry-run", help="say what would go; remove nothing"),
+       as_json: bool = typer.Option(False, "--json")):
+    """Free disk: old profile venvs, old job directories, old checkpoints (what you ask for)."""
+    if days is None and older_than is None and keep_checkpoints is None:
+        raise InputError("gc: say what to remove: --days N (venvs), --older-than DAYS (job directories), "
+                         "--keep-checkpoints K (checkpoints); --dry-run shows it first")
+    for flag, value in (("--days", days), ("--older-than", older_than), ("--keep-checkpoints", keep_checkpoints)):
+        if value is not None and value < 0:
+            raise InputError(f"{flag}: expected a number >= 0, got {value:g}")
+    t = ctx.target(target)
+    args = [*(["--days", f"{days:g}"] if days is not None else []),
+            *(["--older-than", f"{older_than:g}"] if older_than is not None else []),
+            *(["--keep-checkpoints", str(keep_checkpoints)] if keep_checkpoints is not None else []),
+            *(["--dry-run"] if dry_run else [])]
+    res = t.agent_json("gc", *args, timeout=600)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    for table in render.gc_tables(res, t.label):
+        out.print(table)
+    out.print(render.lit(render.gc_summary(res)), soft_wrap=True)
+
+
+@cache_app.command("ls")
+def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
+    """Live compile caches per profile venv and their snapshots (sizes, ages, proof)."""
+    t = ctx.target(target)
+    res = t.agent_json("cache", "ls", timeout=300)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    out.print(render.cache_table(res["caches"], f"compile caches on {t.label}"))
+    out.print(render.snapshot_table(res["caches"], f"snapshots on {t.label}"))
+    out.print(f"uv download cache (shared): {render.size(res['uv_cache'])}")
+
+
+@cache_app.command("clear")
+def cache_clear(target: str = typer.Argument(...),
+                profile: Optional[str] = typer.Option(None, "--profile", "-p"),
+                all_: bool = typer.Option(False, "--all", help="every profile's cache (needed without -p)"),
+                snapshots: bool = typer.Option(False, "--snapshots", help="delete the snapshots too"),
+                force: bool = typer.Option(False, "--force", help="even under a running job"),
+                as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
+    """Delete live compile caches (of one profile, or all); snapshots are kept unless --snapshots."""
+    if not profile and not all_:
+        raise InputError("cache clear: name a profile with -p PROFILE, or pass --all to clear every profile's cache")
+    if profile and all_:
+        raise InputError("cache clear: -p and --all do not go together")
+    t = ctx.target(target)
+    res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
+                       *(["--snapshots"] if snapshots else []), *(["--force"] if force else []), timeout=300)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    for w in res.get("warnings") or []:
+        err.print(f"warning: {w}", markup=False, soft_wrap=True)
+    out.print(render.lit(f"cleared: {', '.join(res['cleared']) or 'nothing'}"))
+    for key, text in sorted((res.get("snapshots_kept") or {}).items()):
+        out.print(f"{key}: snapshot kept; {text}", markup=False, soft_wrap=True)
+    for key, names in sorted((res.get("snapshots_removed") or {}).items()):
+        out.print(f"{key}: snapshots deleted ({len(names)})", markup=False)
+
+
+@cache_app.command("restore")
+def cache_restore(target: str = typer.Argument(...),
+                  profile: str = typer.Option(..., "--profile", "-p", help="a profile name or venv key"),
+                  as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
+    """Restore a profile's live compile cache from its newest snapshot."""
+    t = ctx.target(target)
+    res = t.agent_json("cache", "restore", "--profile", profile, timeout=1800)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    for r in res["restored"]:
+        out.print(f"{r['env_key']}: restored {r['text']} in {r['seconds']:.2f}s", markup=False)
+
+
+@cache_app.command("prove-cold")
+def cache_prove_cold(target: str = typer.Argument(...),
+                     profile: str = typer.Option(..., "--profile", "-p"),
+                     gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 4,5 (default: the "
+                                                        "warmup's GPUs); no running job may use them"),
+                     as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
+    """Run a profile's warmup against an empty scratch cache and record whether it works cold."""
+    if gpus is not None:
+        parts = [g.strip() for g in gpus.split(",")]
+        if not parts or not all(g.isdigit() for g in parts):
+            raise InputError(f"--gpus: expected comma-separated GPU ids like 0,1, got {gpus!r}")
+    t = ctx.target(target)
+    res = t.agent_json("cache", "prove-cold", "--profile", profile, *(["--gpus", gpus] if gpus else []),
+                       timeout=None)
+    if as_json:
+        out.print_json(json.dumps(res))
+        raise typer.Exit(0 if res["ok"] else 1)
+    verdict = "works from a cold cache" if res["ok"] else "FAILED from a cold cache"
+    out.print(f"profile {profile}: {verdict} on GPUs {','.join(map(str, res['gpus']))} in "
+              f"{res['seconds']:.1f}s: {res['reason']}", markup=False, soft_wrap=True)
+    out.print(f"ledger (job {res['name']}): proof {res.get('ledger_proof') or 'none'}; log {res['log']}",
+              markup=False, soft_wrap=True)
+    if not res["ok"]:
+        raise JobError(f"cold start of {profile} failed: {res['reason']}")

@@ -1,0 +1,288 @@
+"""``gpujob submit``, ``logs``, ``status``, ``plot``, ``ps``, ``stop``, ``rollback``: a job's life."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gpujob.agent.protocol import JobState
+from gpujob.cli import render
+from gpujob.conn import commands
+from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
+from gpujob.target import Target
+from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
+                            _status)
+
+
+@app.command()
+def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
+           target: Optional[str] = typer.Option(None, "--target", "-t"),
+           profile: Optional[str] = typer.Option(None, "--profile", "-p", help="start on this wheel profile"),
+           plan: bool = typer.Option(False, "--plan", help="print every step and command; run nothing"),
+           follow: bool = typer.Option(False, "--follow", "-f", help="follow the log until the job ends"),
+           clear_caches: Optional[bool] = typer.Option(None, "--clear-caches/--keep-caches",
+                                                       help="override caches.clear_on_submit"),
+           job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
+                                                    "NAME-xxxx); refused if this laptop knows it already"),
+           force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad"),
+           as_json: bool = typer.Option(False, "--json", help="the agent's answer, job id and target as one "
+                                        "JSON object; with --plan the steps; with -f JSON Lines of the log, "
+                                        "then the final status")):
+    """Ship the code and start the job under a detached supervisor in the container."""
+    from gpujob import jobs
+    from gpujob.spec import load_spec
+    spec = load_spec(spec_path)
+    if job_id_opt is not None:
+        import re
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
+            raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
+                             f"got {job_id_opt[:70]!r}")
+    if spec.multi_node:  # a list of containers: one job over several nodes
+        from gpujob.cli import fleet_cmds
+        if as_json and (plan or follow):
+            raise InputError("--json: not with --plan or --follow for a multi-node job (yet)")
+        clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
+        fleet_cmds.submit(spec, spec_path, target=target, profile=spec.profile_by_name(profile).name if profile
+                          else spec.profile, plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
+                          as_json=as_json, force=force)
+        return
+    target_name = target or spec.target
+    if not target_name:
+        raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
+    profile = spec.profile_by_name(profile).name if profile else spec.profile
+    try:
+        t = ctx.target(target_name)
+    except InputError as e:  # an unknown target named by the spec: say where
+        if target or isinstance(e, SpecError):
+            raise
+        raise SpecError(str(spec_path), spec.line_of(("target",)), "target", e.message, e.hint) from None
+    job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
+    clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
+    if plan:
+        steps = jobs.build_plan(spec, t, job_id, profile)
+        if as_json:
+            out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
+                {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
+            return
+        for line in render.plan_lines(f" for {spec_path} → {t.label} ({t.transport.describe()}), "
+                                      f"job {job_id}, profile {profile}; nothing runs", steps):
+            out.print(line, soft_wrap=True)
+        return
+    jobs.sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
+    spec.common_requirements(strict=True)
+    from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
+    ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
+    if not force:  # the ledger as the container has it; nothing is changed there when refused
+        entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
+        if entry.get("status") == "bad":
+            raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
+    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json)
+    if as_json and follow:
+        from gpujob.cli import jsonl
+        jsonl.emit(dict(res, job_id=job_id, target=t.label))
+        _follow(job_id, t, "job.log", None, as_json=True)
+        st = _status(job_id, t)
+        jsonl.emit(render.status_view(st, t.label))
+        raise typer.Exit(0 if st.get("state") == JobState.SUCCEEDED else 1)
+    if as_json:
+        out.print_json(json.dumps(dict(res, job_id=job_id, target=t.label)))
+        return
+    if follow:
+        _follow(job_id, t, "job.log", None)
+        raise typer.Exit(0 if _print_final(job_id, t).get("state") == JobState.SUCCEEDED else 1)
+    out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
+
+
+def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False) -> dict:
+    """Record the job on this laptop, submit it, say so. The record comes first, so
+    an id this laptop already knows is refused before anything starts remotely."""
+    from gpujob import jobs
+    from gpujob.spec import spec_hash
+    state = ctx.state()
+    state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
+                  entry=ctx.entry(t))
+    try:
+        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                          progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
+    except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
+        state.seen(job_id, JobState.UNKNOWN)
+        raise
+    except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
+        state.unreserve(job_id)
+        raise
+    except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
+        state.seen(job_id, JobState.UNKNOWN)
+        raise
+    state.seen(job_id, JobState.PREPARING)
+    if res.get("stale_lock"):
+        err.print(render.styled(("note:", "yellow"), f" took over the container from job "
+                                f"{res['stale_lock'].get('job_id')} (its supervisor, pid "
+                                f"{res['stale_lock'].get('pid')}, was gone and nothing of it ran)"))
+    if not quiet:
+        out.print(render.styled("submitted ", (job_id, "bold"), f" to {t.label} (profile {profile}, "
+                                f"supervisor pid {res['supervisor_pid']})"))
+    return res
+
+
+# ---- logs / status / ps / stop / rollback ----------------------------------
+
+@app.command()
+def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the most recent)"),
+         follow: bool = typer.Option(False, "--follow", "-f", help="follow until the job ends"),
+         phase: Optional[str] = typer.Option(None, "--phase", help="warmup, train or prepare: "
+                                             "that phase's raw log"),
+         events: bool = typer.Option(False, "--events", help="the event journal instead of the log"),
+         samples: bool = typer.Option(False, "--samples", help="every throughput sample of the last "
+                                      "journal.full_rate_samples (events hold one summary a minute)"),
+         tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         node: Optional[int] = typer.Option(None, "--node", help="a multi-node job: only node I's log"),
+         as_json: bool = typer.Option(False, "--json", help="JSON Lines: each record of --events/--samples "
+                                      "as written, else {\"line\": TEXT} a log line")):
+    """Print a job's log; with -f follow it, surviving dropped connections."""
+    if phase not in (None, "warmup", "train", "prepare"):
+        raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
+    from gpujob.cli import fleet_cmds
+    fleet_id, labels = fleet_cmds.nodes_of(job, target)
+    if labels:  # a multi-node job: every node's log, [node i] before each line (or --node i)
+        file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+        if as_json and node is None:
+            raise InputError("--json: pick one node of this multi-node job with --node I")
+        fleet_cmds.logs(fleet_id, labels, follow=follow, node=node, file=file, tail=tail,
+                        events=events or samples, as_json=as_json)
+        return
+    if node is not None:
+        raise InputError("--node: only for a multi-node job")
+    job_id, t = job_target(job, target)
+    file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+    _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
+
+
+@app.command()
+def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Option(False, "--json"),
+           target: Optional[str] = typer.Option(None, "--target", "-t")):
+    """State, phase, profile, tok/s with its trend and threshold, rollbacks."""
+    from gpujob.cli import fleet_cmds
+    fleet_id, labels = fleet_cmds.nodes_of(job, target)
+    if labels:  # a multi-node job: one job, a row per node
+        fleet_cmds.status(fleet_id, labels, as_json)
+        return
+    commands.show_status(ctx, *job_target(job, target), as_json, out, err)
+
+
+
+@app.command()
+def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the most recent)"),
+         output: Optional[Path] = typer.Option(None, "--output", "-o", help="FILE.png, .svg or .html "
+                                               "(default: a plot in the terminal)"),
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
+    """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
+    from gpujob.cli import plot as plot_
+    job_id, t = job_target(job, target)
+    plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
+
+@app.command()
+def ps(target: Optional[str] = typer.Argument(None, help="only this container's jobs"),
+       all_: bool = typer.Option(False, "--all", help="every job in TARGET's journal, whichever laptop "
+                                 "started it (with who did)"),
+       as_json: bool = typer.Option(False, "--json"),
+       limit: int = typer.Option(20, help="how many recent jobs")):
+    """Jobs started from this laptop, with their state fetched from the containers."""
+    if all_:
+        return _ps_all(target, as_json, limit)
+    rows = ctx.state().jobs(limit if target is None else 1000)
+    if target is not None:
+        label = ctx.target(target).label
+        rows = [r for r in rows if r["target"] == label][:limit]
+    by_target: dict[str, list[str]] = {}
+    for r in rows:
+        by_target.setdefault(r["target"], []).append(r["job_id"])
+
+    def fetch(target: str) -> dict:
+        try:
+            t = ctx.target(target)
+            return {s["job_id"]: s for s in t.agent_json("status", "--missing-ok", *by_target[target])["jobs"]}
+        except GpujobError as e:
+            return {j: {"state": "unreachable", "reason": e.message} for j in by_target[target]}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(by_target)))) as pool:
+        states = {}
+        for part in pool.map(fetch, list(by_target)):
+            states.update(part)
+    views = []
+    for r in rows:
+        st = states.get(r["job_id"], {})
+        if st.get("state") != "unreachable":
+            ctx.state().seen(r["job_id"], st.get("state"))
+        views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
+    if as_json:
+        out.print_json(json.dumps(views))
+        return
+    out.print(render.ps_table(views))
+
+
+def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
+    """``ps --all TARGET``: the container's journal, newest first; looks only (no
+    dead supervisor is restarted by asking)."""
+    if target is None:
+        raise InputError("ps --all: name the container: gpujob ps --all TARGET")
+    t = ctx.target(target)
+    jobs_ = t.agent_json("status", "--no-revive")["jobs"]
+    jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
+    mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
+    views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
+    if as_json:
+        out.print_json(json.dumps(views))
+        return
+    out.print(render.ps_table(views, by=True))
+
+
+@app.command()
+def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the one job still running)"),
+         target: Optional[str] = typer.Option(None, "--target", "-t"),
+         as_json: bool = typer.Option(False, "--json")):
+    """SIGTERM the trainer's process group, SIGKILL after the grace period, confirm it is gone."""
+    job_id, t = live_job_target(job, target)
+    from gpujob.cli import fleet_cmds
+    labels = [] if target else ctx.state().nodes(job_id)
+    if labels:  # every node of a multi-node job
+        fleet_cmds.stop(job_id, labels, as_json)
+        return
+    res = t.agent_json("stop", job_id, timeout=600)
+    if res.get("state"):
+        ctx.state().seen(job_id, res["state"])
+    if as_json:
+        out.print_json(json.dumps(res))
+    if res.get("left"):
+        err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res['left']}", "red"))
+        raise typer.Exit(1)
+    if not as_json:
+        out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
+
+
+@app.command()
+def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: the one job still running)"),
+             to: Optional[str] = typer.Option(None, "--to", help="profile (default: the last known-good)"),
+             mark_bad: bool = typer.Option(False, "--mark-bad", help="also record the profile left bad "
+                                           "(by default a rollback by hand judges nothing)"),
+             target: Optional[str] = typer.Option(None, "--target", "-t"),
+             as_json: bool = typer.Option(False, "--json")):
+    """Roll a job back to the last known-good wheel profile (or --to one), resuming training."""
+    job_id, t = live_job_target(job, target)
+    from gpujob.cli import fleet_cmds
+    labels = [] if target else ctx.state().nodes(job_id)
+    if labels:  # node 0 decides for every node
+        fleet_cmds.rollback(job_id, labels, to, mark_bad, as_json)
+        return
+    res = t.agent_json("rollback", job_id, *(["--to", to] if to else []),
+                       *(["--mark-bad"] if mark_bad else []), timeout=120)
+    if as_json:
+        out.print_json(json.dumps(dict(res, mark_bad=mark_bad)))
+        return
+    out.print(render.rollback_line(job_id, res, mark_bad))
+    out.print(f"follow it: gpujob logs -f {job_id}")

@@ -1,0 +1,141 @@
+"""``gpujob exec``, ``disconnect``, ``doctor``, ``hosts``: commands about targets."""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from gpujob import kinds
+from gpujob.agent.protocol import ENDED
+from gpujob.cli import render
+from gpujob.conn import commands
+from gpujob.errors import GpujobError, InputError
+from gpujob.inventory import find_inventory, load_inventory
+from gpujob.transport.base import RawStdin
+from gpujob.cli.app import app, ctx, err, out
+
+
+@app.command("exec")
+def exec_(target: str = typer.Argument(..., help="container name or host/name"),
+          argv: List[str] = typer.Argument(None, help="the command, after --"),
+          timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds"),
+          no_stdin: bool = typer.Option(False, "--no-stdin", "-n", help="do not read stdin (like ssh -n): "
+                                        "the command gets an empty one"),
+          as_json: bool = typer.Option(False, "--json", help="JSON Lines: {stream, data} per chunk of output, "
+                                       "then {exit_code, timed_out}")):
+    """Run one command in the container; output streamed, exit code passed through."""
+    if not argv:
+        raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
+    t = ctx.target(target)
+    stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
+    so, se = sys.stdout.buffer, sys.stderr.buffer
+    on_out, on_err = lambda b: (so.write(b), so.flush()), lambda b: (se.write(b), se.flush())
+    if as_json:
+        from gpujob.cli import jsonl
+        on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
+    r = t.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_out, on_stderr=on_err)
+    if as_json:
+        on_out.close()
+        on_err.close()
+        jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
+    commands.say_timed_out(r, timeout, t, err)
+    raise typer.Exit(r.exit_code)
+
+
+@app.command()
+def disconnect():
+    """End the kept connection: the background process holding SSH connections (README)."""
+    from gpujob.conn.client import disconnect as end
+    from gpujob.conn.entry import disconnect_line
+    print(disconnect_line(end()))
+
+
+# ---- doctor / hosts --------------------------------------------------------
+
+@app.command()
+def doctor(target: Optional[str] = typer.Argument(None, help="container (default: every target)"),
+           spec: Optional[Path] = typer.Option(None, "--spec", help="also check the driver against "
+                                               "the CUDA of this job's profiles"),
+           as_json: bool = typer.Option(False, "--json")):
+    """Check a target: host key, pct, container, python3, uv, disk, GPUs and driver."""
+    from gpujob import doctor as doc
+    cudas: list[str] = []
+    workdir = None
+    if spec is not None:
+        from gpujob.spec import load_spec
+        s = load_spec(spec)
+        cudas = sorted({p.cuda for p in s.profiles if p.cuda})
+        workdir = s.workdir
+        target = target or s.target
+    names = (target if isinstance(target, list) else [target]) if target else \
+        [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]  # a list: every node of a multi-node spec
+    report = {}
+    failed = False
+    for name in names:
+        try:
+            t = ctx.target(name)
+            label = t.label
+            checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
+        except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
+            if isinstance(e, InputError):
+                raise
+            label, checks = name, doc.with_fixes([doc.Check("connect", doc.CheckStatus.FAIL, e.message, e.hint or "")])
+        report[label] = [c.as_dict() for c in checks]
+        failed |= any(c.status == doc.CheckStatus.FAIL for c in checks)
+        if not as_json:
+            out.print(render.doctor_table(label, checks))
+    if as_json:
+        out.print_json(json.dumps(report))
+    else:
+        out.print(render.doctor_summary(collections.Counter(c["status"] for cs in report.values() for c in cs)))
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def hosts(as_json: bool = typer.Option(False, "--json"),
+          check: bool = typer.Option(False, "--check", help="only validate the inventory file; "
+                                     "connect to nothing (exit 0 when valid, 2 with the first problem)")):
+    """The inventory with each container's status (hosts queried in parallel)."""
+    if check:
+        path = find_inventory(ctx.hosts)
+        inv = load_inventory(path)
+        if as_json:
+            out.print_json(json.dumps({"path": str(path) if path else None, "valid": True,
+                                       "hosts": len(inv.hosts), "containers": len(inv.targets())}))
+            return
+        out.print(render.lit(f"{path or 'built-in inventory'}: ok ({len(inv.hosts)} hosts, "
+                             f"{len(inv.targets())} containers)"))
+        return
+    targets = ctx.targets()
+    inv = targets.inventory
+
+    def one(host_name: str) -> list[dict]:
+        rows = []
+        for cname in inv.hosts[host_name].containers:
+            row = {"host": host_name, "container": cname, "kind": inv.hosts[host_name].kind}
+            try:
+                t = targets.open(f"{host_name}/{cname}")
+                row["vmid"] = t.vmid
+                row["status"] = t.driver.status(t)
+                if row["status"] in kinds.READY:
+                    jobs = t.agent_json("status").get("jobs", [])
+                    live = [j for j in jobs if j.get("state") not in ENDED]
+                    row["job"] = live[-1]["job_id"] if live else None
+            except GpujobError as e:
+                row["status"] = "unreachable"
+                row["error"] = e.message
+            rows.append(row)
+        return rows
+
+    with ThreadPoolExecutor(max_workers=max(1, len(inv.hosts))) as pool:
+        rows = [r for part in pool.map(one, list(inv.hosts)) for r in part]
+    if as_json:
+        out.print_json(json.dumps({"source": inv.source, "targets": rows}))
+        return
+    out.print(render.hosts_table(rows, inv.source))
