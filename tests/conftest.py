@@ -31,12 +31,17 @@ def testbed():
         bed.stop()
 
 
-@pytest.fixture(scope="session")
-def testbed_two_hosts(testbed):
-    """The bed with a second running container (202) behind a second sshd: only the
-    tests that ask for it pay its start-up."""
-    testbed.start_second_host()
-    return testbed
+@pytest.fixture(scope="module")
+def testbed_two_hosts():
+    """A bed of its own with a second running container (202) behind a second sshd:
+    only the modules that ask for it pay its start-up, and the session's `testbed`
+    (one host, 200 running, 201 stopped) stays as every other test expects it."""
+    bed = TestBed.start()
+    try:
+        bed.start_second_host()
+        yield bed
+    finally:
+        bed.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -180,7 +180,12 @@ def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: 
 
 def stop(job_id: str, labels: list, as_json: bool) -> None:
     m = _m()
-    got = fleet.act_all(targets_of(labels), lambda t: t.agent_json("stop", job_id, timeout=600))
+    # node 0 first: its supervisor ends every node as stopped. Stopping the followers at the same
+    # time would let the leader see a peer's trainer end before its own stop and call it a failure.
+    targets = targets_of(labels)
+    got = fleet.act_all(targets[:1], lambda t: t.agent_json("stop", job_id, timeout=600))
+    got += [(r + 1, res) for r, res in
+            fleet.act_all(targets[1:], lambda t: t.agent_json("stop", job_id, timeout=600))]
     rows = [{"node": r, "target": labels[r], **(res if not isinstance(res, GpujobError) else
                                                  {"state": "unreachable", "error": res.message})}
             for r, res in got]
