@@ -25,7 +25,7 @@ import time
 from gpujob.agent import defaults
 from gpujob.agent.channel import Client, Server
 from gpujob.agent.journal import now
-from gpujob.agent.protocol import OutcomeKind
+from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.policy import Sample
 from gpujob.agent.watch import Outcome, Stop
 
@@ -153,7 +153,7 @@ class Leader(Node):
                     self.sup.say(f"{self.label(rank)} is back")
                     if not self.lost_said:
                         self.sup.journal.set_state(reason=None)
-                if self.sup.journal.state().get("state") in ("succeeded", "failed", "stopped"):
+                if (JobState.of(self.sup.journal.state().get("state")) or JobState.LOST).is_terminal():
                     continue
                 if self.last_relaunch and int(body.get("round") or 0) < self.round:
                     self.server.send(rank, self.last_relaunch)  # it missed the decision
@@ -167,9 +167,9 @@ class Leader(Node):
             elif kind == "failed" and int(body.get("round", self.round)) < self.round:
                 self.sup.journal.event("fleet_stale_failure", rank=rank, reason=body.get("reason"))
             elif kind in ("failed", "ended"):  # a failure of a round already relaunched is old news
-                if kind == "ended" and body.get("state") == "succeeded":
+                if kind == "ended" and body.get("state") == JobState.SUCCEEDED:
                     self.done.add(rank)
-                elif body.get("state") != "stopped":
+                elif body.get("state") != JobState.STOPPED:
                     self.failures.append((rank, body))
             elif kind == "refused":
                 self.sup.journal.event("fleet_refused", rank=rank, why=body.get("why"))

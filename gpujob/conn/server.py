@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from gpujob import kinds
 from gpujob.cli import render
 from gpujob.conn import commands, paths, proto
 from gpujob.errors import GpujobError
@@ -66,7 +67,7 @@ class Entry:
         self.lock = threading.Lock()
         self.watched = [Path("~/.ssh/config").expanduser()] + sorted(
             {Path(h.known_hosts or "~/.ssh/known_hosts").expanduser()
-             for h in self.inventory.hosts.values() if h.kind == "ssh"})
+             for h in self.inventory.hosts.values() if kinds.get(h.kind).kept_connection})
         self.stats = [_stat(p) for p in self.watched]
 
     def fresh(self, digest: str) -> bool:
@@ -74,7 +75,7 @@ class Entry:
 
     def target(self, name: str):
         host_name, host, cname, _ = self.inventory.resolve(name)
-        if host.kind != "ssh":
+        if not kinds.get(host.kind).kept_connection:
             raise Fallback()
         with self.lock:
             label = f"{host_name}/{cname}"

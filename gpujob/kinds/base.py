@@ -50,6 +50,9 @@ class Kind(ABC):
     #: where other nodes of a multi-node job reach a container of this kind when hosts.yaml
     #: gives it no ``address:`` (None: ask the container for its primary IP at submit)
     default_address: str | None = None
+    #: whether the kept-connection daemon (gpujob/conn) may hold this kind's connections;
+    #: its known_hosts (a host field) is then watched for changes
+    kept_connection: bool = False
 
     @abstractmethod
     def open(self, targets: "Targets", host_name: str, host, cname: str, container) -> Opened:

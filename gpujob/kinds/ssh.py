@@ -13,6 +13,7 @@ SSH_FIELDS = ("address", "port", "user", "identity_file", "known_hosts", "proxy_
 
 class SshKind(Kind):
     name = "ssh"
+    kept_connection = True
     host_fields = SSH_FIELDS
     container_fields = ("vmid", "home")
     container_required = ("vmid",)
