@@ -20,6 +20,24 @@ from tests.testbed import TestBed  # noqa: E402
 os.environ.setdefault("GPUJOB_NO_DAEMON", "1")
 
 
+@pytest.fixture(scope="module")
+def index_urls(tmp_path_factory):
+    """The demo's two wheel builds (fast, slow) as file:// indexes, one set per module."""
+    from gpujob.wheelhouse import build_indexes
+    return {b: p.as_uri() for b, p in build_indexes(tmp_path_factory.mktemp("wheelhouse")).items()}
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    """The same indexes served over HTTP on loopback (a container reaches them there)."""
+    from gpujob.wheelhouse import build_indexes, serve
+    root = tmp_path_factory.mktemp("index")
+    build_indexes(root)
+    server, url = serve(root)
+    yield {"fast": f"{url}/fast/simple", "slow": f"{url}/slow/simple"}
+    server.shutdown()
+
+
 @pytest.fixture(scope="session")
 def testbed():
     """One loopback Proxmox bed (sshd + fake pct + LXC 200 running, 201 stopped) per

@@ -6,10 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
 
 from gpujob.agent import checkpoint
-from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, job_id_of, local_env, write_spec
 
 
@@ -44,11 +42,6 @@ def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"], "wait_for_checkpoint": True})) == []
     assert checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 40.0}, rollback={"on": ["low_throughput"]})) == []
     assert checkpoint.warnings({"train": {}}) == []
-
-
-@pytest.fixture(scope="module")
-def index_urls(tmp_path_factory):
-    return {b: p.as_uri() for b, p in build_indexes(tmp_path_factory.mktemp("wh")).items()}
 
 
 def rollback_job(tmp_path, index_urls, *, ck_every: int, wait: bool, path: str = "checkpoint.json",

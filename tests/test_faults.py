@@ -100,19 +100,25 @@ def group_alive(pgid: int) -> bool:
     return bool(group_pids(pgid))
 
 
-def test_supervisor_killed_during_install_the_old_uv_is_ended_before_a_new_one(tmp_path, env, wheelhouse,
-                                                                               gated):
+def submit_gated_install(tmp_path, env, wheelhouse, gated) -> tuple:
+    """Submit a job whose `fast` install hangs on the gated index; return (spec, job_id,
+    the uv install's process group) once uv runs. The banner is written before the
+    command's keeper records its group, so wait for both."""
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=f"{gated.url}/fast/simple",
                       slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
                       trainer_args="--steps 3 --interval 0.01")
     job_id = submit(spec, env)
-    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "prepare", 30,
-             what="the install to start")
-    # the banner is written before the command's keeper records its group: wait for both
-    wait_for(lambda: "pip install" in (jdir(tmp_path, job_id) / "job.log").read_text()
-             and (state_of(tmp_path, job_id).get("child") or {}).get("pgid"), 30, what="uv pip")
+    log = jdir(tmp_path, job_id) / "job.log"
+    wait_for(lambda: log.exists() and "pip install" in log.read_text()
+             and (state_of(tmp_path, job_id).get("child") or {}).get("pgid"), 30, what="uv pip install")
+    return spec, job_id, state_of(tmp_path, job_id)["child"]["pgid"]
+
+
+def test_supervisor_killed_during_install_the_old_uv_is_ended_before_a_new_one(tmp_path, env, wheelhouse,
+                                                                               gated):
+    spec, job_id, old = submit_gated_install(tmp_path, env, wheelhouse, gated)
     st = state_of(tmp_path, job_id)
-    old = st["child"]["pgid"]
+    assert st["child"]["phase"] == "prepare"
     os.kill(st["supervisor_pid"], signal.SIGKILL)
     # a resubmit is refused while the old install runs: never two uv in one venv
     p = cli(["submit", str(spec)], env)
@@ -375,15 +381,8 @@ def test_a_chatty_trainer_s_logs_stay_within_journal_keep_log(tmp_path, env, whe
 
 def test_uv_killed_mid_install_fails_the_job_clearly_and_leaves_no_partial_venv(tmp_path, env, wheelhouse,
                                                                                  gated):
-    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=f"{gated.url}/fast/simple",
-                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
-                      trainer_args="--steps 3 --interval 0.01")
-    job_id = submit(spec, env)
-    # the banner is written before the keeper records the group: wait for both
-    wait_for(lambda: ("pip install" in (jdir(tmp_path, job_id) / "job.log").read_text()
-                      and (state_of(tmp_path, job_id).get("child") or {}).get("pgid"))
-             if (jdir(tmp_path, job_id) / "job.log").exists() else False, 30, what="uv pip install")
-    os.killpg(state_of(tmp_path, job_id)["child"]["pgid"], signal.SIGKILL)
+    spec, job_id, pgid = submit_gated_install(tmp_path, env, wheelhouse, gated)
+    os.killpg(pgid, signal.SIGKILL)
     wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")
     st = state_of(tmp_path, job_id)
     assert st["reason"].startswith("installing profile fast failed (uv exit -9)"), st["reason"]

@@ -15,16 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob.wheelhouse import build_indexes
 from helpers import REPO, cli, cli_json, events, wait_for
 
 TRAINER = REPO / "tests" / "data" / "fleet"
-
-
-@pytest.fixture(scope="module")
-def index_urls(tmp_path_factory):
-    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
-    return {b: p.as_uri() for b, p in idx.items()}
 
 
 @pytest.fixture

@@ -12,19 +12,9 @@ import os
 import pytest
 import yaml
 
-from gpujob.wheelhouse import build_indexes, serve
 from helpers import REPO, cli, cli_json, wait_for
 
 pytestmark = pytest.mark.testbed
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    root = tmp_path_factory.mktemp("index")
-    build_indexes(root)
-    server, url = serve(root)
-    yield {"fast": f"{url}/fast/simple", "slow": f"{url}/slow/simple"}
-    server.shutdown()
 
 
 @pytest.fixture

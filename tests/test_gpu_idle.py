@@ -7,11 +7,9 @@ from __future__ import annotations
 import os
 import textwrap
 
-import pytest
 import yaml
 
 from gpujob.agent import checkpoint
-from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, job_id_of, local_env
 
 TRAINER = textwrap.dedent('''
@@ -35,11 +33,6 @@ TRAINER = textwrap.dedent('''
                 open(f"ckpt_step_{step}.pt", "w").write("x")
     print("done", flush=True)
 ''')
-
-
-@pytest.fixture(scope="module")
-def index_urls(tmp_path_factory):
-    return {b: p.as_uri() for b, p in build_indexes(tmp_path_factory.mktemp("wh")).items()}
 
 
 def run(tmp_path, index_urls, write_checkpoints: int):

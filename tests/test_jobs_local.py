@@ -14,14 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
-
-
-@pytest.fixture(scope="module")
-def index_urls(tmp_path_factory):
-    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
-    return {b: p.as_uri() for b, p in idx.items()}
 
 
 @pytest.fixture

@@ -15,19 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob.wheelhouse import build_indexes, serve
 from helpers import cli, cli_json, job_id_of, wait_for, write_spec
 
 pytestmark = pytest.mark.testbed
-
-
-@pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    root = tmp_path_factory.mktemp("index")
-    build_indexes(root)
-    server, url = serve(root)
-    yield {"fast": f"{url}/fast/simple", "slow": f"{url}/slow/simple"}
-    server.shutdown()
 
 
 @pytest.fixture

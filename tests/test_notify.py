@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from gpujob.agent import metrics, notify
-from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 SECRET_PATH = "T0SECRET/B0SECRET/xoxb-hook-secret-771"
@@ -71,12 +70,6 @@ def hooks():
     h = HookServer()
     yield h
     h.close()
-
-
-@pytest.fixture(scope="module")
-def index_urls(tmp_path_factory):
-    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
-    return {b: p.as_uri() for b, p in idx.items()}
 
 
 # ---- pure ------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from helpers import cli, cli_json, job_id_of, wait_for, write_spec
-from test_jobs_testbed import bed_env, home_path, index  # noqa: F401 (fixtures)
+from test_jobs_testbed import bed_env, home_path  # noqa: F401 (fixtures)
 from test_notify import SECRET_PATH, HookServer, parse_prom
 
 pytestmark = pytest.mark.testbed

@@ -8,17 +8,9 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import yaml
 
-from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, local_env, write_spec
-
-
-@pytest.fixture(scope="module")
-def index_urls(tmp_path_factory):
-    idx = build_indexes(tmp_path_factory.mktemp("wheelhouse"))
-    return {b: p.as_uri() for b, p in idx.items()}
 
 
 def same_command(shown: list, ran: list) -> bool:
