@@ -201,7 +201,7 @@ class Targets:
         host_name, host, cname, container = self.inventory.resolve(target)
         o = kinds.get(host.kind).open(self, host_name, host, cname, container)
         transport = o.transport
-        if self.kept and host.kind == "ssh" and self.inventory.source != "embedded default":
+        if self.kept and kinds.get(host.kind).kept_connection and self.inventory.source != "embedded default":
             from gpujob.conn.remote import KeptTransport  # its commands over the kept connection
             transport = KeptTransport(o.transport, str(Path(self.inventory.source).resolve()),
                                       f"{host_name}/{cname}")

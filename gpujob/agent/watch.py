@@ -208,17 +208,14 @@ class PhaseWatch:
                 for rest in self.relay.drain():
                     lines += split.feed(rest)
                 lines += split.flush()  # a last line without a newline counts too
-                for value, step in run.source.poll() if run.source else ():  # a metrics file's last records
-                    outcome = outcome or self.on_sample(run, value, step, t)
+                outcome = self.poll_source(run, t)  # a metrics file's last records
             for line in lines:
-                outcome = self.on_line(run, line, t)
-                if outcome:
+                if outcome:  # a decision already taken (from the file's last records) stands
                     break
+                outcome = self.on_line(run, line, t)
             if outcome is None and t - run.last_check >= 0.2:
                 run.last_check = t
-                for value, step in run.source.poll() if run.source else ():  # a metrics file
-                    outcome = outcome or self.on_sample(run, value, step, t)
-                outcome = outcome or self.check(run, t)
+                outcome = self.poll_source(run, t) or self.check(run, t)
                 self.keep_small(run, t)
             outcome = self.gate(run, outcome, t)
             if outcome is not None or (not chunk and not proc.running()):
@@ -273,10 +270,17 @@ class PhaseWatch:
             return self.line_source
         path = substitute(tp["path"], self.values(profile))
         path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
-        offset = (adopt or {}).get("source_offset") if adopt else None
-        if adopt is not None and offset is None:
-            offset = self.journal.state().get("source_offset")
+        # where a previous supervisor had read to (state.json's top level; None on a fresh start)
+        offset = self.journal.state().get("source_offset") if adopt is not None else None
         return sources.FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
+
+    def poll_source(self, run, t: float):
+        """The samples a metrics-file source has gained (none for a line source): the first
+        outcome they lead to, or None."""
+        outcome = None
+        for value, step in run.source.poll() if run.source else ():
+            outcome = outcome or self.on_sample(run, value, step, t)
+        return outcome
 
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""

@@ -361,31 +361,30 @@ def gc_tables(res: dict, label: str) -> list:
         if e["why"] == "remove":
             return lit("removed" if e["removed"] else "would remove")
         return lit(f"kept: {e['why']}")
+    dry_note = ", dry run" if dry else ""
+
+    def table(title: str, columns: tuple, rows) -> Table:
+        t = Table(title=f"{title}{dry_note})", title_justify="left", show_edge=False)
+        for col in columns:
+            t.add_column(col)
+        for row in rows:
+            t.add_row(*row)
+        return whole(t, columns[0])
     tables = []
     if res.get("days") is not None:
-        t = Table(title=f"venvs on {label} (unused for {res['days']:g} days{', dry run' if dry else ''})",
-                  title_justify="left", show_edge=False)
-        for col in ("venv", "profile", "disk: own / real / apparent", "decision"):
-            t.add_column(col)
-        for e in res["envs"]:
-            t.add_row(lit(e["env_key"]), lit(e.get("profile") or "?"), disk(e["disk"]), decision(e))
-        tables.append(whole(t, "venv"))
+        tables.append(table(f"venvs on {label} (unused for {res['days']:g} days",
+                            ("venv", "profile", "disk: own / real / apparent", "decision"),
+                            ((lit(e["env_key"]), lit(e.get("profile") or "?"), disk(e["disk"]), decision(e))
+                             for e in res["envs"])))
     if res.get("older_than") is not None:
-        t = Table(title=f"job directories on {label} (ended {res['older_than']:g}+ days ago"
-                        f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
-        for col in ("job", "state", "size", "decision"):
-            t.add_column(col)
-        for e in res["jobs"]:
-            t.add_row(lit(e["job_id"]), lit(e.get("state") or "-"), size(e["bytes"]), decision(e))
-        tables.append(whole(t, "job"))
+        tables.append(table(f"job directories on {label} (ended {res['older_than']:g}+ days ago",
+                            ("job", "state", "size", "decision"),
+                            ((lit(e["job_id"]), lit(e.get("state") or "-"), size(e["bytes"]), decision(e))
+                             for e in res["jobs"])))
     if res.get("keep_checkpoints") is not None:
-        t = Table(title=f"checkpoints on {label} (newest {res['keep_checkpoints']} kept"
-                        f"{', dry run' if dry else ''})", title_justify="left", show_edge=False)
-        for col in ("checkpoint", "size", "decision"):
-            t.add_column(col)
-        for e in res["checkpoints"]:
-            t.add_row(lit(e["path"]), size(e["bytes"]), decision(e))
-        tables.append(whole(t, "checkpoint"))
+        tables.append(table(f"checkpoints on {label} (newest {res['keep_checkpoints']} kept",
+                            ("checkpoint", "size", "decision"),
+                            ((lit(e["path"]), size(e["bytes"]), decision(e)) for e in res["checkpoints"])))
     return tables
 
 

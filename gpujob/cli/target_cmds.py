@@ -34,16 +34,14 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
         raise InputError("exec: no command given; usage: gpujob exec TARGET -- COMMAND [ARGS...]")
     t = ctx.target(target)
     stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
-    so, se = sys.stdout.buffer, sys.stderr.buffer
-    on_out, on_err = lambda b: (so.write(b), so.flush()), lambda b: (se.write(b), se.flush())
-    if as_json:
-        from gpujob.cli import jsonl
-        on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
+    if not as_json:  # the same body the kept connection's daemon runs
+        raise typer.Exit(commands.run_exec(t, argv, stdin, timeout, sys.stdout.buffer, sys.stderr.buffer, err))
+    from gpujob.cli import jsonl
+    on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
     r = t.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_out, on_stderr=on_err)
-    if as_json:
-        on_out.close()
-        on_err.close()
-        jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
+    on_out.close()
+    on_err.close()
+    jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
     commands.say_timed_out(r, timeout, t, err)
     raise typer.Exit(r.exit_code)
 
