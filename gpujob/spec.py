@@ -150,6 +150,7 @@ class Throughput(Strict):
     min_ratio: float | None = Field(None, gt=0, le=1)
     failure_limit: int = Field(3, ge=1, le=10_000)
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
+    start_timeout: Duration | None = 900.0  # no sample this long after the start: start_hang (null: off)
     good_after: Duration = 600.0
     aggregate: Literal["sum", "min"] = "sum"  # multi-node: the nodes' latest tok/s summed, or the slowest
 
@@ -174,7 +175,7 @@ class Throughput(Strict):
                 raise At((field,), f"missing (required) for format {fmts[0]}")
             if self.format not in fmts and given:
                 raise At((field,), f"only for format {' or '.join(fmts)}")
-        for field in ("no_data_timeout", "good_after"):
+        for field in ("no_data_timeout", "good_after", "start_timeout"):
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise At((field,), "expected a duration > 0" +
@@ -203,7 +204,8 @@ class Rollback(Strict):
     enabled: bool = True
     max_rollbacks: int = Field(2, ge=0, le=1_000)
     fallback: list[str] = []
-    on: list[Signal] = [F.LOW_THROUGHPUT.value, F.STALL.value, F.ERROR_SIGNATURE.value, F.CUDA_OOM.value]
+    on: list[Signal] = [F.LOW_THROUGHPUT.value, F.STALL.value, F.ERROR_SIGNATURE.value, F.CUDA_OOM.value,
+                        F.START_HANG.value, F.COMPILE_RACE.value]
     stop_on: list[Signal] = []
     error_signatures: list[str] = ["is_fx_symbolic_tracing",
                                    "Detected that you are using FX to symbolically trace"]

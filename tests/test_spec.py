@@ -134,7 +134,7 @@ def test_minimal_defaults(tmp_path):
     assert spec.caches.per_profile and not spec.caches.clear_on_submit
     assert spec.train.resume_args == [] and spec.train.grace == 30 and spec.train.timeout is None
     assert spec.rollback.enabled and spec.rollback.max_rollbacks == 2
-    assert spec.rollback.on == ["low_throughput", "stall", "error_signature", "cuda_oom"]
+    assert spec.rollback.on == ["low_throughput", "stall", "error_signature", "cuda_oom", "start_hang", "compile_race"]
     assert spec.rollback.stop_on == [] and spec.train.restarts is None
     assert spec.rollback.error_signatures == ["is_fx_symbolic_tracing",
                                               "Detected that you are using FX to symbolically trace"]
@@ -236,7 +236,7 @@ def test_profile_by_name(tmp_path):
      "job.yaml:10: throughput.min_ratio: must be <= 1, got 1.5"),
     (BASE + "rollback:\n  on: [explode]\n",
      "job.yaml:9: rollback.on[0]: expected one of low_throughput, stall, error_signature, cuda_oom, oom_killed, "
-     "crash, gpu_idle, nccl_timeout, hw_error, driver_mismatch, got 'explode'"),
+     "crash, gpu_idle, nccl_timeout, hw_error, driver_mismatch, start_hang, compile_race, got 'explode'"),
     (BASE + "rollback:\n  max_rollbacks: 1.5\n", "job.yaml:9: rollback.max_rollbacks: expected an integer, got 1.5"),
     (BASE.replace("command: python train.py", "command: x\n  resume_args: \"--tag 'open\""),
      "job.yaml:8: train.resume_args: cannot split \"--tag 'open\" into arguments: No closing quotation"),

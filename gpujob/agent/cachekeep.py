@@ -123,7 +123,7 @@ class CacheKeep:
         """True when the failure ``out`` is retried once on the restored cache."""
         st = self.journal.state()
         start = st.get("cache_start") or {}
-        if out.kind != OutcomeKind.SIGNAL or out.signal_name != FailureSignal.ERROR_SIGNATURE or st.get("cold_retry"):
+        if out.kind != OutcomeKind.SIGNAL or out.signal_name not in (FailureSignal.ERROR_SIGNATURE, FailureSignal.COMPILE_RACE) or st.get("cold_retry"):
             return False
         if start.get("profile") != profile or start.get("kind") != "cold":
             return False

@@ -93,6 +93,9 @@ class FailureSignal(_StrEnum):
     NCCL_TIMEOUT = "nccl_timeout"
     HW_ERROR = "hw_error"
     DRIVER_MISMATCH = "driver_mismatch"
+    START_HANG = "start_hang"      # no throughput sample within throughput.start_timeout of the start
+    COMPILE_RACE = "compile_race"  # the seeds' multi-thread compile race: FX-tracing error, or a
+                                   # start hang on a cold compile cache (restarted as the cache warms)
 
 
 #: a restart on the same wheels cannot help: the host changed

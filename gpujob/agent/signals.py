@@ -22,6 +22,10 @@ _NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout|NCCL (
 _HW_ERROR = re.compile(r"\bXid\b|uncorrectable ECC error|ECC error encountered|GPU has fallen off the bus")
 _DRIVER_MISMATCH = re.compile(r"Driver/library version mismatch|CUDA driver version is insufficient|"
                               r"NVML library version mismatch")
+# the seeds' race: threads compiling flex_attention at once on one cache; a restart on a
+# warmer cache cures it, so it is told apart from the spec's error signatures (which it wins over)
+_COMPILE_RACE = re.compile(r"Detected that you are using FX to symbolically trace a dynamo-optimized function|"
+                           r"is_fx_symbolic_tracing\(\) is True")
 _EXC_LINE = re.compile(r"\b\w*(?:Error|Exception|Interrupt)\b")
 
 
@@ -43,7 +47,9 @@ def find_signature(lines: Sequence[str], error_signatures: Sequence[str]) -> Opt
 
 
 def scan_line(line: str, error_signatures: Sequence[str]) -> Optional[str]:
-    """Live check of one log line: 'error_signature', 'cuda_oom' or None."""
+    """Live check of one log line: 'compile_race', 'error_signature', 'cuda_oom' or None."""
+    if _COMPILE_RACE.search(strip_ansi(line)):
+        return F.COMPILE_RACE
     if find_signature([line], error_signatures) is not None:
         return F.ERROR_SIGNATURE
     if _CUDA_OOM.search(strip_ansi(line)):
@@ -105,6 +111,9 @@ def classify_exit(
         return "ok", "exited with code 0"
     how, sig = _exit_text(returncode, sig)
     lines = [strip_ansi(l) for l in log_tail]
+    race = next((l for l in lines if _COMPILE_RACE.search(l)), None)
+    if race is not None:
+        return F.COMPILE_RACE, f"compile race ({how}): {_clip(race)}"
     found = find_signature(lines, error_signatures)
     if found is not None:
         return F.ERROR_SIGNATURE, f"error signature {found!r} in {log_name} ({how})"

@@ -71,6 +71,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
                     throughput.make_step_parser(tp["format"]))
             self.policy = policy.PolicyConfig.from_spec(tp)
             self.base_policy = self.policy
+            self.start_timeout = tp["start_timeout"]
         self.rb = defaults.section(self.spec, "rollback")
         self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
         self.per_profile_caches = defaults.section(self.spec, "caches")["per_profile"]
@@ -295,6 +296,13 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
         if failure in (self.rb.get("stop_on") or []):
             self.finish(JobState.FAILED, f"{reason} ({failure} is in rollback.stop_on)", signal=failure, exit_code=out.exit_code)
             return True
+        if failure == FailureSignal.COMPILE_RACE:  # the same wheels on a warmer cache first
+            cfg = self.restart_cfg if failure in self.restart_cfg["on"] else DEFAULTS["restarts"]
+            refusal = self.restart(cfg, failure, reason, profile, out.exit_code)
+            if refusal is None:
+                return False
+            reason = f"{reason}; {refusal}"  # then a failure of this profile, as any other
+            self.say(f"compile race on {profile} not cured by restarts ({refusal})")
         if self.rb["enabled"] and failure in self.rb["on"]:
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
             limit = int(self.rb["max_rollbacks"])
@@ -311,19 +319,26 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             return False
         if failure == "container_restart" or failure in self.restart_cfg["on"]:
             cfg = self.restart_cfg if failure in self.restart_cfg["on"] else DEFAULTS["restarts"]
-            refusal = restart_refusal(cfg, self.restarts, failure, now())
+            refusal = self.restart(cfg, failure, reason, profile, out.exit_code)
             if refusal is None:
-                rec = {"at": now(), "signal": failure, "reason": reason, "profile": profile,
-                       "exit_code": out.exit_code}
-                self.restarts.append(rec)
-                self.journal.event("restart", **rec)
-                self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
-                self.journal.set_state(restarts=self.restarts, step="train", resume=True)
                 return False
             self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=failure, exit_code=out.exit_code)
             return True
         self.finish(JobState.FAILED, reason, signal=failure, exit_code=out.exit_code)
         return True
+
+    def restart(self, cfg: dict, failure: str, reason: str, profile: str, exit_code) -> str | None:
+        """Restart the trainer on ``profile`` (resumed) unless the restart policy ``cfg``
+        refuses; returns the refusal, or None when it restarted."""
+        refusal = restart_refusal(cfg, self.restarts, failure, now())
+        if refusal is not None:
+            return refusal
+        rec = {"at": now(), "signal": failure, "reason": reason, "profile": profile, "exit_code": exit_code}
+        self.restarts.append(rec)
+        self.journal.event("restart", **rec)
+        self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
+        self.journal.set_state(restarts=self.restarts, step="train", resume=True)
+        return None
 
     def auto_rollbacks(self) -> list:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]

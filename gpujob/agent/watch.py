@@ -12,7 +12,7 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import checkpoint, policy, signals, sources, throughput, timings
+from gpujob.agent import checkpoint, hang, policy, signals, snapshots, sources, throughput, timings
 from gpujob.agent.journal import now
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.commands import substitute
@@ -111,6 +111,7 @@ class PhaseWatch:
     uses the supervisor's journal, relay, policy and requests)."""
 
     grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
+    start_timeout = None  # throughput.start_timeout (the supervisor sets the spec's)
     fleet = None  # a multi-node job's leader or follower (agent/fleet.py)
 
     def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
@@ -136,7 +137,7 @@ class PhaseWatch:
 
     def end_phase(self) -> None:
         self.phase_proc = None
-        self.journal.set_state(child=None, child_pid=None)
+        self.journal.set_state(child=None, child_pid=None, ending=None)
 
     def nap(self, proc: Phase, seconds: float) -> None:
         """Wait ``seconds``, or less if the command exits meanwhile."""
@@ -195,11 +196,15 @@ class PhaseWatch:
                                samples=len(run.samples))
         else:
             run = self.new_run(logname, profile, timeout, watch_tps, None)
+            if watch_tps and self.start_timeout:  # a start hang on an empty cache is the compile race
+                run.cold_cache = snapshots.cache_files(self.home.root, self.cache_key(profile)) == 0
             proc = self.start_phase(argv, env, self.workdir, logname,
-                                    {"profile": profile, "gpu": gpu, "watch_tps": watch_tps}, started)
+                                    {"profile": profile, "gpu": gpu, "watch_tps": watch_tps,
+                                     "cold_cache": run.cold_cache}, started)
             self.journal.set_state(phase_started_at=run.start)
         split = throughput.LineSplitter()
-        outcome = None
+        # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
+        outcome = hang.predecessor_outcome(self, proc, Outcome) if adopt is not None else None
         while outcome is None:
             chunk = self.relay.poll()
             t = now()
@@ -228,6 +233,8 @@ class PhaseWatch:
             self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
             if outcome.kind == OutcomeKind.STOP:
                 self.set_state(JobState.STOPPING, phase=run.phase)
+            if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
+                hang.end_hung(self, proc, run, outcome)  # its stacks first (journal, logs --stacks)
             left = proc.kill(grace)
             self.journal.event("group_stopped", pgid=proc.pgid, left=left)
             for _ in self.relay.drain():  # what it printed while dying
@@ -259,6 +266,7 @@ class PhaseWatch:
 
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
         run = _Run(self, logname, profile, timeout, watch_tps, start)
+        run.cold_cache = bool((adopt or {}).get("cold_cache"))
         run.source = self.make_source(profile, adopt) if watch_tps else None
         return run
 
@@ -351,11 +359,11 @@ class PhaseWatch:
         outcome = outcome or self.requests()
         if outcome:
             return outcome
-        acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or [])
+        acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or []) + [FailureSignal.COMPILE_RACE]
         if run.hit_at and t - run.hit_at[0] > self.grace_after_signature and run.hit_at[1] in acted_on:
             _name, reason = signals.classify_exit(1, None, run.hits, self.signatures)
             return Outcome(OutcomeKind.SIGNAL, run.hit_at[1], f"{reason} (the process kept running "
-                           f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
+                           f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:], "hung": True})
         if run.timeout and t - run.start > run.timeout:
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
@@ -365,11 +373,16 @@ class PhaseWatch:
             outcome = self.check_gpu_idle(run, t)
             if outcome:
                 return outcome
-        if run.watch_tps:
+        if run.watch_tps and not run.samples and self.start_timeout:  # before the first sample: start_timeout's
+            if t - run.start > self.start_timeout:
+                name, reason, ev = hang.start_hang(run.phase, t - run.start, self.start_timeout, run.cold_cache)
+                self.journal.event("decision", verdict=name, reason=reason, evidence=ev)
+                return Outcome(OutcomeKind.SIGNAL, name, reason, ev)
+        elif run.watch_tps:
             d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
             if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
-                return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, d.evidence)
+                return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, dict(d.evidence, hung=True))
         return None
 
     def check_gpu_idle(self, run, t: float):

@@ -138,6 +138,8 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          events: bool = typer.Option(False, "--events", help="the event journal instead of the log"),
          samples: bool = typer.Option(False, "--samples", help="every throughput sample of the last "
                                       "journal.full_rate_samples (events hold one summary a minute)"),
+         stacks: bool = typer.Option(False, "--stacks", help="the Python stacks gpujob saved before it "
+                                     "ended a hung trainer (start_hang, stall, compile_race)"),
          tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          node: Optional[int] = typer.Option(None, "--node", help="a multi-node job: only node I's log"),
@@ -158,8 +160,52 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     if node is not None:
         raise InputError("--node: only for a multi-node job")
     job_id, t = job_target(job, target)
+    if stacks:
+        if follow or events or samples or phase or tail is not None:
+            raise InputError("--stacks: takes no --follow, --events, --samples, --phase or --tail")
+        _show_stacks(job_id, t, as_json)
+        return
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
+
+
+def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
+    """The ``stacks`` events of a job: a header line each, then the stack text as the
+    trainer's interpreter (or py-spy) wrote it, as data."""
+    import sys
+    import time
+    from gpujob import jobs
+    buf = bytearray()
+    jobs.follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
+                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    found = []
+    for ln in bytes(buf).split(b"\n"):
+        try:
+            rec = json.loads(ln.lstrip(b"\0"))
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("type") == "stacks":
+            found.append(rec)
+    so = sys.stdout
+    if as_json:
+        for rec in found:
+            so.write(json.dumps(rec, sort_keys=True) + "\n")
+        return
+    if not found:
+        err.print(render.lit(f"gpujob: no stacks saved for {job_id} (gpujob saves them before it ends a hung "
+                             f"trainer: a start_hang, a stall, a compile race)"))
+        return
+    for rec in found:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(rec.get("t", 0)))
+        so.write(f"== {rec.get('phase')} {rec.get('signal')} at {when}, via {rec.get('method')}: "
+                 f"{rec.get('reason')}\n")
+        if rec.get("note"):
+            so.write(f"   {rec['note']}\n")
+        for st in rec.get("stacks") or []:
+            so.write(f"-- pid {st.get('pid')}: {' '.join(st.get('argv') or [])}\n")
+            text = str(st.get("text") or "")
+            so.write(text if text.endswith("\n") else text + "\n")
+    so.flush()
 
 
 @app.command()

@@ -205,6 +205,10 @@ def event_line(ev: dict) -> str:
     elif kind == "samples_1m":
         body = (f"{fmt_rate(ev['median'])} tok/s median of {ev.get('n')} samples "
                 f"({fmt_rate(ev['min'])}–{fmt_rate(ev['max'])}) on {ev.get('profile')} [{ev.get('verdict')}]")
+    elif kind == "stacks":  # the text itself: gpujob logs --stacks
+        n = len(ev.get("stacks") or [])
+        body = (f"{ev.get('method')}: {n} process{'es' if n != 1 else ''} of {ev.get('phase')} "
+                f"({ev.get('signal')}); gpujob logs --stacks shows them")
     elif kind in ("decision", "rollback"):
         body = ", ".join(f"{k}={ev[k]}" for k in ("verdict", "from", "to", "signal") if k in ev)
         body += f": {ev.get('reason', '')}"
