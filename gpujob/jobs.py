@@ -208,8 +208,12 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           when={"cold": "unless a warmup of this command and profile succeeded "
                                         "before (marker in the profile's cache)",
                                 "never": "never", "always": ""}[spec.warmup.when]))
+    hang_note = ""
+    if spec.throughput is not None and spec.throughput.start_timeout is not None:
+        hang_note = (f"; no throughput sample within {spec.throughput.start_timeout:g}s of its start is a "
+                     f"start_hang (a compile_race on a cold cache): its Python stacks are saved, then it is ended")
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
-                      f"{envs.cache_dir(home, prof['env_key'])})",
+                      f"{envs.cache_dir(home, prof['env_key'])}{hang_note})",
                       command_argv(req["spec"]["train"]["command"], values)))
     if spec.train.standby is not None:
         from gpujob.agent.standby import command_script
