@@ -115,3 +115,37 @@ def test_a_follower_with_the_wrong_key_is_never_heard(tmp_path):
         good.close()
         bad.close()
         server.close()
+
+
+def test_the_channel_hello_names_its_wire_and_version():
+    import json as _json
+    line = _json.dumps({"wire": "gpujob-fleet", "version": 1, "hello": "n" * 32}).encode()
+    assert channel.read_hello(line) == "n" * 32
+    with pytest.raises(channel.Refused, match=r"expected a gpujob-fleet hello, got b'SSH-2.0-OpenSSH"):
+        channel.read_hello(b"SSH-2.0-OpenSSH_9.2\r\n")  # the port is some other service
+    with pytest.raises(channel.Refused, match="expected a gpujob-fleet hello"):
+        channel.read_hello(_json.dumps({"hello": "n" * 32}).encode())  # an older leader's hello
+    with pytest.raises(channel.Refused, match="the leader speaks gpujob-fleet version 2, this node speaks 1"):
+        channel.read_hello(_json.dumps({"wire": "gpujob-fleet", "version": 2, "hello": "n" * 32}).encode())
+
+
+def test_a_follower_of_another_wire_version_is_refused_with_its_reason():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    server = channel.Server(b"k" * 32, port, "job-1", bind="127.0.0.1")
+    server.start()
+    c = socket.create_connection(("127.0.0.1", port), timeout=5)
+    try:
+        rfile = c.makefile("rb")
+        theirs = channel.read_hello(rfile.readline())
+        join = {"kind": "join", "job": "job-1", "rank": 1, "nonce": "m" * 32, "version": 2}
+        c.sendall(channel.seal(b"k" * 32, theirs, 1, join))
+        rank, body = server.inbox.get(timeout=10)
+        assert rank == 1 and body == {"kind": "refused",
+                                      "why": "the follower speaks gpujob-fleet version 2, the leader 1"}
+        assert 1 not in server.connected()
+    finally:
+        c.close()
+        server.close()

@@ -1,6 +1,9 @@
 """The fleet channel between a multi-node job's supervisors (stdlib only).
 
-JSON lines over TCP on the cluster network. Every message is signed with the
+JSON lines over TCP on the cluster network. The leader's first line is its hello
+(``{"wire": "gpujob-fleet", "version": 1, "hello": NONCE}``) and the follower's
+signed join carries its ``version`` too: another wire or version is refused in one
+line (docs/wire.md). Every message is signed with the
 job's secret key (HMAC-SHA256, ``secrets.json``: never argv, never a log) over
 ``nonce|seq|body``: the nonce is the *receiver's* for this connection (sent in
 its hello), and ``seq`` counts 1, 2, 3... per direction, so a message recorded on
@@ -24,6 +27,8 @@ import socket
 import threading
 import time
 
+WIRE = "gpujob-fleet"  # the hello's magic (docs/wire.md)
+VERSION = 1
 MAX_LINE = 1 << 16
 HEARTBEAT = 1.0
 SILENCE = 10.0  # no line for this long on a connection (heartbeats included): it is dead (a half-open
@@ -107,15 +112,27 @@ class Conn:
 
 
 def _hello(sock: socket.socket, nonce: str) -> None:
-    sock.sendall((json.dumps({"hello": nonce}) + "\n").encode())
+    sock.sendall((json.dumps({"wire": WIRE, "version": VERSION, "hello": nonce}) + "\n").encode())
+
+
+def read_hello(line: bytes) -> str:
+    """The leader's nonce from its hello line, or Refused naming what came instead."""
+    try:
+        msg = json.loads(line or b"{}")
+    except ValueError:
+        raise Refused(f"expected a {WIRE} hello, got {line[:60]!r}") from None
+    if not isinstance(msg, dict) or msg.get("wire") != WIRE:
+        raise Refused(f"expected a {WIRE} hello, got {line[:60]!r}")
+    if msg.get("version") != VERSION:
+        raise Refused(f"the leader speaks {WIRE} version {msg.get('version')!r}, this node speaks {VERSION}")
+    nonce = msg.get("hello")
+    if not isinstance(nonce, str) or len(nonce) < 16:
+        raise Refused("a hello without its nonce")
+    return nonce
 
 
 def _read_hello(rfile) -> str:
-    msg = json.loads(rfile.readline(MAX_LINE) or b"{}")
-    nonce = msg.get("hello") if isinstance(msg, dict) else None
-    if not isinstance(nonce, str) or len(nonce) < 16:
-        raise Refused("no hello")
-    return nonce
+    return read_hello(rfile.readline(MAX_LINE))
 
 
 class Server:
@@ -170,6 +187,8 @@ class Server:
             if join.get("kind") != "join" or join.get("job") != self.job_id or not isinstance(join.get("rank"), int):
                 raise Refused("not a join of this job")
             rank = join["rank"]
+            if join.get("version") != VERSION:
+                raise Refused(f"the follower speaks {WIRE} version {join.get('version')!r}, the leader {VERSION}")
             conn = Conn(c, self.key, mine, str(join.get("nonce")), rfile)
             conn.in_seq = 1
             c.settimeout(SILENCE)  # a follower beats every second: silence means a dead link
@@ -250,7 +269,7 @@ class Client:
             theirs = _read_hello(rfile)
             mine = os.urandom(16).hex()
             conn = Conn(c, self.key, mine, theirs, rfile)
-            conn.send(dict(self.hello, kind="join", job=self.job_id, rank=self.rank, nonce=mine))
+            conn.send(dict(self.hello, kind="join", job=self.job_id, rank=self.rank, nonce=mine, version=VERSION))
             c.settimeout(SILENCE)  # the leader beats every second: silence means a dead link
             return conn
         except BaseException:

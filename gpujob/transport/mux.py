@@ -6,7 +6,11 @@ so a command costs a frame on an open channel instead of a new SSH channel, a
 it comes, stdin still streams in, exit codes and timeouts mean what they mean
 for every other transport, and commands may run concurrently.
 
-The protocol: frames are ``type (1 byte) | id (4) | length (4) | payload``
+The protocol (docs/wire.md): each side first writes ``PREAMBLE`` (the magic
+``GJMX`` and a version byte); the client skips up to ``MAX_STRAY`` stray bytes before
+the server's (a motd, an ``lxc-attach`` warning on ``pct exec``'s stdout), and any
+other header after it is one clear error, never a misread frame. Then frames are
+``type (1 byte) | id (4) | length (4) | payload``
 (``HEADER``, network order). To the server: ``O`` open a command (JSON: argv,
 timeout, stdin), ``I`` stdin data, ``E`` stdin EOF, ``K`` kill it. From the
 server: ``H`` hello (once, ready), ``o`` stdout, ``e`` stderr, ``x`` exit (JSON:
@@ -32,6 +36,12 @@ from gpujob.errors import ConnectionLost
 from gpujob.transport.base import KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, iter_chunks
 
 HEADER = struct.Struct("!cII")
+MAGIC = b"GJMX"
+VERSION = 1
+PREAMBLE = MAGIC + bytes([VERSION])
+MAX_STRAY = 64 << 10       # bytes skipped before the server's preamble, at most
+MAX_FRAME = 64 << 20       # the largest payload either side sends is far smaller (1 MiB reads)
+SERVER_KINDS = (b"H", b"o", b"e", b"x")
 SERVER_SOURCE = (Path(__file__).parent / "mux_server.py").read_text()
 SINK_FAILED = b"!!"  # local only: a caller's sink raised (payload: the exception)
 LOST = b"!"          # local only: the channel closed before the command's exit frame
@@ -72,10 +82,16 @@ class MuxClient:
         self.where = where
         self.alive = True
         self.hello = threading.Event()
+        self.error: str | None = None  # why the channel was dropped (a bad preamble or header)
+        self.stray = b""  # what came before the server's preamble (kept to say what it was)
         self._calls: dict[int, queue.Queue] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
+        try:
+            self._send_preamble()  # before any frame, so the server knows it is us
+        except ConnectionLost:
+            pass  # the reader finds the stream closed and ends every call
         threading.Thread(target=self._reader, daemon=True, name="gpujob-mux").start()
 
     def wait_ready(self, timeout: float) -> bool:
@@ -93,17 +109,52 @@ class MuxClient:
                 self.alive = False
                 raise ConnectionLost(f"lost the exec channel to {self.where}: {e}") from None
 
+    def _send_preamble(self) -> None:
+        with self._send_lock:
+            try:
+                self.stream.send(PREAMBLE)
+            except (OSError, EOFError) as e:
+                self.alive = False
+                raise ConnectionLost(f"lost the exec channel to {self.where}: {e}") from None
+
+    def _sync(self, buf: bytearray) -> bool:
+        """Drop what comes before the server's preamble; True once it is found. A wrong
+        version, or no preamble within MAX_STRAY bytes, is ``self.error``."""
+        i = buf.find(MAGIC)
+        if i < 0 or len(buf) < i + len(PREAMBLE):
+            if len(buf) > MAX_STRAY:
+                self.error = (f"no gpujob exec-channel preamble in the first {MAX_STRAY} bytes from "
+                              f"{self.where} (it began {bytes(buf[:60])!r})")
+            return False
+        if buf[i + len(MAGIC)] != VERSION:
+            self.error = (f"the exec channel on {self.where} speaks version {buf[i + len(MAGIC)]}, "
+                          f"this gpujob speaks {VERSION}")
+            return False
+        self.stray = bytes(buf[:i])
+        del buf[:i + len(PREAMBLE)]
+        return True
+
     def _reader(self) -> None:
         buf = bytearray()
+        synced = False
         try:
-            while True:
+            while self.error is None:
                 data = self.stream.recv(1 << 20)
                 if not data:
                     break
                 buf += data
+                if not synced:
+                    synced = self._sync(buf)
+                    if not synced:
+                        continue
                 pos = 0  # parse every whole frame, then drop them from buf at once
                 while len(buf) - pos >= HEADER.size:
                     kind, cid, n = HEADER.unpack_from(buf, pos)
+                    if kind not in SERVER_KINDS or n > MAX_FRAME:
+                        self.error = (f"bad frame header on the exec channel from {self.where}: expected a "
+                                      f"kind in H, o, e, x and a length <= {MAX_FRAME}, got kind {kind!r}, "
+                                      f"length {n}")
+                        break
                     end = pos + HEADER.size + n
                     if len(buf) < end:
                         break
@@ -125,6 +176,11 @@ class MuxClient:
             with self._lock:
                 for call in self._calls.values():
                     call.done.put((LOST, b""))
+            if self.error is not None:  # nothing more is read from a stream that broke its wire
+                try:
+                    self.stream.close()
+                except OSError:
+                    pass
 
     def _feed(self, cid: int, stdin: Stdin) -> None:
         try:
@@ -167,7 +223,7 @@ class MuxClient:
                                   time.monotonic() - started)
                 if kind == SINK_FAILED:
                     raise payload
-                raise ConnectionLost(f"lost the connection to {self.where} while running {argv[0]}")
+                raise ConnectionLost(self.error or f"lost the connection to {self.where} while running {argv[0]}")
         except BaseException:
             if self.alive:  # Ctrl-C or an error on our side: the command must not live on
                 try:

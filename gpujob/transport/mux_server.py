@@ -5,7 +5,9 @@ program on Proxmox; ~30-300 ms). gpujob instead starts this server once per
 container and connection — ``pct exec VMID -- python3 -c <this file>`` — and
 runs every later command as a child of it, framed over that one channel.
 
-Frames are ``type (1 byte) | id (4) | length (4) | payload``. From the client:
+Each side first writes the preamble ``GJMX`` + a version byte (``MAGIC``,
+``VERSION``); the client skips stray bytes before it (docs/wire.md). Then
+frames are ``type (1 byte) | id (4) | length (4) | payload``. From the client:
 ``O`` open (JSON: argv, timeout, stdin), ``I`` stdin data, ``E`` stdin EOF,
 ``K`` kill. From the server: ``H`` hello, ``o`` stdout, ``e`` stderr, ``x`` exit
 (JSON: code, timed_out). When the client goes away (EOF on our stdin) every
@@ -22,6 +24,11 @@ import sys
 import time
 
 HEADER = struct.Struct("!cII")
+MAGIC = b"GJMX"
+VERSION = 1
+PREAMBLE = MAGIC + bytes([VERSION])
+CLIENT_KINDS = (b"O", b"I", b"E", b"K")
+MAX_FRAME = 64 << 20
 KILL_AFTER = 3.0
 CHUNK = 1 << 20
 F_SETPIPE_SZ = 1031  # Linux: a child's output pipe of 1 MiB means fewer, larger frames
@@ -191,7 +198,10 @@ def main():
     sel.register(stdin.fileno(), selectors.EVENT_READ, ("client", None))
     children = {}
     buf = bytearray()
-    send(b"H", 0, json.dumps({"pid": os.getpid()}).encode())
+    out = sys.stdout.buffer
+    out.write(PREAMBLE)
+    send(b"H", 0, json.dumps({"pid": os.getpid(), "version": VERSION}).encode())
+    synced = False
 
     def start(cid, req):
         try:
@@ -307,8 +317,24 @@ def main():
                         kill_group(c, signal.SIGKILL)
                     return
                 buf += data
+                if not synced:  # the client's preamble: gpujob's mux, our version
+                    if len(buf) < len(PREAMBLE):
+                        continue
+                    if bytes(buf[:len(PREAMBLE)]) != PREAMBLE:
+                        sys.stderr.write("gpujob mux: expected the preamble %r from the client, got %r\n"
+                                         % (PREAMBLE, bytes(buf[:len(PREAMBLE)])))
+                        return
+                    del buf[:len(PREAMBLE)]
+                    synced = True
                 while len(buf) >= HEADER.size:
                     t, cid, n = HEADER.unpack_from(buf)
+                    if t not in CLIENT_KINDS or n > MAX_FRAME:
+                        sys.stderr.write("gpujob mux: bad frame header from the client: expected a kind in "
+                                         "O, I, E, K and a length <= %d, got kind %r, length %d\n"
+                                         % (MAX_FRAME, t, n))
+                        for c in children.values():
+                            kill_group(c, signal.SIGKILL)
+                        return
                     if len(buf) < HEADER.size + n:
                         break
                     payload = bytes(buf[HEADER.size:HEADER.size + n])

@@ -60,6 +60,8 @@ class PctTransport(Transport):
                 return client
             said = stream.stderr()
             client.close()
+            if client.error:  # something else on the channel: say what, never misread it
+                raise ConnectionLost(client.error)
             if said.strip():
                 # pct or the container said why (stopped, no python3): a pct exec per
                 # command from now on, whose results carry that same message
