@@ -35,5 +35,20 @@ def test_a_missing_rc_local_is_created_executable(tmp_path):
     assert boothook.hook_line("/usr/bin/python3", "/h/bin/a.pyz", "/h") in rc.read_text()
 
 
-def test_boot_identity_is_stable_within_a_boot():
-    assert boothook.boot_identity() == boothook.boot_identity()
+def test_boot_identity_is_stable_within_a_boot_and_changes_with_init():
+    """The kernel's boot id and this PID namespace's init start: what a container restart changes."""
+    import subprocess
+    import sys
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    with open("/proc/1/stat") as f:
+        init_start = f.read().rsplit(")", 1)[1].split()[19]
+    ident = boothook.boot_identity()
+    assert ident == f"{boot}/{init_start}" == boothook.boot_identity()
+    # a new PID namespace (as a restarted container has) has another init, started later
+    code = "from gpujob.agent import boothook; print(boothook.boot_identity())"
+    p = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    other = p.stdout.strip()
+    assert other.startswith(f"{boot}/") and other != ident

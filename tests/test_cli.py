@@ -72,8 +72,8 @@ def test_doctor_on_the_local_target_warns_on_gpus(env):
     assert p.returncode == 0, p.stdout
     checks = {c["name"]: c["status"] for c in json.loads(p.stdout)["lab/box"]}
     assert checks["python3"] == "ok"
-    # no GPU here: a warning, not a failure; on a machine with GPUs the check has its own say
-    assert checks["gpus"] == "warn" or shutil.which("nvidia-smi") is not None
+    # no GPU here: a warning, not a failure; where nvidia-smi runs, the GPUs it lists are ok
+    assert checks["gpus"] == ("ok" if shutil.which("nvidia-smi") else "warn")
 
 
 def test_dflash_plan_validates_and_prints_the_steps(tmp_path):

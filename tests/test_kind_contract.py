@@ -110,10 +110,21 @@ def test_doctor_facts_of_the_layers_below_judge_ok(target):
     assert all(c.status == "ok" for c in checks[:python + 1]), checks
 
 
+#: what each kind's plan says it does before the first container command, and whether it
+#: may install a boot hook (a kind added without an entry here fails the test)
+PLANNED = {"local": ([], False), "ssh": ([("connect", "laptop"), ("channel", "host")], True)}
+
+
 def test_plan_steps_and_boot_hooks_are_declared(target):
-    for step in target.driver.plan_connect(target):
-        assert step.kind and step.where in ("laptop", "host")
-    assert isinstance(target.driver.boot_hooks, bool)
+    steps = target.driver.plan_connect(target)
+    assert target.kind in PLANNED, f"kind {target.kind!r} has no PLANNED entry in test_kind_contract.py"
+    want_steps, want_hooks = PLANNED[target.kind]
+    assert [(s.kind, s.where) for s in steps] == want_steps
+    assert target.driver.boot_hooks is want_hooks
+    channel = [s for s in steps if s.kind == "channel"]
+    if channel:  # the plan shows the very argv that opens the exec channel (the server's source elided)
+        real = target.transport.mux_argv()
+        assert channel[0].argv[:-1] == real[:-1] and real[-1].startswith('"""The far end of a multiplexed')
 
 
 def test_reconnect_after_the_link_died(target, request):
