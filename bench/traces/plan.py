@@ -1,0 +1,124 @@
+"""Write the recording plan (JSON) for record_traces.py.
+
+  python3 plan.py --root DIR --work /tmp/rec -o plan.json          # the H200 run
+  python3 plan.py --root DIR --work /tmp/rec -o plan.json --cpu    # a tiny CPU rehearsal
+
+DIR holds hf_trainer.py, nanogpt_trainer.py, compile_race.py and dflash_mini/trainer.py.
+Four lanes run side by side on the one GPU: hf, nanogpt, dflash, race.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--python", default="python3")
+    ap.add_argument("--cpu", action="store_true")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiplies every training time")
+    a = ap.parse_args()
+    root, work, py = os.path.abspath(a.root), os.path.abspath(a.work), a.python
+    T = lambda s: max(4.0, round(s * a.scale, 1))  # noqa: E731
+    broken = {"TORCHDYNAMO_DISABLE": "1"}
+
+    def cache(name):
+        return {"TORCHINDUCTOR_CACHE_DIR": f"{work}/caches/{name}/inductor",
+                "TRITON_CACHE_DIR": f"{work}/caches/{name}/triton"}
+
+    # --- a) HF transformers.Trainer -------------------------------------------------
+    hf = [py, f"{root}/hf_trainer.py", "--out", "hf_out", "--compile"]
+    hf_size = ["--hidden", "64", "--layers", "2", "--heads", "2", "--seq", "128", "--batch", "4",
+               "--vocab", "512", "--cpu", "--attn", "sdpa", "--logging-steps", "20"] if a.cpu else []
+    hf_tps = (4 * 128) if a.cpu else (16 * 1024)
+    hf_common = {"trainer": "hf_transformers_trainer", "tokens_per_step": hf_tps, "ckpt_dir": "hf_out"}
+    hf_nocompile = {"cmd": [x for x in hf if x != "--compile"]}
+    lane_hf = [
+        dict(hf_common, name="hf_trainer_compiled", profile="compiled", cwd=f"{work}/hf",
+             cmd=hf + hf_size + ["--time-limit", str(T(100)), "--save-every-s", str(T(15))],
+             env=cache("hf"), timeout=T(100) + 150,
+             notes="TrainingArguments(torch_compile=True); HF's own flex_attention wrapper compiles too",
+             fallback=dict(name="hf_trainer_compiled_nomodelcompile",
+                           cmd=hf_nocompile["cmd"] + hf_size + ["--time-limit", str(T(100)),
+                                                                "--save-every-s", str(T(15))],
+                           notes="fallback: torch_compile=True failed; only HF's flex_attention compile")),
+        dict(hf_common, name="hf_trainer_compiled_resume", profile="compiled", resume=True,
+             cwd=f"{work}/hf", env=cache("hf"), timeout=T(60) + 120,
+             cmd=hf + hf_size + ["--time-limit", str(T(60)), "--save-every-s", str(T(15)), "--resume"],
+             notes="resume_from_checkpoint=True after hf_trainer_compiled, same output dir, warm cache"),
+        dict(hf_common, name="hf_trainer_broken_compile", profile="broken_compile", cwd=f"{work}/hf_broken",
+             cmd=hf + hf_size + ["--time-limit", str(T(100)), "--save-every-s", str(T(15))],
+             env=dict(cache("hf_broken"), **broken), timeout=T(100) + 100,
+             notes="same command, TORCHDYNAMO_DISABLE=1: flex_attention falls back to eager"),
+    ]
+    # --- b) nanoGPT-style ----------------------------------------------------------
+    ng = [py, f"{root}/nanogpt_trainer.py", "--compile=True"]
+    ng_size = ["--device=cpu", "--dtype=float32", "--attn=sdpa", "--n_layer=2", "--n_embd=64", "--n_head=2",
+               "--block_size=128", "--batch_size=4", "--vocab_size=512", "--log_interval=20"] if a.cpu else []
+    ng_common = {"trainer": "nanogpt_style", "tokens_per_step": (4 * 128) if a.cpu else (16 * 1024),
+                 "ckpt_dir": "out"}
+    ev = f"--eval_interval_s={T(15)}"
+    lane_ng = [
+        dict(ng_common, name="nanogpt_compiled", profile="compiled", cwd=f"{work}/ng",
+             cmd=ng + ng_size + [ev, f"--time_limit={T(90)}"], env=cache("ng"), timeout=T(90) + 150),
+        dict(ng_common, name="nanogpt_compiled_resume", profile="compiled", resume=True, cwd=f"{work}/ng",
+             cmd=ng + ng_size + [ev, f"--time_limit={T(45)}", "--init_from=resume"], env=cache("ng"),
+             timeout=T(45) + 120, notes="--init_from=resume of out/ckpt.pt, warm cache"),
+        dict(ng_common, name="nanogpt_broken_compile", profile="broken_compile", cwd=f"{work}/ng_broken",
+             cmd=ng + ng_size + [ev, f"--time_limit={T(90)}"], env=dict(cache("ng_broken"), **broken),
+             timeout=T(90) + 100),
+    ]
+    # --- c) jobs/dflash_mini -------------------------------------------------------------
+    df = [py, f"{root}/dflash_mini/trainer.py", "--ckpt-dir", "ckpt", "--ckpt-every", str(T(10))]
+    df_size = ["--device", "cpu", "--seq-len", "128", "--hidden", "64", "--heads", "2", "--vocab", "512",
+               "--batch", "2"] if a.cpu else []
+    df_common = {"trainer": "dflash_mini", "tokens_per_step": (2 * 128) if a.cpu else (8 * 1024),
+                 "ckpt_dir": "ckpt"}
+    lane_df = [
+        dict(df_common, name="dflash_mini_compiled", profile="compiled", cwd=f"{work}/df",
+             cmd=df + df_size + ["--time-limit", str(T(90))], env=dict(cache("df"), DFLASH_COMPILE="1"),
+             timeout=T(90) + 120),
+        dict(df_common, name="dflash_mini_compiled_resume", profile="compiled", resume=True, cwd=f"{work}/df",
+             cmd=df + df_size + ["--time-limit", str(T(40)), "--resume"],
+             env=dict(cache("df"), DFLASH_COMPILE="1"), timeout=T(40) + 90),
+        dict(df_common, name="dflash_mini_broken_compile", profile="broken_compile", cwd=f"{work}/df_broken",
+             cmd=df + df_size + ["--time-limit", str(T(90))],
+             env=dict(cache("df_broken"), DFLASH_COMPILE="1", **broken), timeout=T(90) + 90,
+             notes="DFLASH_COMPILE=1 (the fast profile's env) plus TORCHDYNAMO_DISABLE=1"),
+    ]
+    # --- e) the compile race ---------------------------------------------------------------
+    rc = [py, f"{root}/compile_race.py"] + (["--device", "cpu", "--seq", "128", "--steps", "1"] if a.cpu else [])
+    race_t = 25 if a.cpu else 60
+    r_common = {"trainer": "compile_race", "phase": "warmup", "min_time": 20}
+    lane_race = [dict(r_common, name="race_cold_3threads_1", profile="compiled", cwd=f"{work}/race",
+                      cmd=rc + ["--threads", "3"], env=cache("race_cold1"), timeout=race_t,
+                      notes="3 threads, cold (empty) inductor + triton cache; SIGABRT after the timeout")]
+    lane_race.append(dict(r_common, name="race_warmup_1thread", profile="compiled", cwd=f"{work}/race",
+                          cmd=rc + ["--threads", "1"], env=cache("race_warm"), timeout=race_t * 2,
+                          notes="one thread fills the cache the warm runs use"))
+    for i in (1, 2, 3):
+        lane_race.append(dict(r_common, name=f"race_warm_3threads_{i}", profile="compiled", cwd=f"{work}/race",
+                              cmd=rc + ["--threads", "3"], env=cache("race_warm"), timeout=race_t,
+                              notes="3 threads on the cache race_warmup_1thread filled"))
+    for i in (2, 3):
+        lane_race.append(dict(r_common, name=f"race_cold_3threads_{i}", profile="compiled", cwd=f"{work}/race",
+                              cmd=rc + ["--threads", "3"], env=cache(f"race_cold{i}"), timeout=race_t,
+                              notes="3 threads, cold (empty) cache, repetition"))
+    plan = {"python": py, "root": root,
+            "env": {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+                    "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                    "HF_HUB_DISABLE_TELEMETRY": "1"},
+            "side_by_side": "4 lanes at once on one GPU (hf, nanogpt, dflash, race); runs.json has each "
+                            "run's start/end, so the overlapping runs can be read off it",
+            "lanes": {"hf": lane_hf, "nanogpt": lane_ng, "dflash": lane_df, "race": lane_race}}
+    with open(a.out, "w") as f:
+        json.dump(plan, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
