@@ -7,7 +7,7 @@ tqdm bar (forced: ``disable_tqdm=False``, redrawn with ``\\r`` even without a TT
 ``logging_steps`` dict lines, and ``checkpoint-N/`` saves (``trainer_state.json``
 last) about every ``--save-every-s`` seconds (a callback sets ``should_save``: the
 Trainer's own save path writes them), ``save_total_limit=2``. ``--resume`` passes
-``resume_from_checkpoint=True``. Training stops after ``--time-limit`` seconds.
+``resume_from_checkpoint=True``. Training stops ``--time-limit`` seconds after the first step (which compiles).
 """
 
 from __future__ import annotations
@@ -40,11 +40,10 @@ class Clock(TrainerCallback):
         self.time_limit, self.save_every = time_limit, save_every
         self.start = self.last_save = None
 
-    def on_train_begin(self, args, state, control, **kw):
-        self.start = self.last_save = time.time()
-
     def on_step_end(self, args, state, control, **kw):
         now = time.time()
+        if self.start is None:  # the clocks start after the first step (it compiles)
+            self.start = self.last_save = now
         if self.save_every and now - self.last_save >= self.save_every:
             control.should_save = True
         if self.time_limit and now - self.start >= self.time_limit:

@@ -8,7 +8,7 @@ mfu Z%`` every ``log_interval`` iterations (the time of that one iteration), an
 eval (``step N: train loss X, val loss Y``) and then ``saving checkpoint to out``
 which rewrites the ONE file ``out/ckpt.pt`` in place; ``--init_from=resume``
 loads it. Ours adds ``--eval_interval_s`` (seconds between evals) and
-``--time_limit`` (seconds of training).
+``--time_limit`` (seconds of training after the first iteration, which compiles).
 """
 
 from __future__ import annotations
@@ -157,8 +157,8 @@ def main():
         iter_num += 1
         local_iter += 1
         now = time.time()
-        if local_iter == 1:  # the first iteration compiles: the eval clock starts after it
-            last_eval = now
+        if local_iter == 1:  # the first iteration compiles: the clocks start after it
+            last_eval = start = now
         if C.eval_interval_s and now - last_eval >= C.eval_interval_s:
             losses = estimate_loss()
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)

@@ -4,7 +4,7 @@
   python3 plan.py --root DIR --work /tmp/rec -o plan.json --cpu    # a tiny CPU rehearsal
 
 DIR holds hf_trainer.py, nanogpt_trainer.py, compile_race.py and dflash_mini/trainer.py.
-Four lanes run side by side on the one GPU: hf, nanogpt, dflash, race.
+Five lanes run side by side on the one GPU: hf, hf_broken, nanogpt, dflash, race.
 """
 
 from __future__ import annotations
@@ -40,19 +40,21 @@ def main():
     hf_nocompile = {"cmd": [x for x in hf if x != "--compile"]}
     lane_hf = [
         dict(hf_common, name="hf_trainer_compiled", profile="compiled", cwd=f"{work}/hf",
-             cmd=hf + hf_size + ["--time-limit", str(T(100)), "--save-every-s", str(T(15))],
+             cmd=hf + hf_size + ["--time-limit", str(T(90)), "--save-every-s", str(T(15))],
              env=cache("hf"), timeout=T(100) + 150,
              notes="TrainingArguments(torch_compile=True); HF's own flex_attention wrapper compiles too",
              fallback=dict(name="hf_trainer_compiled_nomodelcompile",
-                           cmd=hf_nocompile["cmd"] + hf_size + ["--time-limit", str(T(100)),
+                           cmd=hf_nocompile["cmd"] + hf_size + ["--time-limit", str(T(90)),
                                                                 "--save-every-s", str(T(15))],
                            notes="fallback: torch_compile=True failed; only HF's flex_attention compile")),
         dict(hf_common, name="hf_trainer_compiled_resume", profile="compiled", resume=True,
              cwd=f"{work}/hf", env=cache("hf"), timeout=T(60) + 120,
              cmd=hf + hf_size + ["--time-limit", str(T(60)), "--save-every-s", str(T(15)), "--resume"],
              notes="resume_from_checkpoint=True after hf_trainer_compiled, same output dir, warm cache"),
+    ]
+    lane_hf_broken = [
         dict(hf_common, name="hf_trainer_broken_compile", profile="broken_compile", cwd=f"{work}/hf_broken",
-             cmd=hf + hf_size + ["--time-limit", str(T(100)), "--save-every-s", str(T(15))],
+             cmd=hf + hf_size + ["--time-limit", str(T(90)), "--save-every-s", str(T(15))],
              env=dict(cache("hf_broken"), **broken), timeout=T(100) + 100,
              notes="same command, TORCHDYNAMO_DISABLE=1: flex_attention falls back to eager"),
     ]
@@ -113,9 +115,9 @@ def main():
             "env": {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                     "HF_HUB_DISABLE_TELEMETRY": "1"},
-            "side_by_side": "4 lanes at once on one GPU (hf, nanogpt, dflash, race); runs.json has each "
+            "side_by_side": "5 lanes at once on one GPU (hf, hf_broken, nanogpt, dflash, race); runs.json has each "
                             "run's start/end, so the overlapping runs can be read off it",
-            "lanes": {"hf": lane_hf, "nanogpt": lane_ng, "dflash": lane_df, "race": lane_race}}
+            "lanes": {"hf": lane_hf, "hf_broken": lane_hf_broken, "nanogpt": lane_ng, "dflash": lane_df, "race": lane_race}}
     with open(a.out, "w") as f:
         json.dump(plan, f, indent=1)
 
