@@ -22,6 +22,9 @@ def main():
     ap.add_argument("--python", default="python3")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every training time")
+    ap.add_argument("--layout", choices=["five", "pairs"], default="five",
+                    help="five: 5 lanes at once (every trainer, the race); pairs: 2 lanes, no race, "
+                         "the HF resume is a rollback (the compiled profile resumes the broken run's checkpoint)")
     a = ap.parse_args()
     root, work, py = os.path.abspath(a.root), os.path.abspath(a.work), a.python
     T = lambda s: max(4.0, round(s * a.scale, 1))  # noqa: E731
@@ -118,8 +121,48 @@ def main():
             "side_by_side": "5 lanes at once on one GPU (hf, hf_broken, nanogpt, dflash, race); runs.json has each "
                             "run's start/end, so the overlapping runs can be read off it",
             "lanes": {"hf": lane_hf, "hf_broken": lane_hf_broken, "nanogpt": lane_ng, "dflash": lane_df, "race": lane_race}}
+    if a.layout == "pairs":
+        plan = pairs(plan, T, work)
     with open(a.out, "w") as f:
         json.dump(plan, f, indent=1)
+
+
+
+def pairs(plan: dict, T, work: str) -> dict:
+    """Two lanes: HF (compiled, broken, then the compiled profile resuming the broken run's
+    checkpoint, as a rollback does) and nanoGPT then dflash_mini (compiled, broken)."""
+    lanes = plan["lanes"]
+
+    def retime(run, limit, suffix="_2lanes"):
+        run = dict(run, name=run["name"] + suffix, fallback=None)
+        cmd = list(run["cmd"])
+        for i, x in enumerate(cmd):
+            if x == "--time-limit":
+                cmd[i + 1] = str(T(limit))
+            elif x.startswith("--time_limit="):
+                cmd[i] = f"--time_limit={T(limit)}"
+        run["cmd"] = cmd
+        return run
+
+    hf_c, hf_r = lanes["hf"][0], lanes["hf"][1]
+    hf_b = lanes["hf_broken"][0]
+    rollback = retime(hf_r, 45, "_2lanes")
+    rollback.update(name="hf_trainer_rollback_resume_2lanes", cwd=hf_b["cwd"],
+                    notes="the compiled profile resumes (resume_from_checkpoint=True) the checkpoint that "
+                          "hf_trainer_broken_compile_2lanes wrote, in its output dir; inductor cache warm "
+                          "from hf_trainer_compiled_2lanes")
+    ng, df = lanes["nanogpt"], lanes["dflash"]
+    plan["lanes"] = {
+        "hf": [retime(hf_c, 65), retime(hf_b, 65), rollback],
+        "ng_df": [retime(ng[0], 65), retime(ng[2], 65), retime(df[0], 65), retime(df[2], 65)],
+    }
+    for lane in plan["lanes"].values():
+        for run in lane:
+            run["cwd"] = run["cwd"] + "_2l"
+            run["timeout"] = min(run["timeout"], 200)
+    plan["side_by_side"] = ("2 lanes at once on one GPU (hf; nanogpt then dflash_mini); runs.json has each "
+                            "run's start/end")
+    return plan
 
 
 if __name__ == "__main__":
