@@ -71,6 +71,7 @@ class TraceWriter:
         self.lock = threading.Lock()
         self.last_flush = time.time()
         self.count = 0
+        self.last_t = 0.0
         self._write(header)
 
     def _write(self, rec: dict) -> None:
@@ -78,6 +79,11 @@ class TraceWriter:
 
     def add(self, rec: dict) -> None:
         with self.lock:
+            # the reader stamps a chunk before it takes the lock, the poller may write in between:
+            # keep the file in time order (a shift of microseconds)
+            if rec["t"] < self.last_t:
+                rec["t"] = self.last_t
+            self.last_t = rec["t"]
             self._write(rec)
             self.count += 1
             if time.time() - self.last_flush > 1.0:
