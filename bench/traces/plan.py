@@ -22,9 +22,10 @@ def main():
     ap.add_argument("--python", default="python3")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every training time")
-    ap.add_argument("--layout", choices=["five", "pairs"], default="five",
+    ap.add_argument("--layout", choices=["five", "pairs", "race"], default="five",
                     help="five: 5 lanes at once (every trainer, the race); pairs: 2 lanes, no race, "
-                         "the HF resume is a rollback (the compiled profile resumes the broken run's checkpoint)")
+                         "the HF resume is a rollback (the compiled profile resumes the broken run's checkpoint); "
+                         "race: the compile race alone, restarts on one cache and more warm tries")
     a = ap.parse_args()
     root, work, py = os.path.abspath(a.root), os.path.abspath(a.work), a.python
     T = lambda s: max(4.0, round(s * a.scale, 1))  # noqa: E731
@@ -123,6 +124,8 @@ def main():
             "lanes": {"hf": lane_hf, "hf_broken": lane_hf_broken, "nanogpt": lane_ng, "dflash": lane_df, "race": lane_race}}
     if a.layout == "pairs":
         plan = pairs(plan, T, work)
+    elif a.layout == "race":
+        plan = race_restarts(plan, rc, r_common, cache, work)
     with open(a.out, "w") as f:
         json.dump(plan, f, indent=1)
 
@@ -162,6 +165,26 @@ def pairs(plan: dict, T, work: str) -> dict:
             run["timeout"] = min(run["timeout"], 200)
     plan["side_by_side"] = ("2 lanes at once on one GPU (hf; nanogpt then dflash_mini); runs.json has each "
                             "run's start/end")
+    return plan
+
+
+def race_restarts(plan: dict, rc: list, r_common: dict, cache, work: str) -> dict:
+    """The race alone. Lane `restarts`: 3 threads on ONE cache that starts empty, restarted after each
+    hang or failure (what gpujob's compile_race restart does), 6 tries at most (later tries that find
+    the race won still record how it behaves once converged). Lane `warm`: a 1-thread warmup, then
+    5 tries of 3 threads on the cache it filled."""
+    restarts = [dict(r_common, name=f"race_restart_{i}", profile="compiled", cwd=f"{work}/race_r",
+                     cmd=rc + ["--threads", "3"], env=cache("race_restarts"), timeout=45, min_time=20,
+                     notes=f"try {i} of 3 threads on one inductor/triton cache that was empty before try 1")
+                for i in range(1, 7)]
+    warm = [dict(r_common, name="race_warmup_1thread_b", profile="compiled", cwd=f"{work}/race_w",
+                 cmd=rc + ["--threads", "1"], env=cache("race_warm_b"), timeout=120,
+                 notes="one thread fills the cache the warm tries use")]
+    warm += [dict(r_common, name=f"race_warm_3threads_b{i}", profile="compiled", cwd=f"{work}/race_w",
+                  cmd=rc + ["--threads", "3"], env=cache("race_warm_b"), timeout=60,
+                  notes="3 threads on the cache race_warmup_1thread_b filled") for i in range(1, 6)]
+    plan["lanes"] = {"restarts": restarts, "warm": warm}
+    plan["side_by_side"] = "2 lanes at once on one GPU (restarts, warm); runs.json has each run's start/end"
     return plan
 
 
