@@ -1,0 +1,1 @@
+"""Recording trace-v1 files from real trainers on a GPU machine (see record_traces.py)."""
