@@ -77,7 +77,8 @@ class Phases:
         gpus = planshare.warmup_gpus(self.spec)
         digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
         cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
-        if not done and (when == "never" or (when == "cold" and cache == "warm")):
+        again = bool(self.journal.state().get("warmup_again"))  # after a compile race on a cold cache
+        if not done and not again and (when == "never" or (when == "cold" and cache == "warm")):
             self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
             self.say(f"warmup skipped: profile {profile}'s compile cache is {cache}"
                      + (" (this warmup succeeded on it before)" if cache == "warm" else ""))
@@ -100,6 +101,8 @@ class Phases:
         envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
                        at=now(), was=cache)
         self.journal.event("warm_marked", profile=profile, hash=digest)
+        if again:
+            self.journal.set_state(warmup_again=None)
         return Outcome(OutcomeKind.DONE)
 
     def train(self, profile: str, resume: bool) -> Outcome:

@@ -297,12 +297,11 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             self.finish(JobState.FAILED, f"{reason} ({failure} is in rollback.stop_on)", signal=failure, exit_code=out.exit_code)
             return True
         if failure == FailureSignal.COMPILE_RACE:  # the same wheels on a warmer cache first
-            cfg = self.restart_cfg if failure in self.restart_cfg["on"] else DEFAULTS["restarts"]
-            refusal = self.restart(cfg, failure, reason, profile, out.exit_code)
+            refusal = self.race_restart(out, profile)
             if refusal is None:
                 return False
             reason = f"{reason}; {refusal}"  # then a failure of this profile, as any other
-            self.say(f"compile race on {profile} not cured by restarts ({refusal})")
+            self.say(f"compile race on {profile}: {refusal}")
         if self.rb["enabled"] and failure in self.rb["on"]:
             self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
             limit = int(self.rb["max_rollbacks"])
@@ -326,6 +325,23 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             return True
         self.finish(JobState.FAILED, reason, signal=failure, exit_code=out.exit_code)
         return True
+
+    def race_restart(self, out: Outcome, profile: str) -> str | None:
+        """A compile race: restart on the same profile (the cache warmer each time), or say
+        why not. A hang on a cache that was empty at the start only warms through a
+        warmup (one thread compiles): run it again first; without one, a restart on a cache
+        that stays empty hangs again (6 of 6 tries on the H200), so it is not tried."""
+        cold_hang = bool(out.evidence.get("cold_cache"))
+        warmup = defaults.section(self.spec, "warmup")
+        if cold_hang and (not warmup or warmup["when"] == "never"):
+            return ("it hung on a cold compile cache and the job has no warmup to fill it (a restart on a "
+                    "cache that stays empty hangs again)")
+        cfg = self.restart_cfg if FailureSignal.COMPILE_RACE in self.restart_cfg["on"] else DEFAULTS["restarts"]
+        refusal = self.restart(cfg, FailureSignal.COMPILE_RACE, out.reason, profile, out.exit_code)
+        if refusal is None and cold_hang:
+            self.say(f"the warmup runs again first: it compiles in one thread into {profile}'s cache")
+            self.journal.set_state(step="warmup", warmup_done=[], warmup_again=True)
+        return None if refusal is None else f"not cured by restarts ({refusal})"
 
     def restart(self, cfg: dict, failure: str, reason: str, profile: str, exit_code) -> str | None:
         """Restart the trainer on ``profile`` (resumed) unless the restart policy ``cfg``
