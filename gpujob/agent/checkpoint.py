@@ -58,6 +58,14 @@ def describe(point: dict) -> str:
     return f"resumed from {point['file']} ({', '.join(bits)})"
 
 
+def saved_by_run(point: dict) -> str:
+    """'F, age 3s, step 12, written by this run'."""
+    bits = [point["file"], f"age {point['age']:.0f}s"]
+    if point.get("step") is not None:
+        bits.append(f"step {point['step']}")
+    return ", ".join(bits) + ", written by this run"
+
+
 def hold_limit(every: float) -> float:
     """How long a rollback waits for a first checkpoint: two intervals and a minute,
     then it goes ahead (a trainer that writes none must not stay on a bad profile)."""
