@@ -160,7 +160,8 @@ def cmd_profiles(home: Home, args) -> None:
 def cmd_gc(home: Home, args) -> None:
     """Remove venvs not used for --days days, never an active or known-good one; job
     directories ended --older-than days ago and all but the newest
-    --keep-checkpoints checkpoints, never a live job's (agent/prune.py)."""
+    --keep-checkpoints checkpoints each job's runs wrote (the checkpoint register),
+    never a live job's (agent/prune.py)."""
     from gpujob.agent import prune
     res = prune.prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
     root = home.path("envs")
