@@ -321,3 +321,43 @@ class CkWatch:
     def newest_own(self, t: float) -> dict:
         """The newest finished checkpoint of this run, as a resume point."""
         return point(newest(self.reg, self.run), t)
+
+
+# ---- at submit -------------------------------------------------------------------------
+
+def owners(home_root: str) -> dict:
+    """{path: job id} of every checkpoint a register records (not gone)."""
+    return {p: reg["job_id"] for reg in all_registers(home_root) for p, e in reg["files"].items()
+            if not e.get("gone")}
+
+
+def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
+    """What a fresh job finds under its checkpoint globs (``patterns``: absolute, one per
+    profile): the checkpoints earlier jobs left, listed with their owner when a register
+    knows it, and ``submit --resume-from PATH|JOB`` resolved into ``job["resume_from"]``
+    (ValueError, one line, when it names nothing usable)."""
+    own = owners(home_root)
+    left = {}
+    for pattern in patterns:
+        for path in matches(pattern):
+            left[path] = {"path": path, "job": own.get(path)}
+    out = {"where": patterns[0] if len(set(patterns)) == 1 else ", ".join(sorted(set(patterns))),
+           "left": [left[p] for p in sorted(left)]}
+    ask = job.pop("resume_from_ask", None)
+    if ask is None:
+        return out
+    path = ask if os.path.isabs(ask) else os.path.join(workdir, ask)
+    if os.path.lexists(path):
+        entry = {"path": os.path.normpath(path), "job": own.get(os.path.normpath(path)), "step": step_of(path)}
+    elif "/" not in ask and os.path.exists(path_of(home_root, ask)):
+        best = newest(load(home_root, ask))
+        if best is None:
+            raise ValueError(f"--resume-from {ask}: that job wrote no finished checkpoint that is still there "
+                             f"(its register: {path_of(home_root, ask)})")
+        entry = {"path": best["path"], "job": ask, "step": best.get("step")}
+    else:
+        raise ValueError(f"--resume-from {ask}: no such checkpoint ({path}) and no job of that id in "
+                         f"{os.path.join(home_root, DIR)}")
+    job["resume_from"] = entry
+    out["resume_from"] = entry
+    return out
