@@ -269,7 +269,7 @@ def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args
                   "checkpoint register which checkpoints each trainer run wrote; one is finished when "
                   f"{done}; a stop or rollback that finds a save in progress waits up to "
                   f"{ck.save_wait:g}s for it"),
-             Step("checkpoints", "laptop", f"checkpoints that earlier jobs left under {where} are listed by submit; "
+             Step("checkpoints", "container", f"checkpoints that earlier jobs left under {where} are listed by submit; "
                   "they stay as they are (a trainer that writes the same name overwrites them), this job never "
                   "resumes from them, and gc removes only what this job's runs wrote",
                   when="at submit")]

@@ -36,6 +36,7 @@ import glob
 import json
 import os
 import tempfile
+import time
 
 from gpujob.agent.checkpoint import step_of
 
@@ -87,6 +88,13 @@ def save(home_root: str, data: dict) -> None:
         except OSError:
             pass
         raise
+    for name in os.listdir(d):  # the temp file of a writer killed before its rename
+        if name.startswith(".reg-") and name.endswith(".tmp"):
+            try:
+                if os.lstat(os.path.join(d, name)).st_mtime < time.time() - 60:
+                    os.unlink(os.path.join(d, name))
+            except OSError:
+                pass
     dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dfd)
