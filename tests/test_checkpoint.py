@@ -8,7 +8,7 @@ import os
 import time
 
 
-from gpujob.agent import checkpoint
+from gpujob.agent import checkpoint, ckregister
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 
@@ -17,17 +17,16 @@ def test_step_names_resume_point_and_description(tmp_path):
     assert checkpoint.step_of("iter-12/model.safetensors".split("/")[0]) == 12
     assert checkpoint.step_of("ckpt-000400.pt") == 400
     assert checkpoint.step_of("latest.pt") is None
-    assert checkpoint.describe(checkpoint.resume_point(str(tmp_path), "ck/*.pt", time.time())) == \
-        "no checkpoint: restarted from scratch"
-    (tmp_path / "ck").mkdir()
-    old, new = tmp_path / "ck" / "step_1.pt", tmp_path / "ck" / "step_2.pt"
-    old.write_text("a")
-    new.write_text("b")
-    os.utime(old, (time.time() - 100, time.time() - 100))
-    os.utime(new, (time.time() - 12, time.time() - 12))
-    point = checkpoint.resume_point(str(tmp_path), "ck/*.pt", time.time())
-    assert point["file"] == str(new) and point["step"] == 2
-    assert checkpoint.describe(point) == f"resumed from {new} (age 12s, step 2)"
+    assert checkpoint.describe(ckregister.point(None, time.time())) == "no checkpoint: restarted from scratch"
+    t = time.time()
+    reg = {"files": {"ck/step_1.pt": {"finished": True, "changed": t - 100, "step": 1, "run": 1},
+                     "ck/step_2.pt": {"finished": True, "changed": t - 12, "step": 2, "run": 2},
+                     "ck/step_3.pt": {"finished": False, "changed": t - 1, "step": 3, "run": 2}}}
+    point = ckregister.point(ckregister.newest(reg, exists=lambda p: True), t)
+    assert point["file"] == "ck/step_2.pt" and point["step"] == 2
+    assert checkpoint.describe(point) == "resumed from ck/step_2.pt (age 12s, step 2)"
+    assert ckregister.newest(reg, run=1, exists=lambda p: True)["path"] == "ck/step_1.pt"
+    assert ckregister.newest(reg, exists=lambda p: p != "ck/step_2.pt")["path"] == "ck/step_1.pt"
 
 
 SPEC = {"train": {"checkpoint": {"path": "c/*.pt", "every": 30.0}},
