@@ -4,7 +4,6 @@ rollback, and rollback.wait_for_checkpoint holding a rollback until one exists."
 from __future__ import annotations
 
 import json
-import os
 import time
 
 

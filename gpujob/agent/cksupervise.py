@@ -51,13 +51,12 @@ class CheckpointKeep:
 
     def poll_checkpoints(self, run, t: float, force: bool = False) -> None:
         """From the watch loop's periodic check (and the gate): ``run.ckwatch.poll`` (at
-        most every ckregister.POLL_EVERY unless ``force``), then ``on_ckpt_events`` when
-        something happened. Every poll goes through here, so no event is dropped."""
+        most every ckregister.POLL_EVERY unless ``force``; [] in between), then
+        ``on_ckpt_events``. Every poll goes through here, so no event is dropped."""
         if run.ckwatch is None:
             return
         events = run.ckwatch.poll(t, force=force)
-        if events or run.ckwatch.just_finished:
-            self.on_ckpt_events(run, events, t)
+        self.on_ckpt_events(run, events, t)
 
     def close_checkpoints(self, run, returncode) -> None:
         """The run ended: a last look, then what it left unfinished is finished (it
@@ -83,6 +82,9 @@ class CheckpointKeep:
             self.journal.event("checkpoint_finished", ckpt=entry["shown"], step=entry.get("step"),
                                size=entry.get("size"), run=run.ckwatch.run,
                                took=round(entry["finished_at"] - entry["first_seen"], 2))
+        after = getattr(super(), "on_ckpt_events", None)  # the pause side (PhaseWatch), when it has one
+        if after is not None:
+            after(run, events, t)
 
     def wait_for_save(self, run, proc, t: float) -> None:
         """A stop or rollback that finds this run's save in progress lets it finish
