@@ -17,6 +17,7 @@ from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
+from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
                                Interpreter, JobName, Name, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
@@ -92,31 +93,6 @@ class Restarts(Strict):
         for i, signal in enumerate(self.on):
             if signal in UNFIXABLE:
                 raise At(("on", i), f"'{signal}' cannot be fixed by a restart on the same wheels")
-        return self
-
-
-class Checkpoint(Strict):
-    path: str  # glob, relative to the workdir (or absolute: a data volume): the trainer's checkpoints
-    every: Duration  # how often the trainer writes one
-    settle: Duration = 2.0  # a checkpoint is finished when it has not changed this long
-    done_file: str | None = None  # a directory checkpoint is finished when this file is in it
-    save_wait: Duration = 60.0  # a stop/rollback that finds a save in progress waits up to this long
-
-    @model_validator(mode="after")
-    def _positive(self) -> Checkpoint:
-        from gpujob.agent.ckpaths import refusal
-        if self.every <= 0:
-            raise At(("every",), "expected a duration > 0")
-        if not self.path.strip():
-            raise At(("path",), "expected a glob like ckpt/step_*.pt")
-        why = refusal(self.path)
-        if why:
-            raise At(("path",), f"{describe(self.path)} refused: {why}")
-        if self.settle <= 0:
-            raise At(("settle",), "expected a duration > 0")
-        if self.done_file is not None and (not self.done_file.strip() or "/" in self.done_file
-                                           or self.done_file in (".", "..") or not self.done_file.isprintable()):
-            raise At(("done_file",), f"expected a file name like trainer_state.json, got {describe(self.done_file)}")
         return self
 
 
@@ -332,20 +308,7 @@ class JobSpec(Strict):
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
         if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
             raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
-        for loc, command in [(("train", "command"), self.train.command)] + \
-                ([(("warmup", "command"), self.warmup.command)] if self.warmup else []):
-            if any("{resume_from}" in text for text in ([command] if isinstance(command, str) else command)):
-                raise At(loc, "{resume_from} is only for train.resume_args (the arguments of a resumed trainer)")
-        for i, arg in enumerate(self.train.resume_args):
-            if "{resume_from}" in arg and self.train.checkpoint is None:
-                raise At(("train", "resume_args", i), "{resume_from} needs train.checkpoint (path and every): "
-                         "gpujob fills it with the checkpoint this job wrote")
-        if self.train.checkpoint is not None and self.workdir and self.workdir.startswith("/"):
-            from gpujob.agent.ckpaths import refusal
-            why = refusal(self.train.checkpoint.path, self.workdir)
-            if why:
-                raise At(("train", "checkpoint", "path"), f"{describe(self.train.checkpoint.path)} in workdir "
-                         f"{describe(self.workdir)} refused: {why}")
+        check_checkpoint_use(self)  # {resume_from}, the glob within the workdir
         self._check_fleet()
         return self
 

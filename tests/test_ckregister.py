@@ -221,3 +221,20 @@ def test_resume_from_an_earlier_jobs_checkpoint_on_purpose(tmp_path, index_urls)
     p = cli(["submit", str(spec), "--resume-from", "nope-xxxx"], env)
     assert p.returncode != 0 and "--resume-from nope-xxxx: no such checkpoint" in p.stderr.decode()
     assert "Traceback" not in p.stderr.decode()
+
+
+def test_a_checkpoint_glob_into_gpujobs_home_is_refused_at_plan_and_submit(tmp_path, index_urls):
+    env = local_env(tmp_path)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False, throughput=False)
+    data = yaml.safe_load(spec.read_text())
+    data["train"]["checkpoint"] = {"path": str(tmp_path / "root" / "jobs" / "*"), "every": "1m"}
+    spec.write_text(yaml.safe_dump(data))
+    line = next(i for i, ln in enumerate(spec.read_text().splitlines(), 1) if "/jobs/*" in ln)
+    for extra in (["--plan"], []):
+        p = cli(["submit", str(spec), *extra], env)
+        err = p.stderr.decode()
+        assert p.returncode == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"job.yaml:{line}: train.checkpoint.path: " in err and \
+            f"refused: it is inside {tmp_path / 'root' / 'jobs'}, gpujob's own directory" in err
+    assert not (tmp_path / "root" / "jobs").exists() or not list((tmp_path / "root" / "jobs").iterdir())
