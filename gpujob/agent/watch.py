@@ -400,43 +400,6 @@ class PhaseWatch:
                        {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
                         "history": run.gpu_history[-10:]})
 
-    def gate(self, run, outcome, t: float):
-        """rollback.wait_for_checkpoint: an automatic rollback of a running trainer waits
-        until this run has written a finished checkpoint (at most checkpoint.hold_limit);
-        anything else passes. A checkpoint this run did not write (an earlier job's
-        ``out/ckpt.pt``, an earlier run's) never releases it."""
-        ck = self.spec["train"].get("checkpoint")
-        if not (ck and self.rb.get("wait_for_checkpoint") and run.phase == "train"):
-            return outcome
-        if outcome is None:
-            if run.held is None:
-                return None
-            outcome = run.held
-        elif outcome.kind != OutcomeKind.SIGNAL or outcome.signal_name not in (self.rb.get("on") or []):
-            return outcome
-        own = {"file": None}
-        if run.ckwatch is not None:
-            self.poll_checkpoints(run, t, force=run.held is None)  # the newest look before deciding
-            own = run.ckwatch.newest_own(t)
-            run.ck_seen = bool(own["file"])
-        waited = t - run.held_at if run.held is not None else 0.0
-        if run.ck_seen or waited > checkpoint.hold_limit(float(ck["every"])):
-            if run.held is not None:
-                why = "a checkpoint exists" if run.ck_seen else "no checkpoint came; rolling back anyway"
-                self.journal.event("rollback_released", waited=round(waited, 2), why=why,
-                                   **{k: own.get(k) for k in ("file", "age", "step")})
-                self.say(f"rollback held {waited:.1f}s: {why}"
-                         + (f" ({checkpoint.saved_by_run(own)})" if run.ck_seen else ""))
-                outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
-                outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
-            return outcome
-        if run.held is None:
-            run.held, run.held_at = outcome, t
-            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
-            self.say(f"{outcome.signal_name}: rollback held until this run writes a finished checkpoint "
-                     f"({ck['path']})")
-        return None
-
     def publish(self, samples: list, d, baseline) -> None:
         values = [s.value for s in samples[-120:]]
         self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
