@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, envs, metrics, notify, planshare
+from gpujob.agent import checkpoint, ckpaths, envs, metrics, notify, planshare
 from gpujob.agent.commands import command_argv
 from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
-from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError
+from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
 from gpujob.steps import Step
 from gpujob.target import Target
@@ -136,8 +136,27 @@ def _agent(target: Target, *args: str) -> list[str]:
     return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
 
 
-def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None) -> list[Step]:
+def checkpoint_where(spec: JobSpec, home: str) -> str | None:
+    """The checkpoint glob as the container will expand it (absolute when the workdir is
+    known here), refused with the spec's file:line when it would reach gpujob's home or
+    a system directory (agent/ckpaths.py); None without train.checkpoint."""
+    ck = spec.train.checkpoint
+    if ck is None:
+        return None
+    wd = spec.workdir or f"work/{spec.name}"
+    workdir = wd if wd.startswith("~") else remote_dest(home, wd)
+    why = ckpaths.refusal(ck.path, workdir if workdir.startswith("/") else None, home)
+    if why:
+        from gpujob.yamlsrc import describe
+        raise SpecError(spec.source_name, spec.line_of(("train", "checkpoint", "path")), "train.checkpoint.path",
+                        f"{describe(ck.path)} refused: {why}")
+    return ck.path if ck.path.startswith("/") or not workdir.startswith("/") else f"{workdir}/{ck.path}"
+
+
+def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None,
+               resume_from: str | None = None) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
+    ck_where = checkpoint_where(spec, target.home)
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
     steps += target.driver.plan_connect(target)
@@ -212,9 +231,14 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     if spec.throughput is not None and spec.throughput.start_timeout is not None:
         hang_note = (f"; no throughput sample within {spec.throughput.start_timeout:g}s of its start is a "
                      f"start_hang (a compile_race on a cold cache): its Python stacks are saved, then it is ended")
+    resume_args = list(req["spec"]["train"].get("resume_args") or [])
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
-                      f"{envs.cache_dir(home, prof['env_key'])}{hang_note})",
-                      command_argv(req["spec"]["train"]["command"], values)))
+                      f"{envs.cache_dir(home, prof['env_key'])}{hang_note})"
+                      + (f", resuming on purpose from {resume_from} (submit --resume-from)" if resume_from else ""),
+                      command_argv(req["spec"]["train"]["command"], values,
+                                   [a.replace("{resume_from}", f"<{resume_from}>") for a in resume_args]
+                                   if resume_from else ())))
+    steps += checkpoint_steps(spec, ck_where, values, resume_args)
     if spec.train.standby is not None:
         from gpujob.agent.standby import command_script
         preload = ", ".join(spec.train.standby.preload) or "nothing"
@@ -238,6 +262,34 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     return steps
 
 
+def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args: list) -> list[Step]:
+    """What the plan says about checkpoints: the register, earlier jobs' files, and
+    the argv of a resumed trainer ({resume_from} filled with this job's checkpoint)."""
+    if where is None:
+        return []
+    ck = spec.train.checkpoint
+    done = f"its file {ck.done_file} exists in it" if ck.done_file else f"it has not changed for {ck.settle:g}s"
+    steps = [Step("checkpoints", "supervisor", f"watch {where} (glob + stat, every 0.5s) and record in the "
+                  "checkpoint register which checkpoints each trainer run wrote; one is finished when "
+                  f"{done}; a stop or rollback that finds a save in progress waits up to "
+                  f"{ck.save_wait:g}s for it"),
+             Step("checkpoints", "container", f"checkpoints that earlier jobs left under {where} are listed by submit; "
+                  "they stay as they are (a trainer that writes the same name overwrites them), this job never "
+                  "resumes from them, and gc removes only what this job's runs wrote",
+                  when="at submit")]
+    if spec.rollback.wait_for_checkpoint:
+        fallback = "an automatic rollback waits until the running trainer has written a finished checkpoint " \
+            f"(at most {checkpoint.hold_limit(ck.every):g}s)"
+    else:
+        fallback = "without a checkpoint of this job the trainer restarts from scratch, without resume_args"
+    shown = [a.replace("{resume_from}", "<newest finished checkpoint of this job>") for a in resume_args]
+    steps.append(Step("resume", "supervisor", f"a resumed trainer (rollback, restart) gets resume_args; {fallback}",
+                      command_argv(spec.train.command if isinstance(spec.train.command, str)
+                                   else list(spec.train.command), values, shown),
+                      when="on a rollback or restart"))
+    return steps
+
+
 # ---- executing ---------------------------------------------------------------
 
 def submitter() -> str:
@@ -253,9 +305,13 @@ def submitter() -> str:
 
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
-           fleet_key: str | None = None) -> dict:
+           fleet_key: str | None = None, resume_from: str | None = None) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer. A node
-    of a multi-node job (``fleet``) gets its place and the job's channel key (a secret)."""
+    of a multi-node job (``fleet``) gets its place and the job's channel key (a secret).
+    ``resume_from`` (PATH or JOB, ``submit --resume-from``) is resolved in the container."""
+    checkpoint_where(spec, target.home)
+    if resume_from is not None and spec.train.checkpoint is None:
+        raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
     sources = sync_sources(spec)  # local problems surface before any remote change
     spec.common_requirements(strict=True)  # a requirements file that is missing or unusable, too
     secrets = secrets_env.resolve(spec)
@@ -264,6 +320,8 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough, fleet=fleet)
     req["by"] = submitter()  # the container's lock says who holds it
+    if resume_from is not None:
+        req["resume_from_ask"] = resume_from
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
         progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "
@@ -302,7 +360,27 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
         for path in tar.changed:
             progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
                      "submit again once it is written")
+    for line in earlier_checkpoint_lines(res):
+        progress(line)
     return res
+
+
+def earlier_checkpoint_lines(res: dict) -> list[str]:
+    """What submit says about the checkpoints it found (the agent's ``checkpoints`` answer)."""
+    found = res.get("checkpoints") or {}
+    lines = []
+    left = found.get("left") or []
+    if left:
+        shown = ", ".join(f"{c['path']}" + (f" (job {c['job']})" if c.get("job") else "") for c in left[:5])
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        lines.append(f"note: {len(left)} checkpoint(s) that earlier jobs left under {found.get('where')}: "
+                     f"{shown}{more}. They stay as they are (a trainer that writes the same name overwrites "
+                     "them); this job never resumes from them (gpujob submit --resume-from PATH|JOB to do so)")
+    if found.get("resume_from"):
+        r = found["resume_from"]
+        lines.append(f"resuming on purpose from {r['path']}" + (f" (job {r['job']}" + (
+            f", step {r['step']})" if r.get("step") is not None else ")") if r.get("job") else ""))
+    return lines
 
 
 def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bool = True,

@@ -17,6 +17,7 @@ from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
+from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
                                Interpreter, JobName, Name, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
@@ -92,19 +93,6 @@ class Restarts(Strict):
         for i, signal in enumerate(self.on):
             if signal in UNFIXABLE:
                 raise At(("on", i), f"'{signal}' cannot be fixed by a restart on the same wheels")
-        return self
-
-
-class Checkpoint(Strict):
-    path: str  # glob, relative to the workdir: the trainer's checkpoint files
-    every: Duration  # how often the trainer writes one
-
-    @model_validator(mode="after")
-    def _positive(self) -> Checkpoint:
-        if self.every <= 0:
-            raise At(("every",), "expected a duration > 0")
-        if not self.path.strip():
-            raise At(("path",), "expected a glob like ckpt/step_*.pt")
         return self
 
 
@@ -322,6 +310,7 @@ class JobSpec(Strict):
         self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
         if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
             raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
+        check_checkpoint_use(self)  # {resume_from}, the glob within the workdir
         self._check_fleet()
         return self
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 
-from gpujob.spec import Caches, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
+from gpujob.spec import Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
 
 
 #: the sections whose defaults the agent needs for a job.json that lacks a key
 AGENT_DEFAULT_SECTIONS = {"caches": Caches, "journal": Journal, "rollback": Rollback,
                           "throughput": Throughput, "train": Train, "warmup": Warmup,
                           "restarts": Restarts,  # train.restarts
+                          "checkpoint": Checkpoint,  # train.checkpoint
                           "notify": Webhook, "metrics": Metrics}  # notify: each webhook's
 
 

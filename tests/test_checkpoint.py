@@ -3,12 +3,12 @@ rollback, and rollback.wait_for_checkpoint holding a rollback until one exists."
 
 from __future__ import annotations
 
-import os
+import json
 import time
 
 
-from gpujob.agent import checkpoint
-from helpers import cli, cli_json, events, job_id_of, local_env, write_spec
+from gpujob.agent import checkpoint, ckregister
+from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 
 def test_step_names_resume_point_and_description(tmp_path):
@@ -16,17 +16,16 @@ def test_step_names_resume_point_and_description(tmp_path):
     assert checkpoint.step_of("iter-12/model.safetensors".split("/")[0]) == 12
     assert checkpoint.step_of("ckpt-000400.pt") == 400
     assert checkpoint.step_of("latest.pt") is None
-    assert checkpoint.describe(checkpoint.resume_point(str(tmp_path), "ck/*.pt", time.time())) == \
-        "no checkpoint: restarted from scratch"
-    (tmp_path / "ck").mkdir()
-    old, new = tmp_path / "ck" / "step_1.pt", tmp_path / "ck" / "step_2.pt"
-    old.write_text("a")
-    new.write_text("b")
-    os.utime(old, (time.time() - 100, time.time() - 100))
-    os.utime(new, (time.time() - 12, time.time() - 12))
-    point = checkpoint.resume_point(str(tmp_path), "ck/*.pt", time.time())
-    assert point["file"] == str(new) and point["step"] == 2
-    assert checkpoint.describe(point) == f"resumed from {new} (age 12s, step 2)"
+    assert checkpoint.describe(ckregister.point(None, time.time())) == "no checkpoint: restarted from scratch"
+    t = time.time()
+    reg = {"files": {"ck/step_1.pt": {"finished": True, "changed": t - 100, "step": 1, "run": 1},
+                     "ck/step_2.pt": {"finished": True, "changed": t - 12, "step": 2, "run": 2},
+                     "ck/step_3.pt": {"finished": False, "changed": t - 1, "step": 3, "run": 2}}}
+    point = ckregister.point(ckregister.newest(reg, exists=lambda p: True), t)
+    assert point["file"] == "ck/step_2.pt" and point["step"] == 2
+    assert checkpoint.describe(point) == "resumed from ck/step_2.pt (age 12s, step 2)"
+    assert ckregister.newest(reg, run=1, exists=lambda p: True)["path"] == "ck/step_1.pt"
+    assert ckregister.newest(reg, exists=lambda p: p != "ck/step_2.pt")["path"] == "ck/step_1.pt"
 
 
 SPEC = {"train": {"checkpoint": {"path": "c/*.pt", "every": 30.0}},
@@ -44,21 +43,31 @@ def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     assert checkpoint.warnings({"train": {}}) == []
 
 
-def rollback_job(tmp_path, index_urls, *, ck_every: int, wait: bool, path: str = "checkpoint.json",
-                 every: str = "1s", throughput: dict | None = None, steps: int = 40):
-    env = local_env(tmp_path)
+def ck_spec(tmp_path, index_urls, *, ck_every: int, wait: bool, path: str = "checkpoint.json",
+            every: str = "1s", throughput: dict | None = None, steps: int = 40, trainer: str = "",
+            interval: float = 0.05, ck: dict | None = None, resume_args: list | None = None):
+    """The stand-in trainer's spec with train.checkpoint (settle 0.3 s: it saves often)."""
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], warmup=False, throughput=throughput,
-                      trainer_args=f"--steps {steps} --interval 0.05 --checkpoint-every {ck_every}",
+                      trainer_args=f"--steps {steps} --interval {interval} --checkpoint-every {ck_every} {trainer}",
                       rollback={"wait_for_checkpoint": wait} if wait else None)
     import yaml
     data = yaml.safe_load(spec.read_text())
-    data["train"]["checkpoint"] = {"path": path, "every": every}
+    data["train"]["checkpoint"] = dict({"path": path, "every": every, "settle": "0.3s"}, **(ck or {}))
+    if resume_args is not None:
+        data["train"]["resume_args"] = resume_args
     spec.write_text(yaml.safe_dump(data))
+    return spec
+
+
+def rollback_job(tmp_path, index_urls, *, keep_first: bool = False, **kw):
+    env = local_env(tmp_path)
+    spec = ck_spec(tmp_path, index_urls, **kw)
     plan = cli(["submit", str(spec), "--plan"], env, check=True).stdout.decode()
     assert cli(["submit", str(spec), "--profile", "fast", "--follow"], env, timeout=120).returncode == 0
     for f in (tmp_path / "root" / "work").rglob("checkpoint.json"):
-        f.unlink()  # act 2 starts from nothing
+        if not keep_first:
+            f.unlink()  # act 2 starts from nothing
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 0, p.stdout.decode()[-3000:]
     job_id = job_id_of(p.stdout)
@@ -96,6 +105,70 @@ def test_without_a_checkpoint_the_rollback_says_restarted_from_scratch(tmp_path,
     assert [e["mark"] for e in ev if e["type"] == "rollback_timing"] == ["first_sample", "first_good", "first_ok"]
     assert "decision →" in out and "ok " in out
     [rb] = st["rollbacks"]
-    assert rb["resumed"] == "no checkpoint: restarted from scratch"
+    assert rb["resumed"] == "no checkpoint of this job: restarted from scratch, without resume_args"
+    assert not trains(ev)[1]["argv"][-1].endswith("--resume")
     assert not any(e["type"] == "rollback_held" for e in ev)
     assert any(e["type"] == "resume_point" and e["file"] is None for e in ev)
+
+
+def trains(ev):
+    return [e for e in ev if e["type"] == "phase" and e["phase"] == "train"]
+
+
+# ---- checkpoints of this job only (issue 22, item 4) ----------------------------------
+
+def test_a_checkpoint_file_an_earlier_job_left_is_never_resumed_from(tmp_path, index_urls):
+    """nanoGPT keeps one out/ckpt.pt: the first job leaves it at step 40; the second job's
+    slow run is caught before it saves, and its rollback must not take the old file."""
+    tp = {"format": "ktok", "window": 3, "min": "10K", "failure_limit": 2, "no_data_timeout": "30s",
+          "good_after": "1s"}
+    plan, st, ev, log, out = rollback_job(tmp_path, index_urls, ck_every=80, wait=False, every="3s",
+                                          keep_first=True, throughput=tp, steps=80)
+    assert "resumed from checkpoint" not in log  # today: "resumed from checkpoint at step 80"
+    assert not trains(ev)[1]["argv"][-1].endswith("--resume")
+    [rb] = st["rollbacks"]
+    assert rb["resumed"] == "no checkpoint of this job: restarted from scratch, without resume_args"
+    left = next(e for e in ev if e["type"] == "checkpoints_left")
+    assert left["count"] == 1 and left["files"][0].endswith("checkpoint.json")
+    assert "left by earlier jobs" in out
+
+
+def test_wait_for_checkpoint_waits_for_this_runs_own_checkpoint(tmp_path, index_urls):
+    """The earlier job's checkpoint.json (step 40) does not release the hold; the slow
+    run's own first save (step 12) does, and the resumed trainer starts from it."""
+    plan, st, ev, log, out = rollback_job(tmp_path, index_urls, ck_every=12, wait=True, keep_first=True,
+                                          resume_args=["--resume-from", "{resume_from}"], steps=60)
+    kinds = [e["type"] for e in ev]
+    assert kinds.index("rollback_held") < kinds.index("rollback_released") < kinds.index("rollback")
+    released = next(e for e in ev if e["type"] == "rollback_released")
+    assert released["why"] == "a checkpoint exists" and released["file"].endswith("checkpoint.json")
+    assert released["age"] >= 0 and released["waited"] > 0.3
+    resumed = log.split("resumed from checkpoint at step ")[1].split()[0]
+    assert resumed in ("12", "24") and resumed != "60"
+    argv = trains(ev)[1]["argv"]
+    assert argv[-1].endswith("checkpoint.json") and "--resume-from" in argv[-1]  # {resume_from} filled
+
+
+def test_a_directory_checkpoint_still_being_written_is_not_finished_and_a_stop_waits(tmp_path, index_urls):
+    """HF-style checkpoint-N/ directories whose trainer_state.json lands 1.5 s after the
+    first file: a stop asked in between waits for the save before it signals the trainer."""
+    env = local_env(tmp_path)
+    spec = ck_spec(tmp_path, index_urls, ck_every=10, wait=False, path="ck/checkpoint-*", steps=400,
+                   trainer="--checkpoint-dir ck --save-seconds 1.5", interval=0.05, ck={"settle": "2s"},
+                   throughput=False)
+    job_id = job_id_of(cli(["submit", str(spec), "--profile", "fast"], env, check=True).stdout)
+    ck = tmp_path / "root" / "work" / "tjob" / "ck" / "checkpoint-10"
+    wait_for(lambda: (ck / "model.json").exists(), 60, 0.02, "the first save to begin")
+    assert not (ck / "trainer_state.json").exists()
+    time.sleep(0.6)  # more than a poll, less than the save
+    reg = json.loads(next((tmp_path / "root" / "checkpoints").glob("*.json")).read_text())
+    [entry] = reg["files"].values()
+    assert entry["finished"] is False  # the directory exists, but the save is not done
+    cli(["stop", job_id], env, check=True)
+    wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] == "stopped", 60, 0.2, "stopped")
+    assert (ck / "trainer_state.json").exists()  # today: killed mid-save, no trainer_state.json
+    ev = events(tmp_path / "root" / "jobs" / job_id)
+    waited = next(e for e in ev if e["type"] == "save_waited")
+    assert waited["finished"] and waited["waited"] > 0.3
+    reg = json.loads(next((tmp_path / "root" / "checkpoints").glob("*.json")).read_text())
+    assert reg["files"][str(ck)]["finished"] is True

@@ -1,6 +1,7 @@
 """Disk hygiene: `gpujob gc --older-than DAYS` removes the directories of jobs that
-ended that long ago, `--keep-checkpoints K` keeps the newest K of each job's
-checkpoints (train.checkpoint.path); never a live job's. A gc SIGKILLed mid-prune
+ended that long ago, `--keep-checkpoints K` keeps the newest K of the checkpoints
+each job's runs wrote (the checkpoint register), never anything else a glob
+matches; never a live job's. A gc SIGKILLed mid-prune
 (inside a job directory's removal, inside a checkpoint folder's) leaves no live job
 touched, and the next gc finishes what it left. Real jobs on the local target; the
 agent killed at a precise point by a real SIGKILL."""
@@ -60,70 +61,64 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
     env = local_env(tmp_path)
     root = tmp_path / "root"
 
-    def spec(path, steps):
+    def spec(path, steps, every, interval=0.05):
         p = write_spec(path, target="box", fast_url=idx["fast"], slow_url=idx["slow"], profile="fast",
-                       throughput=False, warmup=False, trainer_args=f"--steps {steps} --interval 0.05")
+                       throughput=False, warmup=False, trainer_args=f"--steps {steps} --interval {interval} "
+                       f"--checkpoint-dir ckpt/{{job_id}} --checkpoint-every {every}")
         data = yaml.safe_load(p.read_text())
-        data["train"]["checkpoint"] = {"path": "ckpt/{job_id}/step_*", "every": "1h"}
+        data["train"]["checkpoint"] = {"path": "ckpt/{job_id}/checkpoint-*", "every": "1h", "settle": "0.2s"}
         p.write_text(yaml.safe_dump(data))
         return p
-    old = job_id_of(cli(["submit", str(spec(tmp_path / "old.yaml", 4)), "--follow"], env, timeout=120).stdout)
-    live = job_id_of(cli(["submit", str(spec(tmp_path / "live.yaml", 100000))], env, check=True).stdout)
-    wait_for(lambda: cli_json(["status", live, "--json"], env)["state"] == "training", 60, what="training")
-
+    # checkpoints are what the trainers wrote (HF-style checkpoint-N/ folders), recorded in the register
+    old = job_id_of(cli(["submit", str(spec(tmp_path / "old.yaml", 5, 1)), "--follow"], env, timeout=120).stdout)
+    live = job_id_of(cli(["submit", str(spec(tmp_path / "live.yaml", 100000, 3, 0.1))], env, check=True).stdout)
     work = root / "work" / "tjob" / "ckpt"
-    for job in (old, live):  # five checkpoints each, step_3 a folder (as HF's Trainer writes them)
-        for i in range(1, 6):
-            p = work / job / f"step_{i}"
-            if i == 3:
-                (p / "shards").mkdir(parents=True)
-                for n in range(20):
-                    (p / "shards" / f"{n}.bin").write_bytes(b"x" * 100)
-            else:
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(b"w" * 1000)
-            os.utime(p, (1000 + i, 1000 + i))
+    wait_for(lambda: (work / live / "checkpoint-6" / "trainer_state.json").exists(), 60, what="live's saves")
     for n in range(40):  # enough files in the old job's directory to be cut halfway
         (root / "jobs" / old / f"extra-{n}.log").write_text("x")
     live_files = sorted(p.name for p in (root / "jobs" / live).iterdir())
+    (work / old / "checkpoint-0").mkdir()  # matches old's glob, but no run of old wrote it: never gc's
+    (work / old / "checkpoint-0" / "keep.txt").write_text("not a checkpoint of this job")
 
     dry = cli_json(["gc", "box", "--older-than", "0", "--keep-checkpoints", "2", "--dry-run", "--json"], env)
     assert {j["job_id"]: j["why"] for j in dry["jobs"]} == {old: "remove", live: "live"}
     whys = {os.path.relpath(c["path"], work): c["why"] for c in dry["checkpoints"]}
-    assert whys == {f"{old}/step_5": "newest 2", f"{old}/step_4": "newest 2", f"{old}/step_3": "remove",
-                    f"{old}/step_2": "remove", f"{old}/step_1": "remove",
-                    **{f"{live}/step_{i}": "a live job's" for i in range(1, 6)}}
-    assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 5  # a dry run removes nothing
+    assert {k: v for k, v in whys.items() if k.startswith(old)} == {
+        f"{old}/checkpoint-5": "newest 2", f"{old}/checkpoint-4": "newest 2", f"{old}/checkpoint-3": "remove",
+        f"{old}/checkpoint-2": "remove", f"{old}/checkpoint-1": "remove"}
+    assert {v for k, v in whys.items() if k.startswith(live)} == {"a live job's"}
+    assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 6  # a dry run removes nothing
     assert cli_json(["gc", "box", "--older-than", "1", "--json"], env)["jobs"][0]["why"].startswith("ended 0.0 days")
+    live_ckpts = sorted(p.name for p in (work / live).iterdir())
 
     # death 1: SIGKILL inside the removal of a checkpoint folder (checkpoints go first)
-    p = agent_killed_at(root, ".gc-step_3", ["--older-than", "0", "--keep-checkpoints", "2"])
+    p = agent_killed_at(root, ".gc-checkpoint-1", ["--older-than", "0", "--keep-checkpoints", "2"])
     assert p.returncode == -9, p.stderr.decode()
     assert [r.suffix for r in (root / ".gc").iterdir()] == [".json"]  # the record of the cut folder
-    assert not (work / old / "step_3").exists()  # hidden (.gc-step_3-PID): no glob matches it
-    assert [d.name.startswith(".gc-step_3") for d in (work / old).iterdir() if d.is_dir()] == [True]
+    assert not (work / old / "checkpoint-1").exists()  # hidden (.gc-checkpoint-1-PID): no glob matches it
+    assert [d.name for d in (work / old).iterdir() if d.name.startswith(".gc-")] != []
     # death 2: the next gc finishes that, then is SIGKILLed inside the old job directory's removal
     p = agent_killed_at(root, f"job-{old}", ["--older-than", "0", "--keep-checkpoints", "2"])
     assert p.returncode == -9, p.stderr.decode()
-    assert not any(d.is_dir() for d in (work / old).iterdir())  # the folder's leftover is gone
-    assert sorted(p.name for p in (work / old).iterdir()) == ["step_4", "step_5"]
+    assert sorted(p.name for p in (work / old).iterdir()) == ["checkpoint-0", "checkpoint-4", "checkpoint-5"]
     assert not (root / "jobs" / old).exists()  # renamed away in one step: no command sees half a job
     assert [d.name.startswith(f"job-{old}") for d in (root / ".gc").iterdir()] == [True]
     assert cli(["status", old], env).returncode == 5
     # the live job was never touched
     assert cli_json(["status", live, "--json"], env)["state"] == "training"
     assert set(live_files) <= {p.name for p in (root / "jobs" / live).iterdir()}
-    assert sorted(p.name for p in (work / live).iterdir()) == [f"step_{i}" for i in range(1, 6)]
+    assert set(live_ckpts) <= {p.name for p in (work / live).iterdir()}
 
     res = cli_json(["gc", "box", "--older-than", "0", "--keep-checkpoints", "2", "--json"], env)
     assert len(res["finished"]) == 1 and f"job-{old}" in res["finished"][0]
     assert list((root / ".gc").iterdir()) == []
-    assert sorted(p.name for p in (work / old).iterdir()) == ["step_4", "step_5"]
-    assert sorted(p.name for p in (work / live).iterdir()) == [f"step_{i}" for i in range(1, 6)]
     assert {j["job_id"]: j["why"] for j in res["jobs"]} == {live: "live"}
-    out = cli(["gc", "box", "--keep-checkpoints", "1"], env, check=True).stdout.decode()
-    assert "kept: a live job's" in out and "removed" not in out  # old's went with its job directory
-    assert sorted(p.name for p in (work / old).iterdir()) == ["step_4", "step_5"]
+    # the register outlives the job's directory: its checkpoints are still known to be old's
+    out = cli(["gc", "box", "--keep-checkpoints", "0"], env, check=True).stdout.decode()
+    assert "kept: a live job's" in out and "removed" in out
+    assert sorted(p.name for p in (work / old).iterdir()) == ["checkpoint-0"]  # the unrelated one stays
+    assert (work / old / "checkpoint-0" / "keep.txt").exists()
+    assert set(live_ckpts) <= {p.name for p in (work / live).iterdir()}
     p = cli(["gc", "box"], env)
     assert p.returncode == 2 and "--older-than" in p.stderr.decode()
     cli(["stop", live], env, check=True)

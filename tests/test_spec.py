@@ -327,6 +327,29 @@ def test_profile_by_name(tmp_path):
      "job.yaml:8: train.checkpoint.every: expected a duration > 0"),
     (BASE.replace("python train.py", "x\n  checkpoint: {path: 'c/*.pt'}"),
      "job.yaml:8: train.checkpoint.every: missing (required)"),
+    # checkpoint globs that could reach anything (issue 24): refused in one line
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: '/*', every: 1m}"),
+     "job.yaml:8: train.checkpoint.path: '/*' refused: it names the container's root '/' (every system "
+     "directory would match)"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: '../../../root/other/*', every: 1m}"),
+     "job.yaml:8: train.checkpoint.path: '../../../root/other/*' refused: a component is '..': it escapes "
+     "the directory it names; give an absolute path instead"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: '/etc/ssh/*.pt', every: 1m}"),
+     "job.yaml:8: train.checkpoint.path: '/etc/ssh/*.pt' refused: it is under /etc, a system directory"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: '/root/*', every: 1m}"),
+     "job.yaml:8: train.checkpoint.path: '/root/*' refused: it names /root itself; name a directory under it"),
+    (BASE.replace("name: demo", "name: demo\nworkdir: /").replace(
+        "python train.py", "x\n  checkpoint: {path: '*', every: 1m}"),
+     "job.yaml:9: train.checkpoint.path: '*' in workdir '/' refused: it names the container's root '/' "
+     "(every system directory would match)"),
+    (BASE.replace("python train.py", "x\n  checkpoint: {path: 'c/*', every: 1m, done_file: a/b}"),
+     "job.yaml:8: train.checkpoint.done_file: expected a file name like trainer_state.json, got 'a/b'"),
+    (BASE.replace("python train.py", "x\n  resume_args: ['--from', '{resume_from}']"),
+     "job.yaml:8: train.resume_args[1]: {resume_from} needs train.checkpoint (path and every): gpujob fills "
+     "it with the checkpoint this job wrote"),
+    (BASE.replace("python train.py", "python train.py --from {resume_from}"),
+     "job.yaml:7: train.command: {resume_from} is only for train.resume_args (the arguments of a resumed "
+     "trainer)"),
     # sync
     (BASE + "sync:\n  - dest: x\n", "job.yaml:9: sync[0].src: missing (required)"),
     (BASE + "sync:\n  - src: /\n", "job.yaml:9: sync[0].dest: missing (required): cannot be derived from src '/'"),

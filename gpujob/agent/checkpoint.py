@@ -1,6 +1,7 @@
-"""Checkpoint awareness (stdlib only): where the trainer's checkpoints are, which
-one a resumed trainer starts from, whether a rollback should wait for the first
-one, and the plan's warning when the policy can decide before one can exist.
+"""Checkpoint awareness (stdlib only): the step a checkpoint's name says, how a
+resume point is described, how long a rollback waits for the first one, and the
+plan's warning when the policy can decide before one can exist. Which checkpoints
+are this job's, and finished, is the register's (agent/ckregister.py).
 
 ``train.checkpoint: {path: GLOB, every: DURATION}``: GLOB is relative to the
 workdir (``{job_id}``/``{profile}``/``{workdir}`` substituted), ``**`` allowed.
@@ -20,7 +21,7 @@ _LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")
 
 
 def find(workdir: str, pattern: str) -> list:
-    """Matching files, newest first: [(path, mtime)]."""
+    """Matching files, newest first: [(path, mtime)] (gpu_idle's newest save; anyone's)."""
     full = pattern if os.path.isabs(pattern) else os.path.join(workdir, pattern)
     out = []
     for path in glob.glob(full, recursive=True):
@@ -39,15 +40,6 @@ def step_of(path: str):
     return int(m.group(1)) if m else None
 
 
-def resume_point(workdir: str, pattern: str, now: float) -> dict:
-    """What a resumed trainer will find: {file, age, step} or {file: None}."""
-    found = find(workdir, pattern)
-    if not found:
-        return {"file": None}
-    path, mtime = found[0]
-    return {"file": path, "age": round(max(0.0, now - mtime), 1), "step": step_of(path)}
-
-
 def describe(point: dict) -> str:
     """'resumed from F (age 12s, step 400)' or 'no checkpoint: restarted from scratch'."""
     if not point or not point.get("file"):
@@ -56,6 +48,14 @@ def describe(point: dict) -> str:
     if point.get("step") is not None:
         bits.append(f"step {point['step']}")
     return f"resumed from {point['file']} ({', '.join(bits)})"
+
+
+def saved_by_run(point: dict) -> str:
+    """'F, age 3s, step 12, written by this run'."""
+    bits = [point["file"], f"age {point['age']:.0f}s"]
+    if point.get("step") is not None:
+        bits.append(f"step {point['step']}")
+    return ", ".join(bits) + ", written by this run"
 
 
 def hold_limit(every: float) -> float:

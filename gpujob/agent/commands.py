@@ -11,13 +11,14 @@ import shlex
 
 FLEET_KEYS = ("nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port")
 PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir|nnodes|node_rank|rdzv_endpoint"
-                         r"|master_addr|master_port)\}")
+                         r"|master_addr|master_port|resume_from)\}")
 
 
 def substitute(text: str, values: dict, quote=None) -> str:
     """Replace ``{gpus.NAME}``, ``{gpu}``, ``{profile}``, ``{job_id}``, ``{workdir}``
     (and for a multi-node job ``{nnodes}``, ``{node_rank}``, ``{rdzv_endpoint}``,
-    ``{master_addr}``, ``{master_port}``)
+    ``{master_addr}``, ``{master_port}``; in ``train.resume_args`` ``{resume_from}``, the
+    checkpoint gpujob chose for a resumed trainer)
     (each value passed through ``quote`` when given); any other braces (``${VAR}``,
     ``{}``) are left alone."""
     def one(m):

@@ -57,6 +57,7 @@ def cmd_submit(home: Home, args) -> None:
             inside = os.path.abspath(os.path.join(workdir, entry["dest"])) + os.sep
             if not (os.path.isabs(entry["dest"]) or inside.startswith(os.path.abspath(workdir) + os.sep)):
                 raise ValueError(f"sync dest {entry['dest']!r} resolves outside the workdir")
+        found = submit_checkpoints(home, job, workdir)  # before job.json, which holds resume_from
         os.makedirs(j.dir, exist_ok=False)
         synced = {}
         for entry in job.pop("sync_streams", []):
@@ -67,7 +68,7 @@ def cmd_submit(home: Home, args) -> None:
             write_json(j.path("secrets.json"), secrets, mode=0o600)
         write_json(j.path("job.json"), dict(job, **{protocol.FORMAT_KEY: protocol.FORMAT}), mode=0o600)
         j.set_state(job_id=job_id, name=job["spec"]["name"], state=JobState.PREPARING, phase="start",
-                    step="env", profile=job["profile"], resume=False, started_at=now())
+                    step="env", profile=job["profile"], resume=bool(job.get("resume_from")), started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
         if job.get("boot_hook"):
@@ -79,7 +80,29 @@ def cmd_submit(home: Home, args) -> None:
         if os.path.exists(Journal(home, job_id).path("secrets.json")):  # no supervisor will use them
             os.unlink(Journal(home, job_id).path("secrets.json"))
         raise
-    emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced, "stale_lock": stale})
+    emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced, "stale_lock": stale, "checkpoints": found})
+
+
+def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
+    """The job's checkpoint globs checked against this home, what earlier jobs left
+    under them, and ``--resume-from`` resolved (agent/ckregister.py at_submit)."""
+    from gpujob.agent import ckpaths, ckregister, planshare
+    from gpujob.agent.commands import substitute
+    ck = (job["spec"].get("train") or {}).get("checkpoint")
+    if not ck:
+        return None
+    why = ckpaths.refusal(ck["path"], workdir, home.root)
+    if why:
+        raise Refused(f"train.checkpoint.path {ck['path']!r} refused: {why}")
+    patterns = []
+    for p in job["spec"]["profiles"]:
+        pat = substitute(ck["path"], planshare.template_values(job["spec"], job_id=job["job_id"], profile=p["name"],
+                                                                workdir=workdir, fleet=job.get("fleet")))
+        patterns.append(pat if os.path.isabs(pat) else os.path.join(workdir, pat))
+    try:
+        return ckregister.at_submit(home.root, job, workdir, patterns)
+    except ValueError as e:
+        raise Refused(str(e)) from None
 
 
 def cmd_status(home: Home, args) -> None:
@@ -160,7 +183,8 @@ def cmd_profiles(home: Home, args) -> None:
 def cmd_gc(home: Home, args) -> None:
     """Remove venvs not used for --days days, never an active or known-good one; job
     directories ended --older-than days ago and all but the newest
-    --keep-checkpoints checkpoints, never a live job's (agent/prune.py)."""
+    --keep-checkpoints checkpoints each job's runs wrote (the checkpoint register),
+    never a live job's (agent/prune.py)."""
     from gpujob.agent import prune
     res = prune.prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
     root = home.path("envs")

@@ -10,8 +10,8 @@ import dataclasses
 import os
 import shlex
 
-from gpujob.agent import checkpoint, defaults, envs, jobenv, planshare
-from gpujob.agent.commands import command_argv, fleet_env, placeholder_env, substitute
+from gpujob.agent import defaults, envs, jobenv, planshare
+from gpujob.agent.commands import command_argv, fleet_env, placeholder_env
 from gpujob.agent.journal import now, read_json, write_json
 from gpujob.agent.proc import Phase
 from gpujob.agent.protocol import JobState, OutcomeKind
@@ -111,17 +111,16 @@ class Phases:
             if out is not None:
                 return out
         t = defaults.section(self.spec, "train")
-        extra = list(t.get("resume_args") or []) if resume else []
+        extra, point = self.resume_args(profile, resume)  # {resume_from}: the checkpoint chosen
         argv = command_argv(t["command"], self.values(profile), extra)
         env = self.child_env(profile)
         self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts))
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
-        point = self.resume_point(profile) if resume else None
         if self.rollbacks and "running_at" not in self.rollbacks[-1]:
             rec = self.rollbacks[-1]
             if point is not None:
-                rec["resumed"] = checkpoint.describe(point)
+                rec["resumed"] = point["note"]
             rec["running_at"] = now()
             rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
             rec["timings"] = {"trainer_start": rec["took"]}
@@ -142,18 +141,6 @@ class Phases:
             delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
             good = resume and delay is not None and self.ledger.status(profile) == "good"
             self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy
-
-    def resume_point(self, profile: str):
-        """The checkpoint a resumed trainer starts from (train.checkpoint), journalled."""
-        ck = self.spec["train"].get("checkpoint")
-        if not ck:
-            return None
-        point = checkpoint.resume_point(self.workdir, substitute(ck["path"], self.values(profile)), now())
-        note = checkpoint.describe(point)
-        self.journal.event("resume_point", note=note, **point)
-        self.journal.set_state(resumed=note)
-        self.say(note)
-        return point
 
     def readopt(self, child: dict, profile: str):
         """A phase command recorded in state by a supervisor that is gone: watch it

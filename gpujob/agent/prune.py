@@ -1,9 +1,11 @@
 """Disk hygiene for job directories and checkpoints (stdlib only): ``gc
 --older-than DAYS`` removes the directories of jobs that ended that long ago,
-``gc --keep-checkpoints K`` keeps the newest K files (or folders) matching each
-job's ``train.checkpoint.path``. Neither ever touches a live job: one whose state
-is not final, whose supervisor runs (or is being started), or whose command
-still runs after its supervisor died.
+``gc --keep-checkpoints K`` keeps the newest K of the checkpoints each job's runs
+wrote, as the checkpoint register records them (agent/ckregister.py): never a
+file a glob matches that no run of the job wrote (an unrelated directory, an
+earlier job's file), wherever the checkpoints live. Neither ever touches a live
+job: one whose state is not final, whose supervisor runs (or is being started),
+or whose command still runs after its supervisor died.
 
 Safe when killed at any moment. A job directory is first renamed into
 ``<home>/.gc/`` (one atomic rename: from then on no command sees the job), then
@@ -21,8 +23,7 @@ import os
 import shutil
 import time
 
-from gpujob.agent import checkpoint
-from gpujob.agent.commands import substitute
+from gpujob.agent import ckpaths, ckregister
 from gpujob.agent.journal import ENDED, Journal
 
 TRASH = ".gc"
@@ -88,26 +89,38 @@ def jobs_of(home) -> list:
 
 
 def checkpoint_groups(home) -> list:
-    """One group per checkpoint glob (as each job's spec and profiles expand it)."""
-    groups: dict = {}
-    for job_id in home.job_ids():
-        job = Journal(home, job_id).job()
-        spec = job.get("spec") or {}
-        ck = (spec.get("train") or {}).get("checkpoint")
-        if not ck:
-            continue
-        workdir = home.workdir(spec)
-        live = _live(home, job_id)[0]
-        gpus = {f"gpus.{g}": ",".join(str(i) for i in ids) for g, ids in (spec.get("gpus") or {}).items()}
-        for p in spec.get("profiles") or []:
-            pattern = substitute(ck["path"], dict(gpus, profile=p["name"], job_id=job_id, workdir=workdir))
-            full = os.path.normpath(pattern if os.path.isabs(pattern) else os.path.join(workdir, pattern))
-            g = groups.setdefault(full, {"pattern": full, "workdir": workdir, "live": False, "jobs": []})
-            g["live"] |= live
-            g["jobs"].append(job_id)
-    for g in groups.values():
-        g["files"] = checkpoint.find(g["workdir"], g["pattern"])
-    return list(groups.values())
+    """One group per job with a register: the checkpoints its runs wrote that are
+    still there as they were written (a path now holding a file where a directory
+    was, or the reverse, is someone else's), [(path, mtime)]."""
+    groups = []
+    for reg in ckregister.all_registers(home.root):
+        job_id = reg["job_id"]
+        live = _live(home, job_id)[0] if os.path.exists(Journal(home, job_id).path("job.json")) else False
+        files = []
+        for path, e in reg["files"].items():
+            if e.get("gone"):
+                continue
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if (e["sig"][0] == "d") != (os.path.isdir(path) and not os.path.islink(path)):
+                continue
+            if ckpaths.refusal(path, home=home.root):  # a register from before the checks: never such a path
+                continue
+            files.append((path, st.st_mtime))
+        groups.append({"job_id": job_id, "live": live, "files": files})
+    return groups
+
+
+def forget(home, removed: dict) -> None:
+    """Write the removed checkpoints into their jobs' registers as gone."""
+    for job_id, paths in removed.items():
+        reg = ckregister.load(home.root, job_id)
+        for path in paths:
+            if path in reg["files"]:
+                reg["files"][path].update(gone=time.time(), removed_by="gc")
+        ckregister.save(home.root, reg)
 
 
 # ---- removing, safe against death -----------------------------------------------
@@ -190,12 +203,18 @@ def prune(home, older_than: float | None, keep: int | None, dry_run: bool, now: 
     res = {"finished": [] if dry_run else finish_leftovers(home), "jobs": [], "checkpoints": []}
     # checkpoints first: they are found through the job directories' specs
     if keep is not None:
-        for path, why in select_checkpoints(checkpoint_groups(home), keep):
+        groups = checkpoint_groups(home)
+        owner = {path: g["job_id"] for g in groups for path, _ in g["files"]}
+        gone: dict = {}
+        for path, why in select_checkpoints(groups, keep):
             du = _size(path)
             removed = why == "remove" and not dry_run
             if removed:
                 remove_checkpoint(home, path)
-            res["checkpoints"].append({"path": path, "why": why, "removed": removed, "bytes": du})
+                gone.setdefault(owner[path], []).append(path)
+            res["checkpoints"].append({"path": path, "why": why, "removed": removed, "bytes": du,
+                                       "job_id": owner[path]})
+        forget(home, gone)
     if older_than is not None:
         for j, why in select_jobs(jobs_of(home), older_than, now):
             du = _size(home.path("jobs", j["job_id"]))

@@ -17,6 +17,7 @@ import time
 from gpujob.agent import defaults, fleet, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
+from gpujob.agent.cksupervise import CheckpointKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
 from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
@@ -33,7 +34,7 @@ from gpujob.agent.watch import EnvError, Outcome, PhaseWatch, Stop
 
 
 
-class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
+class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""

@@ -55,6 +55,7 @@ class _Run:
         self.held = None  # an automatic rollback waiting for the first checkpoint
         self.held_at = 0.0
         self.ck_seen = False
+        self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
         self.last_verdict = None
         self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
         gpus = sup.spec.get("gpus") or {}
@@ -198,9 +199,10 @@ class PhaseWatch:
             run = self.new_run(logname, profile, timeout, watch_tps, None)
             if watch_tps and self.start_timeout:  # a start hang on an empty cache is the compile race
                 run.cold_cache = snapshots.cache_files(self.home.root, self.cache_key(profile)) == 0
-            proc = self.start_phase(argv, env, self.workdir, logname,
-                                    {"profile": profile, "gpu": gpu, "watch_tps": watch_tps,
-                                     "cold_cache": run.cold_cache}, started)
+            extra = {"profile": profile, "gpu": gpu, "watch_tps": watch_tps, "cold_cache": run.cold_cache}
+            if run.ckwatch is not None:  # a re-adopting supervisor takes this run's watch over
+                extra["ck_run"] = run.ckwatch.run
+            proc = self.start_phase(argv, env, self.workdir, logname, extra, started)
             self.journal.set_state(phase_started_at=run.start)
         split = throughput.LineSplitter()
         # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
@@ -235,6 +237,8 @@ class PhaseWatch:
                 self.set_state(JobState.STOPPING, phase=run.phase)
             if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
                 hang.end_hung(self, proc, run, outcome)  # its stacks first (journal, logs --stacks)
+            else:  # a hung trainer finishes no save; any other first ends the save it is in
+                self.wait_for_save(run, proc, now())
             left = proc.kill(grace)
             self.journal.event("group_stopped", pgid=proc.pgid, left=left)
             for _ in self.relay.drain():  # what it printed while dying
@@ -245,6 +249,7 @@ class PhaseWatch:
             self.publish(run.samples, policy.decide(self.policy, run.samples, now(), run.start,
                                                         run.baseline), run.baseline)
         code = proc.returncode
+        self.close_checkpoints(run, code)
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
         self.end_phase()
         if outcome is not None:
@@ -268,6 +273,8 @@ class PhaseWatch:
         run = _Run(self, logname, profile, timeout, watch_tps, start)
         run.cold_cache = bool((adopt or {}).get("cold_cache"))
         run.source = self.make_source(profile, adopt) if watch_tps else None
+        if run.phase == "train":
+            run.ckwatch = self.checkpoint_watch(profile, adopt)
         return run
 
     def make_source(self, profile: str, adopt: dict | None):
@@ -355,6 +362,7 @@ class PhaseWatch:
     def check(self, run, t: float):
         """The checks made every 0.2 s whether or not output came: requests, a hung
         trainer after an error signature, the phase timeout, idle GPUs, a stall."""
+        self.poll_checkpoints(run, t)  # the register, and the events of CONTRACT.md
         outcome = self.fleet.poll(run, t) if self.fleet is not None else None
         outcome = outcome or self.requests()
         if outcome:
@@ -404,35 +412,6 @@ class PhaseWatch:
                        f"under {cfg['below']:g}% for {idle:.0f}s",
                        {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
                         "history": run.gpu_history[-10:]})
-
-    def gate(self, run, outcome, t: float):
-        """rollback.wait_for_checkpoint: an automatic rollback of a running trainer waits
-        until a checkpoint exists (at most checkpoint.hold_limit); anything else passes."""
-        ck = self.spec["train"].get("checkpoint")
-        if not (ck and self.rb.get("wait_for_checkpoint") and run.phase == "train"):
-            return outcome
-        if outcome is None:
-            if run.held is None:
-                return None
-            outcome = run.held
-        elif outcome.kind != OutcomeKind.SIGNAL or outcome.signal_name not in (self.rb.get("on") or []):
-            return outcome
-        if not run.ck_seen:
-            run.ck_seen = bool(checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))))
-        waited = t - run.held_at if run.held is not None else 0.0
-        if run.ck_seen or waited > checkpoint.hold_limit(float(ck["every"])):
-            if run.held is not None:
-                why = "a checkpoint exists" if run.ck_seen else "no checkpoint came; rolling back anyway"
-                self.journal.event("rollback_released", waited=round(waited, 2), why=why)
-                self.say(f"rollback held {waited:.1f}s: {why}")
-                outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
-                outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
-            return outcome
-        if run.held is None:
-            run.held, run.held_at = outcome, t
-            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
-            self.say(f"{outcome.signal_name}: rollback held until the first checkpoint exists ({ck['path']})")
-        return None
 
     def publish(self, samples: list, d, baseline) -> None:
         values = [s.value for s in samples[-120:]]

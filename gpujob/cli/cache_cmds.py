@@ -57,8 +57,9 @@ def gc(target: str = typer.Argument(...),
                                                   help="remove the directories of jobs that ended this "
                                                        "many days ago (never a live job's)"),
        keep_checkpoints: Optional[int] = typer.Option(None, "--keep-checkpoints", metavar="K",
-                                                      help="keep the newest K of each job's checkpoints "
-                                                           "(train.checkpoint.path); never a live job's"),
+                                                      help="keep the newest K checkpoints of each job; only "
+                                                           "files its runs wrote go (the checkpoint register), "
+                                                           "never a live job's"),
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go; remove nothing"),
        as_json: bool = typer.Option(False, "--json")):
     """Free disk: old profile venvs, old job directories, old checkpoints (what you ask for)."""

@@ -29,6 +29,10 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
            job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
                                                     "NAME-xxxx); refused if this laptop knows it already"),
            force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad"),
+           resume_from: Optional[str] = typer.Option(None, "--resume-from", metavar="PATH|JOB",
+                                                     help="start the trainer resumed from an earlier job's "
+                                                          "checkpoint: a path (relative: the workdir) or a job "
+                                                          "id (its newest finished checkpoint)"),
            as_json: bool = typer.Option(False, "--json", help="the agent's answer, job id and target as one "
                                         "JSON object; with --plan the steps; with -f JSON Lines of the log, "
                                         "then the final status")):
@@ -45,6 +49,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         from gpujob.cli import fleet_cmds
         if as_json and (plan or follow):
             raise InputError("--json: not with --plan or --follow for a multi-node job (yet)")
+        if resume_from is not None:
+            raise InputError("--resume-from: not for a multi-node job (yet)")
         clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
         fleet_cmds.submit(spec, spec_path, target=target, profile=spec.profile_by_name(profile).name if profile
                           else spec.profile, plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
@@ -63,7 +69,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
-        steps = jobs.build_plan(spec, t, job_id, profile)
+        if resume_from is not None and spec.train.checkpoint is None:
+            raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
+        steps = jobs.build_plan(spec, t, job_id, profile, resume_from=resume_from)
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -80,7 +88,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
             raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
-    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json)
+    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from)
     if as_json and follow:
         from gpujob.cli import jsonl
         jsonl.emit(dict(res, job_id=job_id, target=t.label))
@@ -97,7 +105,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
-def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False) -> dict:
+def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False,
+           resume_from: str | None = None) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
     from gpujob import jobs
@@ -106,7 +115,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
     try:
-        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, resume_from=resume_from,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
