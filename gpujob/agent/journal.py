@@ -167,6 +167,7 @@ class Journal:
         self.dir = home.job_dir(job_id)
         self.generation = generation
         self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
+        self.on_internal_error = None  # called with one line (the supervisor notifies)
         self._samples = None  # samples.jsonl's
 
     def path(self, name: str) -> str:
@@ -190,11 +191,26 @@ class Journal:
                 raise Fenced(f"job {self.job_id}: state written by lock generation "
                              f"{st.get('generation')}, ours is {self.generation}")
             st["generation"] = self.generation
+        if "step" in changes and changes["step"] != st.get("step"):
+            from gpujob.agent import stages
+            refused = stages.check(st.get("step"), changes["step"])  # raises in strict mode
+            if refused is not None:  # production: the last legal step stays, the rest is written
+                changes = {k: v for k, v in changes.items() if k != "step"}
+                self.internal_error(refused)
         st.update(changes)
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
         write_json(self.path("state.json"), st)
         return st
+
+    def internal_error(self, line: str) -> None:
+        """gpujob's own bookkeeping went wrong: an event and a notification, never the job's end."""
+        try:
+            self.event("internal_error", error=line)
+            if self.on_internal_error is not None:
+                self.on_internal_error(line)
+        except Exception:
+            pass
 
     def event(self, kind: str, **data) -> None:
         rec = {"t": round(now(), 3), "type": kind}

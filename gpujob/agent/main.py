@@ -15,6 +15,7 @@ import re
 import sys
 import time
 
+from gpujob.agent.stages import Stage
 from gpujob.agent import boothook, envs, gc
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Lock
@@ -67,7 +68,7 @@ def cmd_submit(home: Home, args) -> None:
             write_json(j.path("secrets.json"), secrets, mode=0o600)
         write_json(j.path("job.json"), dict(job, **{protocol.FORMAT_KEY: protocol.FORMAT}), mode=0o600)
         j.set_state(job_id=job_id, name=job["spec"]["name"], state=JobState.PREPARING, phase="start",
-                    step="env", profile=job["profile"], resume=False, started_at=now())
+                    step=Stage.ENV, profile=job["profile"], resume=False, started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
         if job.get("boot_hook"):

@@ -28,6 +28,7 @@ from gpujob.agent.trim import Trimmer
 from gpujob.agent.guard import Safeguards
 from gpujob.agent.install import Installer
 from gpujob.agent.phases import SECRETS_FILE, Phases
+from gpujob.agent.stages import Stage
 from gpujob.agent.standby import StandbyKeeper
 from gpujob.agent.watch import EnvError, Outcome, PhaseWatch, Stop
 
@@ -85,6 +86,8 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
         self._passed: dict = {}
         self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
         self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
+        self.journal.on_internal_error = lambda line: self.notifier.emit(
+            "internal_error", str(int(now() * 1000)), reason=line)
         self.metrics = MetricsFile(self.journal, self.job)
 
     # ---- journal helpers -------------------------------------------------
@@ -201,7 +204,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             st = self.journal.state()
             if st.get("state") in ENDED:
                 return
-            step = st.get("step") or "env"
+            step = Stage.of(st.get("step")) or Stage.ENV
             profile = st.get("profile") or self.job["profile"]
             child = st.get("child")
             if st.get("child_starting") and not child:  # a start its predecessor did not write down
@@ -221,27 +224,27 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             else:
                 out = self.requests()
                 if out is None:
-                    if step == "rollback":
+                    if step == Stage.ROLLBACK:
                         self.switch(st["pending_rollback"])
                         continue
-                    if step == "env":
+                    if step == Stage.ENV:
                         self.set_state(JobState.PREPARING, phase="env", profile=profile)
                         self.activate(profile)
                         cold = bool(self.job.get("clear_caches") and not st.get("resume"))
                         if cold:
                             self.clear_caches(profile)
-                        self.journal.set_state(step="restore", warmup_done=[], cache_cold=cold)
+                        self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
                         continue
-                    if step == "restore":  # a known-good profile's snapshot into an empty cache
+                    if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
                         self.cache_step(profile, bool(st.get("cache_cold")))
-                        self.journal.set_state(step="warmup")
+                        self.journal.set_state(step=Stage.WARMUP)
                         continue
-                    if step == "succeeded":  # the trainer exited 0 before a supervisor died
+                    if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
                         out = Outcome(OutcomeKind.DONE, exit_code=0)
-                    elif step == "warmup":
+                    elif step == Stage.WARMUP:
                         out = self.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == OutcomeKind.DONE:
-                            self.journal.set_state(step="train")
+                            self.journal.set_state(step=Stage.TRAIN)
                             continue
                     else:
                         out = self.train(profile, bool(st.get("resume")))
@@ -270,7 +273,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
             if over is not None:
                 return over
         if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
-            self.journal.set_state(step="succeeded")
+            self.journal.set_state(step=Stage.SUCCEEDED)
             if not self.watching and self.ledger.status(profile) != "good":
                 self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
                 self.mark_good(profile, reason="job succeeded")
@@ -318,7 +321,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
                 self.restarts.append(rec)
                 self.journal.event("restart", **rec)
                 self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
-                self.journal.set_state(restarts=self.restarts, step="train", resume=True)
+                self.journal.set_state(restarts=self.restarts, step=Stage.TRAIN, resume=True)
                 return False
             self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=failure, exit_code=out.exit_code)
             return True
@@ -333,7 +336,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
         pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
                    "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
                    "request": out.request}
-        self.journal.set_state(step="rollback", pending_rollback=pending)
+        self.journal.set_state(step=Stage.ROLLBACK, pending_rollback=pending)
         if out.request:
             self.journal.done(out.request)
 
@@ -355,7 +358,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         self.activate(p["to"])
-        self.journal.set_state(step="restore", profile=p["to"], resume=True, warmup_done=[],
+        self.journal.set_state(step=Stage.RESTORE, profile=p["to"], resume=True, warmup_done=[],
                                pending_rollback=None, cache_cold=False)
 
     def requests(self):
