@@ -249,7 +249,7 @@ def submitter() -> str:
 
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
-           fleet_key: str | None = None) -> dict:
+           fleet_key: str | None = None, accept_baseline: bool = False) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer. A node
     of a multi-node job (``fleet``) gets its place and the job's channel key (a secret)."""
     sources = sync_sources(spec)  # local problems surface before any remote change
@@ -260,6 +260,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough, fleet=fleet)
     req["by"] = submitter()  # the container's lock says who holds it
+    req["accept_baseline"] = accept_baseline  # submit --accept-baseline (agent/decide.promotion)
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
         progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "

@@ -327,6 +327,12 @@ class Ledger:
         write_json(self.path, led)
         return led
 
+    @staticmethod
+    def ever_good(led: dict) -> bool:
+        """Whether this ledger ever had a known-good profile (its history, or today's entries)."""
+        return any(h.get("status") == "good" for h in led.get("history") or []) or \
+            any(e.get("status") == "good" for e in (led.get("profiles") or {}).values())
+
     def status(self, profile: str) -> str:
         return self.read()["profiles"].get(profile, {}).get("status", "untried")
 
@@ -335,15 +341,9 @@ class Ledger:
         return e.get("baseline") if e.get("status") == "good" else None
 
     def pick(self, current: str, profiles, fallback) -> str | None:
-        """Where to roll back to from ``current``: the last known-good profile, else the
-        first of ``fallback`` not known to be bad; None when there is nowhere to go."""
-        good = self.last_good(exclude=current)
-        if good in profiles:
-            return good
-        for name in fallback or []:
-            if name != current and name in profiles and self.status(name) != "bad":
-                return name
-        return None
+        """Where to roll back to from ``current`` (decide.pick over this ledger)."""
+        from gpujob.agent.decide import pick
+        return pick(self.read(), current, profiles, fallback)
 
     def last_good(self, exclude: str | None = None):
         """The most recently proven good profile other than ``exclude``."""

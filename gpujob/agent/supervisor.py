@@ -14,11 +14,11 @@ import signal
 import sys
 import time
 
-from gpujob.agent import defaults, fleet, policy, sources, throughput
+from gpujob.agent import decide, defaults, fleet, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
-from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind
+from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.metrics import MetricsFile
 from gpujob.agent.notify import Notifier
@@ -30,11 +30,12 @@ from gpujob.agent.install import Installer
 from gpujob.agent.phases import SECRETS_FILE, Phases
 from gpujob.agent.stages import Stage
 from gpujob.agent.standby import StandbyKeeper
+from gpujob.agent.verdicts import Verdicts
 from gpujob.agent.watch import EnvError, Outcome, PhaseWatch, Stop
 
 
 
-class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
+class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -267,76 +268,34 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
         self.journal.set_state(child=child, child_starting=None)
 
     def handle(self, out: Outcome, profile: str) -> bool:
-        """Act on how a phase ended; True when the job is over."""
+        """Act on how a phase ended; True when the job is over. What to do is
+        ``decide.next_action``'s (pure); this carries it out (verdicts.py)."""
         if self.fleet is not None:
             over = self.fleet.handle(out, profile)
             if over is not None:
                 return over
-        if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
-            self.journal.set_state(step=Stage.SUCCEEDED)
-            if not self.watching and self.ledger.status(profile) != "good":
-                self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
-                self.mark_good(profile, reason="job succeeded")
-            else:
-                self.ensure_snapshot(profile)
-            self.finish(JobState.SUCCEEDED, "train exited 0", exit_code=0)
-            return True
-        if out.kind == OutcomeKind.STOP:
-            raise Stop()
-        if out.kind == OutcomeKind.ROLLBACK:  # asked for by the user, who named the target
-            if out.to == profile:
-                self.journal.done(out.request)
-                self.say(f"rollback to {out.to} asked, but the job already runs on it")
+        if out.kind == OutcomeKind.SIGNAL:
+            if self.disk_is_full():
+                raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
+            if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
                 return False
-            self.plan_rollback(profile, out.to, out, "manual", mark_bad=out.mark_bad)
-            return False
-        if self.disk_is_full():
-            raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
-        if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
-            return False
-        failure, reason = out.signal_name, out.reason
-        if failure in (self.rb.get("stop_on") or []):
-            self.finish(JobState.FAILED, f"{reason} ({failure} is in rollback.stop_on)", signal=failure, exit_code=out.exit_code)
-            return True
-        if self.rb["enabled"] and failure in self.rb["on"]:
-            self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
-            limit = int(self.rb["max_rollbacks"])
-            if len(self.auto_rollbacks()) >= limit:
-                self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=failure,
-                            exit_code=out.exit_code)
-                return True
-            target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
-            if target is None:
-                self.finish(JobState.FAILED, f"no known-good profile to roll back to; {profile}: {reason}",
-                            signal=failure, exit_code=out.exit_code)
-                return True
-            self.plan_rollback(profile, target, out, failure, mark_bad=False)  # marked just above
-            return False
-        if failure == "container_restart" or failure in self.restart_cfg["on"]:
-            cfg = self.restart_cfg if failure in self.restart_cfg["on"] else DEFAULTS["restarts"]
-            refusal = restart_refusal(cfg, self.restarts, failure, now())
-            if refusal is None:
-                rec = {"at": now(), "signal": failure, "reason": reason, "profile": profile,
-                       "exit_code": out.exit_code}
-                self.restarts.append(rec)
-                self.journal.event("restart", **rec)
-                self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
-                self.journal.set_state(restarts=self.restarts, step=Stage.TRAIN, resume=True)
-                return False
-            self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=failure, exit_code=out.exit_code)
-            return True
-        self.finish(JobState.FAILED, reason, signal=failure, exit_code=out.exit_code)
-        return True
+        action = decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
+                                    self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
+                                    DEFAULTS["restarts"])
+        return self.carry_out(action, out, profile)
 
     def auto_rollbacks(self) -> list:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]
 
-    def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool) -> None:
-        """Write the rollback down before doing any of it, then let ``switch`` do it."""
+    def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool,
+                      suspect: dict | None = None) -> None:
+        """Write the rollback down before doing any of it (with the suspect it leaves, which
+        a new supervisor goes on confirming), then let ``switch`` do it."""
         pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
                    "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
                    "request": out.request}
-        self.journal.set_state(step=Stage.ROLLBACK, pending_rollback=pending)
+        self.journal.set_state(step=Stage.ROLLBACK, pending_rollback=pending, suspect=suspect,
+                               judging_suspended=None)
         if out.request:
             self.journal.done(out.request)
 
@@ -382,17 +341,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, PhaseW
 
 
 
-def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> str | None:
-    """Why the restart policy will not restart the trainer after ``failure`` (None: it will).
-    Pure: ``restarts`` are the earlier restarts of the job, newest last."""
-    limit = int(cfg["max"])
-    within = float(cfg["within"])
-    recent = [r for r in restarts if t - r["at"] <= within]
-    if failure == FailureSignal.OOM_KILLED and restarts and restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
-        return "OOM-kill loop: killed by the OOM killer again right after a restart"
-    if len(recent) >= limit:
-        return f"crash loop: {len(recent)} restarts within {within:g}s (train.restarts.max {limit})"
-    return None
+restart_refusal = decide.restart_refusal  # where it was
 
 
 def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | None = None) -> int:

@@ -29,6 +29,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
            job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
                                                     "NAME-xxxx); refused if this laptop knows it already"),
            force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad"),
+           accept_baseline: bool = typer.Option(False, "--accept-baseline", help="let a profile that holds "
+                                                "steady set the baseline although the ledger once had a "
+                                                "known-good (a min_ratio-only spec)"),
            as_json: bool = typer.Option(False, "--json", help="the agent's answer, job id and target as one "
                                         "JSON object; with --plan the steps; with -f JSON Lines of the log, "
                                         "then the final status")):
@@ -80,7 +83,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
             raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
-    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json)
+    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, accept_baseline=accept_baseline)
     if as_json and follow:
         from gpujob.cli import jsonl
         jsonl.emit(dict(res, job_id=job_id, target=t.label))
@@ -97,7 +100,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
-def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False) -> dict:
+def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False,
+           accept_baseline: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
     from gpujob import jobs
@@ -106,7 +110,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
     try:
-        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, accept_baseline=accept_baseline,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
