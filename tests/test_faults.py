@@ -422,3 +422,25 @@ def test_a_supervisor_dying_between_starting_the_trainer_and_writing_it_down(tmp
     assert trainers_of(tmp_path) == trainer  # the same one, and only it
     cli(["stop", job_id], env, check=True)
     assert not trainers_of(tmp_path) and state_of(tmp_path, job_id)["state"] == "stopped"
+
+
+def test_a_trainer_that_finishes_after_its_supervisor_died_is_succeeded_not_lost(tmp_path, env, wheelhouse):
+    """The supervisor dies; the trainer then exits 0 (its keeper records it) before any
+    supervisor is back; a resubmit takes the container: the first job follows its trainer's
+    recorded exit, and its job.log gets the lines the dead relay had not copied."""
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 30 --interval 0.1")
+    first = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, first).get("child") or {}).get("phase") == "train", 60, what="training")
+    os.kill(state_of(tmp_path, first)["supervisor_pid"], signal.SIGKILL)
+    exit_file = Path(state_of(tmp_path, first)["child"]["exit_file"])
+    wait_for(exit_file.exists, 30, what="the trainer's keeper to record its exit")
+    second = submit(spec, env)
+    st = state_of(tmp_path, first)
+    assert st["state"] == "succeeded" and st["step"] == "succeeded" and st["exit_code"] == 0, st.get("reason")
+    assert f"job {second} took the container" in st["reason"]
+    log = (jdir(tmp_path, first) / "job.log").read_text()
+    assert [ln.split()[1] for ln in log.splitlines() if ln.startswith("step ")][-1] == "30"
+    assert cli_json(["status", first, "--json"], env)["state"] == "succeeded"
+    wait_for(lambda: state_of(tmp_path, second).get("state") == "succeeded", 60, what="the second job")
