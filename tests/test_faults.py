@@ -444,3 +444,29 @@ def test_a_trainer_that_finishes_after_its_supervisor_died_is_succeeded_not_lost
     assert [ln.split()[1] for ln in log.splitlines() if ln.startswith("step ")][-1] == "30"
     assert cli_json(["status", first, "--json"], env)["state"] == "succeeded"
     wait_for(lambda: state_of(tmp_path, second).get("state") == "succeeded", 60, what="the second job")
+
+
+def test_a_supervisor_killed_mid_confirmation_the_next_one_finishes_it(tmp_path, env, wheelhouse):
+    """slow breaches and rolls back to fast; slow is only a suspect (kept in state.json) until
+    fast has held for rollback.confirm. The supervisor is killed in between: the next one
+    goes on confirming and marks slow bad."""
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="slow", warmup=False,
+                      trainer_args="--steps 400 --interval 0.05", rollback={"confirm": "4s"})
+    cli(["ledger", "set", "box", "tjob", "fast", "good"], env, check=True)
+    job_id = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("suspect") or {}).get("target") == "fast" and
+             (state_of(tmp_path, job_id).get("child") or {}).get("profile") == "fast", 90,
+             what="the rollback to fast, slow a suspect")
+    st = state_of(tmp_path, job_id)
+    led = json.loads((tmp_path / "root" / "ledger" / "tjob.json").read_text())
+    assert led["profiles"].get("slow", {}).get("status") != "bad"  # not yet: fast must recover first
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    cli(["status", job_id], env, check=True)  # a new supervisor re-adopts fast's trainer
+    wait_for(lambda: json.loads((tmp_path / "root" / "ledger" / "tjob.json").read_text())["profiles"]
+             .get("slow", {}).get("status") == "bad", 60, what="slow marked bad after fast held")
+    ev = journal_is_sound(jdir(tmp_path, job_id))
+    kinds = [e["type"] for e in ev]
+    assert kinds.count("suspect_confirmed") == 1 and "supervisor_revived" in kinds
+    assert state_of(tmp_path, job_id).get("suspect") is None
+    cli(["stop", job_id], env, check=True)
