@@ -136,6 +136,7 @@ class Throughput(Strict):
     window: int = Field(5, ge=1, le=10_000)
     min: Rate | None = None
     min_ratio: float | None = Field(None, gt=0, le=1)
+    baseline: Rate | None = None  # tok/s given by the user: min_ratio's baseline instead of the ledger's
     failure_limit: int = Field(3, ge=1, le=10_000)
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     start_timeout: Duration | None = 900.0  # no sample this long after the start: start_hang (null: off)
@@ -200,6 +201,8 @@ class Rollback(Strict):
     signature_grace: Duration = 10.0  # a process still running this long after a signature is stuck
     gpu_idle: GpuIdle | None = None
     wait_for_checkpoint: bool = False  # hold an automatic rollback until train.checkpoint exists
+    confirm: Duration = Field(120.0, ge=0)  # the target holds >= threshold this long: the left profile is bad
+    on_no_recovery: Literal["continue", "stop"] = "continue"  # the target as slow: go on (judging suspended) or end
 
     @model_validator(mode="after")
     def _consistent(self) -> Rollback:

@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from gpujob.spec_types import Duration, SecretRef, _env_value
 from gpujob.yamlsrc import At, Strict, describe, kind_of
 
-NotifyEvent = Literal["rollback", "failure", "success", "known_good"]
+NotifyEvent = Literal["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]
 
 
 def _webhook_url(value: Any) -> Any:
@@ -40,7 +40,7 @@ class Webhook(Strict):
     url: Annotated[str | SecretRef, BeforeValidator(_webhook_url)]
     format: Literal["slack", "ntfy", "json"] = "json"
     token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
-    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good"]
+    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]
     timeout: Duration = 10.0  # per attempt
     retries: int = Field(5, ge=0, le=20)  # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
 

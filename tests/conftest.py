@@ -18,6 +18,9 @@ from tests.testbed import TestBed  # noqa: E402
 # a daemon started there would outlive the test in the user's runtime dir. Its own tests
 # (test_conn.py) turn it on, each with a private runtime dir, and end what they start.
 os.environ.setdefault("GPUJOB_NO_DAEMON", "1")
+# An illegal change of the supervisor's durable step (agent/stages.py) raises in every
+# process the tests start, so it fails the test instead of being only an event.
+os.environ.setdefault("GPUJOB_STRICT_STAGES", "1")
 
 
 @pytest.fixture(scope="module")

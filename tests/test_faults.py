@@ -422,3 +422,51 @@ def test_a_supervisor_dying_between_starting_the_trainer_and_writing_it_down(tmp
     assert trainers_of(tmp_path) == trainer  # the same one, and only it
     cli(["stop", job_id], env, check=True)
     assert not trainers_of(tmp_path) and state_of(tmp_path, job_id)["state"] == "stopped"
+
+
+def test_a_trainer_that_finishes_after_its_supervisor_died_is_succeeded_not_lost(tmp_path, env, wheelhouse):
+    """The supervisor dies; the trainer then exits 0 (its keeper records it) before any
+    supervisor is back; a resubmit takes the container: the first job follows its trainer's
+    recorded exit, and its job.log gets the lines the dead relay had not copied."""
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 30 --interval 0.1")
+    first = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, first).get("child") or {}).get("phase") == "train", 60, what="training")
+    os.kill(state_of(tmp_path, first)["supervisor_pid"], signal.SIGKILL)
+    exit_file = Path(state_of(tmp_path, first)["child"]["exit_file"])
+    wait_for(exit_file.exists, 30, what="the trainer's keeper to record its exit")
+    second = submit(spec, env)
+    st = state_of(tmp_path, first)
+    assert st["state"] == "succeeded" and st["step"] == "succeeded" and st["exit_code"] == 0, st.get("reason")
+    assert f"job {second} took the container" in st["reason"]
+    log = (jdir(tmp_path, first) / "job.log").read_text()
+    assert [ln.split()[1] for ln in log.splitlines() if ln.startswith("step ")][-1] == "30"
+    assert cli_json(["status", first, "--json"], env)["state"] == "succeeded"
+    wait_for(lambda: state_of(tmp_path, second).get("state") == "succeeded", 60, what="the second job")
+
+
+def test_a_supervisor_killed_mid_confirmation_the_next_one_finishes_it(tmp_path, env, wheelhouse):
+    """slow breaches and rolls back to fast; slow is only a suspect (kept in state.json) until
+    fast has held for rollback.confirm. The supervisor is killed in between: the next one
+    goes on confirming and marks slow bad."""
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
+                      slow_url=wheelhouse[1]["slow"], profile="slow", warmup=False,
+                      trainer_args="--steps 400 --interval 0.05", rollback={"confirm": "4s"})
+    cli(["ledger", "set", "box", "tjob", "fast", "good"], env, check=True)
+    job_id = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("suspect") or {}).get("target") == "fast" and
+             (state_of(tmp_path, job_id).get("child") or {}).get("profile") == "fast", 90,
+             what="the rollback to fast, slow a suspect")
+    st = state_of(tmp_path, job_id)
+    led = json.loads((tmp_path / "root" / "ledger" / "tjob.json").read_text())
+    assert led["profiles"].get("slow", {}).get("status") != "bad"  # not yet: fast must recover first
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    cli(["status", job_id], env, check=True)  # a new supervisor re-adopts fast's trainer
+    wait_for(lambda: json.loads((tmp_path / "root" / "ledger" / "tjob.json").read_text())["profiles"]
+             .get("slow", {}).get("status") == "bad", 60, what="slow marked bad after fast held")
+    ev = journal_is_sound(jdir(tmp_path, job_id))
+    kinds = [e["type"] for e in ev]
+    assert kinds.count("suspect_confirmed") == 1 and "supervisor_revived" in kinds
+    assert state_of(tmp_path, job_id).get("suspect") is None
+    cli(["stop", job_id], env, check=True)

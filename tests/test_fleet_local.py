@@ -105,7 +105,9 @@ def test_two_nodes_rendezvous_train_and_succeed_as_one_job(tmp_path, env, index_
 
 
 def test_slow_profile_rolls_back_on_both_nodes_and_both_resume(tmp_path, env, index_urls):
-    spec = fleet_spec(tmp_path / "job.yaml", index_urls, profile="slow", steps=60, interval=0.1)
+    # rollback.confirm 0s: slow is marked bad at fast's first ok window on the fleet's aggregate
+    spec = fleet_spec(tmp_path / "job.yaml", index_urls, profile="slow", steps=60, interval=0.1,
+                      rollback={"fallback": ["fast"], "on": ["low_throughput", "stall"], "confirm": "0s"})
     job_id = submitted(cli(["submit", str(spec)], env, timeout=180))
     wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed", "stopped"), 150, every=1,
              what="the job's end")

@@ -154,8 +154,10 @@ def test_controller_killed_job_runs_on(tmp_path, env, index_urls):
 # ---- rollback (issue 4) -----------------------------------------------------
 
 def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_urls):
+    # slow is marked bad only once fast has held for rollback.confirm (0: its first ok window)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
-                      slow_url=index_urls["slow"], trainer_args="--steps 24 --interval 0.05")
+                      slow_url=index_urls["slow"], trainer_args="--steps 24 --interval 0.05",
+                      rollback={"confirm": "0s"})
     # fast proves itself first
     assert cli(["submit", str(spec), "--profile", "fast", "--follow"], env, timeout=120).returncode == 0
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
@@ -170,7 +172,8 @@ def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_
     assert st["sparkline"]
     slow = st["ledger"]["slow"]
     assert slow["status"] == "bad" and slow["evidence"]["median"] < 5000
-    assert slow["evidence"]["threshold"] == 10000
+    assert slow["evidence"]["threshold"] == 10000 and slow["evidence"]["confirmed_by"]["target"] == "fast"
+    assert "suspect_confirmed" in [e["type"] for e in events(journal(tmp_path, job_id))]
     ev = events(journal(tmp_path, job_id))
     trains = [e for e in ev if e["type"] == "phase" and e["phase"] == "train"]
     assert [t["profile"] for t in trains] == ["slow", "fast"]
@@ -181,11 +184,12 @@ def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_
     assert "slow → fast" in human and "rollbacks" in human
 
 
-def test_both_profiles_slow_stops_after_max_rollbacks(tmp_path, env, index_urls):
-    # "fast" served from the slow index: both builds are slow
+def test_both_profiles_slow_is_no_recovery_and_marks_nothing_bad(tmp_path, env, index_urls):
+    # "fast" served from the slow index: both builds are slow. The slowdown is not the
+    # profile's (the target is as slow): no verdict changes; on_no_recovery: stop ends the job
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
                       slow_url=index_urls["slow"], trainer_args="--steps 200 --interval 0.05",
-                      rollback={"max_rollbacks": 1, "fallback": ["fast"]},
+                      rollback={"max_rollbacks": 1, "fallback": ["fast"], "on_no_recovery": "stop"},
                       profiles=[{"name": "fast", "index_url": index_urls["slow"],
                                  "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
                                 {"name": "slow", "index_url": index_urls["slow"],
@@ -194,18 +198,21 @@ def test_both_profiles_slow_stops_after_max_rollbacks(tmp_path, env, index_urls)
     assert p.returncode == 1
     st = status(job_id_of(p.stdout), env)
     assert st["state"] == "failed"
-    assert st["reason"].startswith("max_rollbacks (1) reached")
+    assert st["reason"].startswith("no recovery on fast: not the profile (slow stays untried)")
     assert len(st["rollbacks"]) == 1
-    assert {k: v["status"] for k, v in st["ledger"].items()} == {"fast": "bad", "slow": "bad"}
+    assert all(v["status"] != "bad" for v in st["ledger"].values()), st["ledger"]
 
 
 def test_no_known_good_profile_fails_with_reason(tmp_path, env, index_urls):
+    # nowhere to roll back to: on_no_recovery stop ends the job, and slow is not marked bad
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
-                      slow_url=index_urls["slow"], trainer_args="--steps 200 --interval 0.05")
+                      slow_url=index_urls["slow"], trainer_args="--steps 200 --interval 0.05",
+                      rollback={"on_no_recovery": "stop"})
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 1
     st = status(job_id_of(p.stdout), env)
     assert st["state"] == "failed" and "no known-good profile" in st["reason"]
+    assert "on_no_recovery: stop" in st["reason"] and st["ledger"].get("slow", {}).get("status") != "bad"
 
 
 def test_fx_compile_race_restarts_then_rolls_back_plain_crash_fails(tmp_path, env, index_urls):
@@ -459,3 +466,44 @@ def test_no_throughput_lines_is_a_stall_not_low_throughput(tmp_path, env, index_
     assert "no known-good profile" in st["reason"]
     ev = events(journal(tmp_path, job_id_of(p.stdout)))
     assert [e["verdict"] for e in ev if e["type"] == "decision"][-1] == "stall"
+
+
+def test_no_recovery_with_continue_stays_on_the_target_judging_suspended(tmp_path, env, index_urls):
+    # both builds slow: after the rollback the target is as slow; the default on_no_recovery
+    # (continue) goes on there, judging suspended, and the job runs to its end
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 60 --interval 0.05",
+                      rollback={"fallback": ["fast"]}, warmup=False,
+                      profiles=[{"name": "fast", "index_url": index_urls["slow"],
+                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
+                                {"name": "slow", "index_url": index_urls["slow"],
+                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]}])
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    job_id = job_id_of(p.stdout)
+    st = status(job_id, env)
+    assert p.returncode == 0 and st["state"] == "succeeded" and st["profile"] == "fast", st.get("reason")
+    kinds = [e["type"] for e in events(journal(tmp_path, job_id))]
+    assert "no_recovery" in kinds and "judging_suspended" in kinds and kinds.count("rollback") == 1
+    assert all(v["status"] != "bad" for v in st["ledger"].values()), st["ledger"]
+    assert "no recovery on fast: not the profile" in (journal(tmp_path, job_id) / "job.log").read_text()
+
+
+def test_a_min_ratio_only_job_whose_ledger_had_a_known_good_promotes_nothing_without_a_yardstick(
+        tmp_path, env, index_urls):
+    tp = {"format": "ktok", "window": 3, "min_ratio": 0.8, "failure_limit": 2, "no_data_timeout": "30s",
+          "good_after": "0.5s"}
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 30 --interval 0.05",
+                      throughput=tp, warmup=False)
+    # the ledger once had a known-good (lost since: undone, as a false verdict would leave it)
+    cli(["ledger", "set", "box", "tjob", "fast", "good"], env, check=True)
+    cli(["ledger", "undo", "box", "tjob", "1"], env, check=True)
+    p = cli(["submit", str(spec), "--follow"], env, timeout=120)
+    job_id = job_id_of(p.stdout)
+    ev = events(journal(tmp_path, job_id))
+    assert p.returncode == 0 and "known_good" not in [e["type"] for e in ev]
+    [why] = [e for e in ev if e["type"] == "not_promoted"]
+    assert "--accept-baseline" in why["why"] and status(job_id, env)["ledger"].get("slow") is None
+    p = cli(["submit", str(spec), "--follow", "--accept-baseline"], env, timeout=120)
+    assert p.returncode == 0
+    assert status(job_id_of(p.stdout), env)["ledger"]["slow"]["status"] == "good"

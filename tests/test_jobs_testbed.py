@@ -51,7 +51,8 @@ def steps_of(text: str) -> list[int]:
 def test_submit_follow_resubmit_and_rollback_on_the_bed(testbed, bed_env, tmp_path, index):
     env = bed_env
     spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
-                      profile="fast", trainer_args="--steps 40 --interval 0.05")
+                      profile="fast", trainer_args="--steps 40 --interval 0.05",
+                      rollback={"confirm": "0s"})  # slow is marked bad at fast's first ok window
     p = cli(["submit", str(spec), "--follow"], env, timeout=300)
     assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()[-2000:]
     assert steps_of(p.stdout.decode()) == list(range(1, 41))

@@ -84,7 +84,7 @@ def test_a_killed_holder_frees_the_lock_at_once(tmp_path):
 def test_a_stale_writer_is_fenced_off(tmp_path):
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("j"))
-    Journal(home, "j", generation=1).set_state(state="training", step="train")
+    Journal(home, "j", generation=1).set_state(state="training", step="env")  # a legal first step (agent/stages.py)
     Journal(home, "j", generation=2).set_state(step="rollback")
     with pytest.raises(Fenced):
         Journal(home, "j", generation=1).set_state(step="train")  # a late write of the old holder

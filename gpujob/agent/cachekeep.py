@@ -15,6 +15,7 @@ only; a mixin like PhaseWatch: it uses the supervisor's journal, ledger and spec
 
 from __future__ import annotations
 
+from gpujob.agent.stages import Stage
 from gpujob.agent import defaults, envs, snapshots
 from gpujob.agent.journal import now
 from gpujob.agent.protocol import FailureSignal, OutcomeKind
@@ -134,6 +135,6 @@ class CacheKeep:
         self.journal.event("cold_retry", **rec)
         self.say(f"cold start of {profile} failed ({out.reason}); a {snapshots.describe(snap)} exists: "
                  f"one retry on it before judging {profile}")
-        self.journal.set_state(cold_retry=rec, step="restore", warmup_done=[], cache_cold=False,
+        self.journal.set_state(cold_retry=rec, step=Stage.RESTORE, warmup_done=[], cache_cold=False,
                                resume=bool(st.get("resume")) or st.get("phase") == "train")
         return True

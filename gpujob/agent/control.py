@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from gpujob.agent.stages import Stage
 from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now
 from gpujob.agent.lock import Lock
 from gpujob.agent.protocol import JobState
@@ -94,7 +95,7 @@ def cmd_rollback(home: Home, args) -> None:
         pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
         if pgid:
             kill_group(int(pgid), 10)  # never two trainers on the same GPUs
-        jj.set_state(state=JobState.ROLLING_BACK, phase="env", step="rollback", reason=reason, finished_at=None,
+        jj.set_state(state=JobState.ROLLING_BACK, phase="env", step=Stage.ROLLBACK, reason=reason, finished_at=None,
                      child=None, lost_reason=None, revivals=[],
                      pending_rollback={"from": current, "to": target, "reason": reason, "signal": "manual",
                                        "decided_at": now(), "mark_bad": bool(args.mark_bad), "request": None})

@@ -22,6 +22,7 @@ import hashlib
 import queue
 import time
 
+from gpujob.agent.stages import Stage
 from gpujob.agent import defaults
 from gpujob.agent.channel import Client, Server
 from gpujob.agent.journal import now
@@ -400,7 +401,7 @@ class Follower(Node):
                 return True
             if out.kind == OutcomeKind.ROLLBACK and out.signal_name == "fleet":
                 if out.to == profile:
-                    self.sup.journal.set_state(step="train", resume=True)
+                    self.sup.journal.set_state(step=Stage.TRAIN, resume=True)
                     self.sup.say(f"restart on {profile}: {out.reason}")
                 else:
                     self.sup.plan_rollback(profile, out.to, out, "fleet", mark_bad=False)

@@ -167,6 +167,7 @@ class Journal:
         self.dir = home.job_dir(job_id)
         self.generation = generation
         self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
+        self.on_internal_error = None  # called with one line (the supervisor notifies)
         self._samples = None  # samples.jsonl's
 
     def path(self, name: str) -> str:
@@ -190,11 +191,26 @@ class Journal:
                 raise Fenced(f"job {self.job_id}: state written by lock generation "
                              f"{st.get('generation')}, ours is {self.generation}")
             st["generation"] = self.generation
+        if "step" in changes and changes["step"] != st.get("step"):
+            from gpujob.agent import stages
+            refused = stages.check(st.get("step"), changes["step"])  # raises in strict mode
+            if refused is not None:  # production: the last legal step stays, the rest is written
+                changes = {k: v for k, v in changes.items() if k != "step"}
+                self.internal_error(refused)
         st.update(changes)
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
         write_json(self.path("state.json"), st)
         return st
+
+    def internal_error(self, line: str) -> None:
+        """gpujob's own bookkeeping went wrong: an event and a notification, never the job's end."""
+        try:
+            self.event("internal_error", error=line)
+            if self.on_internal_error is not None:
+                self.on_internal_error(line)
+        except Exception:
+            pass
 
     def event(self, kind: str, **data) -> None:
         rec = {"t": round(now(), 3), "type": kind}
@@ -282,25 +298,54 @@ class Ledger:
     def mark(self, profile: str, status: str, **data) -> dict:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         led = self.read()
-        entry = dict(led["profiles"].get(profile, {}))
+        before = led["profiles"].get(profile)
+        entry = dict(before or {})
         entry.update(data, status=status, at=now())
         led["profiles"][profile] = entry
-        if status == "good":
-            led["last_good"] = profile
-        elif led.get("last_good") == profile:
-            led.pop("last_good")
+        _relink(led)
+        _record(led, profile, status, before, entry)
         write_json(self.path, led)
         return led
 
-    def forget(self, profile: str) -> dict:
+    def forget(self, profile: str, **data) -> dict:
         """Remove a profile's entry (it is untried again)."""
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         led = self.read()
-        led["profiles"].pop(profile, None)
-        if led.get("last_good") == profile:
-            led.pop("last_good")
+        before = led["profiles"].pop(profile, None)
+        _relink(led)
+        _record(led, profile, "untried", before, dict(data, at=now()))
         write_json(self.path, led)
         return led
+
+    def history(self) -> list:
+        """Every verdict, oldest first, each with an id and its evidence; the entries of a
+        ledger written before the history existed come first, as ``legacy``."""
+        led = self.read()
+        hist = list(led.get("history") or [])
+        seen = {h["profile"] for h in hist}
+        legacy = [dict(e, id=f"legacy-{p}", profile=p, legacy=True, time=e.get("at"))
+                  for p, e in sorted((led.get("profiles") or {}).items()) if p not in seen and "status" in e]
+        return legacy + hist
+
+    def undo(self, verdict_id: str, **data) -> dict:
+        """Revert one verdict: the profile's entry as it was before it (baseline included);
+        the undo is itself a verdict in the history. Returns the record undone."""
+        led = self.read()
+        rec = next((h for h in self.history() if str(h["id"]) == str(verdict_id)), None)
+        if rec is None:
+            raise KeyError(verdict_id)
+        profile = rec["profile"]
+        current = led["profiles"].get(profile)
+        before = None if rec.get("legacy") else rec.get("before")
+        if before is None:
+            led["profiles"].pop(profile, None)
+        else:
+            led["profiles"][profile] = dict(before)
+        _relink(led)
+        _record(led, profile, (before or {}).get("status", "untried"), current,
+                dict(data, undoes=rec["id"], reason=f"undo of verdict {rec['id']}", at=now()))
+        write_json(self.path, led)
+        return rec
 
     def note(self, profile: str, **data) -> dict:
         """Add facts to a profile's entry (a snapshot, a cold proof) without changing
@@ -311,6 +356,12 @@ class Ledger:
         write_json(self.path, led)
         return led
 
+    @staticmethod
+    def ever_good(led: dict) -> bool:
+        """Whether this ledger ever had a known-good profile (its history, or today's entries)."""
+        return any(h.get("status") == "good" for h in led.get("history") or []) or \
+            any(e.get("status") == "good" for e in (led.get("profiles") or {}).values())
+
     def status(self, profile: str) -> str:
         return self.read()["profiles"].get(profile, {}).get("status", "untried")
 
@@ -319,15 +370,9 @@ class Ledger:
         return e.get("baseline") if e.get("status") == "good" else None
 
     def pick(self, current: str, profiles, fallback) -> str | None:
-        """Where to roll back to from ``current``: the last known-good profile, else the
-        first of ``fallback`` not known to be bad; None when there is nowhere to go."""
-        good = self.last_good(exclude=current)
-        if good in profiles:
-            return good
-        for name in fallback or []:
-            if name != current and name in profiles and self.status(name) != "bad":
-                return name
-        return None
+        """Where to roll back to from ``current`` (decide.pick over this ledger)."""
+        from gpujob.agent.decide import pick
+        return pick(self.read(), current, profiles, fallback)
 
     def last_good(self, exclude: str | None = None):
         """The most recently proven good profile other than ``exclude``."""
@@ -335,3 +380,26 @@ class Ledger:
         goods = [(e.get("at", 0), p) for p, e in led["profiles"].items()
                  if e.get("status") == "good" and p != exclude]
         return max(goods)[1] if goods else None
+
+
+def _relink(led: dict) -> None:
+    """last_good: the newest good entry (none when no profile is good)."""
+    goods = [(e.get("at", 0), p) for p, e in led["profiles"].items() if e.get("status") == "good"]
+    if goods:
+        led["last_good"] = max(goods)[1]
+    else:
+        led.pop("last_good", None)
+
+
+_EVIDENCE = ("reason", "evidence", "baseline", "job", "by_hand", "undoes")
+
+
+def _record(led: dict, profile: str, status: str, before, entry: dict) -> None:
+    """Append one verdict to the ledger's history (ids count up, never reused)."""
+    hist = led.setdefault("history", [])
+    n = int(led.get("next_id") or len(hist) + 1)
+    ev = entry.get("evidence") or {}
+    hist.append(dict({k: entry[k] for k in _EVIDENCE if k in entry}, id=n, profile=profile, status=status,
+                     time=entry.get("at"), before=before,
+                     window_medians=ev.get("window_medians"), threshold=ev.get("threshold")))
+    led["next_id"] = n + 1

@@ -92,12 +92,49 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
             raise Refused(f"job {other}{f' of {who}' if who else ''} has no supervisor but its {(st.get('child') or {}).get('phase') or 'phase'} "
                           f"command still runs (pids {', '.join(map(str, left[:5]))}); `gpujob status {other}` "
                           f"restarts its supervisor, `gpujob stop {other}` ends it")
-        # nothing of it runs and nobody holds the lock: that job is over, as lost
-        Journal(home, other, held.generation).set_state(
-            state=JobState.LOST, phase="done", finished_at=now(), child=None,
-            reason=f"its supervisor died; the container was taken over by job {job_id}")
+        # nothing of it runs and nobody holds the lock: that job is over, as its trainer's
+        # recorded exit says (else lost); its log's last bytes reach its job.log first
+        settle_orphan(Journal(home, other, held.generation), st, job_id)
         taken_over = {"job_id": other, "pid": st.get("supervisor_pid")}
     return held, taken_over
+
+
+def settle_orphan(j: Journal, st: dict, by_job: str) -> None:
+    """A job whose supervisor died and whose command has ended, taken over by ``by_job``:
+    the relay's last bytes go to its job.log, and its state follows the exit its
+    trainer's keeper recorded (exit 0: succeeded), else it is lost."""
+    from gpujob.agent.proc import read_exit
+    from gpujob.agent.relay import JobLog, Relay
+    from gpujob.agent.stages import Stage
+    child = st.get("child") or {}
+    try:  # whatever the dead supervisor had not copied yet
+        joblog = JobLog(j.path("job.log"))
+        relay = Relay(j.dir, joblog)
+        relay.recover()
+        if child.get("log"):
+            relay.follow(child["log"], int(child.get("log_start") or 0))
+            for _ in relay.drain():
+                pass
+        relay.close()
+        os.close(joblog.fd)
+    except OSError as e:
+        j.event("relay_error", error=f"{type(e).__name__}: {e}")
+    code = read_exit(child["exit_file"]) if child.get("exit_file") else None
+    trained = child.get("phase") == "train"
+    if (trained and code == 0) or (not child and st.get("step") == Stage.SUCCEEDED):
+        j.event("exit", phase="train", returncode=0, profile=st.get("profile"), recorded_by="keeper")
+        j.set_state(state=JobState.SUCCEEDED, step=Stage.SUCCEEDED, phase="done", finished_at=now(), child=None,
+                    exit_code=0, reason=f"train exited 0 (recorded by its keeper after its supervisor died; "
+                                        f"settled when job {by_job} took the container)")
+        return
+    if trained and code is not None:
+        j.event("exit", phase="train", returncode=code, profile=st.get("profile"), recorded_by="keeper")
+        j.set_state(state=JobState.FAILED, phase="done", finished_at=now(), child=None, exit_code=code,
+                    reason=f"train exited {code} after its supervisor died (recorded by its keeper; "
+                           f"settled when job {by_job} took the container)")
+        return
+    j.set_state(state=JobState.LOST, phase="done", finished_at=now(), child=None,
+                reason=f"its supervisor died; the container was taken over by job {by_job}")
 
 
 def revive(home: Home, job_id: str) -> dict | None:

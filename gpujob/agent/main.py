@@ -15,6 +15,7 @@ import re
 import sys
 import time
 
+from gpujob.agent.stages import Stage
 from gpujob.agent import boothook, envs, gc
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
 from gpujob.agent.lock import Lock
@@ -68,7 +69,7 @@ def cmd_submit(home: Home, args) -> None:
             write_json(j.path("secrets.json"), secrets, mode=0o600)
         write_json(j.path("job.json"), dict(job, **{protocol.FORMAT_KEY: protocol.FORMAT}), mode=0o600)
         j.set_state(job_id=job_id, name=job["spec"]["name"], state=JobState.PREPARING, phase="start",
-                    step="env", profile=job["profile"], resume=bool(job.get("resume_from")), started_at=now())
+                    step=Stage.ENV, profile=job["profile"], resume=bool(job.get("resume_from")), started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
         if job.get("boot_hook"):
@@ -145,6 +146,20 @@ def cmd_ledger(home: Home, args) -> None:
     if args.action == "show":
         emit({"name": args.name, "ledger": led.read()})
         return
+    if args.action == "history":
+        emit({"name": args.name, "history": led.history()})
+        return
+    if args.action == "undo":
+        if not args.profile:
+            raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)")
+        try:
+            rec = led.undo(args.profile, by_hand=True)
+        except KeyError:
+            raise Refused(f"no verdict {args.profile!r} in the ledger of {args.name} "
+                          f"(gpujob ledger history lists them)") from None
+        emit({"name": args.name, "undone": rec, "profile": rec["profile"],
+              "status": led.status(rec["profile"]), "ledger": led.read()})
+        return
     if not args.profile or not args.status:
         raise Refused("ledger set needs a profile and a status (good, bad or untried)")
     if not PROFILE_NAME.fullmatch(args.profile):
@@ -152,7 +167,7 @@ def cmd_ledger(home: Home, args) -> None:
     before = led.status(args.profile)
     reason = args.reason or "set by hand"
     if args.status == "untried":
-        led.forget(args.profile)
+        led.forget(args.profile, reason=reason, by_hand=True)
     else:
         led.mark(args.profile, args.status, reason=reason, by_hand=True)
     emit({"name": args.name, "profile": args.profile, "before": before, "status": args.status,
@@ -301,7 +316,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--reason")
     s.add_argument("--mark-bad", action="store_true", help="also record the profile left bad")
     s = sub.add_parser("ledger")
-    s.add_argument("action", choices=["show", "set"])
+    s.add_argument("action", choices=["show", "set", "history", "undo"])
     s.add_argument("name")
     s.add_argument("profile", nargs="?")
     s.add_argument("status", nargs="?", choices=["good", "bad", "untried"])

@@ -28,14 +28,15 @@ from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.journal import now, read_json, write_json
 
 OUTBOX = "notify"
-EVENTS = ("rollback", "failure", "success", "known_good")
+EVENTS = ("rollback", "failure", "success", "known_good", "no_recovery", "internal_error")
 MASK = "***"
 BACKOFF_CAP = 60.0
 USER_AGENT = "gpujob-notify/1"
 
 _TAGS = {"rollback": "warning", "failure": "rotating_light", "success": "white_check_mark",
-         "known_good": "+1"}
-_PRIORITY = {"rollback": "high", "failure": "high", "success": "default", "known_good": "low"}
+         "known_good": "+1", "no_recovery": "warning", "internal_error": "bug"}
+_PRIORITY = {"rollback": "high", "failure": "high", "success": "default", "known_good": "low", "no_recovery": "high",
+             "internal_error": "high"}
 
 
 # ---- pure: what is sent ------------------------------------------------------
@@ -51,10 +52,13 @@ def message(kind: str, event_id: str, job_id: str, name: str, at: float, **field
     title = {"rollback": f"{name}: rolled back {fields.get('from')} -> {fields.get('to')}",
              "failure": f"{name}: job failed",
              "success": f"{name}: job succeeded",
-             "known_good": f"{name}: profile {profile} is known-good"}[kind]
+             "known_good": f"{name}: profile {profile} is known-good",
+             "no_recovery": f"{name}: no recovery on {fields.get('to')}: not the profile",
+             "internal_error": f"{name}: gpujob internal error (the job goes on)"}[kind]
     detail = {"rollback": fields.get("reason"), "failure": fields.get("reason"),
               "success": f"on profile {profile}" if profile else None,
-              "known_good": f"baseline {fields['baseline']:.0f} tok/s" if fields.get("baseline") else None}[kind]
+              "known_good": f"baseline {fields['baseline']:.0f} tok/s" if fields.get("baseline") else None,
+              "no_recovery": fields.get("reason"), "internal_error": fields.get("reason")}[kind]
     text = f"gpujob {job_id}: {title.split(': ', 1)[1]}" + (f": {detail}" if detail else "")
     return dict(fields, id=event_id, type=kind, job_id=job_id, name=name, at=round(at, 3),
                 title=f"gpujob {title}", text=text)

@@ -14,12 +14,12 @@ import signal
 import sys
 import time
 
-from gpujob.agent import defaults, fleet, policy, sources, throughput
+from gpujob.agent import decide, defaults, fleet, policy, sources, throughput
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.cksupervise import CheckpointKeep
 from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
-from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind
+from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.metrics import MetricsFile
 from gpujob.agent.notify import Notifier
@@ -29,12 +29,14 @@ from gpujob.agent.trim import Trimmer
 from gpujob.agent.guard import Safeguards
 from gpujob.agent.install import Installer
 from gpujob.agent.phases import SECRETS_FILE, Phases
+from gpujob.agent.stages import Stage
 from gpujob.agent.standby import StandbyKeeper
+from gpujob.agent.verdicts import Verdicts
 from gpujob.agent.watch import EnvError, Outcome, PhaseWatch, Stop
 
 
 
-class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
+class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -87,6 +89,8 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, Checkp
         self._passed: dict = {}
         self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
         self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
+        self.journal.on_internal_error = lambda line: self.notifier.emit(
+            "internal_error", str(int(now() * 1000)), reason=line)
         self.metrics = MetricsFile(self.journal, self.job)
 
     # ---- journal helpers -------------------------------------------------
@@ -203,7 +207,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, Checkp
             st = self.journal.state()
             if st.get("state") in ENDED:
                 return
-            step = st.get("step") or "env"
+            step = Stage.of(st.get("step")) or Stage.ENV
             profile = st.get("profile") or self.job["profile"]
             child = st.get("child")
             if st.get("child_starting") and not child:  # a start its predecessor did not write down
@@ -223,27 +227,27 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, Checkp
             else:
                 out = self.requests()
                 if out is None:
-                    if step == "rollback":
+                    if step == Stage.ROLLBACK:
                         self.switch(st["pending_rollback"])
                         continue
-                    if step == "env":
+                    if step == Stage.ENV:
                         self.set_state(JobState.PREPARING, phase="env", profile=profile)
                         self.activate(profile)
                         cold = bool(self.job.get("clear_caches") and not st.get("resume"))
                         if cold:
                             self.clear_caches(profile)
-                        self.journal.set_state(step="restore", warmup_done=[], cache_cold=cold)
+                        self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
                         continue
-                    if step == "restore":  # a known-good profile's snapshot into an empty cache
+                    if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
                         self.cache_step(profile, bool(st.get("cache_cold")))
-                        self.journal.set_state(step="warmup")
+                        self.journal.set_state(step=Stage.WARMUP)
                         continue
-                    if step == "succeeded":  # the trainer exited 0 before a supervisor died
+                    if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
                         out = Outcome(OutcomeKind.DONE, exit_code=0)
-                    elif step == "warmup":
+                    elif step == Stage.WARMUP:
                         out = self.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == OutcomeKind.DONE:
-                            self.journal.set_state(step="train")
+                            self.journal.set_state(step=Stage.TRAIN)
                             continue
                     else:
                         out = self.train(profile, bool(st.get("resume")))
@@ -266,106 +270,34 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, Checkp
         self.journal.set_state(child=child, child_starting=None)
 
     def handle(self, out: Outcome, profile: str) -> bool:
-        """Act on how a phase ended; True when the job is over."""
+        """Act on how a phase ended; True when the job is over. What to do is
+        ``decide.next_action``'s (pure); this carries it out (verdicts.py)."""
         if self.fleet is not None:
             over = self.fleet.handle(out, profile)
             if over is not None:
                 return over
-        if out.kind == OutcomeKind.DONE:  # written first: a new supervisor finishes the job, never reruns it
-            self.journal.set_state(step="succeeded")
-            if not self.watching and self.ledger.status(profile) != "good":
-                self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
-                self.mark_good(profile, reason="job succeeded")
-            else:
-                self.ensure_snapshot(profile)
-            self.finish(JobState.SUCCEEDED, "train exited 0", exit_code=0)
-            return True
-        if out.kind == OutcomeKind.STOP:
-            raise Stop()
-        if out.kind == OutcomeKind.ROLLBACK:  # asked for by the user, who named the target
-            if out.to == profile:
-                self.journal.done(out.request)
-                self.say(f"rollback to {out.to} asked, but the job already runs on it")
+        if out.kind == OutcomeKind.SIGNAL:
+            if self.disk_is_full():
+                raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
+            if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
                 return False
-            self.plan_rollback(profile, out.to, out, "manual", mark_bad=out.mark_bad)
-            return False
-        if self.disk_is_full():
-            raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
-        if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
-            return False
-        failure, reason = out.signal_name, out.reason
-        if failure in (self.rb.get("stop_on") or []):
-            self.finish(JobState.FAILED, f"{reason} ({failure} is in rollback.stop_on)", signal=failure, exit_code=out.exit_code)
-            return True
-        if failure == FailureSignal.COMPILE_RACE:  # the same wheels on a warmer cache first
-            refusal = self.race_restart(out, profile)
-            if refusal is None:
-                return False
-            reason = f"{reason}; {refusal}"  # then a failure of this profile, as any other
-            self.say(f"compile race on {profile}: {refusal}")
-        if self.rb["enabled"] and failure in self.rb["on"]:
-            self.ledger.mark(profile, "bad", reason=reason, evidence=out.evidence, job=self.job_id)
-            limit = int(self.rb["max_rollbacks"])
-            if len(self.auto_rollbacks()) >= limit:
-                self.finish(JobState.FAILED, f"max_rollbacks ({limit}) reached; last: {reason}", signal=failure,
-                            exit_code=out.exit_code)
-                return True
-            target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
-            if target is None:
-                self.finish(JobState.FAILED, f"no known-good profile to roll back to; {profile}: {reason}",
-                            signal=failure, exit_code=out.exit_code)
-                return True
-            self.plan_rollback(profile, target, out, failure, mark_bad=False)  # marked just above
-            return False
-        if failure == "container_restart" or failure in self.restart_cfg["on"]:
-            cfg = self.restart_cfg if failure in self.restart_cfg["on"] else DEFAULTS["restarts"]
-            refusal = self.restart(cfg, failure, reason, profile, out.exit_code)
-            if refusal is None:
-                return False
-            self.finish(JobState.FAILED, f"{refusal}; last: {reason}", signal=failure, exit_code=out.exit_code)
-            return True
-        self.finish(JobState.FAILED, reason, signal=failure, exit_code=out.exit_code)
-        return True
-
-    def race_restart(self, out: Outcome, profile: str) -> str | None:
-        """A compile race: restart on the same profile (the cache warmer each time), or say
-        why not. A hang on a cache that was empty at the start only warms through a
-        warmup (one thread compiles): run it again first; without one, a restart on a cache
-        that stays empty hangs again (6 of 6 tries on the H200), so it is not tried."""
-        cold_hang = bool(out.evidence.get("cold_cache"))
-        warmup = defaults.section(self.spec, "warmup")
-        if cold_hang and (not warmup or warmup["when"] == "never"):
-            return ("it hung on a cold compile cache and the job has no warmup to fill it (a restart on a "
-                    "cache that stays empty hangs again)")
-        cfg = self.restart_cfg if FailureSignal.COMPILE_RACE in self.restart_cfg["on"] else DEFAULTS["restarts"]
-        refusal = self.restart(cfg, FailureSignal.COMPILE_RACE, out.reason, profile, out.exit_code)
-        if refusal is None and cold_hang:
-            self.say(f"the warmup runs again first: it compiles in one thread into {profile}'s cache")
-            self.journal.set_state(step="warmup", warmup_done=[], warmup_again=True)
-        return None if refusal is None else f"not cured by restarts ({refusal})"
-
-    def restart(self, cfg: dict, failure: str, reason: str, profile: str, exit_code) -> str | None:
-        """Restart the trainer on ``profile`` (resumed) unless the restart policy ``cfg``
-        refuses; returns the refusal, or None when it restarted."""
-        refusal = restart_refusal(cfg, self.restarts, failure, now())
-        if refusal is not None:
-            return refusal
-        rec = {"at": now(), "signal": failure, "reason": reason, "profile": profile, "exit_code": exit_code}
-        self.restarts.append(rec)
-        self.journal.event("restart", **rec)
-        self.say(f"RESTART on {profile} ({len(self.restarts)}): {reason}")
-        self.journal.set_state(restarts=self.restarts, step="train", resume=True)
-        return None
+        action = decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
+                                    self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
+                                    DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
+        return self.carry_out(action, out, profile)
 
     def auto_rollbacks(self) -> list:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]
 
-    def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool) -> None:
-        """Write the rollback down before doing any of it, then let ``switch`` do it."""
+    def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool,
+                      suspect: dict | None = None) -> None:
+        """Write the rollback down before doing any of it (with the suspect it leaves, which
+        a new supervisor goes on confirming), then let ``switch`` do it."""
         pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
                    "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
                    "request": out.request}
-        self.journal.set_state(step="rollback", pending_rollback=pending)
+        self.journal.set_state(step=Stage.ROLLBACK, pending_rollback=pending, suspect=suspect,
+                               judging_suspended=None)
         if out.request:
             self.journal.done(out.request)
 
@@ -387,7 +319,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, Checkp
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         self.activate(p["to"])
-        self.journal.set_state(step="restore", profile=p["to"], resume=True, warmup_done=[],
+        self.journal.set_state(step=Stage.RESTORE, profile=p["to"], resume=True, warmup_done=[],
                                pending_rollback=None, cache_cold=False)
 
     def requests(self):
@@ -411,17 +343,7 @@ class Supervisor(Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, Checkp
 
 
 
-def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> str | None:
-    """Why the restart policy will not restart the trainer after ``failure`` (None: it will).
-    Pure: ``restarts`` are the earlier restarts of the job, newest last."""
-    limit = int(cfg["max"])
-    within = float(cfg["within"])
-    recent = [r for r in restarts if t - r["at"] <= within]
-    if failure == FailureSignal.OOM_KILLED and restarts and restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
-        return "OOM-kill loop: killed by the OOM killer again right after a restart"
-    if len(recent) >= limit:
-        return f"crash loop: {len(recent)} restarts within {within:g}s (train.restarts.max {limit})"
-    return None
+restart_refusal = decide.restart_refusal  # where it was
 
 
 def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | None = None) -> int:

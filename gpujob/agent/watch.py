@@ -42,7 +42,8 @@ class _Run:
         self.watch_tps = watch_tps
         self.start = start or now()
         self.samples: list = []
-        self.baseline = sup.ledger.baseline(profile) or sup.ledger.baseline(sup.ledger.last_good() or "")
+        self.baseline = (sup.spec.get("throughput") or {}).get("baseline") or sup.ledger.baseline(profile) or \
+            sup.ledger.baseline(sup.ledger.last_good() or "")  # the user's (throughput.baseline) first
         self.good_known = sup.ledger.status(profile) == "good"
         self.tail = collections.deque(maxlen=TAIL_LINES)
         self.hits: list = []
@@ -324,6 +325,7 @@ class PhaseWatch:
         if len(run.samples) > 50000:
             del run.samples[:25000]
         d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
+        d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/verdicts.py)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.evidence.get("median"), profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
@@ -346,7 +348,7 @@ class PhaseWatch:
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
         if not run.good_known:
             base = policy.known_good(self.policy, run.samples, t, run.start, run.baseline)
-            if base is not None:
+            if base is not None and not self.refuse_promotion(run):
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
                 self.notifier.emit("known_good", f"{run.profile}.{len(self.rollbacks)}", profile=run.profile,

@@ -36,6 +36,46 @@ def ledger_set(target: str = typer.Argument(..., help="container name or host/na
     out.print(render.ledger_set_line(res, t.label))
 
 
+def _ledger_name(job_name: str) -> str:
+    import re
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?", job_name):  # @: a fleet's
+        raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), or a "
+                         f"multi-node ledger's name as status shows it (NAME@xN-hhhhhh), got {job_name[:50]!r}")
+    return job_name
+
+
+@ledger_app.command("history")
+def ledger_history(target: str = typer.Argument(..., help="container name or host/name"),
+                   job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status shows it)"),
+                   as_json: bool = typer.Option(False, "--json")):
+    """Every verdict of a job name's ledger, oldest first, with its id and evidence."""
+    t = ctx.target(target)
+    res = t.agent_json("ledger", "history", _ledger_name(job_name))
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    for h in res["history"]:
+        out.print(render.lit(render.ledger_history_line(h)))
+
+
+@ledger_app.command("undo")
+def ledger_undo(target: str = typer.Argument(..., help="container name or host/name"),
+                job_name: str = typer.Argument(...),
+                verdict_id: str = typer.Argument(..., metavar="ID", help="from gpujob ledger history"),
+                as_json: bool = typer.Option(False, "--json")):
+    """Revert one verdict: the profile's entry as it was before it, baseline included."""
+    import re
+    if not re.fullmatch(r"[0-9]{1,9}|legacy-[A-Za-z0-9][A-Za-z0-9_.-]*", verdict_id):
+        raise InputError(f"ID: expected a number or legacy-PROFILE from gpujob ledger history, got {verdict_id[:50]!r}")
+    t = ctx.target(target)
+    res = t.agent_json("ledger", "undo", _ledger_name(job_name), verdict_id)
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    out.print(render.lit(f"verdict {res['undone']['id']} undone: {res['profile']} is {res['status']} again "
+                         f"in the ledger of {res['name']} on {t.label}"))
+
+
 @app.command()
 def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
     """Installed profile venvs (size) and the known-good / bad ledger of each job."""

@@ -33,6 +33,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                      help="start the trainer resumed from an earlier job's "
                                                           "checkpoint: a path (relative: the workdir) or a job "
                                                           "id (its newest finished checkpoint)"),
+           accept_baseline: bool = typer.Option(False, "--accept-baseline", help="let a profile that holds "
+                                                "steady set the baseline although the ledger once had a "
+                                                "known-good (a min_ratio-only spec)"),
            as_json: bool = typer.Option(False, "--json", help="the agent's answer, job id and target as one "
                                         "JSON object; with --plan the steps; with -f JSON Lines of the log, "
                                         "then the final status")):
@@ -88,7 +91,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
             raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
-    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from)
+    res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from,
+                 accept_baseline=accept_baseline)
     if as_json and follow:
         from gpujob.cli import jsonl
         jsonl.emit(dict(res, job_id=job_id, target=t.label))
@@ -106,7 +110,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
 
 
 def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False,
-           resume_from: str | None = None) -> dict:
+           resume_from: str | None = None, accept_baseline: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
     from gpujob import jobs
@@ -116,6 +120,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
                   entry=ctx.entry(t))
     try:
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, resume_from=resume_from,
+                          accept_baseline=accept_baseline,
                           progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
     except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)

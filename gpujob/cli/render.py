@@ -400,3 +400,22 @@ def gc_summary(res: dict) -> str:
     if res.get("finished"):
         text += f"; finished {len(res['finished'])} removal(s) a killed gc had left"
     return text
+
+
+def ledger_history_line(h: dict) -> str:
+    """One verdict of `gpujob ledger history`: id, time, profile, status, evidence."""
+    import time as _time
+    when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(h["time"])) if h.get("time") else "?"
+    bits = [f"{h['id']}", when, f"{h['profile']}={h.get('status')}"]
+    if h.get("legacy"):
+        bits.append("(legacy: by an older gpujob, evidence as it kept it)")
+    for key in ("baseline", "threshold"):
+        if h.get(key) is not None:
+            bits.append(f"{key} {h[key]:.0f}")
+    if h.get("window_medians"):
+        bits.append("medians " + ",".join(f"{m:.0f}" for m in h["window_medians"]))
+    if h.get("job"):
+        bits.append(f"job {h['job']}")
+    if h.get("reason"):
+        bits.append(f"- {h['reason']}")
+    return "  ".join(bits)
