@@ -136,10 +136,30 @@ def _agent(target: Target, *args: str) -> list[str]:
     return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
 
 
+def layer_steps(spec: JobSpec) -> list[Step]:
+    """The plan's account of values not written in the spec file: each `--set` and
+    each key its recipe filled in (marked `from recipe NAME`)."""
+    from gpujob.recipes import RECIPES
+    from gpujob.yamlsrc import shorten
+    layers = spec._layers or {}
+    steps = [Step("set", "laptop", f"--set {key} = {shorten(json.dumps(new), 200)}" +
+                  (f" (the spec had {shorten(json.dumps(old), 80)})" if old is not None else ""))
+             for key, old, new in layers.get("sets") or []]
+    if spec.recipe:
+        r = RECIPES[spec.recipe]
+        steps.append(Step("recipe", "laptop", f"recipe {r.name} (revision {r.revision}; conventions read from "
+                          f"{r.read_from}; proven on: {r.proven_on}); the keys below came from it, every key "
+                          "the spec sets wins"))
+        steps += [Step("recipe", "laptop", f"from recipe {r.name}: {key} = {shorten(json.dumps(v), 200)}")
+                  for key, v in (layers.get("recipe") or {}).items()]
+    return steps
+
+
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None) -> list[Step]:
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
+    steps += layer_steps(spec)
     steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
                       (_agent(target, "probe"))))
