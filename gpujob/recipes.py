@@ -111,7 +111,7 @@ def _specforge(data: dict) -> dict:
     run_id = dotted(argv, "run_id") or "specforge-run"
     rel = out_dir.replace("{workdir}/", "").rstrip("/")
     train: dict = {"checkpoint": {"path": f"{rel}/{run_id}-step*/training_state.pt", "every": "15m"},
-                   "resume_args": [f"training.resume_from={out_dir}"]}
+                   "resume_args": [f"training.resume_from={rel}"]}  # resume_args get no placeholders: relative
     if dotted(argv, "training.log_interval") is None:
         train["command"] = _append(command, ["training.log_interval=10"])
     train.update(_standby(command, ["torch", "transformers", "specforge.cli", "specforge.training.trainer"]))
