@@ -404,6 +404,7 @@ class JobSpec(Strict):
         }
         if any(isinstance(r, dict) for r in self.requirements):  # older keys stay as they were
             content.update(requirements_files=self.common_requirements()[0])
+            content.update({"no_deps": d} if (d := __import__("gpujob.reqfiles").reqfiles.no_deps(self)) else {})
         if profile.python or profile.system_site_packages:  # older keys stay as they were
             content.update(python=profile.python, system_site_packages=profile.system_site_packages)
         if profile.find_links:
@@ -419,6 +420,7 @@ class JobSpec(Strict):
         """Plain JSON for the supervisor; each profile also gets env_key and requirements_text."""
         data = self.model_dump(mode="json", by_alias=True)
         data["requirements"] = self.common_requirements()[0]
+        data["requirements_no_deps"] = __import__("gpujob.reqfiles").reqfiles.no_deps(self)
         if self.recipe:  # job.json records the recipe's own version: a newer gpujob's is visible
             data["recipe_info"] = __import__("gpujob.recipes").recipes.RECIPES[self.recipe].info()
         for profile in data["profiles"]:

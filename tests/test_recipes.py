@@ -163,3 +163,25 @@ def test_init_default_name_and_file(tmp_path):
                         "python", "train.py"], cwd=tmp_path, env=env, capture_output=True)
     assert p.returncode == 0, p.stderr.decode()
     assert (tmp_path / "train.yaml").exists()
+
+
+def test_no_deps_requirement_is_its_own_install_step_in_the_plan(tmp_path):
+    env = local_env(tmp_path)
+    path = write(tmp_path, train={"command": "python t.py"},
+                 profiles=[{"name": "p", "index_url": "https://download.pytorch.org/whl/cu128",
+                            "packages": ["torch==2.11.0+cu128"]}],
+                 requirements=["pydantic", {"package": "specforge==0.2.0", "no_deps": True}])
+    spec = load_spec(path)
+    key = spec.env_key("p")
+    steps = json.loads(cli(["submit", str(path), "--plan", "--json"], env, check=True).stdout)["steps"]
+    installs = [s["argv"] for s in steps if s["kind"] == "env" and "install" in s["argv"]]
+    assert installs[1][-1] == "pydantic" and "specforge==0.2.0" not in installs[1]
+    assert installs[2][-2:] == ["--no-deps", "specforge==0.2.0"] and "-c" in installs[2]
+    # the venv's key counts it: a changed no-deps package is another venv
+    path.write_text(path.read_text().replace("specforge==0.2.0", "specforge==0.2.1"))
+    assert load_spec(path).env_key("p") != key
+    for bad, want in (({"package": "x", "no_deps": False}, "expected true"),
+                      ({"package": "x", "deps": True}, "unknown field")):
+        path = write(tmp_path, train={"command": "python t.py"}, requirements=[bad])
+        with pytest.raises(SpecError, match=want):
+            load_spec(path)
