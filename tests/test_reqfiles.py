@@ -97,7 +97,7 @@ def test_an_option_line_is_refused_at_submit(spec, tmp_path):
     ("{file: 5}", "job.yaml:5: requirements[1].file: expected the path of a requirements file, got an integer"),
     ("{fil: x.txt}", "job.yaml:5: requirements[1].fil: unknown field; expected file and exclude"),
     ("{file: x.txt, exclude: torch}", "job.yaml:5: requirements[1].exclude: expected a list of package names"),
-    ("5", "job.yaml:5: requirements[1]: expected a requirement string or {file: PATH, exclude: [...]}"),
+    ("5", "job.yaml:5: requirements[1]: expected a requirement string, {file: PATH, exclude: [...]} or {package: REQ, no_deps: true}"),
 ])
 def test_bad_entries_are_one_line(tmp_path, entry, expect):
     spec = tmp_path / "job.yaml"
