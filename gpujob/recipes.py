@@ -295,7 +295,10 @@ def apply(data: dict) -> tuple[dict, dict]:
     merged = merge(frag, data)
     if "command" in frag.get("train", {}):
         merged["train"]["command"] = frag["train"]["command"]
-    came = {k: v for k, v in leaves(frag).items() if k not in spec_own or k == "train.command"}
+    def owned(key: str) -> bool:  # the spec set it, or a mapping above it (`warmup: null`)
+        parts = key.split(".")
+        return any(".".join(parts[:n]) in spec_own for n in range(1, len(parts) + 1))
+    came = {k: v for k, v in leaves(frag).items() if not owned(k) or k == "train.command"}
     return merged, came
 
 

@@ -185,3 +185,9 @@ def test_no_deps_requirement_is_its_own_install_step_in_the_plan(tmp_path):
         path = write(tmp_path, train={"command": "python t.py"}, requirements=[bad])
         with pytest.raises(SpecError, match=want):
             load_spec(path)
+
+
+def test_a_spec_null_removes_a_recipe_section_and_the_plan_does_not_claim_it(tmp_path):
+    spec = load_spec(write(tmp_path, recipe="nanogpt", warmup=None, train={"command": "python train.py"}))
+    assert spec.warmup is None
+    assert not any(k.startswith("warmup") for k in spec._layers["recipe"])
