@@ -92,6 +92,17 @@ class Recipe:
     proven_on: str  # the versions a GPU run proved (NOT_PROVEN until the device run)
     summary: str
     derive: Callable[[dict], dict] = field(repr=False)  # the spec's data -> the recipe's fragment
+    versions: tuple = ()  # the trainer's versions these conventions hold for: doctor --spec warns on others
+
+    def version_note(self, installed: str | None) -> str | None:
+        """None when ``installed`` is a version these conventions hold for (a listed
+        version or a release of it: 5.17 covers 5.17.x); else why doctor warns."""
+        if installed is None or not self.versions:
+            return None
+        if any(installed == v or installed.startswith(v + ".") for v in self.versions):
+            return None
+        return (f"{self.trainer} {installed} is installed; recipe {self.name} (revision {self.revision}) "
+                f"holds for {', '.join(self.versions)} ({self.proven_on})")
 
     def info(self) -> dict:
         return {"name": self.name, "trainer": self.trainer, "revision": self.revision,
@@ -225,19 +236,20 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("specforge", "specforge", 1, "specforge 0.2.0 (PyPI, Aug 2026)", NOT_PROVEN,
            "`specforge train -c RUN.yaml` / `python -m specforge.cli train`: samples/s from the per-rank "
            "`step N: {...}` line x tokens per sample, {run_id}-stepN checkpoints, training.resume_from",
-           _specforge),
+           _specforge, versions=("0.2.0",)),
     Recipe("hf_trainer", "transformers", 1, "transformers 5.8.1 and 5.17 (Trainer)", NOT_PROVEN,
            "transformers.Trainer scripts: the tqdm bar's it/s x tokens per step (read from "
            "--per_device_train_batch_size, --max_seq_length, --gradient_accumulation_steps, "
-           "--nproc_per_node), checkpoint-N/ directories, --resume_from_checkpoint", _hf),
+           "--nproc_per_node), checkpoint-N/ directories finished by trainer_state.json, resumed by the "
+           "script from the newest", _hf, versions=("5.8.1", "5.17")),
     Recipe("nanogpt", "nanoGPT", 1, "nanoGPT train.py (karpathy/nanoGPT master, 2024)", NOT_PROVEN,
            "nanoGPT's train.py: `iter N: ... time Y ms`, one out/ckpt.pt, --init_from=resume", _nanogpt),
     Recipe("torchtitan", "torchtitan", 1, "torchtitan 0.2 (TOML config, `--section.key` overrides)", NOT_PROVEN,
            "torchtitan via torchrun: `tps: N` per rank, DCP step-N/ checkpoints (finished with .metadata), "
-           "resumed from the newest by itself", _torchtitan),
+           "resumed from the newest by itself", _torchtitan, versions=("0.2",)),
     Recipe("lightning", "lightning", 1, "lightning 2.5 (LightningCLI)", NOT_PROVEN,
            "LightningCLI scripts: the progress bar's it/s x tokens_per_step, version_N/checkpoints/*.ckpt, "
-           "--ckpt_path last", _lightning),
+           "--ckpt_path last", _lightning, versions=("2.5",)),
 )}
 
 #: Keys each recipe should also set once other branches add them (CONTRACT.md);

@@ -191,3 +191,25 @@ def test_a_spec_null_removes_a_recipe_section_and_the_plan_does_not_claim_it(tmp
     spec = load_spec(write(tmp_path, recipe="nanogpt", warmup=None, train={"command": "python train.py"}))
     assert spec.warmup is None
     assert not any(k.startswith("warmup") for k in spec._layers["recipe"])
+
+
+def test_doctor_spec_warns_on_another_trainer_version(tmp_path):
+    from gpujob.doctor_recipe import judge
+    [ok] = judge("specforge", {"p": "0.2.0"})
+    [other] = judge("hf_trainer", {"p": "4.57.1"})
+    [none] = judge("hf_trainer", {"p": None})
+    assert ok.status.value == "ok" and other.status.value == "warn" and none.status.value == "ok"
+    assert "transformers 4.57.1 is installed" in other.detail and "5.8.1, 5.17" in other.detail
+    assert judge("hf_trainer", {"p": "5.17.2"})[0].status.value == "ok"
+    # through the CLI on the local kind: a built venv whose trainer is another version
+    env = local_env(tmp_path)
+    path = write(tmp_path, recipe="hf_trainer", train={"command": "python t.py"}, throughput={
+        "tokens_per_step": 10, "min_ratio": 0.8})
+    key = load_spec(path).env_key("base")
+    fake = tmp_path / "root" / "envs" / key / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 4.57.1\n")
+    fake.chmod(0o755)
+    p = cli(["doctor", "--spec", str(path), "--json"], env)
+    checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
+    assert checks["recipe base"]["status"] == "warn" and "4.57.1" in checks["recipe base"]["detail"]
