@@ -286,9 +286,9 @@ def leaves(data: dict, prefix: tuple = ()) -> dict:
     out = {}
     for key, value in data.items():
         if isinstance(value, dict) and value:
-            out.update(leaves(value, prefix + (key,)))
+            out.update(leaves(value, prefix + (str(key),)))
         else:
-            out[".".join(prefix + (key,))] = value
+            out[".".join(str(p) for p in prefix + (key,))] = value
     return out
 
 
@@ -300,6 +300,11 @@ def apply(data: dict) -> tuple[dict, dict]:
     if name is None:
         return data, {}
     recipe = RECIPES[name]
+    train, tput = data.get("train"), data.get("throughput", {})
+    if not (isinstance(train, dict) and isinstance(train.get("command"), (str, list))
+            and all(isinstance(a, str) for a in (train["command"] if isinstance(train["command"], list) else []))
+            and isinstance(tput, (dict, type(None)))):
+        return data, {}  # a malformed train or throughput: validation says what is wrong, in one line
     spec_own = {k: True for k in leaves(data)}
     frag = recipe.derive(data)
     # The recipe's train.command (the log interval appended) only when the spec's own

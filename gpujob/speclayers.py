@@ -27,7 +27,7 @@ def parse_set(item: str) -> tuple[tuple, object]:
                          "train.command or profiles.0.packages")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError as exc:
+    except Exception as exc:  # noqa: BLE001 - YAMLError, and a bad tagged value's ValueError/TypeError
         raise InputError(f"--set {key}: the value is not one YAML value ({type(exc).__name__}); "
                          "quote it") from None
     return tuple(int(p) if p.isdigit() else p for p in parts), value
