@@ -46,6 +46,7 @@ class SpecError(InputError):
         self.path = path
         self.line = line
         self.field = field
+        self.detail = one_line(message)
         loc = f"{path}:{line}" if line else path
         text = f"{loc}: {field}: {message}" if field else f"{loc}: {message}"
         super().__init__(text, hint)

@@ -25,6 +25,7 @@ from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
+from gpujob.speclayers import layer_steps
 from gpujob.steps import Step
 from gpujob.target import Target
 from gpujob.tarstream import Concat, TarStream
@@ -159,6 +160,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     ck_where = checkpoint_where(spec, target.home)
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
     steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
+    steps += layer_steps(spec)
     steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
                       (_agent(target, "probe"))))

@@ -34,6 +34,15 @@ def requirement(value: Any) -> Any:
         if not value.strip() or "\x00" in value:
             raise ValueError("expected a requirement like transformers==4.57.1")
         return value
+    if isinstance(value, dict) and "package" in value:  # {package: specforge==0.2.0, no_deps: true}
+        unknown = sorted(set(map(str, value)) - {"package", "no_deps"})
+        if unknown:
+            raise At((unknown[0],), "unknown field; expected package and no_deps")
+        if not isinstance(value["package"], str) or not _NAME.match(value["package"].strip()):
+            raise At(("package",), f"expected a requirement like specforge==0.2.0, got {kind_of(value['package'])}")
+        if value.get("no_deps") is not True:
+            raise At(("no_deps",), "expected true (without it, write the requirement as a plain string)")
+        return {"package": value["package"].strip(), "no_deps": True}
     if isinstance(value, dict):
         unknown = sorted(set(map(str, value)) - {"file", "exclude"})
         if unknown:
@@ -47,7 +56,15 @@ def requirement(value: Any) -> Any:
             if not (isinstance(name, str) and _NAME.fullmatch(name)):
                 raise At(("exclude", i), f"expected a package name, got {kind_of(name)}")
         return {"file": value["file"], "exclude": list(exclude)}
-    raise ValueError(f"expected a requirement string or {{file: PATH, exclude: [...]}}, got {kind_of(value)}")
+    raise ValueError("expected a requirement string, {file: PATH, exclude: [...]} or {package: REQ, no_deps: "
+                     f"true}}, got {kind_of(value)}")
+
+
+def no_deps(spec) -> list[str]:
+    """The ``{package: REQ, no_deps: true}`` entries: installed after the others with
+    ``--no-deps`` (a wheel whose declared dependencies the job does not import, such as
+    specforge's sglang==0.5.14), the profile's pins still held as constraints."""
+    return [e["package"] for e in spec.requirements if isinstance(e, dict) and "package" in e]
 
 
 def expand(spec, strict: bool) -> tuple[list[str], list[str]]:
@@ -58,6 +75,8 @@ def expand(spec, strict: bool) -> tuple[list[str], list[str]]:
     for i, entry in enumerate(spec.requirements):
         if isinstance(entry, str):
             out.append(entry)
+            continue
+        if "package" in entry:  # no_deps(): a step of its own
             continue
         where = (spec.source_name, spec.line_of(("requirements", i, "file")), f"requirements[{i}].file")
         path = (spec.spec_dir / Path(entry["file"]).expanduser()).resolve()

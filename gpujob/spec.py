@@ -15,7 +15,7 @@ from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, Va
 
 from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER
 from gpujob.errors import InputError
-from gpujob.yamlsrc import At, Strict, describe, load_yaml, shorten, suggest
+from gpujob.yamlsrc import At, Strict, describe, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
 from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
@@ -258,6 +258,7 @@ class Nodes(Strict):
 
 
 class JobSpec(Strict):
+    recipe: Literal["specforge", "hf_trainer", "nanogpt", "torchtitan", "lightning"] | None = None  # recipes.py
     name: JobName
     target: Annotated[str | list[str] | None, BeforeValidator(_targets)] = None  # a list: multi-node
     nodes: Nodes | None = None  # multi-node only
@@ -280,6 +281,7 @@ class JobSpec(Strict):
     _source_path: Path | None = PrivateAttr(None)
     _lines: dict = PrivateAttr(default_factory=dict)
     _source_name: str = PrivateAttr("spec")  # the path as the user gave it, for errors
+    _layers: dict = PrivateAttr(default_factory=dict)  # {"recipe": {key: value}, "sets": [(key, old, new)]}
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -396,6 +398,7 @@ class JobSpec(Strict):
         }
         if any(isinstance(r, dict) for r in self.requirements):  # older keys stay as they were
             content.update(requirements_files=self.common_requirements()[0])
+            content.update({"no_deps": d} if (d := __import__("gpujob.reqfiles").reqfiles.no_deps(self)) else {})
         if profile.python or profile.system_site_packages:  # older keys stay as they were
             content.update(python=profile.python, system_site_packages=profile.system_site_packages)
         if profile.find_links:
@@ -411,6 +414,9 @@ class JobSpec(Strict):
         """Plain JSON for the supervisor; each profile also gets env_key and requirements_text."""
         data = self.model_dump(mode="json", by_alias=True)
         data["requirements"] = self.common_requirements()[0]
+        data["requirements_no_deps"] = __import__("gpujob.reqfiles").reqfiles.no_deps(self)
+        if self.recipe:  # job.json records the recipe's own version: a newer gpujob's is visible
+            data["recipe_info"] = __import__("gpujob.recipes").recipes.RECIPES[self.recipe].info()
         for profile in data["profiles"]:
             profile["env_key"] = self.env_key(profile["name"])
             profile["requirements_text"] = self.requirements_text(profile["name"])
@@ -425,12 +431,8 @@ def spec_hash(spec: JobSpec) -> str:
     return _sha256(spec.model_dump(mode="json", by_alias=True))[:16]
 
 
-def load_spec(path: str | Path) -> JobSpec:
-    """Load and validate a job spec; SpecError (path:line: field: message) when it is wrong."""
-    path = Path(path)
-    source = load_yaml(path)
-    spec = source.validate(JobSpec, context={"spec_dir": path.parent})
-    spec._source_path = path.absolute()
-    spec._lines = source.lines
-    spec._source_name = str(path)
-    return spec
+def load_spec(path: str | Path, sets: list | tuple = ()) -> JobSpec:
+    """Load and validate a job spec; SpecError (path:line: field: message) when it is wrong.
+    ``sets``: `--set KEY=VALUE` items applied first, then the spec's recipe (speclayers.py)."""
+    from gpujob.speclayers import load
+    return load(JobSpec, Path(path), list(sets))

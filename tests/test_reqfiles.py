@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from gpujob.errors import SpecError
 from gpujob.spec import load_spec
@@ -97,7 +98,7 @@ def test_an_option_line_is_refused_at_submit(spec, tmp_path):
     ("{file: 5}", "job.yaml:5: requirements[1].file: expected the path of a requirements file, got an integer"),
     ("{fil: x.txt}", "job.yaml:5: requirements[1].fil: unknown field; expected file and exclude"),
     ("{file: x.txt, exclude: torch}", "job.yaml:5: requirements[1].exclude: expected a list of package names"),
-    ("5", "job.yaml:5: requirements[1]: expected a requirement string or {file: PATH, exclude: [...]}"),
+    ("5", "job.yaml:5: requirements[1]: expected a requirement string, {file: PATH, exclude: [...]} or {package: REQ, no_deps: true}"),
 ])
 def test_bad_entries_are_one_line(tmp_path, entry, expect):
     spec = tmp_path / "job.yaml"
@@ -127,11 +128,14 @@ def test_the_dflash_warmup_reads_its_shapes_from_the_drafter_s_config(tmp_path):
         assert p.stdout.decode().splitlines()[0] == line  # printed before torch is imported
 
 
-def test_the_dflash_example_validates_and_ties_its_shapes():
+def test_the_dflash_example_validates_and_its_run_config_is_specforge_s():
     s = load_spec(REPO / "jobs" / "dflash.yaml")
-    assert s.requirements[0]["file"].endswith("SpecForge/requirements.txt")
-    assert s.env["BATCH_SIZE"] == "2" and s.env["MAX_LENGTH"] == "4096"
-    assert s.throughput.tokens_per_step == int(s.env["BATCH_SIZE"]) * int(s.env["MAX_LENGTH"])
-    assert '"$MAX_LENGTH"' in s.warmup.command and '"$MAX_LENGTH"' in s.train.command
-    assert '"$DRAFT_CONFIG"' in s.warmup.command and '"$DRAFT_CONFIG"' in s.train.command
-    assert "/root/dflash" not in s.train.command and "{workdir}" in s.train.command
+    assert s.recipe == "specforge" and {"package": "specforge==0.2.0", "no_deps": True} in s.requirements
+    assert not any(isinstance(r, str) and r.startswith("sglang") for r in s.requirements)
+    assert "{workdir}" in s.train.command and "/root/dflash" not in s.train.command
+    assert [p.packages for p in s.profiles] == [["torch==2.11.0+cu128"], ["torch==2.11.0+cu130"]]
+    assert all(not p.env for p in s.profiles)  # profiles differ only in wheels: SpecForge's resume checks
+    run = yaml.safe_load((REPO / "jobs" / "dflash" / "run.yaml").read_text())
+    assert set(run) <= {"run_id", "output_dir", "model", "data", "training", "tracking", "deployment"}
+    assert run["data"]["hidden_states_path"] and run["training"]["strategy"] == "dflash"
+    assert run["run_id"] in s.train.checkpoint.path

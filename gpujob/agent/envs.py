@@ -130,13 +130,14 @@ def venv_python(profile: dict, agent_python: str) -> str:
 
 def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_cache: str,
                    common_requirements: list, constraints_file: str | None = None,
-                   profile_requirements_file: str | None = None) -> list:
+                   profile_requirements_file: str | None = None, no_deps: list | None = None) -> list:
     """The argv lists that create ``venv`` and install a profile into it.
 
     With uv: ``uv venv`` then ``uv pip install`` of the pinned packages from the
     profile's index (and its extra indexes and ``find_links`` folders), then the job's common requirements from the default index
     with the profile's index as an extra one, the pins held as constraints so a
-    common requirement can never swap the torch build. Without uv: the same with
+    common requirement can never swap the torch build; then the ``no_deps`` requirements
+    the same way with ``--no-deps``. Without uv: the same with
     ``python3 -m venv`` and pip.
     """
     vpy = os.path.join(venv, "bin", "python")
@@ -152,7 +153,7 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     else:
         base = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
         # nothing to install: no pip needed (a base without ensurepip can still make the venv)
-        bare = [] if pins or profile_requirements_file or common_requirements else ["--without-pip"]
+        bare = [] if pins or profile_requirements_file or common_requirements or no_deps else ["--without-pip"]
         cmds = [[python, "-m", "venv", *ssp, *bare, venv]]
     if inherit:
         cmds.append(link_base_command(python, venv))
@@ -168,6 +169,12 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
         if uv:
             step += ["--index-strategy", "unsafe-best-match"]
         cmds.append(step + list(common_requirements))
+    if no_deps:  # named packages without their declared dependencies, the pins still constraints
+        step = base + (["--extra-index-url", profile["index_url"]] if index else []) + extras + \
+            (["-c", constraints_file] if constraints_file else [])
+        if uv:
+            step += ["--index-strategy", "unsafe-best-match"]
+        cmds.append(step + ["--no-deps"] + list(no_deps))
     return cmds
 
 

@@ -62,4 +62,5 @@ def env_build_commands(profile: dict, venv: str, python: str, *, uv, home: str, 
     constraints, req = side_files(venv, profile)
     return envs.build_commands(profile, venv, python, uv=uv, uv_cache=uv_cache(home),
                                common_requirements=list(spec.get("requirements") or []),
-                               constraints_file=constraints, profile_requirements_file=req)
+                               constraints_file=constraints, profile_requirements_file=req,
+                               no_deps=list(spec.get("requirements_no_deps") or []))

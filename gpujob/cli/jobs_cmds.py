@@ -38,11 +38,14 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                 "known-good (a min_ratio-only spec)"),
            as_json: bool = typer.Option(False, "--json", help="the agent's answer, job id and target as one "
                                         "JSON object; with --plan the steps; with -f JSON Lines of the log, "
-                                        "then the final status")):
+                                        "then the final status"),
+           sets: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE",
+                                                    help="replace one spec value (dotted key, a YAML value; "
+                                                    "repeatable, applied in order, before the recipe)")):
     """Ship the code and start the job under a detached supervisor in the container."""
     from gpujob import jobs
     from gpujob.spec import load_spec
-    spec = load_spec(spec_path)
+    spec = load_spec(spec_path, sets or [])
     if job_id_opt is not None:
         import re
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):

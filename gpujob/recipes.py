@@ -1,0 +1,339 @@
+"""Recipes: what a trainer's conventions fix, filled into a spec (`recipe: NAME`).
+
+Pure: a spec's data (as loaded from YAML) in, the data with the recipe's keys
+merged under it out, plus the dotted keys that came from the recipe (the plan
+marks them). Every key the spec sets wins: mappings merge key by key, lists and
+scalars are replaced whole.
+
+A recipe's keys are partly fixed (a throughput pattern) and partly derived from
+the spec's own train command (the warmup is the trainer itself for a few steps,
+the checkpoint path follows its output directory, tokens per step its batch
+arguments where they can be read). Where tokens per step cannot be read, the
+spec must give ``throughput.tokens_per_step``: one line says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Callable
+
+NOT_PROVEN = "not yet proven on a GPU"
+
+
+class RecipeError(ValueError):
+    """A spec that a recipe cannot complete: (dotted key, message)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _argv(command) -> list:
+    if isinstance(command, list):
+        return [str(a) for a in command]
+    try:
+        return shlex.split(command or "")
+    except ValueError:
+        return str(command or "").split()
+
+
+_SAFE = re.compile(r"[A-Za-z0-9_./=:+,@%{}-]+")
+
+
+def _append(command, args: list):
+    """The command with ``args`` appended (a string gets them shell-quoted; a word of
+    safe characters stays as it is, so a ``{workdir}`` placeholder is left bare for
+    gpujob to quote when it substitutes it)."""
+    if isinstance(command, list):
+        return list(command) + args
+    words = " ".join(a if _SAFE.fullmatch(a) else shlex.quote(a) for a in args)
+    return f"{command} {words}" if args else command
+
+
+def flag(argv: list, *names: str) -> str | None:
+    """The value of ``--name V`` / ``--name=V`` (the last one given), else None."""
+    found = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif a.startswith(n + "="):
+                found = a[len(n) + 1:]
+    return found
+
+
+def dotted(argv: list, key: str) -> str | None:
+    """A SpecForge-style ``key=value`` override (the last one), else None."""
+    found = None
+    for a in argv:
+        if a.startswith(key + "="):
+            found = a[len(key) + 1:]
+    return found
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and re.fullmatch(r"\d+", text) else None
+
+
+def _standby(command, preload: list) -> dict:
+    from gpujob.agent.standby import command_script
+    return {"standby": {"preload": preload}} if command_script(command) is not None else {}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    trainer: str  # the package (or project) whose conventions these are
+    revision: int  # this recipe's own version: job.json records it
+    read_from: str  # the trainer versions the conventions were read from
+    proven_on: str  # the versions a GPU run proved (NOT_PROVEN until the device run)
+    summary: str
+    derive: Callable[[dict], dict] = field(repr=False)  # the spec's data -> the recipe's fragment
+    versions: tuple = ()  # the trainer's versions these conventions hold for: doctor --spec warns on others
+
+    def version_note(self, installed: str | None) -> str | None:
+        """None when ``installed`` is a version these conventions hold for (a listed
+        version or a release of it: 5.17 covers 5.17.x); else why doctor warns."""
+        if installed is None or not self.versions:
+            return None
+        if any(installed == v or installed.startswith(v + ".") for v in self.versions):
+            return None
+        return (f"{self.trainer} {installed} is installed; recipe {self.name} (revision {self.revision}) "
+                f"holds for {', '.join(self.versions)} ({self.proven_on})")
+
+    def info(self) -> dict:
+        return {"name": self.name, "trainer": self.trainer, "revision": self.revision,
+                "read_from": self.read_from, "proven_on": self.proven_on}
+
+
+# ---- SpecForge ---------------------------------------------------------------
+
+SPECFORGE_PATTERN = r"^(?:\[?rank\d+\]?:\s*)?step (?P<step>\d+): \{.*'perf/global_samples_per_second': " \
+                    r"(?P<value>[0-9.eE+-]+)"
+
+
+def _specforge(data: dict) -> dict:
+    command = (data.get("train") or {}).get("command")
+    argv = _argv(command)
+    out_dir = dotted(argv, "output_dir") or "output"
+    run_id = dotted(argv, "run_id") or "specforge-run"
+    rel = out_dir.replace("{workdir}/", "").rstrip("/")
+    train: dict = {"checkpoint": {"path": f"{rel}/{run_id}-step*/training_state.pt", "every": "15m"},
+                   "resume_args": [f"training.resume_from={rel}"]}  # resume_args get no placeholders: relative
+    if dotted(argv, "training.log_interval") is None:
+        train["command"] = _append(command, ["training.log_interval=10"])
+    train.update(_standby(command, ["torch", "transformers", "specforge.cli", "specforge.training.trainer"]))
+    warm = _append(train.get("command", command),
+                   ["training.max_steps=3", "training.save_interval=0", "training.eval_interval=0",
+                    "output_dir={workdir}/gpujob-warmup", "run_id=gpujob-warmup"])
+    tput = (data.get("throughput") or {})
+    if "tokens_per_step" not in tput:
+        raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe specforge: the mean "
+                          "tokens per sample of data.hidden_states_path (SpecForge logs samples/s)")
+    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
+            "throughput": {"format": "regex", "pattern": SPECFORGE_PATTERN}}
+
+
+# ---- HF transformers.Trainer -------------------------------------------------
+
+def _nproc(argv: list) -> int:
+    return _int(flag(argv, "--nproc_per_node", "--nproc-per-node")) or 1
+
+
+def _hf(data: dict) -> dict:
+    command = (data.get("train") or {}).get("command")
+    argv = _argv(command)
+    out_dir = (flag(argv, "--output_dir", "--output-dir") or "output").replace("{workdir}/", "").rstrip("/")
+    tput = dict(data.get("throughput") or {})
+    frag: dict = {"throughput": {"format": "tqdm"}}
+    if "tokens_per_step" not in tput:
+        bs = _int(flag(argv, "--per_device_train_batch_size"))
+        seq = _int(flag(argv, "--max_seq_length", "--max_length", "--block_size"))
+        ga = _int(flag(argv, "--gradient_accumulation_steps")) or 1
+        if not (bs and seq):
+            raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe hf_trainer: the "
+                              "command gives no --per_device_train_batch_size and --max_seq_length (or "
+                              "--block_size) to compute it from")
+        frag["throughput"]["tokens_per_step"] = bs * seq * ga * _nproc(argv)
+    # trainer_state.json is the last file a save writes: its presence is the "finished" rule.
+    # No resume_args yet: HF's example scripts resume from the newest checkpoint-N of
+    # --output_dir by themselves (get_last_checkpoint); RECIPE_PENDING_KEYS has {resume_from}.
+    train: dict = {"checkpoint": {"path": f"{out_dir}/checkpoint-*/trainer_state.json", "every": "15m"}}
+    train.update(_standby(command, ["torch", "transformers", "transformers.trainer"]))
+    warm = _append(command, ["--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
+                             "--output_dir", "{workdir}/gpujob-warmup"])
+    frag.update(train=train, warmup={"command": warm, "when": "cold", "timeout": "30m"})
+    return frag
+
+
+# ---- nanoGPT -----------------------------------------------------------------
+
+def nanogpt_tokens(argv: list) -> int:
+    """nanoGPT's tokens per iteration: gradient_accumulation_steps x batch_size x
+    block_size (its defaults 40, 12, 1024; its config file values are not read)."""
+    ga = _int(flag(argv, "--gradient_accumulation_steps")) or 40
+    return ga * (_int(flag(argv, "--batch_size")) or 12) * (_int(flag(argv, "--block_size")) or 1024)
+
+
+def _nanogpt(data: dict) -> dict:
+    command = (data.get("train") or {}).get("command")
+    argv = _argv(command)
+    out_dir = (flag(argv, "--out_dir") or "out").replace("{workdir}/", "").rstrip("/")
+    train: dict = {"checkpoint": {"path": f"{out_dir}/ckpt.pt", "every": "15m"},
+                   "resume_args": ["--init_from=resume"]}
+    train.update(_standby(command, ["torch", "numpy"]))
+    if flag(argv, "--log_interval") is None:
+        train["command"] = _append(command, ["--log_interval=1"])
+    warm = _append(train.get("command", command), ["--max_iters=3", "--eval_interval=1000000",
+                                                   "--always_save_checkpoint=False",
+                                                   "--out_dir={workdir}/gpujob-warmup"])
+    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+
+
+# ---- torchtitan --------------------------------------------------------------
+
+def _torchtitan(data: dict) -> dict:
+    command = (data.get("train") or {}).get("command")
+    argv = _argv(command)
+    folder = flag(argv, "--job.dump_folder") or "outputs"
+    ck = flag(argv, "--checkpoint.folder") or "checkpoint"
+    rel = folder.replace("{workdir}/", "").rstrip("/")
+    train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*/.metadata", "every": "15m"},
+                   # torchtitan loads the newest step-N of its checkpoint folder by itself
+                   "resume_args": ["--checkpoint.enable"]}
+    if flag(argv, "--metrics.log_freq") is None:
+        train["command"] = _append(command, ["--metrics.log_freq", "1"])
+    warm = _append(train.get("command", command), ["--training.steps", "3", "--job.dump_folder",
+                                                   "{workdir}/gpujob-warmup"])
+    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
+            "throughput": {"format": "torchtitan"}}
+
+
+# ---- Lightning ---------------------------------------------------------------
+
+def _lightning(data: dict) -> dict:
+    command = (data.get("train") or {}).get("command")
+    argv = _argv(command)
+    tput = dict(data.get("throughput") or {})
+    if "tokens_per_step" not in tput:
+        raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe lightning: its "
+                          "progress bar counts steps (it/s), and a LightningModule's batch is not read from "
+                          "the command")
+    root = (flag(argv, "--trainer.default_root_dir") or "lightning_logs").replace("{workdir}/", "").rstrip("/")
+    path = f"{root}/version_*/checkpoints/*.ckpt" if root == "lightning_logs" else f"{root}/**/checkpoints/*.ckpt"
+    train: dict = {"checkpoint": {"path": path, "every": "15m"}, "resume_args": ["--ckpt_path", "last"]}
+    train.update(_standby(command, ["torch", "lightning"]))
+    warm = _append(command, ["--trainer.max_steps", "3", "--trainer.enable_checkpointing", "false",
+                             "--trainer.default_root_dir", "{workdir}/gpujob-warmup"])
+    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
+            "throughput": {"format": "tqdm"}}
+
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("specforge", "specforge", 1, "specforge 0.2.0 (PyPI, Aug 2026)", NOT_PROVEN,
+           "`specforge train -c RUN.yaml` / `python -m specforge.cli train`: samples/s from the per-rank "
+           "`step N: {...}` line x tokens per sample, {run_id}-stepN checkpoints, training.resume_from",
+           _specforge, versions=("0.2.0",)),
+    Recipe("hf_trainer", "transformers", 1, "transformers 5.8.1 and 5.17 (Trainer)", NOT_PROVEN,
+           "transformers.Trainer scripts: the tqdm bar's it/s x tokens per step (read from "
+           "--per_device_train_batch_size, --max_seq_length, --gradient_accumulation_steps, "
+           "--nproc_per_node), checkpoint-N/ directories finished by trainer_state.json, resumed by the "
+           "script from the newest", _hf, versions=("5.8.1", "5.17")),
+    Recipe("nanogpt", "nanoGPT", 1, "nanoGPT train.py (karpathy/nanoGPT master, 2024)", NOT_PROVEN,
+           "nanoGPT's train.py: `iter N: ... time Y ms`, one out/ckpt.pt, --init_from=resume", _nanogpt),
+    Recipe("torchtitan", "torchtitan", 1, "torchtitan 0.2 (TOML config, `--section.key` overrides)", NOT_PROVEN,
+           "torchtitan via torchrun: `tps: N` per rank, DCP step-N/ checkpoints (finished with .metadata), "
+           "resumed from the newest by itself", _torchtitan, versions=("0.2",)),
+    Recipe("lightning", "lightning", 1, "lightning 2.5 (LightningCLI)", NOT_PROVEN,
+           "LightningCLI scripts: the progress bar's it/s x tokens_per_step, version_N/checkpoints/*.ckpt, "
+           "--ckpt_path last", _lightning, versions=("2.5",)),
+)}
+
+#: Keys each recipe should also set once other branches add them (CONTRACT.md);
+#: the integrator moves them into the recipes above after the merge.
+RECIPE_PENDING_KEYS: dict[str, dict] = {
+    "specforge": {"throughput.ranks": "first", "train.checkpoint.done_file": "training_state.pt",
+                  "train.resume_args": ["training.resume_from={resume_from}"]},
+    "hf_trainer": {"train.checkpoint.done_file": "trainer_state.json",
+                   "train.checkpoint.path": "OUT/checkpoint-* (the directory, with done_file)",
+                   "train.resume_args": ["--resume_from_checkpoint", "{resume_from}"],
+                   "throughput.pause_pattern": r"^\{'eval_loss'"},
+    "nanogpt": {"throughput.format": "regex",
+                "throughput.pattern": r"^iter (?P<step>\d+): loss [0-9.]+, time (?P<ms>[0-9.]+)ms",
+                "throughput.tokens_per_step": "nanogpt_tokens(argv)",
+                "train.checkpoint.settle": "5s"},
+    "torchtitan": {"throughput.ranks": "first", "train.checkpoint.done_file": ".metadata"},
+    "lightning": {"train.checkpoint.settle": "5s", "train.resume_args": ["--ckpt_path", "{resume_from}"]},
+}
+
+
+def merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``: mappings merge key by key, anything else is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def leaves(data: dict, prefix: tuple = ()) -> dict:
+    """{dotted key: value} of a nested mapping's leaves (lists are leaves)."""
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(leaves(value, prefix + (str(key),)))
+        else:
+            out[".".join(str(p) for p in prefix + (key,))] = value
+    return out
+
+
+def apply(data: dict) -> tuple[dict, dict]:
+    """(the spec's data with its recipe's keys under it, {dotted key: value} that came
+    from the recipe). No ``recipe`` key: the data unchanged. RecipeError for a spec
+    that the recipe cannot complete; KeyError is never raised (the name is checked)."""
+    name = data.get("recipe")
+    if name is None:
+        return data, {}
+    recipe = RECIPES[name]
+    train, tput = data.get("train"), data.get("throughput", {})
+    if not (isinstance(train, dict) and isinstance(train.get("command"), (str, list))
+            and all(isinstance(a, str) for a in (train["command"] if isinstance(train["command"], list) else []))
+            and isinstance(tput, (dict, type(None)))):
+        return data, {}  # a malformed train or throughput: validation says what is wrong, in one line
+    spec_own = {k: True for k in leaves(data)}
+    frag = recipe.derive(data)
+    # The recipe's train.command (the log interval appended) only when the spec's own
+    # command is what it was derived from; every other recipe key yields to the spec.
+    merged = merge(frag, data)
+    if "command" in frag.get("train", {}):
+        merged["train"]["command"] = frag["train"]["command"]
+    def owned(key: str) -> bool:  # the spec set it, or a mapping above it (`warmup: null`)
+        parts = key.split(".")
+        return any(".".join(parts[:n]) in spec_own for n in range(1, len(parts) + 1))
+    came = {k: v for k, v in leaves(frag).items() if not owned(k) or k == "train.command"}
+    return merged, came
+
+
+def describe(name: str, sample_command=None) -> dict:
+    """What a recipe sets, for `gpujob recipes`: its info and the keys of its fragment
+    for a sample command (tokens per step given, so nothing is required)."""
+    recipe = RECIPES[name]
+    sample = {"train": {"command": sample_command or SAMPLE_COMMANDS[name]},
+              "throughput": {"tokens_per_step": 4096}}
+    frag = recipe.derive(sample)
+    return {**recipe.info(), "summary": recipe.summary, "sample_command": sample["train"]["command"],
+            "sets": leaves(frag), "pending_keys": RECIPE_PENDING_KEYS.get(name, {})}
+
+
+SAMPLE_COMMANDS = {
+    "specforge": "python -m specforge.cli train -c run.yaml output_dir={workdir}/outputs run_id=dflash",
+    "hf_trainer": "python train.py --output_dir out --per_device_train_batch_size 8 --max_seq_length 1024",
+    "nanogpt": "python train.py --batch_size=12 --block_size=1024",
+    "torchtitan": "torchrun --nproc_per_node 8 -m torchtitan.train --job.config_file train.toml",
+    "lightning": "python main.py fit --config config.yaml",
+}

@@ -1,0 +1,215 @@
+"""Recipes, --set and init: pure merge rules, one-line errors, what the plan shows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpujob.errors import InputError, SpecError
+from gpujob.recipes import RECIPE_PENDING_KEYS, RECIPES, apply, merge
+from gpujob.recipe_init import job_name
+from gpujob.spec import load_spec
+from helpers import cli, local_env
+
+BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}
+
+
+def write(tmp_path: Path, **data) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({**BASE, **data}, sort_keys=False))
+    return path
+
+
+def test_merge_maps_merge_and_lists_replace():
+    assert merge({"a": {"b": 1, "c": [1, 2]}, "d": 1}, {"a": {"c": [3]}, "e": 2}) == \
+        {"a": {"b": 1, "c": [3]}, "d": 1, "e": 2}
+
+
+def test_every_key_the_spec_sets_wins_over_the_recipe(tmp_path):
+    spec = load_spec(write(tmp_path, recipe="specforge", train={
+        "command": "specforge train -c run.yaml output_dir=out", "resume_args": ["x=1"],
+        "checkpoint": {"path": "mine/*.pt", "every": "5m"}},
+        throughput={"tokens_per_step": 900, "min_ratio": 0.8, "pattern": "(?P<value>\\d+) s/s"}))
+    assert spec.train.resume_args == ["x=1"]
+    assert spec.train.checkpoint.path == "mine/*.pt" and spec.train.checkpoint.every == 300
+    assert spec.throughput.pattern == "(?P<value>\\d+) s/s" and spec.throughput.format == "regex"
+    assert spec.train.command.endswith("training.log_interval=10")  # the short log interval
+    assert spec.train.standby is None  # a console script: the standby cannot run it
+    came = spec._layers["recipe"]
+    assert "train.resume_args" not in came and "throughput.format" in came
+    assert "training.max_steps=3" in spec.warmup.command and "run_id=gpujob-warmup" in spec.warmup.command
+    assert "training.save_interval=0" in spec.warmup.command
+
+
+def test_specforge_recipe_with_python_m_gets_a_standby_and_its_paths(tmp_path):
+    spec = load_spec(write(tmp_path, recipe="specforge", train={
+        "command": "python -m specforge.cli train -c run.yaml output_dir={workdir}/o run_id=r "
+                   "training.log_interval=5"}, throughput={"tokens_per_step": 512, "min_ratio": 0.8}))
+    assert spec.train.command.endswith("training.log_interval=5")  # given: not appended again
+    assert spec.train.checkpoint.path == "o/r-step*/training_state.pt"
+    assert spec.train.resume_args == ["training.resume_from=o"]
+    assert "specforge.cli" in spec.train.standby.preload
+    from gpujob.agent.throughput import make_parser
+    parse = make_parser("regex", pattern=spec.throughput.pattern, tokens_per_step=512)
+    assert parse("[rank3]: step 40: {'loss': 1.2, 'perf/global_samples_per_second': 2.5, 'x': 1}") == 1280
+    assert parse("step 40: {'loss': 1.2, 'perf/global_samples_per_second': 10.0}") == 5120
+
+
+@pytest.mark.parametrize("recipe", ["specforge", "lightning"])
+def test_tokens_per_step_required_in_one_line_at_the_recipe(tmp_path, recipe):
+    path = write(tmp_path, recipe=recipe, train={"command": "python t.py"})
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    line = path.read_text().splitlines().index(f"recipe: {recipe}") + 1
+    assert e.value.line == line and e.value.field == "throughput.tokens_per_step"
+    assert "\n" not in str(e.value) and f"recipe {recipe}" in str(e.value)
+
+
+def test_hf_tokens_per_step_read_from_the_command(tmp_path):
+    spec = load_spec(write(tmp_path, recipe="hf_trainer", train={
+        "command": "torchrun --nproc_per_node 4 run_clm.py --output_dir {workdir}/o "
+                   "--per_device_train_batch_size 8 --max_seq_length 1024 --gradient_accumulation_steps 2"},
+        throughput={"min_ratio": 0.8}))
+    assert spec.throughput.tokens_per_step == 8 * 1024 * 2 * 4 and spec.throughput.format == "tqdm"
+    assert spec.train.checkpoint.path == "o/checkpoint-*/trainer_state.json"
+    with pytest.raises(SpecError, match="per_device_train_batch_size"):
+        load_spec(write(tmp_path, recipe="hf_trainer", train={"command": "python t.py"}))
+
+
+def test_unknown_recipe_is_one_line_with_a_suggestion(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_spec(write(tmp_path, recipe="specforg", train={"command": "python t.py"}))
+    assert e.value.field == "recipe" and "did you mean 'specforge'" in str(e.value)
+
+
+def test_every_recipe_says_what_it_was_read_from_and_pending_keys_name_recipes():
+    for r in RECIPES.values():
+        assert r.read_from and r.proven_on and r.revision >= 1
+    assert set(RECIPE_PENDING_KEYS) <= set(RECIPES)
+    assert apply({"name": "x"}) == ({"name": "x"}, {})
+
+
+def test_job_json_spec_records_the_recipe_version(tmp_path):
+    spec = load_spec(write(tmp_path, recipe="nanogpt", train={"command": "python train.py"}))
+    info = spec.to_agent_dict()["recipe_info"]
+    assert info["name"] == "nanogpt" and info["revision"] == RECIPES["nanogpt"].revision
+    assert info["proven_on"] == RECIPES["nanogpt"].proven_on
+
+
+def test_set_replaces_values_before_the_recipe_and_errors_name_the_set(tmp_path):
+    path = write(tmp_path, train={"command": "python a.py"})
+    spec = load_spec(path, ["train.command=python b.py", "profiles.0.env={X: '1'}", "recipe=nanogpt",
+                            "throughput.min_ratio=0.5", "throughput.format=ktok"])
+    assert spec.train.command.startswith("python b.py") and spec.profiles[0].env == {"X": "1"}
+    assert spec.recipe == "nanogpt" and spec.throughput.min_ratio == 0.5
+    assert spec._layers["sets"][0] == ("train.command", "python a.py", "python b.py")
+    with pytest.raises(InputError) as e:
+        load_spec(path, ["throughput.window=zero"])
+    assert str(e.value).startswith("--set throughput.window: throughput.window: expected an integer")
+    for bad, want in (("nokey", "expected KEY=VALUE"), ("profiles.3.name=x", "has 1 items"),
+                      ("name.x=1", "is not a mapping")):
+        with pytest.raises(InputError, match=want):
+            load_spec(path, [bad])
+
+
+def test_plan_marks_recipe_keys_and_sets(tmp_path):
+    env = local_env(tmp_path)
+    path = write(tmp_path, recipe="nanogpt", train={"command": "python train.py"})
+    p = cli(["submit", str(path), "--plan", "--json", "--set", "train.grace=5s"], env, check=True)
+    steps = json.loads(p.stdout)["steps"]
+    whats = [s["what"] for s in steps if s["kind"] in ("recipe", "set")]
+    assert '--set train.grace = "5s"' in whats
+    assert any(w.startswith("recipe nanogpt (revision 1") for w in whats)
+    assert 'from recipe nanogpt: train.resume_args = ["--init_from=resume"]' in whats
+    bad = cli(["submit", str(path), "--plan", "--set", "train.grace=-"], env)
+    assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1 and "--set train.grace" in \
+        bad.stderr.decode()
+
+
+def test_recipes_json_lists_each_and_what_it_sets(tmp_path):
+    p = cli(["recipes", "--json"], local_env(tmp_path), check=True)
+    items = {r["name"]: r for r in json.loads(p.stdout)["recipes"]}
+    assert set(items) == set(RECIPES)
+    assert items["specforge"]["sets"]["throughput.format"] == "regex"
+    assert items["nanogpt"]["pending_keys"]["throughput.format"] == "regex"
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_init_writes_a_spec_that_passes_submit_plan(tmp_path, recipe):
+    env = local_env(tmp_path)
+    out = tmp_path / "s.yaml"
+    cli(["init", "--recipe", recipe, "--target", "box", "-o", str(out), "--", "python", "my_Train.py",
+         "--lr", "1"], env, check=True)
+    text = out.read_text()
+    assert f"recipe: {recipe}" in text and "name: my-train" in text and "CHANGE ME" in text
+    p = cli(["submit", str(out), "--plan"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    again = cli(["init", "--recipe", recipe, "-o", str(out), "--", "python", "x.py"], env)
+    assert again.returncode == 2 and "exists already" in again.stderr.decode()
+    assert out.read_text() == text
+
+
+def test_init_default_name_and_file(tmp_path):
+    assert job_name(["python", "scripts/Train_DFlash.py"]) == "train-dflash"
+    assert job_name(["python", "-m", "specforge.cli", "train"]) == "cli"
+    assert job_name(["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train"]) == "train"
+    env = local_env(tmp_path)
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "init", "--recipe", "nanogpt", "--",
+                        "python", "train.py"], cwd=tmp_path, env=env, capture_output=True)
+    assert p.returncode == 0, p.stderr.decode()
+    assert (tmp_path / "train.yaml").exists()
+
+
+def test_no_deps_requirement_is_its_own_install_step_in_the_plan(tmp_path):
+    env = local_env(tmp_path)
+    path = write(tmp_path, train={"command": "python t.py"},
+                 profiles=[{"name": "p", "index_url": "https://download.pytorch.org/whl/cu128",
+                            "packages": ["torch==2.11.0+cu128"]}],
+                 requirements=["pydantic", {"package": "specforge==0.2.0", "no_deps": True}])
+    spec = load_spec(path)
+    key = spec.env_key("p")
+    steps = json.loads(cli(["submit", str(path), "--plan", "--json"], env, check=True).stdout)["steps"]
+    installs = [s["argv"] for s in steps if s["kind"] == "env" and "install" in s["argv"]]
+    assert installs[1][-1] == "pydantic" and "specforge==0.2.0" not in installs[1]
+    assert installs[2][-2:] == ["--no-deps", "specforge==0.2.0"] and "-c" in installs[2]
+    # the venv's key counts it: a changed no-deps package is another venv
+    path.write_text(path.read_text().replace("specforge==0.2.0", "specforge==0.2.1"))
+    assert load_spec(path).env_key("p") != key
+    for bad, want in (({"package": "x", "no_deps": False}, "expected true"),
+                      ({"package": "x", "deps": True}, "unknown field")):
+        path = write(tmp_path, train={"command": "python t.py"}, requirements=[bad])
+        with pytest.raises(SpecError, match=want):
+            load_spec(path)
+
+
+def test_a_spec_null_removes_a_recipe_section_and_the_plan_does_not_claim_it(tmp_path):
+    spec = load_spec(write(tmp_path, recipe="nanogpt", warmup=None, train={"command": "python train.py"}))
+    assert spec.warmup is None
+    assert not any(k.startswith("warmup") for k in spec._layers["recipe"])
+
+
+def test_doctor_spec_warns_on_another_trainer_version(tmp_path):
+    from gpujob.doctor_recipe import judge
+    [ok] = judge("specforge", {"p": "0.2.0"})
+    [other] = judge("hf_trainer", {"p": "4.57.1"})
+    [none] = judge("hf_trainer", {"p": None})
+    assert ok.status.value == "ok" and other.status.value == "warn" and none.status.value == "ok"
+    assert "transformers 4.57.1 is installed" in other.detail and "5.8.1, 5.17" in other.detail
+    assert judge("hf_trainer", {"p": "5.17.2"})[0].status.value == "ok"
+    # through the CLI on the local kind: a built venv whose trainer is another version
+    env = local_env(tmp_path)
+    path = write(tmp_path, recipe="hf_trainer", train={"command": "python t.py"}, throughput={
+        "tokens_per_step": 10, "min_ratio": 0.8})
+    key = load_spec(path).env_key("base")
+    fake = tmp_path / "root" / "envs" / key / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 4.57.1\n")
+    fake.chmod(0o755)
+    p = cli(["doctor", "--spec", str(path), "--json"], env)
+    checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
+    assert checks["recipe base"]["status"] == "warn" and "4.57.1" in checks["recipe base"]["detail"]
