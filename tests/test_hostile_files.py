@@ -116,3 +116,40 @@ def test_the_metrics_writer_uses_the_safe_replace(tmp_path):
     w = metrics.MetricsFile(J(), {"spec": {"name": "n", "metrics": {"textfile": "m.prom"}}})
     w.write(force=True)
     assert victim.read_text() == "x" and "gpujob_state" in (tmp_path / "m.prom").read_text()
+
+
+def test_a_webhook_redirect_is_a_failed_attempt_and_no_header_reaches_the_other_origin():
+    import http.server
+    import threading
+
+    from gpujob.agent import notify
+    seen = {"other": [], "hook": []}
+
+    def server(name, status, location=None):
+        class H(http.server.BaseHTTPRequestHandler):
+            def _any(self):
+                seen[name].append((self.command, self.headers.get("Authorization")))
+                self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            do_GET = do_POST = _any
+
+            def log_message(self, *a):
+                pass
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+    other, other_url = server("other", 200)
+    try:
+        for code in (301, 302, 303, 307, 308):
+            hook, hook_url = server("hook", code, other_url + "/steal")
+            try:
+                why = notify.post(hook_url + "/x", b"{}", {"Authorization": "Bearer tok-123"}, 5)
+            finally:
+                hook.shutdown()
+            assert why == f"HTTP {code}: a redirect, not followed (a webhook URL must answer the POST itself)"
+        assert seen["other"] == [] and len(seen["hook"]) == 5
+    finally:
+        other.shutdown()
