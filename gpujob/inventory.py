@@ -120,8 +120,9 @@ class Inventory(Strict):
         if not found:
             names = [c for _, c in targets]
             known = [c if names.count(c) == 1 else f"{h}/{c}" for h, c in targets]
+            note = f" ({no_inventory_note()})" if self._source == "embedded default" else ""
             raise InputError(f"unknown target '{target}'; known: {', '.join(known)}"
-                             + suggest(target, known + [f"{h}/{c}" for h, c in targets]))
+                             + suggest(target, known + [f"{h}/{c}" for h, c in targets]) + note)
         h, c = found[0]
         return h, self.hosts[h], c, self.hosts[h].containers[c]
 
@@ -150,11 +151,23 @@ def find_inventory(explicit: str | None) -> Path | None:
             if not path.is_file():
                 raise InputError(f"{what}: no such file: {path}")
             return path
-    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    for path in (Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"):
+    for path in search_paths():
         if path.is_file():
             return path
     return None
+
+
+def search_paths() -> list[Path]:
+    """Where an inventory is looked for when neither --hosts nor $GPUJOB_HOSTS names one."""
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return [Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"]
+
+
+def no_inventory_note() -> str:
+    """Said when a target is not found in the built-in inventory."""
+    looked = ", ".join(str(p.absolute()) if not p.is_absolute() else str(p) for p in search_paths())
+    return (f"no hosts.yaml found (looked in {looked}); using the built-in inventory; "
+            "give --hosts FILE or set $GPUJOB_HOSTS")
 
 
 def load_inventory(path: Path | None) -> Inventory:

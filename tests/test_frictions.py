@@ -1,0 +1,49 @@
+"""Issue 24, item 4: frictions a newcomer hit, each as it behaves now."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from helpers import REPO, cli, local_env
+
+
+def test_a_closed_pipe_ends_the_command_quietly_with_exit_0(tmp_path):
+    env = local_env(tmp_path)
+    for args in (["hosts"], ["--help"], ["hosts", "--json"]):
+        p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", *args], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd=str(REPO))
+        p.stdout.close()  # the reader (head -2) is gone before the first line
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=60) == 0 and err == "", (args, err)
+
+
+def test_under_json_an_error_is_one_json_object_with_its_exit_code(tmp_path):
+    env = local_env(tmp_path)
+    p = cli(["--json", "exec", "nope", "true"], env, timeout=60)
+    lines = p.stderr.decode().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, lines
+    body = json.loads(lines[0])
+    assert body["code"] == 2 and body["error"].startswith("unknown target 'nope'")
+    p = cli(["status", "--json", "--bogus"], env, timeout=60)
+    assert p.returncode == 2 and json.loads(p.stderr.decode()) == {
+        "error": "No such option: --bogus (try 'gpujob status --help')", "code": 2}
+    p = cli(["exec", "nope", "--", "tool", "--json"], env, timeout=60)  # the remote command's --json
+    assert p.returncode == 2 and p.stderr.decode().startswith("gpujob: unknown target")
+
+
+def test_without_hosts_yaml_the_unknown_target_says_where_it_looked(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUJOB_HOSTS", "XDG_CONFIG_HOME")}
+    env.update(HOME=str(tmp_path / "home"), XDG_STATE_HOME=str(tmp_path / "state"),
+               GPUJOB_TEST_CWD=str(tmp_path))
+    p = cli(["exec", "ct200", "true"], env, timeout=60)
+    err = p.stderr.decode()
+    assert p.returncode == 2 and err.count("\n") == 1, err
+    assert (f"unknown target 'ct200'; known: demo (no hosts.yaml found (looked in {tmp_path}/hosts.yaml, "
+            f"{tmp_path}/home/.config/gpujob/hosts.yaml); using the built-in inventory; give --hosts FILE "
+            "or set $GPUJOB_HOSTS)") in err
+    (tmp_path / "h.yaml").write_text("hosts:\n  l:\n    kind: local\n    containers:\n      box: {root: r}\n")
+    p = cli(["--hosts", str(tmp_path / "h.yaml"), "exec", "ct200", "true"], env, timeout=60)
+    assert p.returncode == 2 and "no hosts.yaml found" not in p.stderr.decode()
