@@ -47,3 +47,31 @@ def test_without_hosts_yaml_the_unknown_target_says_where_it_looked(tmp_path):
     (tmp_path / "h.yaml").write_text("hosts:\n  l:\n    kind: local\n    containers:\n      box: {root: r}\n")
     p = cli(["--hosts", str(tmp_path / "h.yaml"), "exec", "ct200", "true"], env, timeout=60)
     assert p.returncode == 2 and "no hosts.yaml found" not in p.stderr.decode()
+
+
+def test_the_ssh_banner_error_says_what_usually_causes_it(tmp_path):
+    import socket
+    import threading
+
+    from gpujob.errors import ConnectError
+    from gpujob.inventory import SshSettings
+    from gpujob.transport.ssh import connect
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def serve():  # accepts, then hangs up without a word: not an sshd
+        conn, _ = server.accept()
+        conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    settings = SshSettings(hostname="127.0.0.1", port=server.getsockname()[1], user="root", identity_files=[],
+                           known_hosts=tmp_path / "kh", proxy_jump=None, connect_timeout=5, keepalive=0)
+    try:
+        connect(settings)
+    except ConnectError as e:
+        assert "Error reading SSH protocol banner" in e.message and e.exit_code == 3
+        assert e.hint.startswith("the port answered but not with SSH: usually the wrong port")
+    else:
+        raise AssertionError("connected to something that is not an sshd")
+    finally:
+        server.close()
