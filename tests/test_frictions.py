@@ -75,3 +75,37 @@ def test_the_ssh_banner_error_says_what_usually_causes_it(tmp_path):
         raise AssertionError("connected to something that is not an sshd")
     finally:
         server.close()
+
+
+def test_ctrl_c_in_submit_says_what_it_left_and_the_job_id(tmp_path):
+    import signal
+    import time
+
+    env = local_env(tmp_path)
+    (tmp_path / "root").mkdir()
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: cc\ntarget: box\nprofiles:\n  - {name: a, system_site_packages: true}\n"
+                    "train: {command: sleep 60, grace: 1s}\n")
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO), start_new_session=True)
+    err = b""
+    deadline = time.monotonic() + 120
+    while b"starting the supervisor" not in err and time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        err += line
+    assert b"starting the supervisor" in err, err
+    time.sleep(0.5)
+    os.kill(p.pid, signal.SIGINT)  # the CLI only: over ssh the container's agent never sees a Ctrl-C
+    rest = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 130
+    lines = [ln for ln in rest.splitlines() if ln.strip() and not ln.startswith("·")]
+    assert len(lines) == 1 and lines[0].startswith("gpujob: interrupted "), rest
+    job_id = next(w for w in lines[0].split() if w.startswith("cc-"))
+    if "goes on" in lines[0]:  # the supervisor took the request: it says how to reach it
+        assert f"gpujob logs -f {job_id}" in lines[0] and f"gpujob stop {job_id}" in lines[0], lines[0]
+        assert cli(["stop", job_id], env, timeout=120).returncode == 0
+    else:  # the local agent ended with the CLI: what the line says is what the container has
+        assert f"job {job_id} is not (yet) on lab/box; look again with gpujob status {job_id}" in lines[0]
+        assert not list((tmp_path / "root").glob(f"**/jobs/{job_id}/state.json"))
