@@ -133,6 +133,9 @@ def test_pct_errors_are_gpujobs_own_line_exit_3_never_pcts_exit_code(targets, te
         err = p.stderr.decode()
         assert p.returncode == 3 and err.startswith("gpujob: no container 999 on ") and "999.conf' does not exist" \
             in err and "check the vmid in hosts.yaml" in err, (daemon, err)
+    p = run(["hosts", "--json"], env)
+    rows = {r["container"]: r for r in json.loads(p.stdout)["targets"]}
+    assert rows["ct999"]["status"].startswith("no such vmid 999 on the host"), rows["ct999"]
     run(["disconnect"], env)
 
 

@@ -127,6 +127,8 @@ class PctTransport(Transport):
         st = self.status_result()
         if st.exit_code == 0 and st.out.startswith("status:"):
             return st.out.split(":", 1)[1].strip()
+        if _NO_CONFIG.search(st.err or ""):  # pct's raw config-file line said in gpujob's words
+            return f"no such vmid {self.vmid} on the host (check hosts.yaml; `pct list` lists them)"
         return st.err or f"pct status exited {st.exit_code}"
 
     def open_stream(self, argv: Sequence[str]):
