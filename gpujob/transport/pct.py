@@ -27,10 +27,12 @@ _NOT_RUNNING = re.compile(r"CT (\d+) not running")
 _NO_CONFIG = re.compile(r"Configuration file '[^']*/(\d+)\.conf' does not exist")
 
 
-def pct_error(text: str, vmid: int, where: str) -> ConnectError | None:
+def pct_error(text: str | bytes, vmid: int, where: str) -> ConnectError | None:
     """gpujob's own line (exit 3: could not enter the target) for what pct says when
     the container cannot be entered at all: stopped, or no such vmid. None for
     anything else (then the command's own output and exit code stand)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
     if _NOT_RUNNING.search(first):
         return ConnectError(f"container {vmid} on {where} is not running (pct: {first})",
