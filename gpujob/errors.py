@@ -84,3 +84,9 @@ class JobError(GpujobError):
     """A job-level refusal: container busy, unknown job, nothing to roll back to."""
 
     exit_code = 5
+
+
+class Interrupted(GpujobError):
+    """Ctrl-C, with what it left behind said in the message. Exit code 130."""
+
+    exit_code = 130

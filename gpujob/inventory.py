@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, mod
 
 from gpujob import kinds
 from gpujob.errors import InputError
+from gpujob.spec_types import PathText
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
 
 if TYPE_CHECKING:
@@ -39,8 +40,8 @@ Vmid = Annotated[int, BeforeValidator(_vmid)]
 class Container(Strict):
     vmid: Vmid | None = None  # ssh hosts only (required there)
     gpus: int | None = Field(None, ge=0, le=1024)  # expected GPU count
-    root: str | None = None  # local hosts only (required there): stands in for the container
-    home: str | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
+    root: PathText | None = None  # local hosts only (required there): stands in for the container
+    home: PathText | None = None  # ssh hosts only: gpujob's home in the container; None = ~/.gpujob
     env_passthrough: list[EnvPattern] = []  # added to the host's: variables jobs keep (globs)
     # where the other nodes of a multi-node job reach this container (its rendezvous address);
     # None: 127.0.0.1 on a local host, the container's primary IP (asked at submit) over ssh
@@ -61,13 +62,13 @@ _CONTAINER_ONLY = tuple(f for k in kinds.REGISTRY.values() for f in k.container_
 
 class Host(Strict):
     kind: Kind = "ssh"  # a name in gpujob.kinds.REGISTRY
-    address: str | None = None
+    address: PathText | None = None
     port: int | None = Field(None, ge=1, le=65535)
-    user: str | None = None
-    identity_file: str | None = None
-    known_hosts: str | None = None
-    proxy_jump: str | None = None
-    pct: str = "pct"
+    user: PathText | None = None
+    identity_file: PathText | None = None
+    known_hosts: PathText | None = None
+    proxy_jump: PathText | None = None
+    pct: PathText = "pct"
     connect_timeout: float = Field(10.0, gt=0, le=3600)
     keepalive: float = Field(15.0, ge=0, le=3600)  # 0: off
     env_passthrough: list[EnvPattern] = []  # variables (glob patterns) every job here keeps
@@ -119,8 +120,9 @@ class Inventory(Strict):
         if not found:
             names = [c for _, c in targets]
             known = [c if names.count(c) == 1 else f"{h}/{c}" for h, c in targets]
+            note = f" ({no_inventory_note()})" if self._source == "embedded default" else ""
             raise InputError(f"unknown target '{target}'; known: {', '.join(known)}"
-                             + suggest(target, known + [f"{h}/{c}" for h, c in targets]))
+                             + suggest(target, known + [f"{h}/{c}" for h, c in targets]) + note)
         h, c = found[0]
         return h, self.hosts[h], c, self.hosts[h].containers[c]
 
@@ -149,11 +151,23 @@ def find_inventory(explicit: str | None) -> Path | None:
             if not path.is_file():
                 raise InputError(f"{what}: no such file: {path}")
             return path
-    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    for path in (Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"):
+    for path in search_paths():
         if path.is_file():
             return path
     return None
+
+
+def search_paths() -> list[Path]:
+    """Where an inventory is looked for when neither --hosts nor $GPUJOB_HOSTS names one."""
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return [Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"]
+
+
+def no_inventory_note() -> str:
+    """Said when a target is not found in the built-in inventory."""
+    looked = ", ".join(str(p.absolute()) if not p.is_absolute() else str(p) for p in search_paths())
+    return (f"no hosts.yaml found (looked in {looked}); using the built-in inventory; "
+            "give --hosts FILE or set $GPUJOB_HOSTS")
 
 
 def load_inventory(path: Path | None) -> Inventory:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpujob.errors import SpecError
-from gpujob.yamlsrc import At, kind_of
+from gpujob.yamlsrc import At, control_char, kind_of
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -31,8 +31,8 @@ def norm(name: str) -> str:
 def requirement(value: Any) -> Any:
     """A ``requirements:`` entry: a requirement string, or {file, exclude}."""
     if isinstance(value, str):
-        if not value.strip() or "\x00" in value:
-            raise ValueError("expected a requirement like transformers==4.57.1")
+        if not value.strip() or control_char(value):
+            raise ValueError("expected a requirement like transformers==4.57.1 (one line, no control characters)")
         return value
     if isinstance(value, dict) and "package" in value:  # {package: specforge==0.2.0, no_deps: true}
         unknown = sorted(set(map(str, value)) - {"package", "no_deps"})
@@ -49,6 +49,8 @@ def requirement(value: Any) -> Any:
             raise At((unknown[0],), "unknown field; expected file and exclude")
         if not isinstance(value.get("file"), str) or not value["file"].strip():
             raise At(("file",), f"expected the path of a requirements file, got {kind_of(value.get('file'))}")
+        if control_char(value["file"]):
+            raise At(("file",), f"a path cannot hold a control character (found {control_char(value['file'])})")
         exclude = value.get("exclude", [])
         if not isinstance(exclude, list):
             raise At(("exclude",), f"expected a list of package names, got {kind_of(exclude)}")

@@ -8,6 +8,7 @@ agent's stdin (never argv), and are stored in the container only in the job's 06
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from gpujob.errors import SpecError
@@ -36,6 +37,39 @@ def _field(loc: tuple) -> str:
     return f"profiles[{loc[1]}].env.{loc[3]}"
 
 
+class _NotRegular(Exception):
+    pass
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def _read_regular(path: Path) -> bytes:
+    """The first MAX_SECRET + 1 bytes of a regular file. Anything else (a FIFO that
+    would block the submit forever, a device, a socket) is refused; the open itself
+    never blocks (O_NONBLOCK) and the file is checked once it is open (fstat), so a
+    swap between the check and the read changes nothing."""
+    def check(mode: int) -> None:
+        if not stat.S_ISREG(mode):
+            raise _NotRegular(next((what for test, what in _KINDS if test(mode)), "not a plain file"))
+    check(os.stat(path).st_mode)  # a socket cannot even be opened: say what it is
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        check(os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+        chunks, left = [], MAX_SECRET + 1
+        while left:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
     def fail(message: str) -> SpecError:
         return SpecError(spec.source_name, spec.line_of(loc), _field(loc), message)
@@ -48,10 +82,11 @@ def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
     if not path.is_absolute():
         path = spec.spec_dir / path
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_SECRET + 1)
+        raw = _read_regular(path)
     except OSError as e:
         raise fail(f"from_file: cannot read {path}: {e.strerror or type(e).__name__}") from None
+    except _NotRegular as e:
+        raise fail(f"from_file: {path} is {e}, not a regular file") from None
     if len(raw) > MAX_SECRET:
         raise fail(f"from_file: {path} is larger than {MAX_SECRET // 1024} KiB")
     try:
@@ -64,6 +99,25 @@ def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
     return text
 
 
+def _check_notify(spec: JobSpec, loc: tuple, value: str) -> None:
+    """A webhook URL or token read from the laptop meets the spec's own rules (a URL
+    with a newline or no host, a token that would end its header line)."""
+    if loc[0] != "notify":
+        return
+    from gpujob.spec_notify import url_problem
+    from gpujob.yamlsrc import control_char
+    why = url_problem(value) if loc[2] == "url" else \
+        ("a token cannot hold a control character" if control_char(value) else None)
+    if why:
+        raise SpecError(spec.source_name, spec.line_of(loc), _field(loc), f"{ref_of(spec, loc)}: {why} "
+                        "(not echoed: it is a secret)")
+
+
+def ref_of(spec: JobSpec, loc: tuple) -> str:
+    hook = spec.notify[loc[1]]
+    return getattr(hook, loc[2]).describe()
+
+
 def resolve(spec: JobSpec) -> dict:
     """{"env": {VAR: value}, "profiles": {profile: {VAR: value}}, "notify": {index:
     {"url"|"token": value}}}; a SpecError (one line, never the value) when a variable
@@ -71,6 +125,7 @@ def resolve(spec: JobSpec) -> dict:
     out: dict = {"env": {}, "profiles": {}}
     for loc, name, ref in secret_refs(spec):
         value = _read(spec, loc, ref)
+        _check_notify(spec, loc, value)
         if loc[0] == "notify":
             out.setdefault("notify", {}).setdefault(str(loc[1]), {})[loc[2]] = value
         elif loc[0] == "env":

@@ -20,14 +20,14 @@ from gpujob.spec_notify import Metrics, Webhook
 from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
-                               Interpreter, JobName, Name, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
+                               Interpreter, JobName, Name, PathText, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
                                _env_value, _local_path, remote_dest)
 
 
 class Sync(Strict):
-    src: str  # laptop path, relative to the spec's directory; checked at submit
-    dest: str | None = None  # relative to workdir, or absolute; default: basename of src (set at load)
-    exclude: list[str] = [".git", "__pycache__"]
+    src: PathText  # laptop path, relative to the spec's directory; checked at submit
+    dest: PathText | None = None  # relative to workdir, or absolute; default: basename of src (set at load)
+    exclude: list[PathText] = [".git", "__pycache__"]
 
     @model_validator(mode="after")
     def _default_dest(self, info: ValidationInfo) -> Sync:
@@ -50,7 +50,7 @@ class Profile(Strict):
     extra_index_urls: list[Url] = []
     find_links: list[Url] = []  # flat folders or pages of wheels (pip's and uv's --find-links)
     packages: list[Pinned] = []  # at least one, unless system_site_packages
-    requirements: str | None = None  # laptop path of a requirements file, relative to the spec
+    requirements: PathText | None = None  # laptop path of a requirements file, relative to the spec
     env: Env = {}
     cuda: Cuda | None = None
     python: Interpreter | None = None  # in the container; None: the agent's interpreter
@@ -123,7 +123,7 @@ class Train(Strict):
 class Throughput(Strict):
     source: Literal["stdout", "file"] = "stdout"  # the trainer's output lines, or a JSONL metrics file
     format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"] | None = None  # for source stdout
-    path: str | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
+    path: PathText | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
     field: str | None = None  # source file: the tok/s field of each record ("a.b" reaches into objects)
     step_field: str | None = None  # source file: the step field, if the records carry one
     pattern: str | None = None
@@ -262,7 +262,7 @@ class JobSpec(Strict):
     name: JobName
     target: Annotated[str | list[str] | None, BeforeValidator(_targets)] = None  # a list: multi-node
     nodes: Nodes | None = None  # multi-node only
-    workdir: str | None = None  # in the container; None: <gpujob home>/work/<name>
+    workdir: PathText | None = None  # in the container; None: <gpujob home>/work/<name>
     sync: list[Sync] = []
     env: Env = {}
     gpus: dict[GroupName, GpuList] = {}

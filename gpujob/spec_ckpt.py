@@ -7,12 +7,12 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from gpujob.agent.ckpaths import refusal
-from gpujob.spec_types import Duration
+from gpujob.spec_types import Duration, PathText
 from gpujob.yamlsrc import At, Strict, describe
 
 
 class Checkpoint(Strict):
-    path: str  # glob, relative to the workdir (or absolute: a data volume): the trainer's checkpoints
+    path: PathText  # glob, relative to the workdir (or absolute: a data volume): the trainer's checkpoints
     every: Duration  # how often the trainer writes one
     settle: Duration = 2.0  # a checkpoint is finished when it has not changed this long
     done_file: str | None = None  # a directory checkpoint is finished when this file is in it

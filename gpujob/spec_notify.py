@@ -4,14 +4,33 @@ defined here (gpujob/specdefaults.py reads them)."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from gpujob.spec_types import Duration, SecretRef, _env_value
-from gpujob.yamlsrc import At, Strict, describe, kind_of
+from gpujob.yamlsrc import At, Strict, control_char, describe, kind_of, shorten
 
 NotifyEvent = Literal["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is not a webhook the supervisor can post to (None: it is): an
+    http(s) scheme, a host, a valid port, no control characters, no spaces."""
+    from urllib.parse import urlsplit
+    if control_char(url) or " " in url:
+        return "a URL cannot hold a control character or a space"
+    try:
+        parts = urlsplit(url)
+        parts.port  # raises on a port that is not a number in range
+    except ValueError:
+        return "not a URL that can be parsed (look at its host and port)"
+    if parts.scheme not in ("http", "https"):
+        return "expected an http:// or https:// URL"
+    if not parts.hostname:
+        return "the URL names no host"
+    return None
 
 
 def _webhook_url(value: Any) -> Any:
@@ -23,6 +42,9 @@ def _webhook_url(value: Any) -> Any:
         got = "a string that does not start with http:// or https://" if isinstance(value, str) else kind_of(value)
         raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, got {got} "
                          "(not echoed: it may hold a token)")
+    why = url_problem(value)
+    if why:
+        raise ValueError(f"{why} (the URL is not echoed: it may hold a token)")
     if "@" in value.split("/", 3)[2]:
         raise ValueError("this URL holds credentials (user:pass@): give it as a secret, "
                          "{from_env: VAR} or {from_file: PATH}, so it stays out of job.json and logs")
@@ -57,9 +79,15 @@ class Webhook(Strict):
 
 
 def _prom_path(value: Any) -> Any:
-    if not (isinstance(value, str) and value.endswith(".prom") and "\x00" not in value and "\n" not in value):
+    if not (isinstance(value, str) and value.endswith(".prom")):
         raise ValueError(f"expected a path ending in .prom (node_exporter's textfile collector reads only "
                          f"those), got {describe(value)}")
+    if control_char(value):
+        raise ValueError(f"cannot hold a control character (found {control_char(value)})")
+    for name in re.findall(r"\{([^{}]*)\}", value):
+        if name != "job_id":
+            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; the textfile's only placeholder is "
+                             "{job_id}")
     return value
 
 

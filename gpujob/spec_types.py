@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo
 
 from gpujob.agent.commands import is_shell_c, quoted_placeholders
 from gpujob.agent.protocol import FailureSignal
-from gpujob.yamlsrc import At, Strict, describe, kind_of, shorten
+from gpujob.yamlsrc import At, Strict, control_char, describe, kind_of, shorten
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _DURATION = re.compile(rf"(?:{_NUMBER}h)?(?:{_NUMBER}m)?(?:{_NUMBER}s)?")
@@ -109,6 +109,8 @@ def _env_value(value: Any) -> Any:
         if not isinstance(ref, str) or not ref.strip():
             raise At((key,), f"expected {'a variable name' if key == 'from_env' else 'a file path'}, "
                              f"got {kind_of(ref)}")
+        if key == "from_file" and control_char(ref):
+            raise At((key,), f"a path cannot hold a control character (found {control_char(ref)})")
         if key == "from_env" and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref):
             raise At((key,), "expected a variable name matching [A-Za-z_][A-Za-z0-9_]*")
         return SecretRef.model_construct(**{key: ref})
@@ -199,13 +201,27 @@ Args = Annotated[list[str], BeforeValidator(_args)]
 Signal = Literal[tuple(s.value for s in FailureSignal)]  # rollback.on etc.: protocol.FailureSignal's names
 
 
+def _path_text(value: Any) -> Any:
+    """A path (laptop or container side): any string without control characters.
+    Other types go on to the field's own check."""
+    if isinstance(value, str):
+        bad = control_char(value)
+        if bad:
+            raise ValueError(f"cannot hold a control character (found {bad}): it would reach a shell "
+                             "or a file in the container")
+    return value
+
+
+PathText = Annotated[str, BeforeValidator(_path_text)]
+
+
 def _local_path(info: ValidationInfo, path: str) -> Path:
     """A laptop-side path from the spec: relative to the spec file's directory."""
     return Path((info.context or {}).get("spec_dir", ".")) / Path(path).expanduser()
 
 
 def _interpreter(value: Any) -> Any:
-    if not (isinstance(value, str) and value.strip() and "\n" not in value):
+    if not (isinstance(value, str) and value.strip() and not control_char(value)):
         raise ValueError(f"expected an interpreter path or name like /opt/torch/bin/python3, got {describe(value)}")
     return value
 

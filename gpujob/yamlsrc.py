@@ -105,6 +105,17 @@ def is_secret_loc(loc: Loc) -> bool:
     return loc[:1] == ("env",) or (loc[:1] == ("profiles",) and loc[2:3] == ("env",))
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_char(text: str):
+    """The first control character in ``text`` as it would be written in Python
+    (``'\\n'``), or None. Paths and names that reach the container (a shell, a boot
+    file, a file name) never hold one: a newline would end the line they sit in."""
+    found = _CONTROL.search(text)
+    return ascii(found.group())[1:-1] if found else None
+
+
 class Strict(BaseModel):
     """Base of every spec/inventory model: strict types, unknown keys are errors."""
 

@@ -165,6 +165,11 @@ def test_known_hosts_oddities_are_one_line(tmp_path):
                   f"@cert-authority *.lan ssh-ed25519 {blob}\n{paramiko.HostKeys.hash_host('h2')} ssh-ed25519 {blob}\n")
     client = paramiko.SSHClient()
     assert load_known_hosts(client, kh) == {blob}
+    # a revoked key is known nowhere (issue 24): paramiko then asks the policy, which refuses it
+    assert client.get_host_keys().lookup("host1") is None and client.get_host_keys().lookup("h2") is None
+    kh.write_text(f"host1 ssh-ed25519 {blob}\n{paramiko.HostKeys.hash_host('h2')} ssh-ed25519 {blob}\n")
+    client = paramiko.SSHClient()
+    assert load_known_hosts(client, kh) == frozenset()
     assert client.get_host_keys().lookup("host1") is not None
     assert client.get_host_keys().lookup("h2") is not None
     for bad, where in (("h ssh-rsa !!!notbase64\n", ":1:"), ("@weird * ssh-ed25519 x\n", ":1:"), (f"|1|abc=|def= ssh-ed25519 {blob}\n", ":1:"),

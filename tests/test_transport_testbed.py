@@ -106,9 +106,37 @@ def test_one_connection_serves_many_commands(targets):
     assert t.host_transport.client() is client
 
 
-def test_pct_errors_are_results_not_crashes(targets):
-    r = targets.open("ct201").run(["true"])
-    assert r.exit_code == 255 and b"not running" in r.stderr
+def test_pct_errors_are_gpujobs_own_line_exit_3_never_pcts_exit_code(targets, testbed, tmp_path):
+    """Issue 24: a stopped container was pct's raw `CT 201 not running` with pct's exit
+    255 passed off as the command's; a missing vmid pct's raw config-file line."""
+    from gpujob.errors import ConnectError
+    with pytest.raises(ConnectError) as e:
+        targets.open("ct201").run(["true"])
+    assert e.value.exit_code == 3 and e.value.hint == "start it on the host: pct start 201"
+    hosts = testbed.write_hosts_yaml(tmp_path / "hosts.yaml")
+    hosts.write_text(hosts.read_text().replace("      ct201: {vmid: 201}", "      ct201: {vmid: 201}\n"
+                                               "      ct999: {vmid: 999}", 1))
+    import sys
+
+    def run(args, env):  # the console script, as users run it: the kept connection when on
+        return subprocess.run([str(Path(sys.executable).parent / "gpujob"), *args], env=env,
+                              capture_output=True, timeout=120)
+    for daemon in ("1", "0"):  # the direct path and the kept connection
+        env = dict(env_for(hosts, tmp_path), GPUJOB_NO_DAEMON=daemon, XDG_RUNTIME_DIR=str(tmp_path / "run"))
+        (tmp_path / "run").mkdir(mode=0o700, exist_ok=True)
+        p = run(["exec", "ct201", "--", "true"], env)
+        err = p.stderr.decode()
+        assert p.returncode == 3 and err.startswith("gpujob: container 201 on ") and \
+            "is not running (pct: CT 201 not running)" in err and "  hint: start it on the host: pct start 201" \
+            in err, (daemon, err)
+        p = run(["exec", "ct999", "--", "true"], env)
+        err = p.stderr.decode()
+        assert p.returncode == 3 and err.startswith("gpujob: no container 999 on ") and "999.conf' does not exist" \
+            in err and "check the vmid in hosts.yaml" in err, (daemon, err)
+    p = run(["hosts", "--json"], env)
+    rows = {r["container"]: r for r in json.loads(p.stdout)["targets"]}
+    assert rows["ct999"]["status"].startswith("no such vmid 999 on the host"), rows["ct999"]
+    run(["disconnect"], env)
 
 
 def test_unknown_host_key_refused_nothing_runs_accept_new_records(inv, testbed, tmp_path):
@@ -252,3 +280,21 @@ def test_exec_over_ssh_with_an_idle_open_stdin_keeps_the_exit_code(inv, tmp_path
     p = cli(["exec", "-n", "ct200", "--", "sh", "-c", "cat; exit 3"], env_for(inv, tmp_path),
             input=b"not for the command\n")
     assert p.returncode == 3 and p.stdout == b""
+
+
+def test_a_revoked_key_is_refused_before_authentication_whatever_other_line_names_it(testbed, tmp_path):
+    """Issue 24: with a plain line and an @revoked line for the same key, gpujob
+    logged in (sshd's `Accepted publickey`) and only then refused."""
+    known = testbed.known_hosts.read_text()
+    blob = known.split()[2]
+    kh = tmp_path / "known_hosts"
+    hosts = testbed.write_hosts_yaml(tmp_path / "hosts.yaml", known_hosts=kh)
+    logs = sorted(testbed.ssh_dir.glob("sshd*/sshd.log"))
+    for text in (known + f"@revoked * ssh-ed25519 {blob}\n", f"@revoked * ssh-ed25519 {blob}\n" + known):
+        kh.write_text(text)
+        before = [log.read_text(errors="replace").count("Accepted publickey") for log in logs]
+        p = cli(["exec", "ct200", "--", "true"], env_for(hosts, tmp_path))
+        assert p.returncode == 3 and "refused before authentication" in one_line(p), p.stderr.decode()
+        time.sleep(0.5)  # sshd writes its log line as the session starts
+        after = [log.read_text(errors="replace").count("Accepted publickey") for log in logs]
+        assert after == before, "gpujob authenticated to a host whose key is revoked"

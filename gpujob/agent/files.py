@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tarfile
 
-from gpujob.agent.journal import Home
+from gpujob.agent.journal import Home, temp_beside
 from gpujob.agent.lifecycle import emit, expand
 
 
@@ -55,11 +55,15 @@ def cmd_probe(home: Home, args) -> None:
 def cmd_put(home: Home, args) -> None:
     dest = expand(args.dest)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = f"{dest}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
-    os.chmod(tmp, int(args.mode, 8))
-    os.replace(tmp, dest)
+    fd, tmp = temp_beside(dest, int(args.mode, 8))
+    try:
+        with open(fd, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
     emit({"written": dest, "size": os.path.getsize(dest)})
 
 

@@ -40,7 +40,9 @@ def disk_usage(paths: list) -> dict:
 def touch_used(venv: str) -> None:
     """Record that a job activated this venv now (its mtime is the last use)."""
     try:
-        with open(os.path.join(venv, USED_MARKER), "w") as f:
+        fd = os.open(os.path.join(venv, USED_MARKER),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with open(fd, "w") as f:
             f.write(str(time.time()))
     except OSError:
         pass

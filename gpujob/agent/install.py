@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from gpujob.agent import envs, gc, planshare, throughput
-from gpujob.agent.journal import now, write_json
+from gpujob.agent.journal import now, write_bytes, write_json
 from gpujob.agent.watch import POLL, EnvError, Stop
 
 
@@ -65,10 +65,8 @@ class Installer:
             for i, argv in enumerate(cmds):
                 if i == 1:  # the venv exists now; side files go in
                     if req_file:
-                        with open(req_file, "w") as f:
-                            f.write(prof["requirements_text"])
-                    with open(constraints, "w") as f:
-                        f.write("\n".join(prof["packages"]) + "\n")
+                        write_bytes(req_file, prof["requirements_text"].encode(), durable=False)
+                    write_bytes(constraints, ("\n".join(prof["packages"]) + "\n").encode(), durable=False)
                 self.journal.event("prepare", profile=profile, argv=argv)  # the plan's env steps, as run
                 code, tail = self.run_logged(argv, "prepare.log", timeout=3600)
                 if code != 0:

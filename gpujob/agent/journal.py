@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import tempfile
 import time
 
 from gpujob.agent.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
@@ -39,10 +40,27 @@ def write_json(path: str, data, mode: int = 0o644, durable: bool = True) -> None
     write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), mode, durable)
 
 
+def temp_beside(path: str, mode: int) -> tuple:
+    """(fd, name) of a new temp file in ``path``'s directory, for an atomic replace of
+    ``path``: a fresh name from ``mkstemp`` (O_CREAT|O_EXCL, O_NOFOLLOW), so a file
+    or symlink another user planted there is never opened, let alone written
+    through; ``mode`` set on the open file (not through its name)."""
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path)[:64] + ".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
 def write_bytes(path: str, payload: bytes, mode: int = 0o644, durable: bool = True) -> None:
-    """``write_json``'s atomic replace, for any content (a metrics textfile)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    """``write_json``'s atomic replace, for any content (a metrics textfile, which may
+    sit in a directory other users write: see temp_beside). The rename replaces a
+    symlink at ``path`` itself; it never writes where the link points."""
+    fd, tmp = temp_beside(path, mode)
     try:
         view = memoryview(payload)
         while view:

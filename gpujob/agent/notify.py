@@ -96,14 +96,29 @@ def describe(index: int, hook: dict) -> str:
     return f"notify[{index}] ({hook.get('format', DEFAULTS['notify']['format'])}, {where})"
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect is never followed: urllib would resend the headers (the Bearer
+    token) to wherever the Location points, as a GET whose 2xx is not an answer to
+    the POST. The 3xx comes back as an HTTPError: a failed attempt, retried."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
-    """One attempt; None when acknowledged (2xx), else why not (without the URL)."""
+    """One attempt; None when acknowledged (a 2xx to this POST itself), else why not
+    (without the URL)."""
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             resp.read(65536)
             return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
     except urllib.error.HTTPError as e:
+        if 300 <= e.code < 400:
+            return f"HTTP {e.code}: a redirect, not followed (a webhook URL must answer the POST itself)"
         return f"HTTP {e.code}"
     except urllib.error.URLError as e:
         return f"cannot reach the webhook: {type(e.reason).__name__}: {getattr(e.reason, 'strerror', None) or e.reason}"

@@ -12,7 +12,7 @@ import typer
 from gpujob.agent.protocol import JobState
 from gpujob.cli import render
 from gpujob.conn import commands
-from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, JobError, SpecError
+from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 from gpujob.target import Target
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
@@ -112,6 +112,25 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
 
 
+def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
+    """What a Ctrl-C during submit left, in one line: before the supervisor was asked
+    to start, nothing runs; after, one short look says whether it did."""
+    if not started:
+        return (f"interrupted before the supervisor started: nothing runs on {t.label} for job {job_id} "
+                "(files already synced stay); submit again when ready")
+    try:  # the request went out: look (briefly, without reviving anything) whether it took
+        jobs_ = t.agent_json("status", "--no-revive", "--missing-ok", job_id, timeout=15)["jobs"]
+        st = jobs_[0].get("state") if jobs_ else None
+    except (GpujobError, KeyboardInterrupt, OSError):
+        st = None
+    if st == JobState.NOT_FOUND:
+        return (f"interrupted while the supervisor was starting: job {job_id} is not (yet) on {t.label}; "
+                f"look again with gpujob status {job_id} before submitting again")
+    what = f"is {st}" if st else "may be running (it could not be asked)"
+    return (f"interrupted after the supervisor was asked to start: job {job_id} {what} on {t.label} and goes on; "
+            f"follow it: gpujob logs -f {job_id}    end it: gpujob stop {job_id}")
+
+
 def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False,
            resume_from: str | None = None, accept_baseline: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
@@ -121,10 +140,18 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     state = ctx.state()
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
+    said = []
+
+    def progress(message: str) -> None:
+        said.append(message)
+        err.print(render.lit(f"· {message}", "dim"))
     try:
         res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, resume_from=resume_from,
-                          accept_baseline=accept_baseline,
-                          progress=lambda m: err.print(render.lit(f"· {m}", "dim")))
+                          accept_baseline=accept_baseline, progress=progress)
+    except KeyboardInterrupt:
+        started = "starting the supervisor" in said
+        state.seen(job_id, JobState.UNKNOWN) if started else state.unreserve(job_id)
+        raise Interrupted(interrupted_submit(t, job_id, started)) from None
     except ConnectionLost:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
         raise

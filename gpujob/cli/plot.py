@@ -21,7 +21,9 @@ from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError
 
 FORMATS = (".png", ".svg", ".html")
-INSTALL = "pip install 'gpujob[plot]'  (or: uv tool install 'gpujob[plot]')"
+# the distribution is gpujob-proxmox: "gpujob" on PyPI is somebody else's project
+INSTALL = ("pip install 'gpujob-proxmox[plot]'  (or: uv tool install 'gpujob-proxmox[plot]'; "
+           "from a clone: pip install '.[plot]')")
 PHASE_COLOUR = {"prepare": "#bbbbbb", "warmup": "#f2d16b", "train": "#9fd4a3", "rollback": "#d98cd9",
                 "stop": "#cccccc"}
 PROFILE_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#17becf")

@@ -11,15 +11,36 @@ of its own instead.
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import NamedTuple, Sequence
 
-from gpujob.errors import ConnectionLost
+from gpujob.errors import ConnectError, ConnectionLost
 from gpujob.transport.base import (KILL_AFTER, OnData, Result, Stdin, Transport, timed_out_by,
                                    with_timeout)
 from gpujob.transport.mux import SERVER_SOURCE, MuxClient
 
 MUX_START_TIMEOUT = 30.0
+
+
+_NOT_RUNNING = re.compile(r"CT (\d+) not running")
+_NO_CONFIG = re.compile(r"Configuration file '[^']*/(\d+)\.conf' does not exist")
+
+
+def pct_error(text: str | bytes, vmid: int, where: str) -> ConnectError | None:
+    """gpujob's own line (exit 3: could not enter the target) for what pct says when
+    the container cannot be entered at all: stopped, or no such vmid. None for
+    anything else (then the command's own output and exit code stand)."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    if _NOT_RUNNING.search(first):
+        return ConnectError(f"container {vmid} on {where} is not running (pct: {first})",
+                            hint=f"start it on the host: pct start {vmid}")
+    if _NO_CONFIG.search(first):
+        return ConnectError(f"no container {vmid} on {where} (pct: {first})",
+                            hint="check the vmid in hosts.yaml (`pct list` on the host lists them)")
+    return None
 
 
 class PctTransport(Transport):
@@ -60,6 +81,9 @@ class PctTransport(Transport):
                 return client
             said = stream.stderr()
             client.close()
+            known = pct_error(said, self.vmid, self.inner.describe())
+            if known is not None:  # stopped or missing: no command can run there
+                raise known
             if client.error:  # something else on the channel: say what, never misread it
                 raise ConnectionLost(client.error)
             if said.strip():
@@ -88,6 +112,10 @@ class PctTransport(Transport):
         result = self.inner.run(self.host_argv(with_timeout(argv, timeout)), stdin=stdin,
                                 timeout=inner_timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         result.argv = list(argv)
+        if result.exit_code in (2, 255) and not result.stdout:
+            known = pct_error(result.stderr.decode("utf-8", "replace"), self.vmid, self.inner.describe())
+            if known is not None:  # pct's own exit code is not the command's
+                raise known
         if timeout is not None and not result.timed_out and \
                 timed_out_by(timeout, result.duration, result.exit_code):
             result.timed_out, result.exit_code = True, 124
@@ -103,6 +131,8 @@ class PctTransport(Transport):
         st = self.status_result()
         if st.exit_code == 0 and st.out.startswith("status:"):
             return st.out.split(":", 1)[1].strip()
+        if _NO_CONFIG.search(st.err or ""):  # pct's raw config-file line said in gpujob's words
+            return f"no such vmid {self.vmid} on the host (check hosts.yaml; `pct list` lists them)"
         return st.err or f"pct status exited {st.exit_code}"
 
     def open_stream(self, argv: Sequence[str]):

@@ -56,7 +56,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         fp = fingerprint(key)
         if key.get_base64() in self.revoked:
             raise HostKeyError(f"host key of {hostname} ({key.get_name()} {fp}) is marked @revoked in "
-                               f"{self.known_hosts}; refused, nothing was run")
+                               f"{self.known_hosts}; refused before authentication, nothing was run")
         if not self.accept_new:
             raise HostKeyError(
                 f"host key of {hostname} is not known ({key.get_name()} {fp}); nothing was run",
@@ -79,7 +79,7 @@ def load_known_hosts(client: paramiko.SSHClient, path: Path) -> frozenset:
         raise HostKeyError(f"cannot read known_hosts file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise HostKeyError(f"known_hosts file {path} is not UTF-8 text") from None
-    revoked = set()
+    revoked, plain = set(), []
     keys = client.get_host_keys()
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -102,6 +102,12 @@ def load_known_hosts(client: paramiko.SSHClient, path: Path) -> frozenset:
             if not all(_hashed_ok(name) for name in entry.hostnames if name.startswith("|")):
                 raise HostKeyError(f"known_hosts file {path}:{number}: a hashed host name that is not "
                                    "|1|salt|hash (20 bytes each, base64)")
+            plain.append(entry)
+    # a revoked key is known nowhere, whatever other line names it (the @revoked line may
+    # come after): paramiko then asks _HostKeyPolicy, which refuses it during the key
+    # exchange, before any authentication
+    for entry in plain:
+        if entry.key.get_base64() not in revoked:
             for name in entry.hostnames:
                 keys.add(name, entry.key.get_name(), entry.key)
     return frozenset(revoked)
@@ -123,6 +129,16 @@ def _tcp_keepalive(sock: socket.socket, idle: int) -> None:
     for opt, val in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
         if hasattr(socket, opt):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
+
+
+def _hint_for(e: Exception) -> str | None:
+    """What usually causes an SSH failure paramiko words tersely."""
+    if "protocol banner" in str(e):
+        return ("the port answered but not with SSH: usually the wrong port (another service "
+                "listens there), a firewall or proxy that accepts and then drops the connection, or "
+                "an sshd too busy to answer in time (MaxStartups; a slow reverse DNS lookup, UseDNS): "
+                "try `ssh -v -p PORT user@host`, or raise connect_timeout in hosts.yaml")
+    return None
 
 
 def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHClient:
@@ -188,6 +204,9 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     except paramiko.BadHostKeyException as e:
         client.close()
         name = known_hosts_name(settings.hostname, settings.port)
+        if e.key.get_base64() in revoked:
+            raise HostKeyError(f"host key of {name} ({e.key.get_name()} {fingerprint(e.key)}) is marked "
+                               f"@revoked in {known}; refused before authentication, nothing was run") from None
         raise HostKeyError(
             f"host key of {name} has CHANGED: known_hosts has {fingerprint(e.expected_key)}, "
             f"the server offered {e.key.get_name()} {fingerprint(e.key)}; refused, nothing was run",
@@ -199,7 +218,7 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
                            hint="check `user` and `identity_file` in hosts.yaml") from None
     except (paramiko.SSHException, OSError, EOFError) as e:
         client.close()
-        raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}") from None
+        raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}", hint=_hint_for(e)) from None
     offered = client.get_transport().get_remote_server_key()
     if offered.get_base64() in revoked:
         client.close()
