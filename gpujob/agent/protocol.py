@@ -87,8 +87,6 @@ class FailureSignal(_StrEnum):
     (spec.py's Signal takes its values from here, in this order)."""
     LOW_THROUGHPUT = "low_throughput"
     STALL = "stall"
-    SETTLING = "settling"  # judging waits until the rate has settled (a running average climbs)
-    PAUSED = "paused"      # a checkpoint save or a pause_pattern line (eval): samples left out
     ERROR_SIGNATURE = "error_signature"
     CUDA_OOM = "cuda_oom"
     OOM_KILLED = "oom_killed"
