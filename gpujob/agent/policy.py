@@ -168,7 +168,7 @@ def judging_start(cfg: PolicyConfig, samples: Sequence[Sample], now: float, cloc
     first sample (``samples[lo]``); then the settle rule. ``memo`` caches the
     (final) answer; the scan stops where judging starts."""
     first = samples[lo]
-    if memo is not None and memo.get("first") == first.t and "start" in memo:
+    if memo is not None and "start" in memo:  # one memo per run: its start stands once found
         return "judge", memo["start"]
     delay_end = first.t + cfg.initial_delay
     if now < delay_end:

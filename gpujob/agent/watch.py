@@ -21,6 +21,7 @@ from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.proc import Phase
 from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.trim import read_jsonl_from
+from gpujob.agent.watchpause import PauseWatch
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -106,7 +107,7 @@ def gpu_utilisation(gpus: list) -> float | None:
     return max(seen) if seen and len(seen) == len(gpus) else None
 
 
-class PhaseWatch:
+class PhaseWatch(PauseWatch):
     """The supervisor's half that runs and watches phase commands (a mixin: it
     uses the supervisor's journal, relay, policy and requests)."""
 
@@ -217,6 +218,7 @@ class PhaseWatch:
                 run.last_check = t
                 outcome = self.poll_source(run, t) or self.check(run, t)
                 self.keep_small(run, t)
+                self.trace_writer().tick(t)
             outcome = self.gate(run, outcome, t)
             if outcome is not None or (not chunk and not proc.running()):
                 break
@@ -235,9 +237,9 @@ class PhaseWatch:
         self.keep_small(run, now())
         self.summarise(run, now())
         if run.samples and outcome is None:  # the last word on this run's throughput
-            self.publish(run.samples, policy.decide(self.policy, run.samples, now(), run.start,
-                                                        run.baseline), run.baseline)
+            self.publish(run.samples, self.decide_now(run, now()), run.baseline)
         code = proc.returncode
+        self.trace_end(code, now())
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
         self.end_phase()
         if outcome is not None:
@@ -259,6 +261,7 @@ class PhaseWatch:
 
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
         run = _Run(self, logname, profile, timeout, watch_tps, start)
+        self.pause_setup(run)
         run.source = self.make_source(profile, adopt) if watch_tps else None
         return run
 
@@ -285,6 +288,7 @@ class PhaseWatch:
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""
         run.tail.append(line)
+        self.pause_line(run, line, t)
         hit = signals.scan_line(line, self.signatures)
         if hit:
             run.hits.append(line)
@@ -308,7 +312,7 @@ class PhaseWatch:
         run.samples.append(policy.Sample(t, value, step))
         if len(run.samples) > 50000:
             del run.samples[:25000]
-        d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
+        d = self.decide_now(run, t)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.evidence.get("median"), profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
@@ -316,6 +320,7 @@ class PhaseWatch:
         run.minute.append(value)
         if d.verdict != run.last_verdict or d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
             self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+            self.trace_decision(d, t)
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
             self.publish(run.samples, d, run.baseline)
@@ -330,7 +335,7 @@ class PhaseWatch:
         if d.verdict == Verdict.ROLLBACK:
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
         if not run.good_known:
-            base = policy.known_good(self.policy, run.samples, t, run.start, run.baseline)
+            base = self.known_good_now(run, t)
             if base is not None:
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
@@ -358,15 +363,17 @@ class PhaseWatch:
                            f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:]})
         if run.timeout and t - run.start > run.timeout:
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
+        first = run.samples[0].t if run.samples else run.start
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
-                t >= run.start + (self.policy.initial_delay if self.watching else 0):
-            # start-up (imports, compile) idles the GPUs: watched from the first sample on
+                t >= first + (self.policy.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
+            # start-up (imports, compile) idles the GPUs: watched from the first sample (plus the
+            # initial delay, which counts from it) on; a pause (save, eval) is not idleness
             run.last_gpu = t
             outcome = self.check_gpu_idle(run, t)
             if outcome:
                 return outcome
         if run.watch_tps:
-            d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
+            d = self.decide_now(run, t)
             if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
                 return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, d.evidence)
@@ -382,8 +389,10 @@ class PhaseWatch:
         self.journal.event("gpu_util", group=cfg["group"], max=util)
         ck = self.spec["train"].get("checkpoint")
         saved = checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
         idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
-                                                  saved[0][1] if saved else 0.0, run.save_time)
+                                                  max(saved[0][1] if saved else 0.0, min(last_pause, t)),
+                                                  run.save_time)
         if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
             return None
         return Outcome(OutcomeKind.SIGNAL, FailureSignal.GPU_IDLE,
