@@ -33,8 +33,8 @@ class TraceWriter:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
         self.raw = os.fdopen(fd, "ab")
         self.gz = gzip.GzipFile(fileobj=self.raw, mode="ab", compresslevel=5)
-        if self.raw.tell() == 0:
-            self._put(dict(self.header, trace=1))
+        if os.fstat(self.raw.fileno()).st_size == 0:
+            self._put({"trace": 1, **self.header})
 
     def _put(self, rec: dict) -> None:
         self.gz.write((json.dumps(rec, separators=(",", ":")) + "\n").encode("utf-8", "replace"))

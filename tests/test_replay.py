@@ -1,0 +1,96 @@
+"""Issue 22, item 7: the trace (format v1) written as the supervisor writes it, and
+gpujob replay's engine over synthetic traces and samples.jsonl."""
+
+import gzip
+import json
+
+from gpujob.agent import trace
+from gpujob.agent.replay import replay_samples, replay_trace, summary_line
+
+SPEC = {"throughput": {"format": "ktok", "min_ratio": 0.8, "window": "10s", "failure_limit": "30s",
+                       "pause_tail": 3.0, "good_after": 20}}
+
+
+def write_trace(tmp_path, segments):
+    w = trace.TraceWriter(str(tmp_path), {"name": "t", "job": None, "recorded_by": "test", "meta": {}})
+    for seg in segments:
+        for rec in seg:
+            w.write(rec)
+    w.last_flush = -10
+    w.tick(0.0)  # a sync flush, no close: a supervisor killed now leaves a readable trace
+    return str(tmp_path / trace.NAME)
+
+
+def good_segment(t0, profile="compiled", resume=False, save_at=None):
+    recs = [{"t": t0, "run": {"profile": profile, "phase": "train", "resume": resume}}]
+    for i in range(600):  # 60 s at 10 Hz, a save dip at save_at
+        t = t0 + 5 + i / 10
+        v = 811 if save_at is None or not save_at <= i < save_at + 10 else 360
+        if save_at is not None and i == save_at:
+            recs.append({"t": t + 0.3, "ckpt": "out/checkpoint-500", "op": "new", "size": 1000})
+        recs.append({"t": round(t, 3), "out": f"step {i} {v}K tok/s"})
+    recs.append({"t": t0 + 66, "exit": 0})
+    return recs
+
+
+def slow_segment(t0, slow_from=200):
+    recs = [{"t": t0, "run": {"profile": "eager", "phase": "train", "resume": True}}]
+    for i in range(1200):
+        recs.append({"t": t0 + 5 + i / 10, "out": f"step {i} {811 if i < slow_from else 300}K tok/s"})
+    recs.append({"t": t0 + 60, "recorded": {"verdict": "rollback", "reason": "live"}})
+    return recs
+
+
+def test_good_profile_with_saves_no_rollback_and_a_pause(tmp_path):
+    path = write_trace(tmp_path, [good_segment(1000.0, save_at=300)])
+    decisions, summary = replay_trace(path, SPEC, baseline=811e3)
+    assert summary["rollbacks"] == 0 and summary["breaches"] == 0 and summary["pauses"] == 1
+    assert {d["verdict"] for d in decisions} >= {"settling", "ok", "paused"}
+    assert "0 rollback(s)" in summary_line(summary)
+
+
+def test_slow_profile_rolled_back_with_detection_time_and_the_recorded_one(tmp_path):
+    path = write_trace(tmp_path, [good_segment(1000.0), slow_segment(2000.0)])
+    decisions, summary = replay_trace(path, SPEC)
+    assert summary["segments"] == 2 and summary["rollbacks"] == 1
+    seg = summary["per_segment"][1]
+    slow_start = 2000.0 + 5 + 200 / 10
+    took = seg["rollback_at"] - slow_start
+    assert 30 <= took <= 40, took  # ~half the 10 s window + the 30 s failure_limit
+    note = [d for d in decisions if d["verdict"] == "note"][0]
+    assert note["reason"].startswith("would have rolled back at t=+") and "recorded: at t=+60.0s" in note["reason"]
+    assert summary["per_segment"][0]["known_good"] == 811e3  # the baseline segment 2 is judged against
+
+
+def test_truncated_trace_is_read(tmp_path):
+    path = write_trace(tmp_path, [good_segment(1000.0)])
+    data = open(path, "rb").read()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: len(data) - 7])
+    recs = trace.read_records(str(cut))
+    assert recs[0]["trace"] == 1 and len(recs) > 100
+
+
+def test_samples_jsonl(tmp_path):
+    p = tmp_path / "samples.jsonl"
+    with open(p, "w") as f:
+        for i in range(400):
+            f.write(json.dumps({"t": 100 + i, "value": 100.0 if i < 100 else 40.0, "profile": "a"}) + "\n")
+        f.write("not json\n")
+    decisions, summary = replay_samples(str(p), {"throughput": {"format": "ktok", "min": 80, "window": 5,
+                                                                "failure_limit": 3}}, profile="a")
+    assert summary["rollbacks"] == 1 and decisions[-2]["verdict"] == "rollback"
+    assert all({"t", "value", "verdict", "reason"} <= set(d) for d in decisions)
+
+
+def test_trace_rotates_at_its_limit(tmp_path):
+    w = trace.TraceWriter(str(tmp_path), {"name": "t"}, limit=1 << 16)
+    import random
+    rnd = random.Random(1)
+    for i in range(20000):
+        w.out(float(i), "%x" % rnd.getrandbits(128))
+        w.tick(float(i))
+    w.close()
+    assert (tmp_path / trace.OLD).exists()
+    assert gzip.open(tmp_path / trace.NAME).readline().startswith(b'{"trace":1,"name":"t"')
+    assert len(trace.job_records(str(tmp_path))) > 1000
