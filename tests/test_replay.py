@@ -94,3 +94,20 @@ def test_trace_rotates_at_its_limit(tmp_path):
     assert (tmp_path / trace.OLD).exists()
     assert gzip.open(tmp_path / trace.NAME).readline().startswith(b'{"trace":1,"name":"t"')
     assert len(trace.job_records(str(tmp_path))) > 1000
+
+
+def test_cli_replay_samples_json(tmp_path):
+    from pathlib import Path
+    from typer.testing import CliRunner
+    from gpujob.cli.main import app
+    p = tmp_path / "samples.jsonl"
+    p.write_text("".join(json.dumps({"t": 100 + i, "value": 30000.0 if i < 100 else 4000.0}) + "\n"
+                         for i in range(300)))
+    spec = Path(__file__).resolve().parents[1] / "jobs" / "fleet-torch.yaml"
+    r = CliRunner().invoke(app, ["replay", str(p), "--spec", str(spec), "--json"])
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in r.output.splitlines() if x.strip()]
+    assert recs[-1]["summary"]["rollbacks"] == 1
+    assert all({"t", "value", "verdict", "reason"} <= set(d) for d in recs[:-1])
+    r = CliRunner().invoke(app, ["replay", str(p)])
+    assert r.exit_code != 0 and "--spec" in str(r.exception)  # main() prints it in one line

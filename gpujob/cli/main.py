@@ -11,7 +11,7 @@ import sys
 from gpujob.cli import conventions, render
 from gpujob.cli.app import app, ctx, err
 # the commands register on app as their modules load, in this order (the order --help lists them)
-from gpujob.cli import target_cmds, jobs_cmds, cache_cmds, demo_cmd  # noqa: F401
+from gpujob.cli import target_cmds, jobs_cmds, cache_cmds, demo_cmd, replay_cmds  # noqa: F401
 from gpujob.errors import GpujobError
 
 
