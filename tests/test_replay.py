@@ -111,3 +111,15 @@ def test_cli_replay_samples_json(tmp_path):
     assert all({"t", "value", "verdict", "reason"} <= set(d) for d in recs[:-1])
     r = CliRunner().invoke(app, ["replay", str(p)])
     assert r.exit_code != 0 and "--spec" in str(r.exception)  # main() prints it in one line
+
+
+def test_plot_shows_pauses():
+    from gpujob import plotdata
+    from gpujob.cli.plot import legend
+    events = [{"type": "state", "t": 100.0, "state": "training", "profile": "a"},
+              {"type": "pause", "t": 130.0, "start": 128.0, "tail": 3.0, "why": "checkpoint c"}]
+    samples = [{"t": 100.0 + i, "value": 10.0, "profile": "a"} for i in range(60)]
+    s = plotdata.series(events, samples, {"pauses": [[128.0, 140.0]]})
+    assert s["pauses"] == [{"start": 28.0, "end": 40.0, "why": "checkpoint c"}]
+    assert any(line.startswith("‖ 1 pauses") for line in legend(s))
+    assert any(c == ("‖", "phase") for c in plotdata.grid(s, 60, 8)[-1])
