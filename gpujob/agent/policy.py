@@ -78,21 +78,10 @@ class PolicyConfig:
                       settle_timeout=full["timeout"])
         return cls(**kw)
 
-    @property
-    def window_n(self) -> Optional[int]:
-        return span(self.window)[0]
-
-    @property
-    def window_s(self) -> Optional[float]:
-        return span(self.window)[1]
-
-    @property
-    def limit_n(self) -> Optional[int]:
-        return span(self.failure_limit)[0]
-
-    @property
-    def limit_s(self) -> Optional[float]:
-        return span(self.failure_limit)[1]
+    window_n = property(lambda self: span(self.window)[0])  # a count window, else None
+    window_s = property(lambda self: span(self.window)[1])  # a time window (seconds), else None
+    limit_n = property(lambda self: span(self.failure_limit)[0])
+    limit_s = property(lambda self: span(self.failure_limit)[1])
 
     def needed_span(self) -> Optional[float]:
         """Seconds (active time) a breach must last before a rollback, None when the
@@ -128,7 +117,6 @@ class Decision:
     verdict: Verdict
     reason: str  # one human line
     evidence: Dict = field(default_factory=dict)  # JSON-able
-
 
 
 def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[float], str]:
