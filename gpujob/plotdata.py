@@ -80,9 +80,16 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
     rollbacks = [{"t": rel(_num(r.get("decided_at")) or r["t"]), "from": r.get("from"), "to": r.get("to"),
                   "signal": r.get("signal"), "reason": r.get("reason")}
                  for r in sorted((r for r in events if r.get("type") == "rollback"), key=lambda r: r["t"])]
+    # pauses (checkpoint saves, pause_pattern lines): their samples were left out of the windows
+    spans = {round(a, 3): b for a, b in (status.get("pauses") or []) if _num(a) is not None and _num(b) is not None}
+    pauses = [{"start": rel(r["start"]), "end": rel(spans.get(round(r["start"], 3),
+                                                                r["start"] + 2.0 + (_num(r.get("tail")) or 0))),
+               "why": r.get("why")}
+              for r in sorted((r for r in events if r.get("type") == "pause" and _num(r.get("start")) is not None),
+                              key=lambda r: r["start"])]
     return {"job": status.get("job_id"), "name": status.get("name"), "state": status.get("state"),
             "t0": t0, "duration": rel(end), "points": points, "minutes": minutes, "phases": phases,
-            "threshold": threshold, "baselines": baselines, "rollbacks": rollbacks}
+            "threshold": threshold, "baselines": baselines, "rollbacks": rollbacks, "pauses": pauses}
 
 
 def rollback_label(r: dict) -> str:
@@ -162,6 +169,9 @@ def grid(s: dict, width: int = 72, height: int = 12) -> list[list[tuple[str, str
     for p in sorted(s["phases"], key=lambda p: p["phase"] == "rollback"):  # a short rollback stays seen
         for c in range(col(p["start"]), col(p["end"]) + 1):
             strip[c + 1] = (PHASE_CHAR.get(p["phase"], "?"), "phase")
+    for p in s.get("pauses") or ():  # a pause: "‖" on the phase strip
+        for c in range(col(p["start"]), col(p["end"]) + 1):
+            strip[c + 1] = ("‖", "phase")
     out.append(strip)
     return out
 

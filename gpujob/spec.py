@@ -18,6 +18,7 @@ from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
 from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
+from gpujob.spec_throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
                                Interpreter, JobName, Name, PathText, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
@@ -117,69 +118,6 @@ class Train(Strict):
         if self.standby is not None and command_script(self.command) is None:
             raise At(("standby",), "needs train.command to be `python SCRIPT ...` or `python -m MODULE ...` "
                      "(no shell syntax): the standby interpreter runs that script")
-        return self
-
-
-class Throughput(Strict):
-    source: Literal["stdout", "file"] = "stdout"  # the trainer's output lines, or a JSONL metrics file
-    format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"] | None = None  # for source stdout
-    path: PathText | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
-    field: str | None = None  # source file: the tok/s field of each record ("a.b" reaches into objects)
-    step_field: str | None = None  # source file: the step field, if the records carry one
-    pattern: str | None = None
-    tokens_per_step: float | None = Field(None, gt=0, le=1e12)
-    scope: Literal["total", "per_gpu"] = "total"
-    scope_group: str | None = None
-    initial_delay: Duration = 0.0
-    resume_initial_delay: Duration | None = None  # instead, for a known-good profile resumed
-    initial_delay_samples: int = Field(0, ge=0, le=1_000_000)
-    window: int = Field(5, ge=1, le=10_000)
-    min: Rate | None = None
-    min_ratio: float | None = Field(None, gt=0, le=1)
-    baseline: Rate | None = None  # tok/s given by the user: min_ratio's baseline instead of the ledger's
-    failure_limit: int = Field(3, ge=1, le=10_000)
-    no_data_timeout: Duration | None = 600.0  # null: no stall detection
-    start_timeout: Duration | None = 900.0  # no sample this long after the start: start_hang (null: off)
-    good_after: Duration = 600.0
-    aggregate: Literal["sum", "min"] = "sum"  # multi-node: the nodes' latest tok/s summed, or the slowest
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Throughput:
-        if self.source == "file":
-            for field in ("path", "field"):
-                if not (getattr(self, field) or "").strip():
-                    raise At((field,), "missing (required) for source file")
-            for field in ("format", "pattern", "tokens_per_step"):
-                if getattr(self, field) is not None:
-                    raise At((field,), "only for source stdout (a metrics file's records are read by field)")
-        else:
-            if self.format is None:
-                raise At(("format",), "missing (required) for source stdout")
-            for field in ("path", "field", "step_field"):
-                if getattr(self, field) is not None:
-                    raise At((field,), "only for source file")
-        for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "regex"))):
-            given = getattr(self, field) is not None
-            if self.format == fmts[0] and not given:
-                raise At((field,), f"missing (required) for format {fmts[0]}")
-            if self.format not in fmts and given:
-                raise At((field,), f"only for format {' or '.join(fmts)}")
-        for field in ("no_data_timeout", "good_after", "start_timeout"):
-            value = getattr(self, field)
-            if value is not None and value <= 0:
-                raise At((field,), "expected a duration > 0" +
-                         (" (or null to turn stall detection off)" if field == "no_data_timeout" else ""))
-        if self.pattern is not None:
-            try:
-                groups = re.compile(self.pattern).groupindex
-            except re.error as exc:
-                raise At(("pattern",), f"not a valid regex: {exc}") from None
-            if "value" not in groups:
-                raise At(("pattern",), "needs a named group (?P<value>...)")
-        if self.scope_group is not None and self.scope != "per_gpu":
-            raise At(("scope_group",), "only for scope per_gpu")
-        if self.min is None and self.min_ratio is None:
-            raise At((), "needs min, min_ratio or both")
         return self
 
 

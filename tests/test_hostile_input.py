@@ -65,7 +65,7 @@ BOMB = "name: x\na: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n
     ("name: x\nenv: {" + ",".join(f"{i:x}: 1" for i in range(100_000)) + "}\n", "a mapping with over 2000 keys"),
     ("", "job.yaml:1: empty file"),
     (edit("grace: 30s", "grace: 1.0e+308"), "job.yaml:13: train.grace: expected a duration of at most 365 days"),
-    (edit("window: 5", "window: " + str(10**30)), "job.yaml:14: throughput.window: must be <= 10000, got 1000000000000000000000000000000"),
+    (edit("window: 5", "window: " + str(10**30)), "job.yaml:14: throughput.window: expected a count from 1 to 10000, got 1000000000000000000000000000000"),
     (edit("all: [0, 1]", "all: [0, " + str(10**30) + "]"), "job.yaml:6: gpus.all[1]: expected a GPU index (an integer from 0 to 1023)"),
     (edit("dest: code", "dest: ../../../../tmp/x"), "job.yaml:5: sync[0].dest: '../../../../tmp/x' resolves to /tmp/x, outside the workdir"),
     (edit("dest: code", "dest: /"), "job.yaml:5: sync[0].dest: '/' is the container's root"),

@@ -302,20 +302,25 @@ def at_end(samples, dt=1.0):
     return samples[-1].t + dt
 
 
+def Cfg(**kw):
+    """The rules below predate the settle rule (tests/test_policy_time.py tests it): off here."""
+    return PolicyConfig(**{"settle_samples": 0, **kw})
+
+
 def test_threshold():
-    assert threshold(PolicyConfig(min=10_000), None) == (10_000, "min")
-    v, src = threshold(PolicyConfig(min_ratio=0.8), 12_800)
+    assert threshold(Cfg(min=10_000), None) == (10_000, "min")
+    v, src = threshold(Cfg(min_ratio=0.8), 12_800)
     assert v == pytest.approx(10_240) and src == "min_ratio 0.8 × baseline 12.8K"
-    assert threshold(PolicyConfig(min=11_000, min_ratio=0.8), 12_800) == (11_000, "min")
-    assert threshold(PolicyConfig(min=5_000, min_ratio=0.8), 12_800)[0] == pytest.approx(10_240)
-    assert threshold(PolicyConfig(min=5_000, min_ratio=0.8), None) == (5_000, "min")
-    v, src = threshold(PolicyConfig(min_ratio=0.8), None)
+    assert threshold(Cfg(min=11_000, min_ratio=0.8), 12_800) == (11_000, "min")
+    assert threshold(Cfg(min=5_000, min_ratio=0.8), 12_800)[0] == pytest.approx(10_240)
+    assert threshold(Cfg(min=5_000, min_ratio=0.8), None) == (5_000, "min")
+    v, src = threshold(Cfg(min_ratio=0.8), None)
     assert v is None and "no baseline" in src
-    assert threshold(PolicyConfig(), 12_800)[0] is None
+    assert threshold(Cfg(), 12_800)[0] is None
 
 
 def test_warming_up_by_time_and_samples_ignored():
-    cfg = PolicyConfig(min=10_000, window=3, failure_limit=1, initial_delay=60)
+    cfg = Cfg(min=10_000, window=3, failure_limit=1, initial_delay=60)
     s = mk([100, 100, 100, 100, 100, 100, 12_800, 12_800, 12_800])  # t = 0..80, first 6 inside delay
     assert decide(cfg, s[:3], now=25, phase_start=0, baseline=None).verdict == "warming_up"
     d = decide(cfg, s, now=81, phase_start=0, baseline=None)
@@ -324,7 +329,7 @@ def test_warming_up_by_time_and_samples_ignored():
 
 
 def test_warming_up_by_sample_count():
-    cfg = PolicyConfig(min=10_000, window=3, failure_limit=1, initial_delay_samples=2)
+    cfg = Cfg(min=10_000, window=3, failure_limit=1, initial_delay_samples=2)
     s = mk([1, 1, 12_800, 12_800, 12_800])
     assert decide(cfg, s[:1], now=1, phase_start=0, baseline=None).verdict == "warming_up"
     assert decide(cfg, s[:4], now=31, phase_start=0, baseline=None).verdict == "inconclusive"
@@ -333,13 +338,13 @@ def test_warming_up_by_sample_count():
 
 
 def test_samples_before_phase_start_ignored():
-    cfg = PolicyConfig(min=10_000, window=3, failure_limit=1)
+    cfg = Cfg(min=10_000, window=3, failure_limit=1)
     s = mk([1, 1, 1]) + mk([12_800] * 3, t0=100)
     assert decide(cfg, s, now=125, phase_start=100, baseline=None).verdict == "ok"
 
 
 def test_single_bad_window_is_breach_not_rollback():
-    cfg = PolicyConfig(min=10_000, window=3, failure_limit=3)
+    cfg = Cfg(min=10_000, window=3, failure_limit=3)
     s = mk([12_800] * 5 + [4_300, 4_300])
     d = decide(cfg, s, now=at_end(s), phase_start=0, baseline=None)
     assert d.verdict == "breach"
@@ -348,7 +353,7 @@ def test_single_bad_window_is_breach_not_rollback():
 
 
 def test_failure_limit_consecutive_is_rollback_with_evidence():
-    cfg = PolicyConfig(min=10_000, window=5, failure_limit=3)
+    cfg = Cfg(min=10_000, window=5, failure_limit=3)
     s = mk([12_800] * 10 + [4_300] * 7)
     d = decide(cfg, s, now=at_end(s), phase_start=0, baseline=None)
     assert d.verdict == "rollback"
@@ -366,7 +371,7 @@ def test_failure_limit_consecutive_is_rollback_with_evidence():
 
 
 def test_recovery_resets_count():
-    cfg = PolicyConfig(min=10_000, window=3, failure_limit=3)
+    cfg = Cfg(min=10_000, window=3, failure_limit=3)
     s = mk([4_300] * 6)
     assert decide(cfg, s, now=at_end(s), phase_start=0, baseline=None).verdict == "rollback"
     s += mk([12_800] * 2, t0=s[-1].t + 10)
@@ -377,14 +382,14 @@ def test_recovery_resets_count():
 
 
 def test_median_ignores_single_spike():
-    cfg = PolicyConfig(min=10_000, window=5, failure_limit=1)
+    cfg = Cfg(min=10_000, window=5, failure_limit=1)
     s = mk([12_800, 12_800, 100, 12_800, 12_800])
     assert decide(cfg, s, now=at_end(s), phase_start=0, baseline=None).verdict == "ok"
 
 
 def test_stall_is_not_low_throughput():
-    cfg = PolicyConfig(min=10_000, window=3, failure_limit=1, no_data_timeout=60, initial_delay=30)
-    s = mk([12_800] * 5, t0=30)
+    cfg = Cfg(min=10_000, window=3, failure_limit=1, no_data_timeout=60, initial_delay=30)
+    s = mk([12_800] * 7, t0=30)  # the delay counts from the first sample (t=30): 4 samples count
     d = decide(cfg, s, now=s[-1].t + 61, phase_start=0, baseline=None)
     assert d.verdict == "stall" and "consecutive_breaches" not in d.evidence
     assert d.evidence["no_data_for"] == 61
@@ -397,26 +402,26 @@ def test_stall_is_not_low_throughput():
     low = mk([1] * 5, t0=30)
     assert decide(cfg, low, now=low[-1].t + 61, phase_start=0, baseline=None).verdict == "stall"
     # disabled
-    off = PolicyConfig(min=10_000, window=3, failure_limit=1, no_data_timeout=None)
+    off = Cfg(min=10_000, window=3, failure_limit=1, no_data_timeout=None)
     assert decide(off, s, now=1e9, phase_start=0, baseline=None).verdict == "ok"
 
 
 def test_ratio_absolute_and_both():
     s = mk([9_000] * 5)
     now = at_end(s)
-    ratio = PolicyConfig(min_ratio=0.8, window=5, failure_limit=1)
+    ratio = Cfg(min_ratio=0.8, window=5, failure_limit=1)
     assert decide(ratio, s, now, 0, baseline=12_800).verdict == "rollback"  # 9K < 10.24K
     assert decide(ratio, s, now, 0, baseline=10_000).verdict == "ok"  # 9K >= 8K
-    absolute = PolicyConfig(min=8_000, window=5, failure_limit=1)
+    absolute = Cfg(min=8_000, window=5, failure_limit=1)
     assert decide(absolute, s, now, 0, baseline=12_800).verdict == "ok"
-    both = PolicyConfig(min=8_000, min_ratio=0.8, window=5, failure_limit=1)
+    both = Cfg(min=8_000, min_ratio=0.8, window=5, failure_limit=1)
     d = decide(both, s, now, 0, baseline=12_800)
     assert d.verdict == "rollback" and "min_ratio 0.8 × baseline 12.8K" in d.reason
     assert decide(both, s, now, 0, baseline=None).verdict == "ok"  # only min applies
 
 
 def test_min_ratio_without_baseline_is_inconclusive():
-    cfg = PolicyConfig(min_ratio=0.8, window=3)
+    cfg = Cfg(min_ratio=0.8, window=3)
     s = mk([1] * 10)
     d = decide(cfg, s, now=at_end(s), phase_start=0, baseline=None)
     assert d.verdict == "inconclusive" and "no baseline" in d.reason
@@ -435,13 +440,13 @@ def test_decide_reads_only_the_tail():
             return list.__getitem__(self, i)
 
     s = Spy(mk([12_800] * 100_000))
-    cfg = PolicyConfig(min=10_000, window=5, failure_limit=3, initial_delay=5)
+    cfg = Cfg(min=10_000, window=5, failure_limit=3, initial_delay=5)
     assert decide(cfg, s, now=at_end(s), phase_start=0, baseline=None).verdict == "ok"
-    assert s.reads < 40  # ~log2(n) probes + window + failure_limit, not n
+    assert s.reads < 80  # 3 binary searches (phase start, delay end, judging start) + window + limit, not n
 
 
 def test_known_good():
-    cfg = PolicyConfig(min_ratio=0.8, window=3, good_after=100, initial_delay=20)
+    cfg = Cfg(min_ratio=0.8, window=3, good_after=100, initial_delay=20)
     s = mk([100] * 2 + [12_800] * 15)  # t 0..160; first counted at t=20
     assert known_good(cfg, s, now=100, phase_start=0, baseline=None) is None  # too early
     assert known_good(cfg, s[:12], now=200, phase_start=0, baseline=None) is None  # no sample reaches t=120 yet
@@ -449,23 +454,23 @@ def test_known_good():
     assert known_good(cfg, s, now=200, phase_start=0, baseline=12_800) == 12_800
     # a breaching window inside the span spoils it, even with a good tail
     bad = mk([12_800] * 5 + [4_000] * 3 + [12_800] * 10)
-    assert known_good(PolicyConfig(min=10_000, window=3, good_after=100), bad, 300, 0, None) is None
+    assert known_good(Cfg(min=10_000, window=3, good_after=100), bad, 300, 0, None) is None
     # ... but one outside the span (after it) does not
     late = mk([12_800] * 12 + [4_000] * 3)
-    assert known_good(PolicyConfig(min=10_000, window=3, good_after=100), late, 300, 0, None) == 12_800
+    assert known_good(Cfg(min=10_000, window=3, good_after=100), late, 300, 0, None) == 12_800
     # a gap longer than no_data_timeout inside the span
     gap = mk([12_800] * 3) + mk([12_800] * 10, t0=100)
-    cfg2 = PolicyConfig(min=10_000, window=3, good_after=100, no_data_timeout=60)
+    cfg2 = Cfg(min=10_000, window=3, good_after=100, no_data_timeout=60)
     assert known_good(cfg2, gap, 300, 0, None) is None
 
 
 def test_config_validation():
     with pytest.raises(ValueError):
-        PolicyConfig(window=0)
+        Cfg(window=0)
     with pytest.raises(ValueError):
-        PolicyConfig(min_ratio=0)
+        Cfg(min_ratio=0)
     with pytest.raises(ValueError):
-        PolicyConfig(initial_delay=-1)
+        Cfg(initial_delay=-1)
 
 
 def test_decision_is_frozen():

@@ -78,15 +78,27 @@ def warnings(spec: dict) -> list:
     out = []
     tp = spec.get("throughput")
     fix = "set rollback.wait_for_checkpoint: true, or a longer delay"
-    if tp and FailureSignal.LOW_THROUGHPUT in on and float(tp.get("initial_delay") or 0) < every:
-        out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s) is shorter than "
-                   f"train.checkpoint.every ({every:g}s): a low_throughput rollback can come before the "
+    earliest = _earliest_rollback(spec) if tp else None
+    if tp and FailureSignal.LOW_THROUGHPUT in on and earliest < every:
+        out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s, counted from the first "
+                   f"sample) with the time parts of window and failure_limit ({earliest:g}s in all) is shorter "
+                   f"than train.checkpoint.every ({every:g}s): a low_throughput rollback can come before the "
                    f"first checkpoint exists, and the resumed trainer would start from scratch; {fix}")
     idle = rb.get("gpu_idle")
     if idle and FailureSignal.GPU_IDLE in on and float(idle["for"]) < every:
         out.append(f"rollback.gpu_idle.for ({float(idle['for']):g}s) is shorter than train.checkpoint.every "
                    f"({every:g}s): a gpu_idle rollback can come before the first checkpoint exists; {fix}")
     return out
+
+
+def _earliest_rollback(spec: dict) -> float:
+    """Seconds after the first sample before the policy can roll back, as far as the
+    spec says in time: the initial delay (from the first sample) plus a time window
+    and a time failure_limit (counts of samples say nothing of time: 0)."""
+    from gpujob.agent.policy import PolicyConfig
+    tp = defaults.section(spec, "throughput")
+    cfg = PolicyConfig.from_spec({**tp, "min": tp.get("min") or 1.0})
+    return float(tp.get("initial_delay") or 0) + (cfg.window_s or 0.0) + (cfg.needed_span() or 0.0)
 
 
 def idle_gap(history: list, below: float, last_saved: float, save_time: float) -> tuple:

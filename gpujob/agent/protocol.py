@@ -78,6 +78,8 @@ class Verdict(_StrEnum):
     BREACH = "breach"
     ROLLBACK = "rollback"
     STALL = "stall"
+    SETTLING = "settling"  # judging waits until the rate has settled (a running average climbs)
+    PAUSED = "paused"      # a checkpoint save or a pause_pattern line (eval): samples left out
 
 
 class FailureSignal(_StrEnum):

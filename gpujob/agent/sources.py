@@ -17,6 +17,8 @@ import json
 import math
 import os
 
+from gpujob.agent.ranks import RankMerge, split_rank
+
 
 def field_value(record, field: str):
     """``record[field]`` for a dotted ``field``, as a finite float (None otherwise)."""
@@ -44,20 +46,36 @@ def parse_record(line: bytes, field: str, step_field: str | None):
 
 
 class LineSource:
-    def __init__(self, parse_tps, parse_step=None):
+    """Output lines through a parser; rank prefixes ([rank3]:) are taken off first and
+    per-rank values merged by ``throughput.ranks`` (agent/ranks.py)."""
+
+    def __init__(self, parse_tps, parse_step=None, ranks: str = "first"):
         self.parse_tps, self.parse_step = parse_tps, parse_step
+        self.merge = RankMerge(ranks)
 
     def from_line(self, line: str):
-        value = self.parse_tps(line)
+        rank, text = split_rank(line) if line[:1] in ("[", "r", " ") else (None, line)
+        value = self.parse_tps(text)
         if value is None:
             return None
-        return value, (self.parse_step(line) if self.parse_step else None)
+        return self.merge.add(rank, value, self.parse_step(text) if self.parse_step else None)
 
     def poll(self) -> list:
         return []
 
     def position(self):
         return None
+
+
+def line_source(tp: dict, scale: float = 1.0) -> LineSource:
+    """The output-line source of a (defaults-completed) throughput section: the
+    supervisor's and ``gpujob replay``'s, so both read lines alike (the regex's
+    ``step`` group included)."""
+    from gpujob.agent import throughput
+    return LineSource(throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
+                                             tokens_per_step=tp.get("tokens_per_step"), scale=scale),
+                      throughput.make_step_parser(tp["format"], pattern=tp.get("pattern")),
+                      tp.get("ranks") or "first")
 
 
 class FileSource:

@@ -68,10 +68,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 group = tp["scope_group"]
                 self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
             if tp["source"] == "stdout":
-                self.line_source = sources.LineSource(
-                    throughput.make_parser(tp["format"], pattern=tp["pattern"],
-                                           tokens_per_step=tp["tokens_per_step"], scale=self.tp_scale),
-                    throughput.make_step_parser(tp["format"]))
+                self.line_source = sources.line_source(tp, self.tp_scale)
             self.policy = policy.PolicyConfig.from_spec(tp)
             self.base_policy = self.policy
             self.start_timeout = tp["start_timeout"]

@@ -176,6 +176,9 @@ def make_parser(
     * ``regex``: ``pattern`` with a named group ``value`` and optional ``unit``
       (K/M/G, any case; another unit → None); commas stripped.  Here
       ``tokens_per_step``, when given, multiplies the value (a steps/s pattern).
+      A group ``ms`` or ``seconds`` instead of ``value`` is a time per step:
+      tok/s = tokens_per_step / time (nanoGPT's ``time 52.1ms``); ``unit``
+      still scales the result.
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown throughput format {fmt!r} (expected one of {', '.join(FORMATS)})")
@@ -232,27 +235,35 @@ def make_parser(
 
     else:  # regex
         if not pattern:
-            raise ValueError("fmt='regex' needs a pattern with a named group 'value'")
+            raise ValueError("fmt='regex' needs a pattern with a named group 'value', 'ms' or 'seconds'")
         try:
             rx = re.compile(pattern)
         except re.error as e:
             raise ValueError(f"bad throughput pattern {pattern!r}: {e}") from None
-        if "value" not in rx.groupindex:
-            raise ValueError(f"throughput pattern {pattern!r} has no named group 'value'")
+        group = next((g for g in ("value", "ms", "seconds") if g in rx.groupindex), None)
+        if group is None:
+            raise ValueError(f"throughput pattern {pattern!r} has no named group 'value', 'ms' or 'seconds'")
+        if group != "value" and tokens_per_step is None:
+            raise ValueError(f"a pattern with (?P<{group}>...) needs tokens_per_step (tok/s = tokens / time)")
         has_unit = "unit" in rx.groupindex
+        per = {"ms": 1e-3, "seconds": 1.0}.get(group)  # time per step, in seconds per unit
         mult = scale * (tokens_per_step if tokens_per_step is not None else 1.0)
 
         def parse(line: str) -> Optional[float]:
             m = rx.search(strip_ansi(line))
-            if not m or m.group("value") is None:
+            if not m or m.group(group) is None:
                 return None
             unit = ((m.group("unit") or "") if has_unit else "").strip().lower()
             if unit not in _SUFFIX:
                 return None
             try:
-                value = _num(m.group("value").strip())
+                value = _num(m.group(group).strip())
             except ValueError:
                 return None
+            if per is not None:  # time per step: tokens_per_step / seconds
+                if value <= 0:
+                    return None
+                value = 1.0 / (value * per)
             return _finite(value * _SUFFIX[unit] * mult)
 
     return parse

@@ -21,6 +21,7 @@ from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.proc import Phase
 from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.trim import read_jsonl_from
+from gpujob.agent.watchpause import PauseWatch
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -108,7 +109,7 @@ def gpu_utilisation(gpus: list) -> float | None:
     return max(seen) if seen and len(seen) == len(gpus) else None
 
 
-class PhaseWatch:
+class PhaseWatch(PauseWatch):
     """The supervisor's half that runs and watches phase commands (a mixin: it
     uses the supervisor's journal, relay, policy and requests)."""
 
@@ -225,6 +226,7 @@ class PhaseWatch:
                 run.last_check = t
                 outcome = self.poll_source(run, t) or self.check(run, t)
                 self.keep_small(run, t)
+                self.trace_writer().tick(t)
             outcome = self.gate(run, outcome, t)
             if outcome is not None or (not chunk and not proc.running()):
                 break
@@ -247,10 +249,10 @@ class PhaseWatch:
         self.keep_small(run, now())
         self.summarise(run, now())
         if run.samples and outcome is None:  # the last word on this run's throughput
-            self.publish(run.samples, policy.decide(self.policy, run.samples, now(), run.start,
-                                                        run.baseline), run.baseline)
+            self.publish(run.samples, self.decide_now(run, now()), run.baseline)
         code = proc.returncode
         self.close_checkpoints(run, code)
+        self.trace_end(code, now())
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
         self.end_phase()
         if outcome is not None:
@@ -273,6 +275,7 @@ class PhaseWatch:
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
         run = _Run(self, logname, profile, timeout, watch_tps, start)
         run.cold_cache = bool((adopt or {}).get("cold_cache"))
+        self.pause_setup(run)
         run.source = self.make_source(profile, adopt) if watch_tps else None
         if run.phase == "train":
             run.ckwatch = self.checkpoint_watch(profile, adopt)
@@ -301,6 +304,7 @@ class PhaseWatch:
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""
         run.tail.append(line)
+        self.pause_line(run, line, t)
         hit = signals.scan_line(line, self.signatures)
         if hit:
             run.hits.append(line)
@@ -324,7 +328,7 @@ class PhaseWatch:
         run.samples.append(policy.Sample(t, value, step))
         if len(run.samples) > 50000:
             del run.samples[:25000]
-        d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
+        d = self.decide_now(run, t)
         d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/verdicts.py)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.evidence.get("median"), profile=run.profile)
@@ -333,6 +337,7 @@ class PhaseWatch:
         run.minute.append(value)
         if d.verdict != run.last_verdict or d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
             self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+            self.trace_decision(d, t)
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
             self.publish(run.samples, d, run.baseline)
@@ -347,7 +352,7 @@ class PhaseWatch:
         if d.verdict == Verdict.ROLLBACK:
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
         if not run.good_known:
-            base = policy.known_good(self.policy, run.samples, t, run.start, run.baseline)
+            base = self.known_good_now(run, t)
             if base is not None and not self.refuse_promotion(run):
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
@@ -376,9 +381,11 @@ class PhaseWatch:
                            f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:], "hung": True})
         if run.timeout and t - run.start > run.timeout:
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
+        first = run.samples[0].t if run.samples else run.start
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
-                t >= run.start + (self.policy.initial_delay if self.watching else 0):
-            # start-up (imports, compile) idles the GPUs: watched from the first sample on
+                t >= first + (self.policy.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
+            # start-up (imports, compile) idles the GPUs: watched from the first sample (plus the
+            # initial delay, which counts from it) on; a pause (save, eval) is not idleness
             run.last_gpu = t
             outcome = self.check_gpu_idle(run, t)
             if outcome:
@@ -389,7 +396,7 @@ class PhaseWatch:
                 self.journal.event("decision", verdict=name, reason=reason, evidence=ev)
                 return Outcome(OutcomeKind.SIGNAL, name, reason, ev)
         elif run.watch_tps:
-            d = policy.decide(self.policy, run.samples, t, run.start, run.baseline)
+            d = self.decide_now(run, t)
             if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
                 return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, dict(d.evidence, hung=True))
@@ -405,8 +412,10 @@ class PhaseWatch:
         self.journal.event("gpu_util", group=cfg["group"], max=util)
         ck = self.spec["train"].get("checkpoint")
         saved = checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
         idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
-                                                  saved[0][1] if saved else 0.0, run.save_time)
+                                                  max(saved[0][1] if saved else 0.0, min(last_pause, t)),
+                                                  run.save_time)
         if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
             return None
         return Outcome(OutcomeKind.SIGNAL, FailureSignal.GPU_IDLE,

@@ -187,11 +187,22 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          tail: Optional[int] = typer.Option(None, "--tail", "-n", help="start from the last N lines"),
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          node: Optional[int] = typer.Option(None, "--node", help="a multi-node job: only node I's log"),
+         trace: bool = typer.Option(False, "--trace", help="export the job's trace (raw output lines and "
+                                    "checkpoint events, for gpujob replay) to -o FILE"),
+         output: Optional[Path] = typer.Option(None, "--output", "-o", help="with --trace: the file to write"),
          as_json: bool = typer.Option(False, "--json", help="JSON Lines: each record of --events/--samples "
                                       "as written, else {\"line\": TEXT} a log line")):
     """Print a job's log; with -f follow it, surviving dropped connections."""
     if phase not in (None, "warmup", "train", "prepare"):
         raise InputError(f"--phase: expected warmup, train or prepare, got {phase!r}")
+    if trace or output is not None:
+        if not (trace and output is not None):
+            raise InputError("--trace needs -o FILE (and -o is only for --trace)")
+        from gpujob.cli.replay_cmds import fetch_trace
+        from gpujob.agent.journal import write_bytes
+        job_id, t = job_target(job, target)
+        write_bytes(str(output), fetch_trace(job_id, t))  # an atomic replace
+        return
     from gpujob.cli import fleet_cmds
     fleet_id, labels = fleet_cmds.nodes_of(job, target)
     if labels:  # a multi-node job: every node's log, [node i] before each line (or --node i)

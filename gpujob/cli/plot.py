@@ -96,6 +96,10 @@ def legend(s: dict) -> list[str]:
         lines.append(f"· known-good {name}: {fmt_rate(v)} tok/s")
     for i, rb in enumerate(s["rollbacks"], 1):
         lines.append(f"{i if i < 10 else '+'} {plotdata.rollback_label(rb)} at {d(rb['t'])}")
+    if s.get("pauses"):
+        total = sum(p["end"] - p["start"] for p in s["pauses"])
+        lines.append(f"‖ {len(s['pauses'])} pauses (checkpoint saves, pause_pattern), {d(total)} in all: "
+                     "their samples were not judged")
     if not s["points"] and not s["minutes"]:
         lines.append("no throughput samples yet")
     return lines

@@ -115,6 +115,7 @@ def status_view(st: dict, target: str) -> dict:
         "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
         "consecutive_breaches": window.get("consecutive_breaches"),
         "failure_limit": window.get("failure_limit"), "verdict": st.get("verdict"),
+        "pauses": st.get("pauses") or [],  # [start, end] of the latest pauses (saves, evals)
         "baseline": st.get("baseline"), "trend": st.get("tps_recent") or [],
         "sparkline": sparkline(st.get("tps_recent") or [], 40) if st.get("tps_recent") else "",
         "uptime_s": uptime(st), "exit": exit_info(st), "reason": st.get("reason"),

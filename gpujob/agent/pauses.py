@@ -1,0 +1,98 @@
+"""Pauses: stretches of a run whose samples say nothing of its speed (stdlib only,
+pure: no I/O, callers pass the time).
+
+A checkpoint save (a file under ``train.checkpoint.path`` new or changing) or a
+line matching ``throughput.pause_pattern`` (an eval, a data reload) opens a pause;
+it lasts until ``pause_tail`` after the last such event (the rate's recovery:
+tqdm's smoothed rate climbs back for a second or so after a save). A pause also
+reaches ``LEAD`` seconds back before its first event: the checkpoint watcher sees
+a save up to about a poll late, and the samples printed meanwhile are the save's.
+The policy leaves samples inside pauses out of every window and counts no pause
+time in any duration (:class:`Clock`).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+LEAD = 2.0  # seconds before a pause's first event that still belong to it
+KEEP = 2000  # pauses kept per run (the oldest dropped first)
+
+
+class Pauses:
+    """The pauses of one run, as merged ``[start, end]`` intervals in time order."""
+
+    def __init__(self, tail: float, lead: float = LEAD):
+        self.tail, self.lead = float(tail), float(lead)
+        self.intervals: List[List] = []  # [start, end, why]
+        self.count = 0  # pauses opened (a merged extension does not count)
+
+    def mark(self, t: float, why: str) -> Optional[List]:
+        """An event at ``t`` that pauses judging; returns the interval when it opened a
+        new pause (None when it extended the current one)."""
+        if self.intervals and t - self.lead <= self.intervals[-1][1]:
+            last = self.intervals[-1]
+            last[1] = max(last[1], t + self.tail)
+            return None
+        iv = [t - self.lead, t + self.tail, why]
+        self.intervals.append(iv)
+        self.count += 1
+        del self.intervals[:-KEEP]
+        return iv
+
+    def on_ckpt_events(self, events: Sequence[dict]) -> List[List]:
+        """Checkpoint file events (CONTRACT: {t, ckpt, op, size}): ``new`` and ``changed``
+        are a save in progress; ``gone`` (an old checkpoint rotated away) is not."""
+        opened = []
+        for ev in events:
+            if ev.get("op") in ("new", "changed") and isinstance(ev.get("t"), (int, float)):
+                got = self.mark(float(ev["t"]), f"checkpoint {ev.get('ckpt')}")
+                if got is not None:
+                    opened.append(got)
+        return opened
+
+    def spans(self) -> List[Tuple[float, float]]:
+        return [(a, b) for a, b, _ in self.intervals]
+
+    def active_at(self, t: float) -> Optional[List]:
+        return self.intervals[-1] if self.intervals and self.intervals[-1][0] <= t < self.intervals[-1][1] else None
+
+    def paused_seconds(self, since: float, until: float) -> float:
+        """Paused time inside ``[since, until]`` (gpu_idle does not count it as idle)."""
+        return sum(max(0.0, min(b, until) - max(a, since)) for a, b, _ in self.intervals)
+
+
+class Clock:
+    """Active time: wall time minus the pauses (merged, sorted ``(start, end)`` pairs,
+    from agent/pauses.py). ``tau(t)`` is ``t`` less the paused seconds before it."""
+
+    def __init__(self, pauses: Sequence[Tuple[float, float]] = ()):
+        self.pauses = list(pauses)
+        self.before: List[float] = []  # paused seconds before each pause's start
+        acc = 0.0
+        for a, b in self.pauses:
+            self.before.append(acc)
+            acc += b - a
+
+    def _index(self, t: float) -> int:
+        lo, hi = 0, len(self.pauses)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.pauses[mid][0] <= t:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo - 1  # the last pause starting at or before t
+
+    def paused(self, t: float) -> Optional[Tuple[float, float]]:
+        i = self._index(t)
+        return self.pauses[i] if i >= 0 and t < self.pauses[i][1] else None
+
+    def tau(self, t: float) -> float:
+        i = self._index(t)
+        if i < 0:
+            return t
+        a, b = self.pauses[i]
+        return t - self.before[i] - (min(t, b) - a)
+
+

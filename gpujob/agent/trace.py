@@ -1,0 +1,103 @@
+"""The per-run trace (CONTRACT's trace format v1, stdlib only): timestamped raw output
+lines, checkpoint file events, run starts and ends and the live decisions, as gzip
+JSON Lines in the job dir (``trace.jsonl.gz``). ``gpujob replay`` reads it back.
+
+Cheap to write: records go into a gzip stream in memory-buffered blocks, flushed
+(a gzip sync point: a reader sees every record written) at most once per
+``FLUSH`` seconds from the watch loop. Bounded like the logs: past ``limit``
+compressed bytes the file becomes ``trace.1.jsonl.gz`` (the older one dropped)
+and a new one starts with its own header; readers read both, oldest first.
+A supervisor that dies leaves at most its last second unflushed; a truncated
+last block or line is tolerated by :func:`read_records`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+
+NAME, OLD = "trace.jsonl.gz", "trace.1.jsonl.gz"
+FLUSH = 1.0
+
+
+class TraceWriter:
+    def __init__(self, directory: str, header: dict, limit: int = 64 << 20):
+        self.dir, self.header, self.limit = directory, header, max(1 << 16, int(limit))
+        self.raw = self.gz = None
+        self.last_flush = 0.0
+
+    def _open(self) -> None:
+        path = os.path.join(self.dir, NAME)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
+        self.raw = os.fdopen(fd, "ab")
+        self.gz = gzip.GzipFile(fileobj=self.raw, mode="ab", compresslevel=5)
+        if os.fstat(self.raw.fileno()).st_size == 0:
+            self._put({"trace": 1, **self.header})
+
+    def _put(self, rec: dict) -> None:
+        self.gz.write((json.dumps(rec, separators=(",", ":")) + "\n").encode("utf-8", "replace"))
+
+    def write(self, rec: dict) -> None:
+        if self.gz is None:
+            self._open()
+        self._put(rec)
+
+    def out(self, t: float, line: str) -> None:
+        self.write({"t": round(t, 3), "out": line})
+
+    def tick(self, t: float) -> None:
+        """From the watch loop: a sync flush at most every FLUSH seconds; rotation."""
+        if self.gz is None or t - self.last_flush < FLUSH:
+            return
+        self.last_flush = t
+        self.gz.flush(zlib.Z_SYNC_FLUSH)
+        self.raw.flush()
+        if self.raw.tell() > self.limit:
+            self.close()
+            os.replace(os.path.join(self.dir, NAME), os.path.join(self.dir, OLD))
+
+    def close(self) -> None:
+        if self.gz is not None:
+            self.gz.close()
+            self.raw.close()
+            self.gz = self.raw = None
+
+
+def read_records(path: str) -> list:
+    """Every record of a trace file (header included); a cut last block or line is
+    dropped. Several gzip members (one per writer) read as one stream."""
+    out = []
+    with open(path, "rb") as f:
+        data = f.read()
+    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+    text = b""
+    while data:
+        try:
+            text += d.decompress(data)
+        except zlib.error:
+            break
+        data = d.unused_data
+        if d.eof and data:
+            d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        else:
+            break
+    for line in text.split(b"\n"):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def job_records(directory: str) -> list:
+    """The records of a job dir's trace (the rotated older file first)."""
+    recs = []
+    for name in (OLD, NAME):
+        p = os.path.join(directory, name)
+        if os.path.exists(p):
+            recs += read_records(p)
+    return recs

@@ -1,0 +1,86 @@
+"""``gpujob replay SOURCE`` (the pure policy over a recorded run: agent/replay.py) and
+the trace fetch behind it and ``gpujob logs JOB --trace -o FILE``."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gpujob.cli import render
+from gpujob.cli.app import app, err, job_target, out
+from gpujob.errors import InputError
+
+
+def fetch_file(job_id: str, t, name: str) -> bytes:
+    """A file of the job's dir, fetched as logs are (the agent's tail, no follow)."""
+    from gpujob import jobs
+    buf = bytearray()
+    jobs.follow_log(t, job_id, file=name, follow=False, write=buf.extend,
+                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    return bytes(buf)
+
+
+def fetch_trace(job_id: str, t) -> bytes:
+    """The job's trace: the rotated older part (if any) then the current one."""
+    from gpujob.agent import trace
+    from gpujob.errors import GpujobError
+    data = b""
+    for name in (trace.OLD, trace.NAME):
+        try:
+            data += fetch_file(job_id, t, name)
+        except GpujobError:
+            if name == trace.NAME and not data:
+                raise
+    return data
+
+
+def _spec_dict(spec: Optional[Path]) -> Optional[dict]:
+    if spec is None:
+        return None
+    from gpujob.spec import load_spec
+    return load_spec(spec).to_agent_dict()
+
+
+@app.command()
+def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a trace file (*.jsonl.gz) "
+                                        "or a samples.jsonl ({t, value, [step], [profile]} a line)"),
+           spec: Optional[Path] = typer.Option(None, "--spec", help="judge with this spec's throughput "
+                                               "section (default: the job's own)"),
+           profile: Optional[str] = typer.Option(None, "--profile", "-p", help="judge as this profile"),
+           baseline: Optional[float] = typer.Option(None, "--baseline", help="a baseline (tok/s) to judge "
+                                                    "min_ratio against"),
+           target: Optional[str] = typer.Option(None, "--target", "-t"),
+           as_json: bool = typer.Option(False, "--json", help="JSON Lines: each decision, then "
+                                        "{\"summary\": {...}}")):
+    """Run the rollback policy offline over a recorded run and print each decision it takes."""
+    from gpujob.agent import replay as rp
+    spec_d = _spec_dict(spec)
+    path = Path(source)
+    if path.is_file():
+        if spec_d is None:
+            raise InputError("--spec: needed to replay a file (a job id brings its own spec)")
+        head = path.read_bytes()[:2]
+        fn = rp.replay_trace if head == b"\x1f\x8b" else rp.replay_samples
+        decisions, summary = fn(str(path), spec_d, profile, baseline)
+    else:
+        job_id, t = job_target(source, target)
+        if spec_d is None:
+            spec_d = json.loads(fetch_file(job_id, t, "job.json"))["spec"]
+        with tempfile.NamedTemporaryFile(suffix=".jsonl.gz") as f:
+            f.write(fetch_trace(job_id, t))
+            f.flush()
+            decisions, summary = rp.replay_trace(f.name, spec_d, profile, baseline)
+    for d in decisions:
+        if as_json:
+            out.print(render.lit(json.dumps(d, sort_keys=True)), soft_wrap=True)
+        else:
+            t_txt = f"+{d['t'] - summary['per_segment'][d['segment']]['start']:.1f}s" if d.get("t") else ""
+            out.print(render.lit(f"[{d['segment']}] {t_txt:>9} {d['verdict']:<12} {d['reason']}"), soft_wrap=True)
+    if as_json:
+        out.print(render.lit(json.dumps({"summary": summary}, sort_keys=True)), soft_wrap=True)
+    else:
+        out.print(render.lit(rp.summary_line(summary)))

@@ -1,0 +1,135 @@
+"""Issue 22, items 1-2: windows and limits in time, delays from the first sample, the
+settle rule, pauses (checkpoint saves, pause_pattern) left out of windows."""
+
+from gpujob.agent.pauses import Clock, Pauses
+from gpujob.agent.policy import PolicyConfig, Sample, decide, known_good
+
+REAL = dict(min_ratio=0.8, window="30s", failure_limit="2m", min_samples=3)  # docs/rollback.md's advice
+
+
+def run(cfg, samples, baseline, pauses=None, phase_start=None):
+    """Decide after every sample, as the supervisor does; the verdicts in order."""
+    out, memo = [], {}
+    start = samples[0].t if phase_start is None else phase_start
+    for i in range(len(samples)):
+        spans = pauses.spans() if pauses is not None else ()
+        out.append(decide(cfg, samples[:i + 1], samples[i].t, start, baseline, spans, memo))
+    return out
+
+
+def series(values, hz=10.0, t0=1000.0):
+    return [Sample(t0 + i / hz, float(v), i) for i, v in enumerate(values)]
+
+
+def test_hf_save_dip_with_a_checkpoint_event_is_a_pause_not_a_breach():
+    # 811K steady at 10 Hz, a save: 360K for ~1 s, back to 802K; window of 10 samples, limit 3
+    vals = [811e3] * 100 + [360e3] * 10 + [802e3] * 50
+    s = series(vals)
+    cfg = PolicyConfig(min_ratio=0.8, window=10, failure_limit=3)
+    p = Pauses(tail=5.0)
+    verdicts = []
+    memo = {}
+    for i, smp in enumerate(s):
+        if i == 100:  # the watcher sees the checkpoint directory appear (up to a poll late)
+            p.on_ckpt_events([{"t": smp.t + 0.5, "ckpt": "out/checkpoint-100", "op": "new", "size": 10}])
+        verdicts.append(decide(cfg, s[:i + 1], smp.t, s[0].t, 811e3, p.spans(), memo).verdict)
+    assert "rollback" not in verdicts and "breach" not in verdicts
+    assert "paused" in verdicts and verdicts[-1] == "ok"
+    # today's rule (no pause information) breaches and rolls back inside the dip
+    assert "rollback" in [d.verdict for d in run(PolicyConfig(min_ratio=0.8, window=10, failure_limit=3,
+                                                                settle_samples=0), s, 811e3)]
+
+
+def test_resumed_running_average_climb_is_settling_not_a_breach():
+    # a resumed HF bar: ~10 s of start-up, then its running average climbs 16.8 -> 55 it/s in 15 redraws
+    climb = [16.8 + (55 - 16.8) * (1 - 0.75 ** k) for k in range(15)]
+    s = [Sample(1010.0 + 0.5 * k, v * 1000) for k, v in enumerate(climb + [55.0] * 40)]
+    cfg = PolicyConfig(min_ratio=0.8, window=5, failure_limit=3, initial_delay=0)
+    verdicts = [d.verdict for d in run(cfg, s, 55e3, phase_start=1000.0)]
+    assert "breach" not in verdicts and "rollback" not in verdicts
+    assert verdicts[0] == "settling" and verdicts[-1] == "ok"
+    # without the settle rule the climb is judged: a rollback of a good profile
+    old = PolicyConfig(min_ratio=0.8, window=5, failure_limit=3, settle_samples=0)
+    assert "rollback" in [d.verdict for d in run(old, s, 55e3, phase_start=1000.0)]
+
+
+def test_initial_delay_counts_from_the_first_sample():
+    cfg = PolicyConfig(min=10.0, window=3, failure_limit=1, initial_delay=20, settle_samples=0)
+    s = [Sample(100.0 + k, 50.0) for k in range(30)]  # first sample 100 s after the phase start
+    assert decide(cfg, s[:15], s[14].t, 0.0, None).verdict == "warming_up"  # 14 s after the first sample
+    assert decide(cfg, s, s[-1].t, 0.0, None).verdict == "ok"
+
+
+def test_true_slowdown_caught_with_its_detection_time():
+    s = series([800e3] * 600 + [300e3] * 3000, hz=10)  # 60 s good, then 3x slower
+    cfg = PolicyConfig(**REAL)
+    memo, t_roll = {}, None
+    for i in range(len(s)):
+        d = decide(cfg, s[:i + 1], s[i].t, s[0].t, 800e3, (), memo)
+        if d.verdict == "rollback":
+            t_roll = s[i].t
+            break
+    slow_start = s[600].t
+    assert t_roll is not None
+    took = t_roll - slow_start
+    assert 120 <= took <= 140, took  # half a window for the median to flip + the 2m failure_limit
+    assert "breaching for 120s" in d.reason
+
+
+def test_time_window_with_too_few_samples_is_inconclusive():
+    cfg = PolicyConfig(min=10.0, window="60s", failure_limit=1, min_samples=3, settle_samples=0)
+    s = [Sample(50.0 * k, 5.0) for k in range(4)]  # one line every 50 s: 2 in a 60 s window
+    d = decide(cfg, s, s[-1].t, 0.0, None)
+    assert d.verdict == "inconclusive" and "min_samples" in d.reason
+    ok = PolicyConfig(min=10.0, window="120s", failure_limit=1, min_samples=3, settle_samples=0)
+    assert decide(ok, s, s[-1].t, 0.0, None).verdict == "rollback"
+
+
+def test_failure_limit_in_time_and_pauses_do_not_count():
+    cfg = PolicyConfig(min=10.0, window="10s", failure_limit="30s", settle_samples=0)
+    s = [Sample(float(k), 20.0) for k in range(20)] + [Sample(float(k), 5.0) for k in range(20, 80)]
+    verdicts = {d.verdict for d in run(cfg, s[:50], None)}
+    assert "rollback" not in verdicts and "breach" in verdicts  # 30 s of low samples: the median flips at ~25 s: not 30 s of breach
+    assert run(cfg, s, None)[-1].verdict == "rollback"
+    # the same stretch with a 30 s pause inside: pause time is no breach time
+    p = Pauses(tail=0.0, lead=0.0)
+    p.mark(40.0, "eval")
+    p.intervals[-1][1] = 70.0
+    assert decide(cfg, s[:75], 74.0, 0.0, None, p.spans()).verdict == "breach"
+
+
+def test_paused_verdict_and_no_stall_during_a_pause():
+    cfg = PolicyConfig(min=10.0, window=3, failure_limit=1, no_data_timeout=30, settle_samples=0)
+    s = [Sample(float(k), 20.0) for k in range(10)]
+    p = Pauses(tail=5.0)
+    p.mark(10.0, "eval")
+    assert decide(cfg, s, 12.0, 0.0, None, p.spans()).verdict == "paused"
+    for t in range(11, 300, 3):
+        p.mark(float(t), "eval")  # a long eval prints progress lines matching pause_pattern
+    assert decide(cfg, s, 300.0, 0.0, None, p.spans()).verdict == "paused"
+    assert decide(cfg, s, 320.0, 0.0, None, p.spans()).verdict == "ok"  # 15 s after it: no stall
+    assert decide(cfg, s, 340.0, 0.0, None, p.spans()).verdict == "stall"
+
+
+def test_clock_active_time():
+    c = Clock([(10.0, 20.0), (30.0, 35.0)])
+    assert (c.tau(5), c.tau(15), c.tau(25), c.tau(40)) == (5, 10, 15, 25)
+    assert c.paused(12) == (10.0, 20.0) and c.paused(20) is None
+
+
+def test_known_good_leaves_pauses_out():
+    cfg = PolicyConfig(min=10.0, window=3, failure_limit=1, good_after=20, settle_samples=0)
+    s = [Sample(float(k), 20.0 if not 10 <= k < 15 else 1.0) for k in range(40)]
+    assert known_good(cfg, s, 39.0, 0.0, None) is None  # the dip breaches a window
+    p = Pauses(tail=0.0, lead=0.0)
+    p.mark(9.5, "checkpoint")
+    p.intervals[-1][1] = 15.5
+    assert known_good(cfg, s, 39.0, 0.0, None, p.spans()) == 20.0
+    assert known_good(cfg, s[:25], 24.0, 0.0, None, p.spans()) is None  # 24 s wall, 18 s active
+
+
+def test_settle_timeout_judges_a_noisy_rate():
+    cfg = PolicyConfig(min=100.0, window=3, failure_limit=2, settle_timeout=30)
+    s = [Sample(float(k), 10.0 if k % 2 else 30.0) for k in range(60)]  # never within 10%
+    verdicts = [d.verdict for d in run(cfg, s, None)]
+    assert verdicts[20] == "settling" and verdicts[-1] == "rollback"
