@@ -30,3 +30,20 @@ def test_the_check_sees_a_code_change_but_not_a_comment(tmp_path, monkeypatch):
     assert measured.stale(rec) == ["gpujob/agent/m.py"]
     (tmp_path / "gpujob" / "agent" / "n.py").write_text("y = 1\n")
     assert "gpujob/agent/n.py" in measured.stale(rec)
+
+
+def test_version_is_answered_without_the_full_cli():
+    """`gpujob --version` (the console script's entry) prints the full CLI's line without
+    importing typer or rich: start-up is the whole of its cost (issue 24, bench's
+    startup_version figure)."""
+    import subprocess
+    import sys
+    code = ("import sys; sys.argv = ['gpujob', '--version']\n"
+            "from gpujob.conn import entry\n"
+            "try:\n    entry.main()\nexcept SystemExit as e:\n    rc = e.code\n"
+            "sys.stderr.write(repr((rc, 'typer' in sys.modules, 'rich' in sys.modules)))")
+    fast = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    full = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert fast.stderr == "(0, False, False)"
+    assert fast.stdout == full.stdout and full.returncode == 0
