@@ -11,7 +11,10 @@ Figures (``ours`` / ``baseline``, repetitions interleaved, medians):
 
 commands     N × ``Target.run(["true"])`` over one ``Targets`` connection /
              N × a new ``ssh … pct exec 200 -- true``; milliseconds per command
-exec_cli     one whole ``gpujob exec tb/ct200 -- true`` process / one ``ssh … pct exec``
+exec_cli     one whole ``gpujob exec tb/ct200 -- true`` process as users run it (the installed
+             console script, the kept connection on: warm, and cold after ``gpujob
+             disconnect``; and with GPUJOB_NO_DAEMON=1) / one ``ssh … pct exec``;
+             ``gpujob --version`` and ``--help`` start-up beside them
 latency      a job whose trainer prints time-stamped lines at 1000 lines/s;
              ``jobs.follow_log`` (what ``gpujob logs -f`` runs) streams them;
              latency = receive time − the time stamp in the line (one clock)
@@ -82,7 +85,8 @@ class Sizes:
 FULL = Sizes(reps=5, commands=50, rate=1000, seconds=60, bulk_mb=200, status_reps=7)
 QUICK = Sizes(reps=1, commands=10, rate=1000, seconds=3, bulk_mb=8, status_reps=2)
 
-ORDER = ("commands", "exec_cli", "latency_p50", "latency_p99", "bulk", "rollback", "rollback_uvcache",
+ORDER = ("commands", "exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help",
+         "latency_p50", "latency_p99", "bulk", "rollback", "rollback_uvcache",
          "resubmit",
          "supervisor_cpu", "supervisor_rss", "status4")
 
@@ -157,6 +161,8 @@ class Bench:
             self.env = dict(os.environ, GPUJOB_HOSTS=str(self.hosts),
                             XDG_STATE_HOME=str(self.tmp / "state"), COLUMNS="200")
             self.env.pop("GPUJOB_TESTBED", None)
+            self.runtime = self.tmp / "run"  # the kept connection's daemon: this run's own
+            self.runtime.mkdir(mode=0o700)
             self.targets = Targets(load_inventory(self.hosts))
             self.target = self.targets.open("tb/ct200")
         except BaseException:
@@ -165,6 +171,11 @@ class Bench:
         return self
 
     def __exit__(self, *exc) -> None:
+        if getattr(self, "runtime", None) is not None and self.runtime.exists():
+            try:  # end the daemon this run started
+                self.user_cli(["disconnect"], check=False)
+            except Exception:  # noqa: BLE001 - leaving anyway
+                pass
         if self.targets is not None:
             self.targets.close()
         if self.server is not None:
@@ -340,20 +351,61 @@ class Bench:
             "lxc_attach_true": ms(lambda: self.bed.container_exec("true")),
         }
 
+    def script(self) -> list[str]:
+        """The installed console script (what users run: it takes the kept connection)."""
+        exe = Path(sys.executable).parent / "gpujob"
+        return [str(exe)] if exe.exists() else [sys.executable, "-c",
+                                                 "import sys; from gpujob.conn.entry import main; sys.exit(main())"]
+
+    def user_cli(self, args: list[str], *, daemon: bool = True, check: bool = True) -> float:
+        """Seconds one ``gpujob ARGS`` took as users run it: the console script, the kept
+        connection on (its daemon under this run's private XDG_RUNTIME_DIR), or off."""
+        env = dict(self.env, XDG_RUNTIME_DIR=str(self.runtime))
+        env.pop("GPUJOB_NO_DAEMON", None)
+        if not daemon:
+            env["GPUJOB_NO_DAEMON"] = "1"
+        t0 = time.perf_counter()
+        p = subprocess.run(self.script() + args, env=env, cwd=str(REPO), capture_output=True, timeout=300)
+        took = time.perf_counter() - t0
+        if check and p.returncode != 0:
+            raise RuntimeError(f"gpujob {' '.join(args)} exited {p.returncode}: "
+                               f"{p.stderr.decode(errors='replace')[-2000:]}")
+        return took
+
     def fig_exec_cli(self) -> None:
-        ours, base = [], []
+        """``gpujob exec`` in the default configuration (console script, kept connection,
+        warm and cold) and without the daemon, each against one ``ssh … pct exec``; and
+        the CLI's start-up (``--version``, ``--help``)."""
+        argv = ["exec", "tb/ct200", "--", "true"]
+        runs: dict = {"warm": [], "cold": [], "no_daemon": [], "ssh": [], "version": [], "help": []}
+        self.user_cli(argv)  # the daemon is up and its connection open
         for _ in range(self.sizes.reps):
-            t0 = time.perf_counter()
-            self.cli(["exec", "tb/ct200", "--", "true"])
-            ours.append(time.perf_counter() - t0)
+            runs["warm"].append(self.user_cli(argv))
             t0 = time.perf_counter()
             subprocess.run(self.ssh_pct("true"), stdin=subprocess.DEVNULL, check=True)
-            base.append(time.perf_counter() - t0)
-        o, b = median(ours), median(base)
-        self.add(Figure("exec_cli", "one `gpujob exec tb/ct200 -- true` (whole CLI)", "ms", "—",
-                        o * 1000, b * 1000, b / o, None, {"ours_s": ours, "baseline_s": base},
-                        "a fresh CLI process (imports, inventory, SSH handshake, one pct exec) "
-                        "vs one `ssh … pct exec 200 -- true`"))
+            runs["ssh"].append(time.perf_counter() - t0)
+            self.user_cli(["disconnect"], check=False)
+            runs["cold"].append(self.user_cli(argv))
+            runs["no_daemon"].append(self.user_cli(argv, daemon=False))
+            runs["version"].append(self.user_cli(["--version"]))
+            runs["help"].append(self.user_cli(["--help"]))
+        m = {k: median(v) for k, v in runs.items()}
+        b = m["ssh"]
+        common = {f"{k}_s": v for k, v in runs.items()}
+        for key, what, mode, target, ok in (
+                ("exec_cli", "warm, kept connection (default)", "warm", "≥ 2× faster", lambda r: r >= 2),
+                ("exec_cli_cold", "cold: first call, daemon started", "cold", "within 1.5× (≥ 0.67×)",
+                 lambda r: r >= 1 / 1.5),
+                ("exec_cli_nodaemon", "GPUJOB_NO_DAEMON=1", "no_daemon", "—", None)):
+            r = b / m[mode]
+            self.add(Figure(key, f"one `gpujob exec tb/ct200 -- true`, {what}", "ms", target,
+                            m[mode] * 1000, b * 1000, r, ok(r) if ok else None, common,
+                            "the installed console script as a fresh process, against one "
+                            "`ssh … pct exec 200 -- true`"))
+        self.add(Figure("startup_version", "`gpujob --version` (console script)", "ms", "≤ 150 ms",
+                        m["version"] * 1000, None, None, m["version"] <= 0.150, common))
+        self.add(Figure("startup_help", "`gpujob --help` (console script)", "ms", "≤ 400 ms",
+                        m["help"] * 1000, None, None, m["help"] <= 0.400, common))
 
     def fig_resubmit(self) -> None:
         spec = self.write_spec("resubmit.yaml", profile="fast", trainer="--lines 40 --rate 25")
@@ -593,13 +645,17 @@ class Bench:
     # ---- the run -----------------------------------------------------------------
     def run(self, only: set | None = None) -> list[Figure]:
         names = {"commands": "container commands", "exec_cli": "gpujob exec (whole CLI)",
+                 "exec_cli_cold": "gpujob exec, cold", "exec_cli_nodaemon": "gpujob exec, no daemon",
+                 "startup_version": "gpujob --version", "startup_help": "gpujob --help",
                  "latency_p50": "logs -f latency p50", "latency_p99": "logs -f latency p99",
                  "bulk": "logs -f bulk", "rollback": "rollback", "rollback_uvcache": "rollback (uv cache)",
                  "resubmit": "resubmit",
                  "supervisor_cpu": "supervisor CPU", "supervisor_rss": "supervisor RSS",
                  "status4": "gpujob ps over 4 hosts"}
         want = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
-        steps = [(("commands",), self.fig_commands), (("exec_cli",), self.fig_exec_cli),
+        steps = [(("commands",), self.fig_commands),
+                 (("exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help"),
+                  self.fig_exec_cli),
                  (("resubmit",), self.fig_resubmit)]
         for keys, fn in steps:
             if want(*keys):

@@ -170,6 +170,33 @@ def test_relay_copies_every_byte_once_across_a_death_at_any_point(tmp_path):
         assert (d / "job.log").read_bytes() == src_bytes, cut
 
 
+def test_relay_cursor_is_rewritten_in_place_and_read_back_whole(tmp_path):
+    """The cursor is one fixed-size pwrite into relay.json kept open (no temp file and
+    rename per append): a shorter record after a longer one reads back whole, an older
+    supervisor's renamed relay.json is taken over, a long one falls back to the rename,
+    and a symlink planted as relay.json is replaced, never written through."""
+    (tmp_path / "relay.json").write_text('{"src": "warmup.log", "off": 0, "len": 0, "dst": 0}\n')
+    relay = Relay(str(tmp_path), JobLog(str(tmp_path / "job.log")))
+    relay._write_cursor({"src": "train.log", "off": 123456789012, "len": 1048576, "dst": 987654321098})
+    ino = os.stat(tmp_path / "relay.json").st_ino
+    relay._write_cursor({"src": "train.log", "off": 5, "len": 1, "dst": 7})
+    assert os.stat(tmp_path / "relay.json").st_ino == ino  # in place: no new file per write
+    assert relay._cursor() == {"src": "train.log", "off": 5, "len": 1, "dst": 7}
+    assert os.path.getsize(tmp_path / "relay.json") == 512
+    long = {"src": "x" * 600 + ".log", "off": 1, "len": 2, "dst": 3}
+    relay._write_cursor(long)
+    assert relay._cursor() == long
+    relay._write_cursor({"src": "train.log", "off": 9, "len": 1, "dst": 7})
+    assert relay._cursor()["off"] == 9
+    victim = tmp_path / "victim"
+    victim.write_text("root only\n")
+    d = tmp_path / "planted"
+    d.mkdir()
+    os.symlink(victim, d / "relay.json")
+    Relay(str(d), JobLog(str(d / "job.log")))._write_cursor({"src": "a", "off": 0, "len": 1, "dst": 0})
+    assert victim.read_text() == "root only\n" and not os.path.islink(d / "relay.json")
+
+
 def test_banner_lines_start_on_a_line_of_their_own(tmp_path):
     log = JobLog(str(tmp_path / "job.log"))
     log.append(b"partial line without newline")

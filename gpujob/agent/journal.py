@@ -90,9 +90,10 @@ def read_json(path: str, default=None):
         return default
 
 
-def append_record(fd: int, line: bytes) -> None:
+def append_record(fd: int, line: bytes) -> int:
     """Append one whole line to an O_APPEND file in one write; a short write (disk
-    full) is cut off again, so the file never ends in half a record."""
+    full) is cut off again, so the file never ends in half a record. Returns the
+    file's size before the append (where the record starts: its one writer)."""
     size = os.fstat(fd).st_size
     try:
         written = os.write(fd, line)
@@ -102,6 +103,7 @@ def append_record(fd: int, line: bytes) -> None:
     if written != len(line):
         _truncate(fd, size)
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return size
 
 
 def _truncate(fd: int, size: int) -> None:
@@ -244,10 +246,8 @@ class Journal:
         if self._samples is None:
             self._samples = os.open(self.path("samples.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                     | os.O_CLOEXEC, 0o644)
-        at = os.fstat(self._samples).st_size
         rec = dict(rec, type="sample")
-        append_record(self._samples, (json.dumps(rec, sort_keys=True) + "\n").encode())
-        return at
+        return append_record(self._samples, (json.dumps(rec, sort_keys=True) + "\n").encode())
 
     def events(self) -> tuple:
         """(records, skipped lines) of events.jsonl."""

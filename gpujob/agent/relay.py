@@ -12,12 +12,14 @@ alone, and only appended to).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
-from gpujob.agent.journal import write_json
+from gpujob.agent.journal import write_bytes, write_json
 
 CHUNK = 1 << 20
+CURSOR_SIZE = 512  # relay.json's fixed size (one pwrite, inside one page)
 
 
 class JobLog:
@@ -59,6 +61,7 @@ class Relay:
         self.src = None  # name of the phase log being relayed
         self.offset = 0
         self._f = None  # the source, kept open between polls
+        self._cur_fd = None  # relay.json, kept open for the in-place cursor writes
 
     def _cursor(self) -> dict | None:
         try:
@@ -68,7 +71,36 @@ class Relay:
             return None
 
     def _write_cursor(self, cur: dict) -> None:
-        write_json(self.cursor_path, cur, durable=False)  # it guards against process deaths
+        """Record the intent of the next append (it guards against process deaths).
+
+        Written before every append, several times a second, so in place: one
+        ``pwrite`` of a fixed-size record (JSON padded with spaces to ``CURSOR_SIZE``)
+        into relay.json kept open, instead of a temp file, a write and a rename each
+        time. A process dies between system calls, never inside one, so a reader finds
+        the old record or the new one whole; a longer record (an odd phase log name)
+        takes the atomic rename as before."""
+        data = json.dumps(cur, sort_keys=True).encode()
+        if len(data) >= CURSOR_SIZE:
+            self._close_cursor()
+            write_json(self.cursor_path, cur, durable=False)
+            return
+        record = data + b" " * (CURSOR_SIZE - 1 - len(data)) + b"\n"
+        if self._cur_fd is None:
+            # a file of another size (an older supervisor's, or a long record's) is
+            # replaced whole first: a pwrite over a longer one would leave its tail
+            write_bytes(self.cursor_path, record, durable=False)
+            self._cur_fd = os.open(self.cursor_path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            if os.fstat(self._cur_fd).st_size == CURSOR_SIZE:
+                return
+            self._close_cursor()
+            raise OSError(errno.EIO, "relay.json changed under the supervisor", self.cursor_path)
+        if os.pwrite(self._cur_fd, record, 0) != CURSOR_SIZE:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.cursor_path)
+
+    def _close_cursor(self) -> None:
+        if self._cur_fd is not None:
+            os.close(self._cur_fd)
+            self._cur_fd = None
 
     def recover(self) -> None:
         """Finish the append a dead supervisor had started, if it had not."""

@@ -47,12 +47,17 @@ def find_signature(lines: Sequence[str], error_signatures: Sequence[str]) -> Opt
 
 
 def scan_line(line: str, error_signatures: Sequence[str]) -> Optional[str]:
-    """Live check of one log line: 'compile_race', 'error_signature', 'cuda_oom' or None."""
-    if _COMPILE_RACE.search(strip_ansi(line)):
+    """Live check of one log line: 'compile_race', 'error_signature', 'cuda_oom' or None.
+
+    Called for every line a trainer prints (1,000 a second is common), so it strips
+    the line once and tries each regex only on lines that can match it."""
+    text = strip_ansi(line)
+    if ("symbolically trace" in text or "is_fx_symbolic_tracing()" in text) and _COMPILE_RACE.search(text):
         return F.COMPILE_RACE
-    if find_signature([line], error_signatures) is not None:
-        return F.ERROR_SIGNATURE
-    if _CUDA_OOM.search(strip_ansi(line)):
+    for pattern in error_signatures:
+        if pattern and pattern in text:
+            return F.ERROR_SIGNATURE
+    if "emory" in text and _CUDA_OOM.search(text):  # each of its alternatives holds "emory"
         return F.CUDA_OOM
     return None
 

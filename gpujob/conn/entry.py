@@ -85,6 +85,10 @@ def _status(rest: list[str]) -> dict | None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    if argv == ["--version"]:  # answered without importing typer or rich (the full CLI's same line)
+        from gpujob import __version__
+        print(f"gpujob {__version__}")
+        sys.exit(0)
     if argv == ["disconnect"]:
         from gpujob.conn.client import disconnect
         print(disconnect_line(disconnect()))
