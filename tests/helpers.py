@@ -31,14 +31,13 @@ def gpujob_argv() -> list[str]:
 
 def user_env(env: dict, *, daemon: bool = True) -> dict:
     """``env`` as the suite runs gpujob under it: the kept connection on (the session's
-    runtime dir and idle time, tests/conftest.py), or off (``daemon=False``: the direct path)."""
+    runtime dir and idle time, tests/conftest.py, unless ``env`` says otherwise), or off
+    (``daemon=False``: the direct path)."""
     e = dict(env)
     for k in ("XDG_RUNTIME_DIR", "GPUJOB_CONN_IDLE"):
         if k not in e and k in os.environ:
             e[k] = os.environ[k]
-    if daemon:
-        e.pop("GPUJOB_NO_DAEMON", None)
-    else:
+    if not daemon:
         e["GPUJOB_NO_DAEMON"] = "1"
     return e
 

@@ -207,15 +207,12 @@ def disconnect() -> bool:
 
 
 def disconnect_all() -> int:
-    """Ask every daemon of this user's to end (each runtime dir's ``conn-*.sock``, and
-    the ``conn.sock`` of gpujob before per-environment keys); how many were running."""
-    n = 0
-    for where in paths.runtime_dirs():
-        try:
-            names = sorted(os.listdir(where))
-        except OSError:
-            continue
-        for name in names:
-            if name == "conn.sock" or (name.startswith("conn-") and name.endswith(".sock")):
-                n += stop(os.path.join(where, name))
-    return n
+    """Ask every daemon of this user's runtime dir to end (each ``conn-*.sock``, and the
+    ``conn.sock`` of a gpujob before per-environment keys); how many were running."""
+    try:
+        where = paths.runtime_dir(create=False)
+        names = sorted(os.listdir(where))
+    except (paths.NoDaemon, OSError):
+        return 0
+    return sum(stop(os.path.join(where, name)) for name in names
+               if name == "conn.sock" or (name.startswith("conn-") and name.endswith(".sock")))

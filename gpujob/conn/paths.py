@@ -73,15 +73,19 @@ def _private_dir(path: str, create: bool) -> str:
 
 
 def runtime_dir(create: bool = True) -> str:
-    """$XDG_RUNTIME_DIR/gpujob when that runtime dir is ours, else /tmp/gpujob-UID (0700, checked)."""
+    """$XDG_RUNTIME_DIR/gpujob when that runtime dir is ours, else /tmp/gpujob-UID; 0700
+    and ours, checked (NoDaemon otherwise). Without ``create``, a directory not made yet
+    is named all the same (nothing listens there)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         try:
             _private_dir(xdg, create=False)
-            return _private_dir(os.path.join(xdg, "gpujob"), create)
         except NoDaemon:
-            pass
-    return _private_dir(f"/tmp/gpujob-{os.getuid()}", create)
+            xdg = None
+    path = os.path.join(xdg, "gpujob") if xdg else f"/tmp/gpujob-{os.getuid()}"
+    if not create and not os.path.lexists(path):
+        return path
+    return _private_dir(path, create)
 
 
 def env_key() -> str:
@@ -101,21 +105,6 @@ def socket_path(create: bool = True) -> str:
 def starting_marker(path: str) -> str:
     """Beside a socket: the pid of the daemon spawned for it, while it starts."""
     return path[:-len(".sock")] + ".starting"
-
-
-def runtime_dirs() -> list[str]:
-    """Every directory where this user's daemons may listen (``disconnect --all``):
-    this environment's, and /tmp/gpujob-UID (where those without $XDG_RUNTIME_DIR listen)."""
-    found = []
-    for get in (lambda: runtime_dir(create=False),
-                lambda: _private_dir(f"/tmp/gpujob-{os.getuid()}", create=False)):
-        try:
-            d = get()
-        except NoDaemon:
-            continue
-        if d not in found:
-            found.append(d)
-    return found
 
 
 def find_inventory(explicit: str | None) -> str | None:
