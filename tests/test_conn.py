@@ -281,7 +281,7 @@ def test_every_read_only_command_is_the_same_bytes_both_ways(finished_job, tmp_p
             same(cli(args, env, input=stdin), cli_direct(args, env, input=stdin))
         assert daemon_pid(env) == pid  # one daemon served them all
         ok = cli(["status", job], env).stdout
-        assert b"succeeded" in ok and max(len(ln) for ln in ok.splitlines()) < 200
+        assert b"succeeded" in ok
         # a multi-node job (the index names its nodes): the full CLI's fleet view, not the daemon's
         from gpujob.state import State
         old_state = os.environ.get("XDG_STATE_HOME")
