@@ -594,10 +594,10 @@ def test_the_connection_bench_produces_its_figures(testbed, tmp_path, capsys):
     out = tmp_path / "conn.json"
     assert main(["--quick", "--json", str(out)], bed=testbed) == 0
     res = json.loads(out.read_text())
-    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "status_warm", "exec_full", "status_full", "exec_cold",
-                                     "ps_warm", "ps_full"}
+    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "exec_warm_b", "status_warm", "exec_full", "status_full",
+                                     "exec_cold", "ps_warm", "ps_full"}
     assert all(v > 0 for v in res["medians_ms"].values())
-    assert res["figures"]["exec_warm"]["ratio"] > 0
+    assert res["figures"]["exec_warm"]["ratio"] > 0 and res["figures"]["exec_two_envs"]["ratio"] > 0
     assert "| command | median |" in capsys.readouterr().out
 
 
