@@ -131,10 +131,10 @@ def testbed_two_hosts():
 @pytest.fixture(autouse=True)
 def _reap_job_processes(tmp_path):
     """After each test: no supervisor, trainer or agent of that test's jobs lives on,
-    even when the test failed half-way (they would otherwise run detached for hours)."""
+    even when the test failed half-way (they would otherwise run detached for hours);
+    the kept-connection daemons of that test's environment (its HOME or state dir under
+    tmp_path) are asked to end (SIGTERM: they close their connections) rather than idle on."""
     yield
-    import os
-    import signal
     mine = str(tmp_path)
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -145,9 +145,19 @@ def _reap_job_processes(tmp_path):
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if mine in cmd or cwd.startswith(mine):
+        sig = signal.SIGKILL if mine in cmd or cwd.startswith(mine) else None
+        if sig is None and "gpujob.conn\0serve" in cmd:
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except OSError:
+                continue
+            if any(os.fsdecode(env.get(k, b"")).startswith(mine + os.sep)
+                   for k in (b"HOME", b"XDG_STATE_HOME", b"XDG_RUNTIME_DIR")):
+                sig = signal.SIGTERM
+        if sig is not None:
+            try:
+                os.kill(int(pid), sig)
             except ProcessLookupError:
                 pass
 
