@@ -326,3 +326,23 @@ def test_a_local_target_never_starts_a_daemon(tmp_path):
         assert a.stdout == b"hi\n"
     time.sleep(1)
     assert not daemons_of(env) and not sock_path(env).exists()
+
+
+def test_the_link_below_the_daemon_breaking_is_the_full_clis_own_error(env, testbed):
+    """The daemon's SSH connection cut while the full CLI's command runs over it: the
+    command ends as it does directly (`lost the connection to …`, exit 3), never as if the
+    daemon had died; the next command gets a new connection."""
+    marker = "/tmp/conn-cut-" + str(os.getpid())
+    warm(env)
+    p = subprocess.Popen([*gpujob_argv(), "exec", "tb/ct200", "sh", "-c", f"echo $$ > {marker}; sleep 30"],
+                         env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL)
+    wait_for(lambda: testbed.container_path(marker).exists(), 60, what="the command to start")
+    assert testbed.kill_ssh_sessions() >= 1
+    out, err = p.communicate(timeout=60)
+    testbed.container_exec("rm", "-f", marker)
+    lines = err.decode().splitlines()
+    assert p.returncode == 3 and lines and "lost the connection to" in lines[0], err
+    assert "connection daemon" not in err.decode() and "Traceback" not in err.decode()
+    q = cli(["exec", "tb/ct200", "--", "echo", "again"], env)
+    assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
