@@ -65,7 +65,7 @@ READ_ONLY = (["status", "JOB"], ["status"], ["status", "JOB", "--json"], ["statu
              ["doctor", "tb/ct200"], ["doctor", "tb/ct200", "--json"], ["doctor", "tb/ct201"])
 #: the exec cases (argv, stdin)
 EXEC = ((["exec", "tb/ct200", "--", "sh", "-c", "echo out; echo 'err ✓' >&2; printf 'x\\0y'; exit 7"], None),
-        (["exec", "tb/ct200", "--", "sha256sum"], b"data\n" * 5000),
+        (["exec", "tb/ct200", "--", "sha256sum"], os.urandom(300_000)),
         (["exec", "tb/ct200", "sh", "-c", "cat; exit 3"], b"no dashes: the full CLI\n"),
         (["exec", "-n", "tb/ct200", "--", "cat"], b"not read"),
         (["exec", "tb/ct200", "--timeout", "1", "--", "sleep", "30"], None),
