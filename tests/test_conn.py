@@ -317,7 +317,9 @@ def test_the_link_below_the_daemon_breaking_is_the_full_clis_own_error(env, test
     daemon had died; the next command gets a new connection."""
     marker = "/tmp/conn-cut-" + str(os.getpid())
     warm(env)
-    p = subprocess.Popen([*gpujob_argv(), "exec", "tb/ct200", "sh", "-c", f"echo $$ > {marker}; sleep 30"],
+    # (a timeout written 1e3 is the full CLI's: the thin client takes plain numbers only)
+    p = subprocess.Popen([*gpujob_argv(), "exec", "tb/ct200", "--timeout", "1e3", "--", "sh", "-c",
+                          f"echo $$ > {marker}; sleep 30"],
                          env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL)
     wait_for(lambda: testbed.container_path(marker).exists(), 60, what="the command to start")
