@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -331,3 +332,22 @@ def test_the_link_below_the_daemon_breaking_is_the_full_clis_own_error(env, test
     assert "connection daemon" not in err.decode() and "Traceback" not in err.decode()
     q = cli(["exec", "tb/ct200", "--", "echo", "again"], env)
     assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
+
+
+def test_a_daemon_whose_socket_is_gone_ends(tmp_path):
+    """Its runtime dir removed (the suite's reaper does that; so can a logout), nobody new
+    can reach a daemon: it ends by itself (after what runs there), long before its idle time."""
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), GPUJOB_CONN_IDLE="600",
+               XDG_STATE_HOME=str(tmp_path / "state"))
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], env=env, cwd="/",
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        sock = sock_path(env)
+        wait_for(lambda: daemon_pid(env) == p.pid, 60, what="the daemon to listen")
+        sock.unlink()
+        p.wait(timeout=20)  # the idle time is 600 s
+    finally:
+        if p.poll() is None:
+            p.kill()
