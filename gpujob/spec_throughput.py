@@ -22,7 +22,11 @@ def _count_or_duration(value: Any) -> Any:
             raise ValueError(f"expected a count from 1 to 10000, got {value}")
         return value
     if isinstance(value, str) and value.strip() and not value.strip().isdigit():
-        secs = _duration(value)
+        try:
+            secs = _duration(value)
+        except ValueError:
+            raise ValueError(f"expected a count (an integer) or a duration with a unit like 60s, "
+                             f"got {describe(value)}") from None
         if secs <= 0:
             raise ValueError(f"expected a duration > 0, got {describe(value)}")
         return f"{secs:g}s"

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -12,15 +17,76 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, str(_REPO))
 
-from tests.testbed import TestBed  # noqa: E402
+from tests.testbed import TestBed, TestBedError  # noqa: E402
 
-# The kept connection (gpujob/conn) stays off in tests that run the installed `gpujob`:
-# a daemon started there would outlive the test in the user's runtime dir. Its own tests
-# (test_conn.py) turn it on, each with a private runtime dir, and end what they start.
-os.environ.setdefault("GPUJOB_NO_DAEMON", "1")
 # An illegal change of the supervisor's durable step (agent/stages.py) raises in every
 # process the tests start, so it fails the test instead of being only an event.
 os.environ.setdefault("GPUJOB_STRICT_STAGES", "1")
+# The suite runs gpujob as users do (tests/helpers.py: the installed console script) with
+# the kept connection ON, its default. Its daemons listen in a runtime dir of this session
+# only, idle out soon, and are ended at the session's end (_reap_daemons): none outlives
+# the suite, and none of the user's own daemons is touched. GPUJOB_NO_DAEMON=1 (the direct
+# path) is what helpers.cli_direct runs; test_conn.py compares the two byte for byte.
+SESSION_RUNTIME = tempfile.mkdtemp(prefix="gj-rt-", dir="/tmp")  # short: socket paths stay < 108
+SESSION_IDLE = "20"
+os.environ["XDG_RUNTIME_DIR"] = SESSION_RUNTIME
+os.environ["GPUJOB_CONN_IDLE"] = SESSION_IDLE
+os.environ.pop("GPUJOB_NO_DAEMON", None)
+
+if os.environ.get("GPUJOB_TEST_FAST") == "1":  # scripts/test --fast: -m "not testbed"
+    def _refuse(cls, *a, **kw):
+        raise TestBedError("this test starts the loopback Proxmox bed but lacks the `testbed` mark "
+                           "(scripts/test --fast runs only tests that need no bed)")
+    TestBed.start = classmethod(_refuse)
+
+
+def suite_daemons(basetemp: str | None = None) -> list[int]:
+    """Connection daemons this session started: in its runtime dir, or in a test's own
+    (under the session's basetemp)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if b"gpujob.conn\0serve" not in f.read():
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        rt = os.fsdecode(env.get(b"XDG_RUNTIME_DIR", b""))
+        if rt == SESSION_RUNTIME or (basetemp and rt.startswith(basetemp + os.sep)):
+            found.append(int(d))
+    return found
+
+
+def reap_daemons(basetemp: str | None = None) -> None:
+    """End every daemon of the session: ask each socket to stop, then SIGKILL (each is a
+    session leader: its process group) what is left; remove the session's runtime dir."""
+    from gpujob.conn.client import stop
+    where = os.path.join(SESSION_RUNTIME, "gpujob")
+    for name in (os.listdir(where) if os.path.isdir(where) else []):
+        if name.endswith(".sock"):
+            stop(os.path.join(where, name))
+    deadline = time.monotonic() + 5
+    while suite_daemons(basetemp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in suite_daemons(basetemp):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    shutil.rmtree(SESSION_RUNTIME, ignore_errors=True)
+
+
+atexit.register(reap_daemons)  # also when the session ends without its teardown
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reap_daemons(tmp_path_factory):
+    yield
+    reap_daemons(str(tmp_path_factory.getbasetemp()))
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +134,10 @@ def testbed_two_hosts():
 @pytest.fixture(autouse=True)
 def _reap_job_processes(tmp_path):
     """After each test: no supervisor, trainer or agent of that test's jobs lives on,
-    even when the test failed half-way (they would otherwise run detached for hours)."""
+    even when the test failed half-way (they would otherwise run detached for hours);
+    the kept-connection daemons of that test's environment (its HOME or state dir under
+    tmp_path) are asked to end (SIGTERM: they close their connections) rather than idle on."""
     yield
-    import os
-    import signal
     mine = str(tmp_path)
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
@@ -82,8 +148,32 @@ def _reap_job_processes(tmp_path):
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if mine in cmd or cwd.startswith(mine):
+        sig = signal.SIGKILL if mine in cmd or cwd.startswith(mine) else None
+        if sig is None and "gpujob.conn\0serve" in cmd:
             try:
-                os.kill(int(pid), signal.SIGKILL)
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            except OSError:
+                continue
+            if any(os.fsdecode(env.get(k, b"")).startswith(mine + os.sep)
+                   for k in (b"HOME", b"XDG_STATE_HOME", b"XDG_RUNTIME_DIR")):
+                sig = signal.SIGTERM
+        if sig is not None:
+            try:
+                os.kill(int(pid), sig)
             except ProcessLookupError:
                 pass
+
+
+BED_FIXTURES = {"testbed", "testbed_two_hosts"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test whose fixtures start the bed carries the `testbed` mark (what
+    scripts/test --fast leaves out); one that starts it otherwise (a fixture asking for
+    it by name) is caught by the --fast run itself (TestBed.start refuses there)."""
+    bare = [i.nodeid for i in items
+            if BED_FIXTURES & set(getattr(i, "fixturenames", ())) and i.get_closest_marker("testbed") is None]
+    if bare:
+        raise pytest.UsageError("tests that use the loopback Proxmox bed without the `testbed` mark: "
+                                + ", ".join(bare))

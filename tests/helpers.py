@@ -16,15 +16,47 @@ REPO = Path(__file__).resolve().parent.parent
 TRAINER_DIR = REPO / "jobs" / "demo"
 
 
+#: the installed console script (``pip install -e .`` puts it beside the venv's python):
+#: what users run, and what the suite runs
+GPUJOB = Path(sys.executable).parent / "gpujob"
+
+
+def gpujob_argv() -> list[str]:
+    """The argv that starts ``gpujob`` as users start it (for Popen, pty and shell uses)."""
+    if not os.access(GPUJOB, os.X_OK):
+        raise AssertionError(f"no gpujob console script at {GPUJOB}: install gpujob into the python "
+                             f"that runs the tests (pip install -e '.[test]', as scripts/test does)")
+    return [str(GPUJOB)]
+
+
+def user_env(env: dict, *, daemon: bool = True) -> dict:
+    """``env`` as the suite runs gpujob under it: the kept connection on (the session's
+    runtime dir and idle time, tests/conftest.py, unless ``env`` says otherwise), or off
+    (``daemon=False``: the direct path)."""
+    e = dict(env)
+    for k in ("XDG_RUNTIME_DIR", "GPUJOB_CONN_IDLE"):
+        if k not in e and k in os.environ:
+            e[k] = os.environ[k]
+    if not daemon:
+        e["GPUJOB_NO_DAEMON"] = "1"
+    return e
+
+
 def cli(args: list[str], env: dict, *, input: bytes | None = None, timeout: float = 180,
-        check: bool = False) -> subprocess.CompletedProcess:
-    """Run ``gpujob ARGS`` as a user would (a fresh process, real console script code)."""
-    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", *args], env=env, input=input,
+        check: bool = False, daemon: bool = True) -> subprocess.CompletedProcess:
+    """Run ``gpujob ARGS`` as a user would: a fresh process of the installed console script,
+    the kept connection on (its default); ``daemon=False`` (cli_direct) turns it off."""
+    p = subprocess.run([*gpujob_argv(), *args], env=user_env(env, daemon=daemon), input=input,
                        capture_output=True, timeout=timeout, cwd=env.get("GPUJOB_TEST_CWD", str(REPO)))
     if check and p.returncode != 0:
         raise AssertionError(f"gpujob {' '.join(args)} exited {p.returncode}\n"
                              f"stdout: {p.stdout.decode()[-3000:]}\nstderr: {p.stderr.decode()[-3000:]}")
     return p
+
+
+def cli_direct(args: list[str], env: dict, **kw) -> subprocess.CompletedProcess:
+    """``gpujob ARGS`` with GPUJOB_NO_DAEMON=1: every command connects directly."""
+    return cli(args, env, daemon=False, **kw)
 
 
 def cli_json(args: list[str], env: dict, **kw):

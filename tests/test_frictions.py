@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from helpers import REPO, cli, local_env
+from helpers import REPO, cli, gpujob_argv, local_env
 
 
 def test_a_closed_pipe_ends_the_command_quietly_with_exit_0(tmp_path):
     env = local_env(tmp_path)
     for args in (["hosts"], ["--help"], ["hosts", "--json"]):
-        p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", *args], env=env, stdout=subprocess.PIPE,
+        p = subprocess.Popen([*gpujob_argv(), *args], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, cwd=str(REPO))
         p.stdout.close()  # the reader (head -2) is gone before the first line
         err = p.stderr.read().decode()
@@ -86,7 +86,7 @@ def test_ctrl_c_in_submit_says_what_it_left_and_the_job_id(tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: cc\ntarget: box\nprofiles:\n  - {name: a, system_site_packages: true}\n"
                     "train: {command: sleep 60, grace: 1s}\n")
-    p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec)], env=env,
+    p = subprocess.Popen([*gpujob_argv(), "submit", str(spec)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO), start_new_session=True)
     err = b""
     deadline = time.monotonic() + 120

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import yaml
@@ -24,7 +23,7 @@ import yaml
 from fuzzgen import mutants
 from gpujob.inventory import load_inventory
 from gpujob.spec import load_spec
-from helpers import REPO
+from helpers import REPO, gpujob_argv
 from limits import run_limited
 
 SEED = 20261130
@@ -76,7 +75,7 @@ def test_loader_fuzz(tmp_path):
 
 
 def _cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gpujob.cli.main", *args], env=env, capture_output=True,
+    return subprocess.run([*gpujob_argv(), *args], env=env, capture_output=True,
                           timeout=60, cwd=str(REPO))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -23,7 +24,7 @@ from gpujob.cli import render
 from gpujob.errors import HostKeyError
 from gpujob.tarstream import Concat, TarStream
 from gpujob.transport.ssh import load_known_hosts
-from helpers import REPO, cli, local_env
+from helpers import REPO, cli, gpujob_argv, local_env
 
 HOSTILE = ["/root/a b", "/root/x;touch PWN;#", "$(touch PWN)", "`touch PWN`", "a'b\"c", "new\nline", "-n",
            "*", "~", "$HOME", "\\", "x&&touch PWN", "'", "", " lead", "{workdir}", "ünï ✓"]
@@ -134,7 +135,7 @@ def test_ps_hosts_doctor_with_an_unreachable_target(tmp_path, far_env):
 
 def test_exec_with_an_idle_open_stdin_returns_the_exit_code(tmp_path):
     env = local_env(tmp_path)
-    p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "exec", "box", "--", "sh", "-c", "exit 7"],
+    p = subprocess.Popen([*gpujob_argv(), "exec", "box", "--", "sh", "-c", "exit 7"],
                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          cwd=str(REPO))
     try:
@@ -149,7 +150,7 @@ def test_exec_with_an_idle_open_stdin_returns_the_exit_code(tmp_path):
 
 def test_exec_no_stdin_leaves_a_read_loop_its_input(tmp_path):
     env = local_env(tmp_path)
-    gj = f"{sys.executable} -m gpujob.cli.main"
+    gj = shlex.join(gpujob_argv())
     loop = textwrap.dedent(f"""\
         printf 'a\\nb\\nc\\n' | while read x; do {gj} exec -n box -- true; echo "got $x"; done
         printf 'a\\nb\\n' | {{ {gj} exec box -- cat; }}""")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+from helpers import cli, cli_json, events, gpujob_argv, job_id_of, local_env, wait_for, write_spec
 
 
 @pytest.fixture
@@ -137,7 +137,7 @@ def test_controller_killed_job_runs_on(tmp_path, env, index_urls):
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], profile="fast", throughput=False,
                       trainer_args="--steps 30 --interval 0.05")
-    proc = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--follow"],
+    proc = subprocess.Popen([*gpujob_argv(), "submit", str(spec), "--follow"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for(lambda: list((tmp_path / "root" / "jobs").glob("*/train.log")) and
              "step 3 " in next((tmp_path / "root" / "jobs").glob("*/train.log")).read_text(),

@@ -8,14 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import cli, cli_json, job_id_of, wait_for, write_spec
+from helpers import cli, cli_json, gpujob_argv, job_id_of, wait_for, write_spec
 
 pytestmark = pytest.mark.testbed
 
@@ -86,7 +85,7 @@ def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, 
     spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
                       profile="fast", throughput=False, warmup=False,
                       trainer_args="--steps 150 --interval 0.08")
-    proc = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--follow"],
+    proc = subprocess.Popen([*gpujob_argv(), "submit", str(spec), "--follow"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     jobs = home_path(testbed, env, "jobs")
     wait_for(lambda: jobs.exists() and any((d / "train.log").exists() and "step 2 " in (d / "train.log").read_text()
@@ -96,7 +95,7 @@ def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, 
     job_id = next(jobs.iterdir()).name
     assert status(job_id, env)["state"] == "training"
     # follow it from scratch while the connection is cut 10 times
-    follower = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "logs", "-f", job_id],
+    follower = subprocess.Popen([*gpujob_argv(), "logs", "-f", job_id],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     cuts = 0
     while cuts < 10 and follower.poll() is None:
@@ -147,7 +146,7 @@ def test_a_cut_connection_leaves_no_tail_behind_on_a_quiet_log(testbed, bed_env,
                       profile="fast", throughput=False, warmup=False, trainer_args="--steps 3 --interval 60")
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True, timeout=300).stdout)
     wait_for(lambda: status(job_id, env)["state"] == "training", 120, what="training")
-    follower = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "logs", "-f", job_id],
+    follower = subprocess.Popen([*gpujob_argv(), "logs", "-f", job_id],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def tails():

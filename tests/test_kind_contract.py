@@ -36,7 +36,13 @@ SETUPS = {"local": _local, "ssh": _ssh}
 CUTS = {"local": None, "ssh": _cut_ssh}
 
 
-@pytest.fixture(params=kinds.NAMES)
+#: kinds whose setup starts the loopback Proxmox bed: their cases carry the `testbed` mark
+#: (scripts/test --fast leaves them out)
+ON_THE_BED = {"ssh"}
+
+
+@pytest.fixture(params=[pytest.param(k, marks=[pytest.mark.testbed] if k in ON_THE_BED else [])
+                        for k in kinds.NAMES])
 def target(request, tmp_path):
     setup = SETUPS.get(request.param)
     if setup is None:

@@ -12,7 +12,7 @@ from gpujob.errors import InputError, SpecError
 from gpujob.recipes import RECIPE_PENDING_KEYS, RECIPES, apply, merge
 from gpujob.recipe_init import job_name
 from gpujob.spec import load_spec
-from helpers import cli, local_env
+from helpers import cli, gpujob_argv, local_env
 
 BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}
 
@@ -108,7 +108,7 @@ def test_set_replaces_values_before_the_recipe_and_errors_name_the_set(tmp_path)
     assert spec._layers["sets"][0] == ("train.command", "python a.py", "python b.py")
     with pytest.raises(InputError) as e:
         load_spec(path, ["throughput.window=zero"])
-    assert str(e.value).startswith("--set throughput.window: throughput.window: expected an integer")
+    assert str(e.value).startswith("--set throughput.window: throughput.window: expected a count (an integer) or a duration")
     for bad, want in (("nokey", "expected KEY=VALUE"), ("profiles.3.name=x", "has 1 items"),
                       ("name.x=1", "is not a mapping")):
         with pytest.raises(InputError, match=want):
@@ -159,7 +159,7 @@ def test_init_default_name_and_file(tmp_path):
     env = local_env(tmp_path)
     import subprocess
     import sys
-    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "init", "--recipe", "nanogpt", "--",
+    p = subprocess.run([*gpujob_argv(), "init", "--recipe", "nanogpt", "--",
                         "python", "train.py"], cwd=tmp_path, env=env, capture_output=True)
     assert p.returncode == 0, p.stderr.decode()
     assert (tmp_path / "train.yaml").exists()

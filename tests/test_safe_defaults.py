@@ -9,12 +9,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from helpers import cli, cli_json, job_id_of, local_env, wait_for, write_spec
+from helpers import cli, cli_json, gpujob_argv, job_id_of, local_env, wait_for, write_spec
 
 
 def status(job_id: str, env: dict) -> dict:
@@ -116,7 +115,7 @@ def test_stop_and_rollback_without_an_id_need_exactly_one_job_and_ctrl_c_is_130(
     assert cli_json(["status", "--json"], env)["job"] == two  # status keeps "the most recent"
 
     # Ctrl-C on a real `logs -f`: detached, exit 130, the job runs on
-    proc = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "logs", "-f", one], env=env,
+    proc = subprocess.Popen([*gpujob_argv(), "logs", "-f", one], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for(lambda: proc.stdout.readline().startswith(b"step "), 30, what="a step line")
     proc.send_signal(signal.SIGINT)

@@ -14,7 +14,7 @@ import pytest
 from gpujob.errors import ConnectError, HostKeyError
 from gpujob.inventory import load_inventory
 from gpujob.target import Targets
-from helpers import cli
+from helpers import cli, gpujob_argv
 
 pytestmark = pytest.mark.testbed
 
@@ -265,8 +265,7 @@ def test_revoked_and_unreadable_known_hosts_are_one_line_exit_3(testbed, tmp_pat
 
 
 def test_exec_over_ssh_with_an_idle_open_stdin_keeps_the_exit_code(inv, tmp_path):
-    import sys
-    p = subprocess.Popen([sys.executable, "-m", "gpujob.cli.main", "exec", "ct200", "--", "sh", "-c", "exit 7"],
+    p = subprocess.Popen([*gpujob_argv(), "exec", "ct200", "--", "sh", "-c", "exit 7"],
                          env=env_for(inv, tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, cwd=str(Path(__file__).resolve().parent.parent))
     try:

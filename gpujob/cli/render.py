@@ -33,8 +33,14 @@ def console(stderr: bool = False) -> Console:
     import sys
     stream = sys.stderr if stderr else sys.stdout
     tty = bool(getattr(stream, "isatty", lambda: False)())
-    wide = {} if tty or os.environ.get("COLUMNS") else {"width": PIPED_WIDTH}
-    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=not tty, **wide)
+    return Console(stderr=stderr, **console_settings(tty, os.environ))
+
+
+def console_settings(tty: bool, environ) -> dict:
+    """Console()'s arguments for a stream that is (or is not) a terminal under ``environ``:
+    the CLI's own consoles and the kept connection's (gpujob/conn/server.py) are one shape."""
+    wide = {} if tty or environ.get("COLUMNS") else {"width": PIPED_WIDTH}
+    return dict(highlight=False, markup=False, emoji=False, soft_wrap=not tty, **wide)
 
 
 PIPED_WIDTH = 1000  # "no limit" for tables when piped; lines are not wrapped at all

@@ -47,11 +47,11 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
 
 
 @app.command()
-def disconnect():
-    """End the kept connection: the background process holding SSH connections (README)."""
-    from gpujob.conn.client import disconnect as end
+def disconnect(every: bool = typer.Option(False, "--all", help="every kept connection of this user's "
+                                                                "(other installs, terminals, state dirs)")):
+    """End this environment's kept connection: the background process holding SSH connections (README)."""
     from gpujob.conn.entry import disconnect_line
-    print(disconnect_line(end()))
+    print(disconnect_line(every))
 
 
 # ---- doctor / hosts --------------------------------------------------------

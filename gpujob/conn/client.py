@@ -40,7 +40,7 @@ def _connect(path) -> socket.socket | None:
 #: minutes and serves other commands, so it carries none of this one's other variables
 #: (tokens a job spec takes from the environment, say)
 DAEMON_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
-              "SSH_AUTH_SOCK", "GPUJOB_CONN_IDLE")
+              "SSH_AUTH_SOCK", "GPUJOB_CONN_IDLE", "GPUJOB_HOSTS")
 
 
 def daemon_env() -> dict:
@@ -73,12 +73,14 @@ def connect(start: bool = True) -> socket.socket | None:
 
 
 def _start(path: str) -> None:
-    """Start the daemon unless one answers or is on its way (``conn.starting`` holds the
-    pid of one spawned less than STARTING_FOR seconds ago). Spawners take a lock, so
-    commands at once start one daemon; a socket nobody answers (a killed daemon) goes."""
+    """Start this environment's daemon unless one answers or is on its way (its
+    ``conn-KEY.starting`` holds the pid of one spawned less than STARTING_FOR seconds
+    ago). Spawners take one lock, so commands at once start one daemon; a socket nobody
+    answers (a killed daemon) goes. The daemon binds the path that its environment's
+    key names, which is ours: it is started with the variables the key is made of."""
     import fcntl
     where = os.path.dirname(path)
-    marker = os.path.join(where, "conn.starting")
+    marker = paths.starting_marker(path)
     with open(os.path.join(where, "conn.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         s = _connect(path)
@@ -168,15 +170,15 @@ def request(req: dict) -> int:
     return 3
 
 
-def disconnect() -> bool:
-    """Ask this user's daemon to end; True when one was running."""
+def stop(path: str) -> bool:
+    """Ask the daemon at ``path`` to end; True when one answered there. A socket that
+    nobody answers is removed, under the spawners' lock."""
     try:
-        s = connect(start=False)
+        s = _connect(path)
     except (paths.NoDaemon, OSError):
         return False
     if s is None:
-        try:  # a stale socket: clean it, under the spawners' lock
-            path = paths.socket_path(create=False)
+        try:
             import fcntl
             with open(os.path.join(os.path.dirname(path), "conn.lock"), "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
@@ -192,3 +194,25 @@ def disconnect() -> bool:
         except OSError:
             pass
     return True
+
+
+def disconnect() -> bool:
+    """Ask this environment's daemon to end; True when one was running. The daemons of
+    other environments (another install, terminal, state dir) carry on."""
+    try:
+        path = paths.socket_path(create=False)
+    except paths.NoDaemon:
+        return False
+    return stop(path)
+
+
+def disconnect_all() -> int:
+    """Ask every daemon of this user's runtime dir to end (each ``conn-*.sock``, and the
+    ``conn.sock`` of a gpujob before per-environment keys); how many were running."""
+    try:
+        where = paths.runtime_dir(create=False)
+        names = sorted(os.listdir(where))
+    except (paths.NoDaemon, OSError):
+        return 0
+    return sum(stop(os.path.join(where, name)) for name in names
+               if name == "conn.sock" or (name.startswith("conn-") and name.endswith(".sock")))

@@ -3,7 +3,7 @@ connection are sent to it without importing the full CLI; everything else (and
 these, whenever the daemon declines) runs ``gpujob.cli.main`` as always.
 
 Fast here: ``exec TARGET [-n] [--timeout S] -- CMD…``, ``status [JOB] [--json]
-[-t TARGET]`` (with ``--hosts FILE`` before them), and ``disconnect``. Stdlib only.
+[-t TARGET]`` (with ``--hosts FILE`` before them), and ``disconnect [--all]``. Stdlib only.
 """
 
 from __future__ import annotations
@@ -89,9 +89,8 @@ def main() -> None:
         from gpujob import __version__
         print(f"gpujob {__version__}")
         sys.exit(0)
-    if argv == ["disconnect"]:
-        from gpujob.conn.client import disconnect
-        print(disconnect_line(disconnect()))
+    if argv in (["disconnect"], ["disconnect", "--all"]):
+        print(disconnect_line(argv == ["disconnect", "--all"]))
         sys.exit(0)
     from gpujob.conn import paths
     paths.FROM_ENTRY = True  # the full CLI below may use the kept connection too
@@ -108,9 +107,17 @@ def main() -> None:
     full()
 
 
-def disconnect_line(was_running: bool) -> str:
-    return ("gpujob: closed the kept connection (its SSH connections are closed)" if was_running
-            else "gpujob: no kept connection was open")
+def disconnect_line(every: bool) -> str:
+    """End this environment's daemon (``every``: all of this user's); what to say."""
+    from gpujob.conn import client
+    if not every:
+        return ("gpujob: closed the kept connection (its SSH connections are closed)" if client.disconnect()
+                else "gpujob: no kept connection was open")
+    n = client.disconnect_all()
+    if n == 0:
+        return "gpujob: no kept connection was open"
+    return (f"gpujob: closed {n} kept connection{'s' if n > 1 else ''} "
+            f"({'their' if n > 1 else 'its'} SSH connections are closed)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,17 @@
 """Where the connection daemon lives, and what a request must agree on with it
-(stdlib only: the thin client imports this)."""
+(stdlib only: the thin client imports this).
+
+One daemon per *environment*, like OpenSSH's ``%C`` in a ControlPath: its socket is
+``conn-KEY.sock``, KEY a hash of everything a daemon must agree on with the command
+it serves (uid, ENV_KEYS, which gpujob and which Python: :func:`code_stamp`). Two
+installs, two terminals with their own ssh-agent or two state directories each keep
+their own daemon; none is asked to serve (or end for) another.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import stat
 import sys
@@ -10,8 +19,11 @@ import sys
 #: seconds a daemon with nothing to do stays up (GPUJOB_CONN_IDLE overrides)
 DEFAULT_IDLE = 300.0
 #: variables that change what a command does on the controller side: a daemon
-#: started under other values would act for another user, state dir or ssh-agent
-ENV_KEYS = ("HOME", "USER", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "SSH_AUTH_SOCK")
+#: started under other values would act for another user, state dir, ssh-agent or
+#: inventory (each is part of the socket's key, and kept in the daemon's environment)
+ENV_KEYS = ("HOME", "USER", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "SSH_AUTH_SOCK", "GPUJOB_HOSTS")
+#: a Unix socket's path is at most this long (sun_path is 108 bytes with its NUL)
+MAX_SOCKET_PATH = 107
 #: what rich reads from the environment to decide width, colours and terminal-ness
 TERM_KEYS = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TERM", "COLORTERM", "TTY_COMPATIBLE",
              "TTY_INTERACTIVE", "JUPYTER_COLUMNS", "JUPYTER_LINES")
@@ -61,19 +73,38 @@ def _private_dir(path: str, create: bool) -> str:
 
 
 def runtime_dir(create: bool = True) -> str:
-    """$XDG_RUNTIME_DIR/gpujob when that runtime dir is ours, else /tmp/gpujob-UID (0700, checked)."""
+    """$XDG_RUNTIME_DIR/gpujob when that runtime dir is ours, else /tmp/gpujob-UID; 0700
+    and ours, checked (NoDaemon otherwise). Without ``create``, a directory not made yet
+    is named all the same (nothing listens there)."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg:
         try:
             _private_dir(xdg, create=False)
-            return _private_dir(os.path.join(xdg, "gpujob"), create)
         except NoDaemon:
-            pass
-    return _private_dir(f"/tmp/gpujob-{os.getuid()}", create)
+            xdg = None
+    path = os.path.join(xdg, "gpujob") if xdg else f"/tmp/gpujob-{os.getuid()}"
+    if not create and not os.path.lexists(path):
+        return path
+    return _private_dir(path, create)
+
+
+def env_key() -> str:
+    """This environment's key: what a daemon must agree on, hashed (16 hex digits)."""
+    view = {"uid": os.getuid(), "env": env_view(), "stamp": code_stamp()}
+    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def socket_path(create: bool = True) -> str:
-    return os.path.join(runtime_dir(create), "conn.sock")
+    """This environment's daemon socket (NoDaemon when its path would be too long)."""
+    path = os.path.join(runtime_dir(create), f"conn-{env_key()}.sock")
+    if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+        raise NoDaemon(f"{path} is too long for a Unix socket")
+    return path
+
+
+def starting_marker(path: str) -> str:
+    """Beside a socket: the pid of the daemon spawned for it, while it starts."""
+    return path[:-len(".sock")] + ".starting"
 
 
 def find_inventory(explicit: str | None) -> str | None:
@@ -94,7 +125,9 @@ def find_inventory(explicit: str | None) -> str | None:
 
 
 def code_stamp() -> str:
-    """Which gpujob this is: a daemon whose code differs (an upgrade, an edit) hands over."""
+    """Which gpujob this is, run by which Python: an upgrade or an edit (a newer module
+    file) makes another key, so its commands start a daemon of their own; the old daemon
+    serves nobody new and ends when idle."""
     pkg = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     newest = 0
     for sub in (pkg, *(os.path.join(pkg, d) for d in ("cli", "conn", "transport"))):
@@ -105,7 +138,7 @@ def code_stamp() -> str:
                         newest = max(newest, e.stat().st_mtime_ns)
         except OSError:
             pass
-    return f"{pkg}:{newest}:{sys.version_info[:2]}"
+    return f"{pkg}:{newest}:{sys.version_info[:2]}:{sys.prefix}"
 
 
 def env_view() -> dict:

@@ -29,8 +29,10 @@ def _error(info: dict) -> GpujobError:
 
 
 class KeptTransport(Transport):
-    """``direct`` (the PctTransport this target would use) with its commands sent to
-    the daemon; ``where="host"`` runs them on the Proxmox host instead."""
+    """``direct`` (the transport this target would use) with its commands sent to the
+    daemon, which runs them in the container (``where="container"``: ``direct`` is the
+    PctTransport) or on the Proxmox host (``where="host"``: ``direct`` is the host's
+    SshTransport). Whenever the daemon cannot be had, ``direct`` runs them itself."""
 
     def __init__(self, direct: Transport, inventory: str, target: str, where: str = "container"):
         self.direct = direct
@@ -56,6 +58,7 @@ class KeptTransport(Transport):
         """``pct status VMID`` as PctTransport.status_result says it, asked over the kept connection."""
         from gpujob.transport.pct import PctStatus
         host = KeptTransport(self.direct.inner, self.inventory, self.target, where="host")
+        host.use_direct = self.use_direct
         r = host.run([self.direct.pct, "status", str(self.direct.vmid)], timeout=30)
         return PctStatus(r.exit_code, r.text.strip(), r.tail())
 
@@ -70,8 +73,7 @@ class KeptTransport(Transport):
             if s is not None:
                 return self._relay(s, list(argv), stdin, on_stdout, on_stderr)
             self.use_direct = True
-        inner = self.direct if self.where == "container" else self.direct.inner
-        return inner.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
+        return self.direct.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def _open(self, argv, stdin, timeout):
         """A socket on which the daemon said it is going ahead, or None: run directly."""

@@ -189,10 +189,13 @@ def _dims(env: dict, fds: list[int], terminal: bool) -> tuple[int, int]:
 
 
 def client_console(fd: int, encoding: str, env: dict, fds: list[int]) -> Console:
+    """render.console() as the client's own process would build it: on its descriptor,
+    under its environment (piped: soft-wrapped at gpujob's piped width, unless $COLUMNS)."""
     text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
-    # render.console()'s settings (markup, emoji, highlight off), on the client's file and environment
-    c = Console(file=text, highlight=False, markup=False, emoji=False, _environ=env)
-    c.width, c.height = _dims(env, fds, c.is_terminal)
+    settings = render.console_settings(os.isatty(fd), env)
+    c = Console(file=text, _environ=env, **settings)
+    width, c.height = _dims(env, fds, c.is_terminal)
+    c.width = settings.get("width", width)
     return c
 
 
@@ -230,7 +233,6 @@ class Server:
         self.active = 0
         self.last = time.monotonic()
         self.stopping = threading.Event()
-        self.handing_over = threading.Event()  # stopping for another gpujob, not by request
         self.lock = threading.Lock()
 
     # the listening socket
@@ -256,11 +258,19 @@ class Server:
         s.settimeout(0.5)
         return s
 
+    def reachable(self) -> bool:
+        """Whether clients can still find this daemon: its socket file is the one it bound
+        (removed, say with its runtime dir, nobody new can come)."""
+        try:
+            return os.stat(self.path).st_ino == self.ino
+        except OSError:
+            return False
+
     def serve(self) -> None:
         sock = self.bind()
         log(f"listening on {self.path}; idle time {self.idle:g}s")
         try:
-            os.unlink(self.path.parent / "conn.starting")  # started: spawners need not wait
+            os.unlink(paths.starting_marker(str(self.path)))  # started: spawners need not wait
         except OSError:
             pass
         signal.signal(signal.SIGTERM, lambda *a: self.stopping.set())
@@ -273,6 +283,9 @@ class Server:
                         if self.active == 0 and time.monotonic() - self.last > self.idle:
                             log("idle: ending")
                             break
+                    if not self.reachable():
+                        log("its socket is gone: ending once what runs here ends")
+                        break
                     continue
                 with self.lock:
                     self.active += 1
@@ -284,8 +297,8 @@ class Server:
                     self.path.unlink()
             except OSError:
                 pass
-            while self.handing_over.is_set() and self.active > 0:
-                time.sleep(0.2)  # a new gpujob takes over the socket; what runs here ends first
+            while not self.stopping.is_set() and self.active > 0:
+                time.sleep(0.2)  # idle or unreachable: nobody new comes; what runs here ends first
             self.pool.close()
             log("stopped")
 
@@ -304,11 +317,10 @@ class Server:
                 return
             if req.get("stamp") != self.stamp or req.get("env") != self.env or \
                     len(fds) != (0 if req.get("op") == "run" else 3):
-                conn.sendall(proto.pack(b"F"))  # another gpujob, or another user's setting
-                if req.get("stamp") != self.stamp:
-                    log("a different gpujob asked: handing over to it once what runs here ends")
-                    self.handing_over.set()
-                    self.stopping.set()
+                # another environment's command (its key names another socket, so only a
+                # client that changed under its feet gets here): it runs directly; this
+                # daemon serves on for its own
+                conn.sendall(proto.pack(b"F"))
                 return
             if req.get("op") == "run":
                 from gpujob.conn.relay import serve_run
