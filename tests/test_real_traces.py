@@ -85,3 +85,35 @@ def test_the_hf_save_dips_are_deep_and_only_the_pauses_keep_them_out():
     dips = [d for d in decisions if d.get("value") is not None and d["value"] < 0.5 * base
             and d["verdict"] not in ("settling", "warming_up")]
     assert dips and all(d["verdict"] == "paused" for d in dips), [(d["value"], d["verdict"]) for d in dips[:5]]
+
+
+def test_frequent_saves_are_the_trainers_pace_not_pauses():
+    """dflash_mini saves every 10 s here (jobs/dflash-mini.yaml: every 5 s). With a 2 s lead and
+    a 5 s tail, a pause would cover 7 s of every 5: on the H200 the job stayed paused and was
+    never judged. Saves more frequent than 2 × (lead + tail) open no pause; its shallow dips
+    (0.81-1.17 of the median) are then judged as they are, and nothing breaches."""
+    from gpujob.agent.pauses import checkpoints_pause
+    assert checkpoints_pause(5.0, 5.0) is False and checkpoints_pause(15.0, 5.0) is True
+    assert checkpoints_pause(None, 5.0) is True
+    spec = {"throughput": dict(FORMATS["dflash"], **dict(POLICY, pause_tail=5.0)),
+            "train": {"checkpoint": {"path": "ckpt/step_*.pt", "every": 5.0}}}
+    base = SUMMARY["dflash_mini_compiled_2lanes"]["median_tok_s"]
+    _, frequent = replay_trace(str(TRACES / "dflash_mini_compiled_2lanes.jsonl.gz"), spec, baseline=base)
+    assert frequent["pauses"] == 0 and frequent["rollbacks"] == 0 and frequent["breaches"] == 0
+    assert frequent["per_segment"][0]["known_good"] is not None  # judged, and proven
+    _, slow = replay_trace(str(TRACES / "dflash_mini_broken_compile_2lanes.jsonl.gz"), spec, baseline=base)
+    assert slow["rollbacks"] == 1 and slow["time_to_decide"] <= 60.0
+
+
+def test_the_supervisors_own_trace_from_the_gpu_replays_to_the_rollback_it_took():
+    """bench.gpu act 2 on the H200 through gpujob (2026-12-01, this session's merged judge):
+    the supervisor's trace.jsonl.gz and the job's spec (tests/data/traces/gpujob_dflash_mini_act2.*).
+    Replayed offline, the policy rolls back at the very moment the live supervisor did, and the
+    known-good profile it resumed on is judged good."""
+    spec = json.loads((TRACES / "gpujob_dflash_mini_act2.spec.json").read_text())
+    decisions, summary = replay_trace(str(TRACES / "gpujob_dflash_mini_act2.jsonl.gz"), spec, baseline=910000.0)
+    slow, fast = [s for s in summary["per_segment"] if s["samples"]]
+    assert (slow["profile"], fast["profile"]) == ("slow", "fast")
+    assert slow["rollback_at"] is not None and abs(slow["rollback_at"] - slow["recorded_rollback_at"]) < 0.5
+    assert fast["rollback_at"] is None and fast["known_good"] > 0.7 * 910000.0
+    assert any(d["verdict"] == "note" and "recorded: at" in d["reason"] for d in decisions)

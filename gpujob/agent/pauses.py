@@ -9,6 +9,12 @@ reaches ``LEAD`` seconds back before its first event: the checkpoint watcher see
 a save up to about a poll late, and the samples printed meanwhile are the save's.
 The policy leaves samples inside pauses out of every window and counts no pause
 time in any duration (:class:`Clock`).
+
+Saves are pauses only while they are rare: a trainer that checkpoints more often than
+every ``2 × (LEAD + pause_tail)`` seconds (``train.checkpoint.every``) would be paused
+for good and never judged (jobs/dflash-mini.yaml saves every 5 s: found on the H200),
+so its saves are its pace and only ``pause_pattern`` lines pause it
+(:func:`checkpoints_pause`).
 """
 
 from __future__ import annotations
@@ -19,11 +25,17 @@ LEAD = 2.0  # seconds before a pause's first event that still belong to it
 KEEP = 2000  # pauses kept per run (the oldest dropped first)
 
 
+def checkpoints_pause(every, tail: float, lead: float = LEAD) -> bool:
+    """Whether checkpoint saves every ``every`` seconds (None: not known) open pauses."""
+    return every is None or float(every) >= 2 * (lead + float(tail))
+
+
 class Pauses:
     """The pauses of one run, as merged ``[start, end]`` intervals in time order."""
 
-    def __init__(self, tail: float, lead: float = LEAD):
+    def __init__(self, tail: float, lead: float = LEAD, ckpt_every=None):
         self.tail, self.lead = float(tail), float(lead)
+        self.ckpt = checkpoints_pause(ckpt_every, self.tail, self.lead)  # saves pause judging
         self.intervals: List[List] = []  # [start, end, why]
         self.count = 0  # pauses opened (a merged extension does not count)
 
@@ -44,6 +56,8 @@ class Pauses:
         """Checkpoint file events (CONTRACT: {t, ckpt, op, size}): ``new`` and ``changed``
         are a save in progress; ``gone`` (an old checkpoint rotated away) is not."""
         opened = []
+        if not self.ckpt:
+            return opened
         for ev in events:
             if ev.get("op") in ("new", "changed") and isinstance(ev.get("t"), (int, float)):
                 got = self.mark(float(ev["t"]), f"checkpoint {ev.get('ckpt')}")

@@ -32,13 +32,14 @@ def throughput_section(spec: dict) -> dict:
 
 
 class Segment:
-    def __init__(self, tp: dict, start: float, profile, baseline, resume: bool, scale: float = 1.0):
+    def __init__(self, tp: dict, start: float, profile, baseline, resume: bool, scale: float = 1.0,
+                 ckpt_every=None):
         cfg = policy.PolicyConfig.from_spec(tp)
         if resume and tp.get("resume_initial_delay") is not None and baseline is not None:
             cfg = dataclasses.replace(cfg, initial_delay=tp["resume_initial_delay"])  # phases.resumed_policy
         self.cfg, self.start, self.profile, self.baseline = cfg, start, profile, baseline
         self.source = sources.line_source(tp, scale) if tp.get("format") else None
-        self.pauses = Pauses(float(tp.get("pause_tail") or 0.0))
+        self.pauses = Pauses(float(tp.get("pause_tail") or 0.0), ckpt_every=ckpt_every)
         self.rx = re.compile(tp["pause_pattern"]) if tp.get("pause_pattern") else None
         self.samples, self.memo = [], {}
         self.last = None
@@ -88,6 +89,8 @@ class Segment:
 def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
     """(decisions, summary) over trace records (CONTRACT trace format v1)."""
     tp = throughput_section(spec)
+    every = ((spec.get("train") or {}).get("checkpoint") or {}).get("every") if isinstance(spec.get("train"), dict) \
+        else None  # a spec's train.checkpoint.every: frequent saves open no pauses (agent/pauses.py)
     segs: list = []
     base = baseline
     cur = None
@@ -101,13 +104,13 @@ def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
                 cur = None
                 continue
             prof = profile or run.get("profile")
-            cur = Segment(tp, t, prof, base, bool(run.get("resume")))
+            cur = Segment(tp, t, prof, base, bool(run.get("resume")), ckpt_every=every)
             segs.append(cur)
             continue
         if cur is None:
             if "out" not in rec and "ckpt" not in rec:
                 continue
-            cur = Segment(tp, t, profile, base, False)  # a trace cut before its first run record
+            cur = Segment(tp, t, profile, base, False, ckpt_every=every)  # a trace cut before its first run record
             segs.append(cur)
         if "out" in rec:
             cur.line(t, str(rec["out"]))

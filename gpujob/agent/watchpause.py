@@ -17,7 +17,8 @@ class PauseWatch:
     def pause_setup(self, run) -> None:
         """A run's pauses and its trace segment (called when its watch starts)."""
         tp = defaults.section(self.spec, "throughput") or {}
-        run.pauses = Pauses(float(tp.get("pause_tail") or 0.0))
+        ck = (self.spec.get("train") or {}).get("checkpoint") or {}
+        run.pauses = Pauses(float(tp.get("pause_tail") or 0.0), ckpt_every=ck.get("every"))
         run.memo = {}
         pat = tp.get("pause_pattern")
         self._pause_rx = re.compile(pat) if pat else None
