@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,7 +20,7 @@ from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
 from gpujob.spec_throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
 from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
-                               Interpreter, JobName, Name, PathText, Pinned, Rate, Requirement, SecretRef, Signal, Size, Url,
+                               Interpreter, JobName, Name, PathText, Pinned, Requirement, SecretRef, Signal, Size, Url,
                                _env_value, _local_path, remote_dest)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 from helpers import REPO, cli, gpujob_argv, local_env
 

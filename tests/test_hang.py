@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
@@ -106,7 +105,7 @@ def test_a_start_hang_saves_every_threads_stack_and_logs_stacks_shows_them(tmp_p
     assert not trainers_of(tmp_path)
     p = cli(["logs", job_id, "--stacks"], env, check=True)
     shown = p.stdout.decode()
-    assert shown.startswith(f"== train start_hang at ") and "via faulthandler" in shown
+    assert shown.startswith("== train start_hang at ") and "via faulthandler" in shown
     assert "compile_flex_attention_forever" in shown and "Thread 0x" in shown
     [j] = [json.loads(ln) for ln in cli(["logs", job_id, "--stacks", "--json"], env, check=True).stdout.splitlines()]
     assert j["type"] == "stacks" and j["stacks"][0]["pid"] > 0

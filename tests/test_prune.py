@@ -8,7 +8,6 @@ agent killed at a precise point by a real SIGKILL."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys

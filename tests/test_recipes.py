@@ -158,7 +158,6 @@ def test_init_default_name_and_file(tmp_path):
     assert job_name(["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train"]) == "train"
     env = local_env(tmp_path)
     import subprocess
-    import sys
     p = subprocess.run([*gpujob_argv(), "init", "--recipe", "nanogpt", "--",
                         "python", "train.py"], cwd=tmp_path, env=env, capture_output=True)
     assert p.returncode == 0, p.stderr.decode()

@@ -13,7 +13,6 @@ loads it. Ours adds ``--eval_interval_s`` (seconds between evals) and
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from gpujob.agent import decide, defaults, fleet, policy, sources, throughput
+from gpujob.agent import decide, defaults, fleet, policy, sources
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.cksupervise import CheckpointKeep
