@@ -343,7 +343,8 @@ def test_doctor_gives_a_fix_for_every_failure_and_a_summary(box, tmp_path):
     assert re.search(r"┃ check\s+┃ status\s+┃ detail\s+┃ fix", narrow)
     assert "…" not in narrow and max(len(ln) for ln in narrow.splitlines()) <= 80  # folds, not cut
     [row] = [ln for ln in out.splitlines() if "Error reading SSH protocol banner" in ln]
-    assert "something answered that is not sshd: check `address` and `port` in hosts.yaml" in row
+    # the error's own hint (transport/ssh.py) names what usually causes it
+    assert "the port answered but not with SSH: usually the wrong port" in row and "ssh -v -p PORT" in row
     checks = [c for cs in report.values() for c in cs]
     assert all(c["hint"] for c in checks if c["status"] != "ok")
     n = {s: sum(c["status"] == s for c in checks) for s in ("ok", "warn", "fail")}

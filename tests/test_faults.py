@@ -452,7 +452,7 @@ def test_a_supervisor_killed_mid_confirmation_the_next_one_finishes_it(tmp_path,
     goes on confirming and marks slow bad."""
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
                       slow_url=wheelhouse[1]["slow"], profile="slow", warmup=False,
-                      trainer_args="--steps 400 --interval 0.05", rollback={"confirm": "4s"})
+                      trainer_args="--steps 2000 --interval 0.05", rollback={"confirm": "4s"})
     cli(["ledger", "set", "box", "tjob", "fast", "good"], env, check=True)
     job_id = submit(spec, env)
     wait_for(lambda: (state_of(tmp_path, job_id).get("suspect") or {}).get("target") == "fast" and
