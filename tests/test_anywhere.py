@@ -104,6 +104,10 @@ def test_the_demo_runs_from_any_directory(tmp_path):
     st = json.loads(cli(["status", "--json"], env, check=True).stdout)
     assert st["state"] == "succeeded" and st["profile"] == "fast"
     assert st["window_median"] >= 10000 and st["rollbacks"][0]["signal"] == "low_throughput"
+    # the summary says what the ledger says: slow is bad only once fast held for rollback.confirm
+    slow = (st.get("ledger") or {}).get("slow", {}).get("status", "untried")
+    said = "it marked slow bad" if slow == "bad" else f"slow stays {slow}: the job ended before fast held"
+    assert said in out.split("== What happened ==")[-1], out[-1500:]
 
 
 def test_an_index_from_before_gets_the_entry_column(tmp_path):
