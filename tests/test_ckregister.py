@@ -158,7 +158,9 @@ def test_a_register_writer_killed_at_any_moment_leaves_a_whole_register(tmp_path
         reg = json.loads(raw)  # never half a file
         assert reg["format"] == 1 and len(reg["files"]) >= before
         for path, e in reg["files"].items():
-            assert os.path.exists(path) and e["run"] == len(reg["runs"])
+            # the run that last wrote it: each writer starts again at ck-1, so a later run that
+            # was killed sooner leaves the higher-numbered files to the run that wrote them
+            assert os.path.exists(path) and 1 <= e["run"] <= len(reg["runs"])
         counts.append(len(reg["files"]))
     assert counts == sorted(counts) and counts[-1] > counts[0]
     assert ckregister.all_registers(str(home))[0]["job_id"] == "j-1"  # a killed writer's temp file is no register

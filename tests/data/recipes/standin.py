@@ -82,7 +82,7 @@ elif style == "nanogpt":
     def tick(step, dt):
         if step % log_every == 0:
             print(f"iter {step}: loss 2.0000, time {dt * 1000:.2f}ms, mfu 12.00%", flush=True)
-        if step % 2 == 0 and opt("--always_save_checkpoint") != "False":
+        if step % 10 == 2 and opt("--always_save_checkpoint") != "False":  # at its eval interval
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, "ckpt.pt"), "w") as f:
                 f.write(str(step))
@@ -118,7 +118,7 @@ elif style == "lightning":
         sys.stdout.write(f"\rEpoch 0:  {100 * step // steps}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s, "
                          "v_num=0]")
         sys.stdout.flush()
-        if opt("--trainer.enable_checkpointing") != "false" and step % 2 == 0:
+        if opt("--trainer.enable_checkpointing") != "false" and step % 10 == 2:  # every_n_train_steps
             os.makedirs(ck, exist_ok=True)
             with open(os.path.join(ck, "last.ckpt"), "w") as f:
                 f.write(str(step))
