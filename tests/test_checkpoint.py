@@ -154,17 +154,23 @@ def test_wait_for_checkpoint_waits_for_this_runs_own_checkpoint(tmp_path, index_
 
 
 def test_a_directory_checkpoint_still_being_written_is_not_finished_and_a_stop_waits(tmp_path, index_urls):
-    """HF-style checkpoint-N/ directories whose trainer_state.json lands 1.5 s after the
+    """HF-style checkpoint-N/ directories whose trainer_state.json lands 4 s after the
     first file: a stop asked in between waits for the save before it signals the trainer."""
     env = local_env(tmp_path)
     spec = ck_spec(tmp_path, index_urls, ck_every=10, wait=False, path="ck/checkpoint-*", steps=400,
-                   trainer="--checkpoint-dir ck --save-seconds 1.5", interval=0.05, ck={"settle": "2s"},
+                   trainer="--checkpoint-dir ck --save-seconds 4", interval=0.05, ck={"settle": "6s"},
                    throughput=False)
     job_id = job_id_of(cli(["submit", str(spec), "--profile", "fast"], env, check=True).stdout)
     ck = tmp_path / "root" / "work" / "tjob" / "ck" / "checkpoint-10"
     wait_for(lambda: (ck / "model.json").exists(), 60, 0.02, "the first save to begin")
     assert not (ck / "trainer_state.json").exists()
-    time.sleep(0.6)  # more than a poll, less than the save
+
+    def registered():  # the register's poll (every 0.5 s; later under load) has seen the directory
+        regs = list((tmp_path / "root" / "checkpoints").glob("*.json"))
+        return regs and json.loads(regs[0].read_text())["files"]
+
+    wait_for(registered, 3, 0.05, "the register to see the save being written")
+    assert not (ck / "trainer_state.json").exists()  # still within the save
     reg = json.loads(next((tmp_path / "root" / "checkpoints").glob("*.json")).read_text())
     [entry] = reg["files"].values()
     assert entry["finished"] is False  # the directory exists, but the save is not done

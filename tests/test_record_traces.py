@@ -9,7 +9,11 @@ import sys
 from bench.traces import record_traces as rt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRACES = sorted(glob.glob(os.path.join(HERE, "data", "traces", "*.jsonl.gz")))
+# the recorder's traces; a supervisor's own trace (gpujob_*.jsonl.gz, with its decisions) is
+# checked by tests/test_real_traces.py
+TRACES = sorted(p for p in glob.glob(os.path.join(HERE, "data", "traces", "*.jsonl.gz"))
+                if not os.path.basename(p).startswith("gpujob_"))
+SUPERVISOR_TRACES = sorted(glob.glob(os.path.join(HERE, "data", "traces", "gpujob_*.jsonl.gz")))
 KINDS = ("run", "out", "ckpt", "exit", "recorded")
 
 
@@ -127,3 +131,13 @@ def test_recorded_traces_are_v1_and_small():
             assert meta["profile"] in ("compiled", "broken_compile")
             assert (meta["profile_env"].get("TORCHDYNAMO_DISABLE") == "1") == (meta["profile"] == "broken_compile")
             assert any("ckpt" in r for r in recs), path
+
+
+def test_a_supervisor_trace_kept_in_the_repo_is_a_whole_gzip_stream():
+    """A live supervisor trace has no gzip end (it is flushed, not closed); one copied into
+    tests/data must be finished, so that any gzip reader takes it."""
+    assert SUPERVISOR_TRACES
+    for path in SUPERVISOR_TRACES:
+        header, recs = read(path)
+        assert header["trace"] == 1 and header["recorded_by"] == "gpujob supervisor", path
+        assert "exit" in recs[-1], path
