@@ -144,7 +144,7 @@ def _hint_for(e: Exception) -> str | None:
 def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHClient:
     """Open an authenticated SSH connection; raise a one-line ConnectError on failure.
 
-    ``settings`` is an :class:`gpujob.inventory.SshSettings` (hostname, port, user,
+    ``settings`` is an :class:`gpujob.transport.ssh_config.SshSettings` (hostname, port, user,
     identity_files, known_hosts, jump, connect_timeout, keepalive).
     """
     where = f"{settings.user}@{settings.hostname}:{settings.port}"
