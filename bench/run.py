@@ -64,7 +64,7 @@ from gpujob import jobs  # noqa: E402
 from gpujob.inventory import load_inventory  # noqa: E402
 from gpujob.target import Targets  # noqa: E402
 from gpujob.wheelhouse import build_indexes, serve  # noqa: E402
-from tests.testbed import TestBed  # noqa: E402
+from testbed import TestBed  # noqa: E402
 
 HOME = "/root/.gpujob"          # gpujob's home in the container (Targets' default)
 JOB_DIR = Path(__file__).resolve().parent / "job"
