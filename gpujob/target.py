@@ -126,8 +126,9 @@ class Target:
         r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         if r.exit_code == protocol.AGENT_MISSING:
             self.ship_agent()
-            if hasattr(stdin, "seek"):
-                stdin.seek(0)
+            seek = getattr(stdin, "seek", None)
+            if seek is not None:
+                seek(0)
             r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout,
                                    on_stderr=on_stderr)
         if r.exit_code == 127:

@@ -69,7 +69,7 @@ def _settings(config: "paramiko.SSHConfig", host: SshHost, nested: bool) -> SshS
         if nested:
             raise InputError(f"proxy_jump '{proxy_jump}' of jump host '{host.address}': "
                              "only one level of jump is supported")
-        port = match["port"] and int(match["port"])
+        port = int(match["port"]) if match["port"] else None
         jump_host = replace(host, address=match["host"], user=match["user"], port=port,
                             identity_file=None, proxy_jump=None)
         jump = _settings(config, jump_host, nested=True)
