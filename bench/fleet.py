@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     idx = build_indexes(tmp / "wheelhouse")
     bed = server = None
     if args.testbed:
-        from tests.testbed import TestBed
+        from testbed import TestBed
         bed = TestBed.start()
         bed.start_second_host()
         server, url = serve(tmp / "wheelhouse")

@@ -47,7 +47,7 @@ def relative_file_urls(spec) -> list[tuple[tuple, Path, list[str]]]:
     URL of the spec's profiles: those start at the spec's folder, on the laptop."""
     out = []
     for i, p in enumerate(spec.profiles):
-        urls = [(("index_url",), p.index_url)]
+        urls: list[tuple[tuple, str | None]] = [(("index_url",), p.index_url)]
         urls += [(("extra_index_urls", j), u) for j, u in enumerate(p.extra_index_urls)]
         urls += [(("find_links", j), u) for j, u in enumerate(p.find_links)]
         for loc, url in urls:
@@ -88,7 +88,7 @@ def ensure_local_indexes(spec, progress: Callable[[str], None]) -> None:
 def build_demo_wheels(spec) -> None:
     """``gpujob demo``: (re)build the wheelhouse its spec names (deterministic bytes)."""
     from gpujob.wheelhouse import build_indexes
-    roots = {_demo_wheelhouse(path, pins) for _, path, pins in relative_file_urls(spec)} - {None}
+    roots = {r for _, path, pins in relative_file_urls(spec) if (r := _demo_wheelhouse(path, pins)) is not None}
     for root in roots or {spec.spec_dir / "demo" / "wheelhouse"}:
         build_indexes(root)
 

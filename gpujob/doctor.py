@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
 from gpujob import kinds
 from gpujob.kinds.base import CheckStatus
@@ -82,11 +83,11 @@ def fallback_fix(name: str, detail: str) -> str:
     return "see README: Troubleshooting"
 
 
-def judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
+def judge(facts: dict, *, expected_gpus: int | None = None, cudas: Sequence[str] = ()) -> list[Check]:
     return with_fixes(_judge(facts, expected_gpus=expected_gpus, cudas=cudas))
 
 
-def _judge(facts: dict, *, expected_gpus: int | None = None, cudas: list[str] = ()) -> list[Check]:
+def _judge(facts: dict, *, expected_gpus: int | None = None, cudas: Sequence[str] = ()) -> list[Check]:
     checks: list[Check] = []
     add = lambda *a: checks.append(Check(*a))  # noqa: E731
     if not kinds.get(facts["kind"]).judge(facts, add):

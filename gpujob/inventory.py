@@ -4,10 +4,8 @@ and the containers on them that run jobs."""
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
@@ -15,9 +13,6 @@ from gpujob import kinds
 from gpujob.errors import InputError
 from gpujob.spec_types import PathText
 from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
-
-if TYPE_CHECKING:
-    import paramiko
 
 DEFAULT_INVENTORY = {
     "hosts": {"local": {"kind": "local", "containers": {"demo": {"root": "~/.local/share/gpujob/demo"}}}},
@@ -189,63 +184,3 @@ def load_inventory_data(data: dict) -> Inventory:
                          f"({e.errors()[0].get('msg')}); give --hosts with its host") from None
     inventory._source = "recorded with the job"
     return inventory
-
-
-@dataclass
-class SshSettings:
-    hostname: str
-    port: int
-    user: str
-    identity_files: list[str]
-    known_hosts: Path
-    proxy_jump: str | None
-    connect_timeout: float
-    keepalive: float
-    jump: SshSettings | None = None
-
-
-_JUMP = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>[^:@,]+)(?::(?P<port>\d+))?")
-
-
-def ssh_settings(host_name: str, host: Host, ssh_config_path: str | Path = "~/.ssh/config") -> SshSettings:
-    """How to reach host: hosts.yaml, filled in from ~/.ssh/config (hosts.yaml wins)."""
-    if "address" not in kinds.get(host.kind).host_fields:
-        raise InputError(f"host '{host_name}' is {host.kind}; it has no SSH settings")
-    path = Path(ssh_config_path).expanduser()
-    import paramiko  # only ssh hosts need it: the local demo starts faster without
-
-    config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
-    return _settings(config, host, nested=False)
-
-
-def _settings(config: "paramiko.SSHConfig", host: Host, nested: bool) -> SshSettings:
-    found = config.lookup(host.address)
-    proxy_jump = host.proxy_jump or found.get("proxyjump")
-    if proxy_jump and proxy_jump.lower() == "none":
-        proxy_jump = None
-    jump = None
-    if proxy_jump:
-        match = _JUMP.fullmatch(proxy_jump)
-        if not match:
-            raise InputError(f"proxy_jump '{proxy_jump}': expected one jump host, [user@]host[:port]")
-        if nested:
-            raise InputError(f"proxy_jump '{proxy_jump}' of jump host '{host.address}': "
-                             "only one level of jump is supported")
-        port = match["port"] and int(match["port"])
-        jump_host = host.model_copy(update={"address": match["host"], "user": match["user"], "port": port,
-                                            "identity_file": None, "proxy_jump": None})
-        jump = _settings(config, jump_host, nested=True)
-        if not jump.identity_files and host.identity_file:  # no key of its own: try the host's
-            jump.identity_files = [os.path.expanduser(host.identity_file)]
-    identity = [host.identity_file] if host.identity_file else found.get("identityfile", [])
-    return SshSettings(
-        hostname=found["hostname"],
-        port=host.port or int(found.get("port", 22)),
-        user=host.user or found.get("user", "root"),
-        identity_files=[os.path.expanduser(path) for path in identity],
-        known_hosts=Path(host.known_hosts or "~/.ssh/known_hosts").expanduser(),
-        proxy_jump=proxy_jump,
-        connect_timeout=host.connect_timeout,
-        keepalive=host.keepalive,
-        jump=jump,
-    )

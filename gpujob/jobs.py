@@ -17,7 +17,7 @@ import shlex
 
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from gpujob.agent import checkpoint, ckpaths, envs, metrics, notify, planshare
 from gpujob.agent.commands import command_argv
@@ -116,7 +116,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
         p["index_url"] = resolved(p["index_url"])
         p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
         p["find_links"] = [resolved(u) for u in p.get("find_links") or []]
-    req = {"job_id": job_id, "spec": data, "profile": profile,
+    req: dict[str, Any] = {"job_id": job_id, "spec": data, "profile": profile,
            "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
            "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
            "env_passthrough": list(env_passthrough or [])}

@@ -11,6 +11,7 @@ Times are seconds since the job's first record. ``grid`` draws it for a terminal
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from gpujob.agent.protocol import JobState
 from gpujob.agent.throughput import fmt_rate
@@ -33,7 +34,8 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
     def rel(t: float) -> float:  # seconds since the start, to the journal's millisecond
         return round(t - t0, 3)
 
-    seen, points = set(), []
+    seen: set = set()
+    points: list[dict[str, Any]] = []
     for r in sorted((r for r in recs if r.get("type") == "sample"), key=lambda r: r["t"]):
         v = _num(r.get("value"))
         if v is None or r["t"] in seen:

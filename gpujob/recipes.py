@@ -18,7 +18,7 @@ import copy
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 NOT_PROVEN = "not yet proven on a GPU"
 
@@ -323,7 +323,7 @@ def describe(name: str, sample_command=None) -> dict:
     """What a recipe sets, for `gpujob recipes`: its info and the keys of its fragment
     for a sample command (tokens per step given, so nothing is required)."""
     recipe = RECIPES[name]
-    sample = {"train": {"command": sample_command or SAMPLE_COMMANDS[name]},
+    sample: dict[str, dict[str, Any]] = {"train": {"command": sample_command or SAMPLE_COMMANDS[name]},
               "throughput": {"tokens_per_step": 4096}}
     frag = recipe.derive(sample)
     return {**recipe.info(), "summary": recipe.summary, "sample_command": sample["train"]["command"],

@@ -20,7 +20,8 @@ MAX_SECRET = 64 * 1024
 
 def secret_refs(spec: JobSpec) -> list[tuple[tuple, str, SecretRef]]:
     """(loc, variable, reference) of every secret env value, job-level first."""
-    out = [(("env", k), k, v) for k, v in spec.env.items() if isinstance(v, SecretRef)]
+    out: list[tuple[tuple, str, SecretRef]] = [
+        (("env", k), k, v) for k, v in spec.env.items() if isinstance(v, SecretRef)]
     for i, p in enumerate(spec.profiles):
         out += [(("profiles", i, "env", k), k, v) for k, v in p.env.items() if isinstance(v, SecretRef)]
     for i, hook in enumerate(spec.notify):

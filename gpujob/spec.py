@@ -247,9 +247,10 @@ class JobSpec(Strict):
                     else f"<workdir>/{entry.dest}"
                 raise At(("sync", i, "dest"), f"{describe(entry.dest)} resolves to {shorten(where)}, outside "
                          "the workdir; give an absolute path to write outside it")
-        self._check_group(("warmup", "per_gpu"), self.warmup and self.warmup.per_gpu)
-        self._check_group(("throughput", "scope_group"), self.throughput and self.throughput.scope_group)
-        self._check_group(("rollback", "gpu_idle", "group"), self.rollback.gpu_idle and self.rollback.gpu_idle.group)
+        self._check_group(("warmup", "per_gpu"), self.warmup.per_gpu if self.warmup else None)
+        self._check_group(("throughput", "scope_group"), self.throughput.scope_group if self.throughput else None)
+        self._check_group(("rollback", "gpu_idle", "group"),
+                          self.rollback.gpu_idle.group if self.rollback.gpu_idle else None)
         if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:
             raise At(("rollback", "wait_for_checkpoint"), "needs train.checkpoint (path and every)")
         check_checkpoint_use(self)  # {resume_from}, the glob within the workdir
@@ -262,7 +263,7 @@ class JobSpec(Strict):
 
     def _check_fleet(self) -> None:
         """Multi-node keys only with a list target, and each node's env for every node."""
-        if self.multi_node:
+        if isinstance(self.target, list):  # multi_node
             if self.nodes is not None and self.nodes.env and len(self.nodes.env) != len(self.target):
                 raise At(("nodes", "env"), f"expected one entry per node ({len(self.target)}), "
                          f"got {len(self.nodes.env)}")
@@ -326,7 +327,7 @@ class JobSpec(Strict):
     def env_key(self, profile_name: str) -> str:
         """`<profile>-<hash12>`: changes whenever what goes into the profile's venv changes."""
         profile = self.profile_by_name(profile_name)
-        content = {
+        content: dict[str, Any] = {
             "index_url": profile.index_url,
             "extra_index_urls": profile.extra_index_urls,
             "packages": sorted(profile.packages),

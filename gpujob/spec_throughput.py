@@ -104,12 +104,12 @@ class Throughput(Strict):
                 groups = re.compile(self.pattern).groupindex
             except re.error as exc:
                 raise At(("pattern",), f"not a valid regex: {exc}") from None
-            given = [g for g in ("value", "ms", "seconds") if g in groups]
-            if len(given) != 1:
+            named = [g for g in ("value", "ms", "seconds") if g in groups]
+            if len(named) != 1:
                 raise At(("pattern",), "needs one named group (?P<value>...) (a rate), (?P<ms>...) or "
                          "(?P<seconds>...) (time per step)")
-            if given[0] != "value" and self.tokens_per_step is None:
-                raise At(("tokens_per_step",), f"missing (required) for a pattern with (?P<{given[0]}>...): "
+            if named[0] != "value" and self.tokens_per_step is None:
+                raise At(("tokens_per_step",), f"missing (required) for a pattern with (?P<{named[0]}>...): "
                          "tok/s is tokens_per_step / time per step")
         if self.pause_pattern is not None:
             try:

@@ -9,7 +9,7 @@ import posixpath
 import re
 import shlex
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo
 
@@ -198,7 +198,10 @@ Url = Annotated[str, BeforeValidator(_url)]
 Cuda = Annotated[str, BeforeValidator(_cuda)]
 Command = Annotated[str | list[str], BeforeValidator(_command)]
 Args = Annotated[list[str], BeforeValidator(_args)]
-Signal = Literal[tuple(s.value for s in FailureSignal)]  # rollback.on etc.: protocol.FailureSignal's names
+if TYPE_CHECKING:  # a Literal built at run time; to a type checker, a str
+    Signal = str
+else:
+    Signal = Literal[tuple(s.value for s in FailureSignal)]  # rollback.on etc.: protocol.FailureSignal's names
 
 
 def _path_text(value: Any) -> Any:

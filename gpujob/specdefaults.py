@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 
+from pydantic import BaseModel
+
 from gpujob.spec import Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
 
 
 #: the sections whose defaults the agent needs for a job.json that lacks a key
-AGENT_DEFAULT_SECTIONS = {"caches": Caches, "journal": Journal, "rollback": Rollback,
-                          "throughput": Throughput, "train": Train, "warmup": Warmup,
-                          "restarts": Restarts,  # train.restarts
-                          "checkpoint": Checkpoint,  # train.checkpoint
-                          "notify": Webhook, "metrics": Metrics}  # notify: each webhook's
+AGENT_DEFAULT_SECTIONS: dict[str, type[BaseModel]] = {"caches": Caches, "journal": Journal, "rollback": Rollback,
+                                                      "throughput": Throughput, "train": Train, "warmup": Warmup,
+                                                      "restarts": Restarts,  # train.restarts
+                                                      "checkpoint": Checkpoint,  # train.checkpoint
+                                                      "notify": Webhook, "metrics": Metrics}  # notify: each webhook's
 
 
 def agent_defaults() -> dict:

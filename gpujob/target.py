@@ -1,6 +1,6 @@
 """A target container and the ways into it, plus the agent shipped there.
 
-``Targets`` keeps one SSH connection per host for the whole gpujob invocation;
+``Targets`` keeps one connection per host for the whole gpujob invocation (ssh: one SSH link);
 every container of that host is a ``pct exec`` over it. The agent (the stdlib-only
 supervisor package as one zipapp) is addressed by its content hash, so an
 unchanged agent is never shipped twice.
@@ -17,16 +17,13 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from gpujob import kinds
 from gpujob.agent import protocol
-from gpujob.errors import JobError, RemoteError
-from gpujob.inventory import Inventory, ssh_settings
+from gpujob.errors import InputError, JobError, RemoteError
+from gpujob.inventory import Inventory
 from gpujob.transport.base import OnData, Result, Stdin, Transport
-
-if TYPE_CHECKING:
-    from gpujob.transport.ssh import SshTransport
 
 # every module of gpujob/agent/ ships (they are stdlib-only by rule): none can be forgotten
 AGENT_MODULES = tuple(sorted(p.name for p in (Path(__file__).parent / "agent").glob("*.py")))
@@ -129,8 +126,9 @@ class Target:
         r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
         if r.exit_code == protocol.AGENT_MISSING:
             self.ship_agent()
-            if hasattr(stdin, "seek"):
-                stdin.seek(0)
+            seek = getattr(stdin, "seek", None)
+            if seek is not None:
+                seek(0)
             r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout,
                                    on_stderr=on_stderr)
         if r.exit_code == 127:
@@ -179,27 +177,28 @@ class Target:
 
 
 class Targets:
-    """Opens targets from the inventory; one SSH connection per host, reused."""
+    """Opens targets from the inventory; one connection per host (its kind's ``connect``), reused."""
 
     def __init__(self, inventory: Inventory, *, accept_new: bool = False, kept: bool = False):
         self.inventory = inventory
         self.accept_new = accept_new
         self.kept = kept and not accept_new  # commands go over the kept connection (gpujob/conn)
-        self._hosts: dict[str, "SshTransport"] = {}
+        self._hosts: dict[str, Transport] = {}
         self._lock = threading.Lock()
 
-    def host_transport(self, host_name: str) -> "SshTransport":
+    def host_transport(self, host_name: str) -> Transport:
         with self._lock:  # `hosts` and `ps` open targets from several threads
             if host_name not in self._hosts:
-                from gpujob.transport.ssh import SshTransport  # paramiko: only for ssh hosts
                 host = self.inventory.hosts[host_name]
-                self._hosts[host_name] = SshTransport(ssh_settings(host_name, host),
-                                                      accept_new=self.accept_new)
+                link = kinds.get(host.kind).connect(host_name, host, accept_new=self.accept_new)
+                if link is None:
+                    raise InputError(f"host '{host_name}' is {host.kind}; no connection runs below its containers")
+                self._hosts[host_name] = link
             return self._hosts[host_name]
 
     def open(self, target: str) -> Target:
         host_name, host, cname, container = self.inventory.resolve(target)
-        o = kinds.get(host.kind).open(self, host_name, host, cname, container)
+        o = kinds.get(host.kind).open(lambda: self.host_transport(host_name), host, cname, container)
         transport = o.transport
         if self.kept and kinds.get(host.kind).kept_connection and self.inventory.source != "embedded default":
             from gpujob.conn.remote import KeptTransport  # its commands over the kept connection

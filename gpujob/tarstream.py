@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tarfile
 from pathlib import Path
+from typing import Iterator
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
@@ -50,10 +51,10 @@ class TarStream:
         total += 2 * BLOCK
         self.size = total + _padding(total, RECORD)
         self.changed: list[str] = []
-        self._pieces = None
+        self._pieces: Iterator[bytes] | None = None
         self._buf = b""
 
-    def _generate(self):
+    def _generate(self) -> Iterator[bytes]:
         for head, path, size in self.entries:
             yield head
             left = size

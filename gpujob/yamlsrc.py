@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Mapping, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
@@ -139,7 +139,7 @@ def _plain(number: Any) -> Any:
     return int(number) if isinstance(number, float) and number.is_integer() else number
 
 
-def _message(err: dict, secret: bool = False) -> str:
+def _message(err: Mapping[str, Any], secret: bool = False) -> str:
     """A human message from a pydantic error's type, ctx and input (only its kind
     when ``secret``)."""
     kind, ctx = err["type"], err.get("ctx", {})
@@ -226,6 +226,7 @@ class _Builder:
                             f"cannot read the {what}{shown}: {shorten(type(exc).__name__)}") from None
 
     def build(self, node, loc: Loc, key_line: int | None = None) -> Any:
+        value: Any
         if isinstance(node, MappingNode):
             value = self._mapping(node, loc)
         elif isinstance(node, SequenceNode):

@@ -1,4 +1,4 @@
-"""Shared pytest fixtures. The loopback Proxmox test bed lives in tests/testbed.py."""
+"""Shared pytest fixtures. The loopback Proxmox test bed lives in testbed/ (the package at the top)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, str(_REPO))
 
-from tests.testbed import TestBed, TestBedError  # noqa: E402
+from testbed import TestBed, TestBedError  # noqa: E402
 
 # An illegal change of the supervisor's durable step (agent/stages.py) raises in every
 # process the tests start, so it fails the test instead of being only an event.

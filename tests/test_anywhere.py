@@ -32,6 +32,7 @@ def test_the_demo_has_one_source_and_it_ships_in_the_wheel(tmp_path):
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     for rel in ("demo.yaml", "demo/trainer.py", "demo/warmup.py"):
         assert (tmp_path / "lib" / "gpujob" / rel).read_bytes() == (pkg / rel).read_bytes(), rel
+    assert sorted(p.name for p in (tmp_path / "lib").iterdir()) == ["gpujob"]  # no testbed/, bench/, tests/
 
 
 def _env(tmp_path, cwd):

@@ -53,7 +53,7 @@ def test_the_ssh_banner_error_says_what_usually_causes_it(tmp_path):
     import threading
 
     from gpujob.errors import ConnectError
-    from gpujob.inventory import SshSettings
+    from gpujob.transport.ssh_config import SshSettings
     from gpujob.transport.ssh import connect
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

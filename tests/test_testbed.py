@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import TestBed, bed_processes
+from testbed import TestBed, bed_processes
 
 pytestmark = pytest.mark.testbed
 

@@ -1,10 +1,13 @@
 """Target kinds: one class per way into a container, registered by name.
 
-A kind opens its transport (``open``), names its gpujob home, adds its own plan
+A kind connects to its host (``connect``: Targets keeps one link per host), opens
+its transport over that link (``open``), names its gpujob home, adds its own plan
 steps, gathers and judges its own doctor facts, reports a container's status,
 reconnects after a drop, and says whether it may install boot hooks. Adding a
 kind (``docker exec`` over ssh, ``kubectl exec``) is one module and one line in
-``REGISTRY``; tests/test_kind_contract.py runs the same contract on each.
+``REGISTRY``, its way in a small gpujob/transport/stacked.py subclass;
+tests/test_kind_contract.py runs the same contract on each. Kinds know neither
+the inventory nor Target: they see a target as ``base.Reached``.
 """
 
 from __future__ import annotations

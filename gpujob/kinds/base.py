@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from gpujob.agent.protocol import StrEnum
 from gpujob.transport.base import Transport
 
 if TYPE_CHECKING:
     from gpujob.steps import Step
-    from gpujob.target import Target, Targets
 
 class CheckStatus(StrEnum):
     """A doctor check's outcome."""
@@ -23,6 +22,17 @@ class CheckStatus(StrEnum):
 #: ``add(name, status, detail, hint="")``: how a kind's judge reports a check
 #: (status: a CheckStatus).
 AddCheck = Callable[..., None]
+
+
+#: ``host()``: the connection to the host below the container, opened on the first call and
+#: the same one after (gpujob.target.Targets keeps one per host, made by ``Kind.connect``)
+HostLink = Callable[[], Transport]
+
+
+class Reached(Protocol):
+    """What a kind sees of a target it opened (gpujob.target.Target is one)."""
+    transport: Transport             # runs argv inside the container
+    host_transport: Transport | None  # runs argv on the host below it, when there is one
 
 
 @dataclass
@@ -54,15 +64,21 @@ class Kind(ABC):
     #: its known_hosts (a host field) is then watched for changes
     kept_connection: bool = False
 
-    @abstractmethod
-    def open(self, targets: "Targets", host_name: str, host, cname: str, container) -> Opened:
-        """The transport into the container, and where gpujob lives there."""
+    def connect(self, host_name: str, host, *, accept_new: bool) -> Transport | None:
+        """The one connection to the host below this kind's containers (``host``: its
+        hosts.yaml entry), or None when there is none."""
+        return None
 
-    def plan_connect(self, target: "Target") -> list["Step"]:
+    @abstractmethod
+    def open(self, host: HostLink, entry, cname: str, container) -> Opened:
+        """The transport into the container (over ``host()`` when it has one), and where
+        gpujob lives there; ``entry`` and ``container`` are hosts.yaml's."""
+
+    def plan_connect(self, target: Reached) -> list["Step"]:
         """Plan steps before the first container command (connecting, channels)."""
         return []
 
-    def gather(self, target: "Target", facts: dict) -> bool:
+    def gather(self, target: Reached, facts: dict) -> bool:
         """Add doctor facts of the layers below the container; False: stop there."""
         return True
 
@@ -71,8 +87,8 @@ class Kind(ABC):
         return True
 
     @abstractmethod
-    def status(self, target: "Target") -> str:
+    def status(self, target: Reached) -> str:
         """The container's state in a word (``running``, ``stopped``, ``local``) or why not known."""
 
-    def reconnect(self, target: "Target") -> None:
+    def reconnect(self, target: Reached) -> None:
         """Open again what a dropped connection closed (raises ConnectError when it cannot)."""

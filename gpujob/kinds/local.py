@@ -17,7 +17,7 @@ class LocalKind(Kind):
     ships_uv = False    # our uv runs here as it is
     default_address = "127.0.0.1"  # every local "container" is this machine
 
-    def open(self, targets, host_name, host, cname, container) -> Opened:
+    def open(self, host, entry, cname, container) -> Opened:
         root = str(Path(container.root).expanduser().resolve())
         return Opened(LocalTransport(), None, root, sys.executable)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from gpujob.errors import ConnectError
 from gpujob.kinds.base import AddCheck, CheckStatus, Kind, Opened
 from gpujob.steps import Step
+from gpujob.transport.base import Transport
 from gpujob.transport.pct import PctTransport
 
 SSH_FIELDS = ("address", "port", "user", "identity_file", "known_hosts", "proxy_jump")
@@ -20,12 +21,17 @@ class SshKind(Kind):
     boot_hooks = True
     ships_uv = True
 
-    def open(self, targets, host_name, host, cname, container) -> Opened:
-        ssh = targets.host_transport(host_name)
+    def connect(self, host_name, host, *, accept_new: bool) -> Transport:
+        from gpujob.transport.ssh import SshTransport  # paramiko: only for ssh hosts
+        from gpujob.transport.ssh_config import ssh_settings
+        return SshTransport(ssh_settings(host_name, host), accept_new=accept_new)
+
+    def open(self, host, entry, cname, container) -> Opened:
+        ssh = host()
         home = container.home or "~/.gpujob"
         if home.startswith("~"):
             home = "/root" + home[1:]  # pct exec runs as root in the container
-        pct = PctTransport(ssh, container.vmid, pct=host.pct, name=cname)
+        pct = PctTransport(ssh, container.vmid, pct=entry.pct, name=cname)
         return Opened(pct, ssh, home.rstrip("/"), "python3", vmid=container.vmid)
 
     def plan_connect(self, target) -> list[Step]:

@@ -1,4 +1,5 @@
-"""Transports: run argv in a place. ``local``, ``ssh``, and ``pct`` wrapping another."""
+"""Transports: run argv in a place. ``local``, ``ssh``, and ``pct`` stacked over another
+(stacked.py: a place entered through another transport)."""
 
 from gpujob.transport.base import Result, Transport
 

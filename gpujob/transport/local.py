@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Sequence
+from typing import IO, Any, Sequence
 
 from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
                                    iter_chunks)
@@ -74,7 +74,9 @@ class LocalTransport(Transport):
             feeder = threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True)
             feeder.start()
         out, err = bytearray(), bytearray()
-        sinks = {proc.stdout: (on_stdout, out), proc.stderr: (on_stderr, err)}
+        assert proc.stdout is not None and proc.stderr is not None  # both are pipes
+        sinks: dict[Any, tuple[OnData | None, bytearray]] = {proc.stdout: (on_stdout, out),
+                                                             proc.stderr: (on_stderr, err)}
         sel = selectors.DefaultSelector()
         for f in sinks:
             os.set_blocking(f.fileno(), False)
@@ -124,27 +126,31 @@ class LocalStream:
     """A child process as a byte stream (``pct`` run on the Proxmox host itself)."""
 
     def __init__(self, proc: subprocess.Popen):
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # pipes
         self.proc = proc
+        self._in: IO[bytes] = proc.stdin
+        self._out: IO[bytes] = proc.stdout
+        self._err: IO[bytes] = proc.stderr
 
     def send(self, data: bytes) -> None:
         try:
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
+            self._in.write(data)
+            self._in.flush()
         except ValueError as e:  # written after close()
             raise OSError(str(e)) from None
 
     def recv(self, n: int) -> bytes:
-        return os.read(self.proc.stdout.fileno(), n)
+        return os.read(self._out.fileno(), n)
 
     def stderr(self) -> bytes:
-        os.set_blocking(self.proc.stderr.fileno(), False)
+        os.set_blocking(self._err.fileno(), False)
         try:
-            return self.proc.stderr.read() or b""
+            return self._err.read() or b""
         except (BlockingIOError, OSError):
             return b""
 
     def close(self) -> None:
-        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for f in (self._in, self._out, self._err):
             try:
                 f.close()
             except OSError:

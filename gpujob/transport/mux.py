@@ -84,7 +84,7 @@ class MuxClient:
         self.hello = threading.Event()
         self.error: str | None = None  # why the channel was dropped (a bad preamble or header)
         self.stray = b""  # what came before the server's preamble (kept to say what it was)
-        self._calls: dict[int, queue.Queue] = {}
+        self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()

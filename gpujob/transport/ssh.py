@@ -141,10 +141,18 @@ def _hint_for(e: Exception) -> str | None:
     return None
 
 
+def _link(client: paramiko.SSHClient, where: str) -> paramiko.Transport:
+    """The client's transport; ConnectionLost when it has none (closed meanwhile)."""
+    transport = client.get_transport()
+    if transport is None:
+        raise ConnectionLost(f"lost the connection to {where}")
+    return transport
+
+
 def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHClient:
     """Open an authenticated SSH connection; raise a one-line ConnectError on failure.
 
-    ``settings`` is an :class:`gpujob.inventory.SshSettings` (hostname, port, user,
+    ``settings`` is an :class:`gpujob.transport.ssh_config.SshSettings` (hostname, port, user,
     identity_files, known_hosts, jump, connect_timeout, keepalive).
     """
     where = f"{settings.user}@{settings.hostname}:{settings.port}"
@@ -152,7 +160,7 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     if sock is None and settings.jump is not None:
         jump_client = connect(settings.jump, accept_new=accept_new)
         try:
-            sock = jump_client.get_transport().open_channel(
+            sock = _link(jump_client, settings.jump.hostname).open_channel(
                 "direct-tcpip", (settings.hostname, settings.port), ("127.0.0.1", 0),
                 timeout=settings.connect_timeout)
         except (paramiko.SSHException, OSError) as e:
@@ -182,7 +190,7 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     client = paramiko.SSHClient()
     known = Path(settings.known_hosts).expanduser()
-    revoked = frozenset()
+    revoked: frozenset[str] = frozenset()
     if known.exists():
         try:
             revoked = load_known_hosts(client, known)
@@ -195,7 +203,8 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     try:
         client.connect(
             settings.hostname, port=settings.port, username=settings.user, sock=sock,
-            key_filename=keys or None, timeout=settings.connect_timeout,
+            key_filename=keys or None,  # type: ignore[arg-type]  # paramiko takes a list of files too
+            timeout=settings.connect_timeout,
             banner_timeout=settings.connect_timeout, auth_timeout=settings.connect_timeout,
             allow_agent=True, look_for_keys=not keys)
     except HostKeyError:
@@ -219,16 +228,16 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     except (paramiko.SSHException, OSError, EOFError) as e:
         client.close()
         raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}", hint=_hint_for(e)) from None
-    offered = client.get_transport().get_remote_server_key()
+    offered = _link(client, where).get_remote_server_key()
     if offered.get_base64() in revoked:
         client.close()
         raise HostKeyError(f"host key of {known_hosts_name(settings.hostname, settings.port)} "
                            f"({offered.get_name()} {fingerprint(offered)}) is marked @revoked in {known}; "
                            "refused, nothing was run")
     if settings.keepalive > 0:  # 0 turns keepalives off
-        client.get_transport().set_keepalive(int(max(settings.keepalive, 1)))
+        _link(client, where).set_keepalive(int(max(settings.keepalive, 1)))
     if jump_client is not None:
-        client._gpujob_jump = jump_client  # keep it alive as long as this client
+        client._gpujob_jump = jump_client  # type: ignore[attr-defined]  # alive as long as this client
     return client
 
 
@@ -247,15 +256,15 @@ class SshTransport(Transport):
 
     def client(self) -> paramiko.SSHClient:
         with self._lock:
-            if self._client is None or not self._client.get_transport() or \
-                    not self._client.get_transport().is_active():
+            transport = self._client.get_transport() if self._client is not None else None
+            if self._client is None or transport is None or not transport.is_active():
                 self._close_locked()
                 self._client = connect(self.settings, accept_new=self.accept_new)
             return self._client
 
     def host_key(self) -> str:
         """The host's key as ``type SHA256:…`` (connecting first when needed)."""
-        key = self.client().get_transport().get_remote_server_key()
+        key = _link(self.client(), self.describe()).get_remote_server_key()
         return f"{key.get_name()} {fingerprint(key)}"
 
     def reconnect(self) -> None:
@@ -279,7 +288,7 @@ class SshTransport(Transport):
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
         argv = list(argv)
         started = time.monotonic()
-        transport = self.client().get_transport()
+        transport = _link(self.client(), self.describe())
         try:
             chan = transport.open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(shlex.join(with_timeout(argv, timeout)))
@@ -328,7 +337,7 @@ class SshTransport(Transport):
     def open_stream(self, argv: Sequence[str]) -> "SshStream":
         """Start ``argv`` on a channel of its own and hand back its raw byte stream."""
         try:
-            chan = self.client().get_transport().open_session(timeout=self.settings.connect_timeout)
+            chan = _link(self.client(), self.describe()).open_session(timeout=self.settings.connect_timeout)
             chan.exec_command(shlex.join(argv))
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise ConnectionLost(f"lost the connection to {self.describe()}: {e}") from None

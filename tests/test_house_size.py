@@ -1,0 +1,50 @@
+"""The house rule: no module over 450 lines (split rather than grow). Held on every source
+file of the house: the package, the bench, the test bed, the scripts, the example jobs, and
+the tests themselves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import REPO
+
+LIMIT = 450
+#: where the rule holds: every .py below these, and every file of scripts/ (bash or python)
+TREES = ("gpujob", "bench", "testbed", "jobs", "tests")
+SCRIPTS = "scripts"
+#: test modules over the limit today, each held at its present size so it can only shrink;
+#: they are split when the agent's move into wings lands (it rewrites their gpujob.agent imports)
+OVER_FOR_NOW = {
+    "tests/test_throughput.py": 527,
+    "tests/test_faults.py": 472,
+}
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8", errors="replace").splitlines())
+
+
+def _sources() -> list[Path]:
+    files = [p for tree in TREES for p in (REPO / tree).rglob("*.py")]
+    files += [p for p in (REPO / SCRIPTS).iterdir() if p.is_file()]
+    return sorted(p for p in files if "__pycache__" not in p.parts)
+
+
+def test_no_module_is_over_450_lines():
+    sizes = {p.relative_to(REPO).as_posix(): _lines(p) for p in _sources()}
+    assert "gpujob/target.py" in sizes and "bench/run.py" in sizes and "scripts/test" in sizes
+    over = {f: n for f, n in sizes.items() if n > OVER_FOR_NOW.get(f, LIMIT)}
+    assert not over, f"over {LIMIT} lines (split by role rather than grow): {over}"
+
+
+def test_the_exceptions_are_still_needed():
+    stale = {f: _lines(REPO / f) for f in OVER_FOR_NOW if _lines(REPO / f) <= LIMIT}
+    assert not stale, f"back under {LIMIT} lines: take them off OVER_FOR_NOW: {stale}"
+
+
+def test_the_rule_counts_lines_as_the_house_does(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("a = 1\n" * LIMIT)
+    assert _lines(f) == LIMIT
+    f.write_text("a = 1\n" * LIMIT + "b = 2")  # a last line without its newline still counts
+    assert _lines(f) == LIMIT + 1
