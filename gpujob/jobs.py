@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, ckpaths, envs, metrics, notify, planshare
+from gpujob.agent import checkpoint, ckpaths, envs, planshare
 from gpujob.agent.commands import command_argv
 from gpujob.agent.protocol import OffsetSplitter
 from gpujob import secrets_env
@@ -242,7 +242,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                                    if resume_from else ())))
     steps += checkpoint_steps(spec, ck_where, values, resume_args)
     if spec.train.standby is not None:
-        from gpujob.agent.standby import command_script
+        from gpujob.agent.commands import command_script
         preload = ", ".join(spec.train.standby.preload) or "nothing"
         steps.append(Step("standby", "supervisor",
                           f"while training on a profile a rollback would leave: an interpreter of the "
@@ -253,11 +253,11 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
     for i, hook in enumerate(req["spec"].get("notify") or []):
-        steps.append(Step("notify", "supervisor", f"post to {notify.describe(i, hook)} from the container's "
+        steps.append(Step("notify", "supervisor", f"post to {planshare.describe(i, hook)} from the container's "
                           f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
                           when="on " + ", ".join(hook["events"])))
     if spec.metrics is not None:
-        where = metrics.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
+        where = planshare.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
         steps.append(Step("metrics", "supervisor", f"write the job's gauges to {where} (Prometheus text "
                           "format, temp file + rename)", when=f"at most every {spec.metrics.every:g}s while "
                           "samples come, and on each state change"))

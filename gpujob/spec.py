@@ -113,7 +113,7 @@ class Train(Strict):
 
     @model_validator(mode="after")
     def _standby_runs_python(self) -> Train:
-        from gpujob.agent.standby import command_script
+        from gpujob.agent.commands import command_script
         if self.standby is not None and command_script(self.command) is None:
             raise At(("standby",), "needs train.command to be `python SCRIPT ...` or `python -m MODULE ...` "
                      "(no shell syntax): the standby interpreter runs that script")

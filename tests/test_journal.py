@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpujob.agent import journal as jn
-from gpujob.agent.journal import Home, Journal, read_records, write_json
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.fsio import read_records, write_json
 from gpujob.agent.lock import Fenced, Lock
 from gpujob.agent.proc import Phase, group_pids, is_alive, start_ticks
 from gpujob.agent.relay import JobLog, Relay

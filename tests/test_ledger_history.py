@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from gpujob.agent.journal import Home, Ledger
+from gpujob.agent.journal import Home
+from gpujob.agent.ledger import Ledger
 from helpers import cli, cli_json, local_env
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent import metrics, notify
+from gpujob.agent import metrics, notify, planshare
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 SECRET_PATH = "T0SECRET/B0SECRET/xoxb-hook-secret-771"
@@ -190,7 +190,7 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     assert "sekret99" not in json.dumps(req["spec"]) and "tok-123456" not in json.dumps(req["spec"])
     assert secrets_env.scrub("posting to https://hooks.slack.com/services/T/B/sekret99 failed", secrets) == \
         "posting to *** failed"
-    assert notify.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
+    assert planshare.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
 
 
 SENDER = """

@@ -10,7 +10,8 @@ import subprocess
 import sys
 
 from gpujob.agent import protocol
-from gpujob.agent.journal import Home, Journal, write_json
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.fsio import write_json
 from gpujob.agent.protocol import ENDED, JobState, OffsetSplitter, Verdict
 from gpujob.target import agent_zip
 

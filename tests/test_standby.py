@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from gpujob.agent.standby import command_script, script_argv
+from gpujob.agent.commands import command_script, script_argv
 from helpers import cli, events, job_id_of, local_env, wait_for, write_spec
 from test_faults import jdir, state_of, wheelhouse  # noqa: F401  (fixture)
 from test_jobs_local import trainers_of

@@ -24,7 +24,7 @@ import os
 import re
 import shlex
 
-from gpujob.agent.journal import temp_beside
+from gpujob.agent.fsio import temp_beside
 
 RC_LOCAL = "/etc/rc.local"
 SHEBANG = "#!/bin/sh\n"

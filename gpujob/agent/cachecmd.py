@@ -12,7 +12,10 @@ import subprocess
 
 from gpujob.agent import defaults, envs, jobenv, signals, snapshots
 from gpujob.agent.protocol import FailureSignal
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.ledger import Ledger
+from gpujob.agent.fsio import now, read_json
 
 class Refused(Exception):
     pass

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from gpujob.agent.stages import Stage
 from gpujob.agent import defaults, envs, snapshots
-from gpujob.agent.journal import now
+from gpujob.agent.fsio import now
 from gpujob.agent.protocol import FailureSignal, OutcomeKind
 
 

@@ -1,4 +1,4 @@
-"""Checkpoint awareness (stdlib only): the step a checkpoint's name says, how a
+"""Checkpoint awareness (stdlib only, pure; the step a name says is ckpaths.step_of): how a
 resume point is described, how long a rollback waits for the first one, and the
 plan's warning when the policy can decide before one can exist. Which checkpoints
 are this job's, and finished, is the register's (agent/ckregister.py).
@@ -9,35 +9,9 @@ workdir (``{job_id}``/``{profile}``/``{workdir}`` substituted), ``**`` allowed.
 
 from __future__ import annotations
 
-import glob
-import os
-import re
-
 from gpujob.agent import defaults
 from gpujob.agent.protocol import FailureSignal
 
-_STEP = re.compile(r"(?:global_step|step|iter|it|epoch)[_-]?(\d+)", re.I)
-_LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")
-
-
-def find(workdir: str, pattern: str) -> list:
-    """Matching files, newest first: [(path, mtime)] (gpu_idle's newest save; anyone's)."""
-    full = pattern if os.path.isabs(pattern) else os.path.join(workdir, pattern)
-    out = []
-    for path in glob.glob(full, recursive=True):
-        try:
-            out.append((path, os.stat(path).st_mtime))
-        except OSError:
-            pass
-    return sorted(out, key=lambda x: x[1], reverse=True)
-
-
-def step_of(path: str):
-    """The step a checkpoint's name says (``ckpt_step_400.pt``, ``iter-12``,
-    ``ckpt-000400.pt``), or None."""
-    name = os.path.basename(path.rstrip("/"))
-    m = _STEP.search(name) or _LAST_NUMBER.search(os.path.splitext(name)[0])
-    return int(m.group(1)) if m else None
 
 
 def describe(point: dict) -> str:

@@ -15,6 +15,7 @@ Checkpoints may live outside the workdir (a data volume is common), but a glob
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 
@@ -81,3 +82,14 @@ def refusal(pattern: str, workdir: str | None = None, home: str | None = None) -
                 return f"it is inside {posixpath.join(home, own)}, gpujob's own directory"
     return None
 
+
+_STEP = re.compile(r"(?:global_step|step|iter|it|epoch)[_-]?(\d+)", re.I)
+_LAST_NUMBER = re.compile(r"(\d+)(?=\D*$)")
+
+
+def step_of(path: str):
+    """The step a checkpoint's name says (``ckpt_step_400.pt``, ``iter-12``,
+    ``ckpt-000400.pt``), or None."""
+    name = os.path.basename(path.rstrip("/"))
+    m = _STEP.search(name) or _LAST_NUMBER.search(os.path.splitext(name)[0])
+    return int(m.group(1)) if m else None

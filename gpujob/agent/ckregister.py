@@ -38,7 +38,7 @@ import os
 import tempfile
 import time
 
-from gpujob.agent.checkpoint import step_of
+from gpujob.agent.ckpaths import step_of
 
 FORMAT = 1
 DIR = "checkpoints"
@@ -137,6 +137,18 @@ def signature(path: str):
                 count += 1
                 size += s.st_size
     return ["d", count, size, newest]
+
+
+def find(workdir: str, pattern: str) -> list:
+    """Matching files, newest first: [(path, mtime)] (gpu_idle's newest save; anyone's)."""
+    full = pattern if os.path.isabs(pattern) else os.path.join(workdir, pattern)
+    out = []
+    for path in glob.glob(full, recursive=True):
+        try:
+            out.append((path, os.stat(path).st_mtime))
+        except OSError:
+            pass
+    return sorted(out, key=lambda x: x[1], reverse=True)
 
 
 def matches(pattern: str) -> list:

@@ -11,7 +11,7 @@ import os
 
 from gpujob.agent import checkpoint, ckregister, defaults
 from gpujob.agent.commands import substitute
-from gpujob.agent.journal import now
+from gpujob.agent.fsio import now
 from gpujob.agent.protocol import OutcomeKind
 
 

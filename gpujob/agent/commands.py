@@ -91,3 +91,31 @@ def fleet_env(values: dict) -> dict:
     """The environment torch.distributed reads, from :func:`fleet_values`."""
     return {"NNODES": values["nnodes"], "NODE_RANK": values["node_rank"],
             "MASTER_ADDR": values["master_addr"], "MASTER_PORT": values["master_port"]}
+
+
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def script_argv(argv: list) -> list | None:
+    """The part after the interpreter of a ``python SCRIPT …`` or ``python -m MOD …``
+    argv (what the standby runs), or None when it is not such a command."""
+    if len(argv) < 2 or not _PYTHON.fullmatch(os.path.basename(argv[0])):
+        return None
+    if argv[1] == "-m":
+        return argv[1:] if len(argv) > 2 else None
+    if argv[1].startswith("-") or not argv[1].endswith(".py"):
+        return None
+    return argv[1:]
+
+
+def command_script(command) -> list | None:
+    """``script_argv`` of a spec command (a shell string is split as a shell would,
+    a string with shell syntax beyond words is not a plain python command)."""
+    if isinstance(command, str):
+        if re.search(r"[;&|<>`$()]", command):
+            return None
+        try:
+            command = shlex.split(command)
+        except ValueError:
+            return None
+    return script_argv(list(command))

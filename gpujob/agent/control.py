@@ -6,8 +6,12 @@ from __future__ import annotations
 import time
 
 from gpujob.agent.stages import Stage
-from gpujob.agent.journal import ENDED, FINAL_STATES, Home, Journal, Ledger, now
+from gpujob.agent.protocol import ENDED, FINAL_STATES
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.ledger import Ledger
+from gpujob.agent.fsio import now
 from gpujob.agent.lock import Lock
+from gpujob.agent.decide import pick
 from gpujob.agent.protocol import JobState
 from gpujob.agent.proc import kill_group
 from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
@@ -76,8 +80,8 @@ def cmd_rollback(home: Home, args) -> None:
     if args.to == current and not pending:
         raise Refused(f"job {args.job} already runs on profile {current}")
     reason = args.reason or "rolled back by hand"
-    target = args.to or Ledger(home, job["spec"]["name"]).pick(
-        current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
+    target = args.to or pick(
+        Ledger(home, job["spec"]["name"]).read(), current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to")
     if st.get("state") == JobState.LOST and st.get("lost_reason") is None:

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tarfile
 
-from gpujob.agent.journal import Home, temp_beside
+from gpujob.agent.journal import Home
+from gpujob.agent.fsio import temp_beside
 from gpujob.agent.lifecycle import emit, expand
 
 

@@ -18,29 +18,17 @@ others follow, over the signed channel of ``channel.py``.
 
 from __future__ import annotations
 
-import hashlib
 import queue
 import time
 
 from gpujob.agent.stages import Stage
 from gpujob.agent import defaults
 from gpujob.agent.channel import Client, Server
-from gpujob.agent.journal import now
+from gpujob.agent.fsio import now
 from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.policy import Sample
-from gpujob.agent.watch import Outcome, Stop
+from gpujob.agent.outcome import Outcome, Stop
 
-
-
-def ledger_name(job: dict) -> str:
-    """The ledger of a job name, per fleet shape: a profile known-good on one
-    container says nothing of it on two (NCCL across nodes)."""
-    name = job["spec"]["name"]
-    fleet = job.get("fleet")
-    if not fleet:
-        return name
-    shape = hashlib.sha256("\n".join(fleet["nodes"]).encode()).hexdigest()[:6]
-    return f"{name}@x{fleet['nnodes']}-{shape}"
 
 
 def make(sup):

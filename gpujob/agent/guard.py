@@ -7,7 +7,9 @@ from __future__ import annotations
 import os
 
 from gpujob.agent import boothook
-from gpujob.agent.journal import ENDED, Journal, now
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Journal
+from gpujob.agent.fsio import now
 from gpujob.agent.protocol import JobState
 
 

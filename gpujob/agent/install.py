@@ -16,8 +16,9 @@ import subprocess
 import sys
 
 from gpujob.agent import envs, gc, planshare, throughput
-from gpujob.agent.journal import now, write_bytes, write_json
-from gpujob.agent.watch import POLL, EnvError, Stop
+from gpujob.agent.fsio import now, write_bytes, write_json
+from gpujob.agent.watch import EnvError, POLL
+from gpujob.agent.outcome import Stop
 
 
 class Installer:

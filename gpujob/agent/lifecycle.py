@@ -12,7 +12,10 @@ import sys
 import time
 
 from gpujob.agent import metrics, notify
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.ledger import Ledger
+from gpujob.agent.fsio import now
 from gpujob.agent.lock import Held, Lock
 from gpujob.agent.protocol import JobState
 from gpujob.agent.proc import group_pids

@@ -67,7 +67,7 @@ class Lock:
             return None
 
     def _write_info(self, info: dict) -> None:
-        from gpujob.agent.journal import write_json
+        from gpujob.agent.fsio import write_json
         write_json(self.info_path, info)
 
     def try_acquire(self, job_id: str, pid: int | None = None, by: str | None = None) -> Held | None:

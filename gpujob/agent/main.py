@@ -17,7 +17,10 @@ import time
 
 from gpujob.agent.stages import Stage
 from gpujob.agent import boothook, envs, gc
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.ledger import Ledger
+from gpujob.agent.fsio import now, read_json, write_json
 from gpujob.agent.lock import Lock
 from gpujob.agent import protocol
 from gpujob.agent.protocol import JobState

@@ -10,12 +10,11 @@ samples come and at once on every state change.
 from __future__ import annotations
 
 import math
-import os
 import time
 
 from gpujob.agent import defaults
-from gpujob.agent.commands import substitute
-from gpujob.agent.journal import write_bytes
+from gpujob.agent.planshare import textfile_path
+from gpujob.agent.fsio import write_bytes
 from gpujob.agent.protocol import JobState
 
 STATES = tuple(s.value for s in JobState if s not in (JobState.NOT_FOUND, JobState.UNKNOWN))  # a job's own
@@ -73,12 +72,6 @@ def exposition(g: dict, at: float) -> str:
               "# TYPE gpujob_metrics_updated_timestamp_seconds gauge",
               f"gpujob_metrics_updated_timestamp_seconds{_labels(**job)} {round(at, 3)!r}"]
     return "\n".join(lines) + "\n"
-
-
-def textfile_path(job_dir: str, job_id: str, textfile: str) -> str:
-    """Where the textfile goes: ``{job_id}`` substituted; relative paths start at the job dir."""
-    path = os.path.expanduser(substitute(textfile, {"job_id": job_id}))
-    return path if os.path.isabs(path) else os.path.join(job_dir, path)
 
 
 class MetricsFile:

@@ -25,11 +25,11 @@ import urllib.error
 import urllib.request
 
 from gpujob.agent.defaults import DEFAULTS
-from gpujob.agent.journal import now, read_json, write_json
+from gpujob.agent.planshare import MASK
+from gpujob.agent.fsio import now, read_json, write_json
 
 OUTBOX = "notify"
 EVENTS = ("rollback", "failure", "success", "known_good", "no_recovery", "internal_error")
-MASK = "***"
 BACKOFF_CAP = 60.0
 USER_AGENT = "gpujob-notify/1"
 
@@ -87,13 +87,6 @@ def render(fmt: str, msg: dict, token: str | None = None) -> tuple:
         body = json.dumps(msg, sort_keys=True).encode()
         headers["Content-Type"] = "application/json"
     return body, headers
-
-
-def describe(index: int, hook: dict) -> str:
-    """A webhook as the plan and the journal name it (never its URL when that is a secret)."""
-    url = hook.get("url")
-    where = "a secret URL" if not isinstance(url, str) or url == MASK else url.split("?")[0]
-    return f"notify[{index}] ({hook.get('format', DEFAULTS['notify']['format'])}, {where})"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -319,7 +312,7 @@ class Notifier:
 
     def release_secrets(self) -> None:
         """The job is over and its outbox empty: the webhook secrets leave the container."""
-        from gpujob.agent.journal import ENDED
+        from gpujob.agent.protocol import ENDED
         if self.journal.state().get("state") in ENDED and not waiting(self.journal.dir):
             try:
                 os.unlink(self.secrets_path)

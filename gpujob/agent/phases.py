@@ -12,10 +12,11 @@ import shlex
 
 from gpujob.agent import defaults, envs, jobenv, planshare
 from gpujob.agent.commands import command_argv, fleet_env, placeholder_env
-from gpujob.agent.journal import now, read_json, write_json
+from gpujob.agent.fsio import now, read_json, write_json
 from gpujob.agent.proc import Phase
 from gpujob.agent.protocol import JobState, OutcomeKind
-from gpujob.agent.watch import EnvError, Outcome
+from gpujob.agent.watch import EnvError
+from gpujob.agent.outcome import Outcome
 
 SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
 

@@ -8,12 +8,15 @@ side files and the venv build commands.
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 from gpujob.agent import defaults, envs
+from gpujob.agent.commands import substitute
 
 CONSTRAINTS_FILE = ".gpujob-constraints.txt"   # in the venv: the profile's pins, as uv constraints
 REQUIREMENTS_FILE = ".gpujob-requirements.txt"  # in the venv: a profile's requirements_text
+MASK = "***"  # a secret webhook URL as the journal keeps it
 
 
 def template_values(spec: dict, *, job_id: str, profile: str, workdir: str, fleet: dict | None = None,
@@ -64,3 +67,27 @@ def env_build_commands(profile: dict, venv: str, python: str, *, uv, home: str, 
                                common_requirements=list(spec.get("requirements") or []),
                                constraints_file=constraints, profile_requirements_file=req,
                                no_deps=list(spec.get("requirements_no_deps") or []))
+
+
+def ledger_name(job: dict) -> str:
+    """The ledger of a job name, per fleet shape: a profile known-good on one
+    container says nothing of it on two (NCCL across nodes)."""
+    name = job["spec"]["name"]
+    fleet = job.get("fleet")
+    if not fleet:
+        return name
+    shape = hashlib.sha256("\n".join(fleet["nodes"]).encode()).hexdigest()[:6]
+    return f"{name}@x{fleet['nnodes']}-{shape}"
+
+
+def textfile_path(job_dir: str, job_id: str, textfile: str) -> str:
+    """Where the textfile goes: ``{job_id}`` substituted; relative paths start at the job dir."""
+    path = os.path.expanduser(substitute(textfile, {"job_id": job_id}))
+    return path if os.path.isabs(path) else os.path.join(job_dir, path)
+
+
+def describe(index: int, hook: dict) -> str:
+    """A webhook as the plan and the journal name it (never its URL when that is a secret)."""
+    url = hook.get("url")
+    where = "a secret URL" if not isinstance(url, str) or url == MASK else url.split("?")[0]
+    return f"notify[{index}] ({hook.get('format', defaults.DEFAULTS['notify']['format'])}, {where})"

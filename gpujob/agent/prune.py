@@ -24,7 +24,8 @@ import shutil
 import time
 
 from gpujob.agent import ckpaths, ckregister
-from gpujob.agent.journal import ENDED, Journal
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Journal
 
 TRASH = ".gc"
 

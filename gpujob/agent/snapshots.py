@@ -29,7 +29,7 @@ import shutil
 import time
 
 from gpujob.agent.envs import CACHE_VARS, WARM_MARKER, cache_dir, tree_stats
-from gpujob.agent.journal import fsync_dir, read_json, write_json
+from gpujob.agent.fsio import fsync_dir, read_json, write_json
 from gpujob.agent.proc import is_alive
 
 LINKED = ("inductor", "triton")  # written once per file: hard links are safe

@@ -20,12 +20,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shlex
 
 from gpujob.agent import envs
-from gpujob.agent.commands import substitute
-from gpujob.agent.journal import now
+from gpujob.agent.decide import pick
+from gpujob.agent.commands import command_script, script_argv, substitute
+from gpujob.agent.fsio import now
 from gpujob.agent.proc import Phase
 
 STANDBY = r"""
@@ -56,34 +56,6 @@ else:
     sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))
     runpy.run_path(argv[0], run_name="__main__")
 """
-
-_PYTHON = re.compile(r"python[0-9.]*")
-
-
-def script_argv(argv: list) -> list | None:
-    """The part after the interpreter of a ``python SCRIPT …`` or ``python -m MOD …``
-    argv (what the standby runs), or None when it is not such a command."""
-    if len(argv) < 2 or not _PYTHON.fullmatch(os.path.basename(argv[0])):
-        return None
-    if argv[1] == "-m":
-        return argv[1:] if len(argv) > 2 else None
-    if argv[1].startswith("-") or not argv[1].endswith(".py"):
-        return None
-    return argv[1:]
-
-
-def command_script(command) -> list | None:
-    """``script_argv`` of a spec command (a shell string is split as a shell would,
-    a string with shell syntax beyond words is not a plain python command)."""
-    if isinstance(command, str):
-        if re.search(r"[;&|<>`$()]", command):
-            return None
-        try:
-            command = shlex.split(command)
-        except ValueError:
-            return None
-    return script_argv(list(command))
-
 
 def standby_argv(venv_python: str, fifo: str, ready: str, preload: list) -> list:
     return [venv_python, "-c", STANDBY, fifo, ready, *preload]
@@ -131,7 +103,7 @@ class StandbyKeeper:
         cfg = self.spec["train"].get("standby")
         if not cfg or command_script(self.spec["train"]["command"]) is None:
             return
-        target = self.ledger.pick(profile, self.profiles, self.rb.get("fallback"))
+        target = pick(self.ledger.read(), profile, self.profiles, self.rb.get("fallback"))
         if target is None or self.ledger.status(target) != "good" or \
                 not envs.is_installed(self.home.root, self.env_key(target)):
             self.drop_standby()

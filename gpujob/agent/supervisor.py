@@ -14,11 +14,14 @@ import signal
 import sys
 import time
 
-from gpujob.agent import decide, defaults, fleet, policy, sources
+from gpujob.agent import decide, defaults, fleet, planshare, policy, sources
 from gpujob.agent.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.cksupervise import CheckpointKeep
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Home, Journal
+from gpujob.agent.ledger import Ledger
+from gpujob.agent.fsio import now
 from gpujob.agent.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.metrics import MetricsFile
@@ -32,7 +35,8 @@ from gpujob.agent.phases import SECRETS_FILE, Phases
 from gpujob.agent.stages import Stage
 from gpujob.agent.standby import StandbyKeeper
 from gpujob.agent.verdicts import Verdicts
-from gpujob.agent.watch import EnvError, Outcome, PhaseWatch, Stop
+from gpujob.agent.watch import EnvError, PhaseWatch
+from gpujob.agent.outcome import Outcome, Stop
 
 
 
@@ -48,7 +52,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         self.job_id = job_id
         self.job = self.journal.job()
         self.spec = self.job["spec"]
-        self.ledger = Ledger(self.home, fleet.ledger_name(self.job))  # per fleet shape
+        self.ledger = Ledger(self.home, planshare.ledger_name(self.job))  # per fleet shape
         self.profiles = {p["name"]: p for p in self.spec["profiles"]}
         self.workdir = self.home.workdir(self.spec)
         self.stop_asked = False

@@ -7,7 +7,8 @@ import os
 import sys
 import time
 
-from gpujob.agent.journal import ENDED, Home
+from gpujob.agent.protocol import ENDED
+from gpujob.agent.journal import Home
 from gpujob.agent import protocol
 from gpujob.agent.protocol import JobState
 from gpujob.agent.trim import Trimmer

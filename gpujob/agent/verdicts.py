@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gpujob.agent import decide, defaults, policy, throughput
 from gpujob.agent.decide import Do
-from gpujob.agent.journal import now
+from gpujob.agent.fsio import now
 from gpujob.agent.protocol import JobState, Verdict
 from gpujob.agent.stages import Stage
 
@@ -21,7 +21,7 @@ from gpujob.agent.stages import Stage
 class Verdicts:
     def carry_out(self, a, out, profile: str) -> bool:
         """Do what ``a`` (a decide.Action) says; True when the job is over."""
-        from gpujob.agent.watch import Stop
+        from gpujob.agent.outcome import Stop
         for kind, fields in a.events:
             self.journal.event(kind, **fields)
         if a.verdict == "no_recovery":

@@ -12,8 +12,10 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import checkpoint, hang, policy, signals, snapshots, sources, throughput, timings
-from gpujob.agent.journal import now
+from gpujob.agent import checkpoint, ckregister, hang, policy, signals, snapshots, throughput, timings
+from gpujob.agent.filesource import FileSource
+from gpujob.agent.fsio import now
+from gpujob.agent.outcome import Outcome
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.commands import substitute
 from gpujob.agent import defaults
@@ -71,23 +73,6 @@ class _Run:
 
 class EnvError(Exception):
     """Building or verifying a profile's venv failed (one line)."""
-
-
-class Stop(Exception):
-    """A stop was asked for (request or SIGTERM)."""
-
-
-class Outcome:
-    """How a phase run ended: ``done`` (exit 0), ``signal`` (a failure signal with
-    its reason), ``stop``, or ``rollback`` (asked for by the user)."""
-
-    def __init__(self, kind: str, signal_name: str = "", reason: str = "", evidence=None,
-                 to: str | None = None, exit_code=None, request: str | None = None,
-                 mark_bad: bool = True):
-        self.kind, self.signal_name, self.reason = kind, signal_name, reason
-        self.evidence, self.to, self.exit_code = evidence or {}, to, exit_code
-        self.request, self.mark_bad = request, mark_bad
-        self.at = now()  # when it was decided: a rollback's clock starts here
 
 
 def gpu_utilisation(gpus: list) -> float | None:
@@ -291,7 +276,7 @@ class PhaseWatch(PauseWatch):
         path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
         # where a previous supervisor had read to (state.json's top level; None on a fresh start)
         offset = self.journal.state().get("source_offset") if adopt is not None else None
-        return sources.FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
+        return FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
 
     def poll_source(self, run, t: float):
         """The samples a metrics-file source has gained (none for a line source): the first
@@ -411,7 +396,7 @@ class PhaseWatch(PauseWatch):
         del run.gpu_history[:-1000]
         self.journal.event("gpu_util", group=cfg["group"], max=util)
         ck = self.spec["train"].get("checkpoint")
-        saved = checkpoint.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        saved = ckregister.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
         last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
         idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
                                                   max(saved[0][1] if saved else 0.0, min(last_pause, t)),
