@@ -22,7 +22,8 @@ import statistics
 import subprocess
 import time
 
-from gpujob.agent import envs, snapshots
+from gpujob.agent import snapshots
+from gpujob.agent.base import envs
 
 
 def make_cache(home: str, key: str, mb: int, seed: int = 14) -> dict:

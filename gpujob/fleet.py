@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from gpujob import jobs
-from gpujob.agent.commands import fleet_env, fleet_values
+from gpujob.agent.base.placeholders import fleet_env, fleet_values
 from gpujob.errors import GpujobError, JobError
 from gpujob.spec import JobSpec, Nodes
 from gpujob.target import Target

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint, ckpaths, envs, planshare
-from gpujob.agent.commands import command_argv
-from gpujob.agent.protocol import OffsetSplitter
+from gpujob.agent import checkpoint
+from gpujob.agent.base import ckpaths, envs, planshare
+from gpujob.agent.base.placeholders import command_argv
+from gpujob.agent.base.protocol import OffsetSplitter
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
@@ -129,7 +130,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     return req
 
 
-#: how the plan shows the agent launcher's source (gpujob/agent/protocol.py LAUNCHER)
+#: how the plan shows the agent launcher's source (gpujob/agent/base/protocol.py LAUNCHER)
 LAUNCHER_SHOWN = "<gpujob agent launcher: run AGENT.pyz, exit 6 when it is missing>"
 
 
@@ -140,7 +141,7 @@ def _agent(target: Target, *args: str) -> list[str]:
 def checkpoint_where(spec: JobSpec, home: str) -> str | None:
     """The checkpoint glob as the container will expand it (absolute when the workdir is
     known here), refused with the spec's file:line when it would reach gpujob's home or
-    a system directory (agent/ckpaths.py); None without train.checkpoint."""
+    a system directory (agent/base/ckpaths.py); None without train.checkpoint."""
     ck = spec.train.checkpoint
     if ck is None:
         return None
@@ -242,7 +243,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                                    if resume_from else ())))
     steps += checkpoint_steps(spec, ck_where, values, resume_args)
     if spec.train.standby is not None:
-        from gpujob.agent.commands import command_script
+        from gpujob.agent.base.placeholders import command_script
         preload = ", ".join(spec.train.standby.preload) or "nothing"
         steps.append(Step("standby", "supervisor",
                           f"while training on a profile a rollback would leave: an interpreter of the "

@@ -7,7 +7,8 @@ import json
 import time
 
 
-from gpujob.agent import checkpoint, ckpaths, ckregister
+from gpujob.agent import checkpoint, ckregister
+from gpujob.agent.base import ckpaths
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 

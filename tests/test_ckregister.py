@@ -1,5 +1,5 @@
 """The checkpoint register (agent/ckregister.py): what each run of a job wrote, when a
-checkpoint is finished, where a checkpoint glob may point (agent/ckpaths.py), what
+checkpoint is finished, where a checkpoint glob may point (agent/base/ckpaths.py), what
 submit finds, and a register that stays whole when its writer is SIGKILLed."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 import pytest
 import yaml
 
-from gpujob.agent import ckpaths, ckregister
+from gpujob.agent import ckregister
+from gpujob.agent.base import ckpaths
 from helpers import REPO, cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from gpujob.agent import decide
 from gpujob.agent.decide import Do
-from gpujob.agent.defaults import DEFAULTS
+from gpujob.agent.base.defaults import DEFAULTS
 
 RB = dict(DEFAULTS["rollback"], fallback=["slow"], on=["low_throughput", "stall", "error_signature"])
 PROFILES = {"fast": {}, "slow": {}}

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from gpujob.agent.files import untar
-from gpujob.agent.commands import command_argv, placeholder_env, quoted_placeholders
+from gpujob.agent.base.placeholders import command_argv, placeholder_env, quoted_placeholders
 from gpujob.cli import render
 from gpujob.errors import HostKeyError
 from gpujob.tarstream import Concat, TarStream

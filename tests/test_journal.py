@@ -18,9 +18,9 @@ import pytest
 
 from gpujob.agent import journal as jn
 from gpujob.agent.journal import Home, Journal
-from gpujob.agent.fsio import read_records, write_json
+from gpujob.agent.base.fsio import read_records, write_json
 from gpujob.agent.lock import Fenced, Lock
-from gpujob.agent.proc import Phase, group_pids, is_alive, start_ticks
+from gpujob.agent.base.proc import Phase, group_pids, is_alive, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.supervisor import restart_refusal
 
@@ -85,7 +85,7 @@ def test_a_killed_holder_frees_the_lock_at_once(tmp_path):
 def test_a_stale_writer_is_fenced_off(tmp_path):
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("j"))
-    Journal(home, "j", generation=1).set_state(state="training", step="env")  # a legal first step (agent/stages.py)
+    Journal(home, "j", generation=1).set_state(state="training", step="env")  # a legal first step (agent/base/stages.py)
     Journal(home, "j", generation=2).set_state(step="rollback")
     with pytest.raises(Fenced):
         Journal(home, "j", generation=1).set_state(step="train")  # a late write of the old holder

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent import metrics, notify, planshare
+from gpujob.agent import metrics, notify
+from gpujob.agent.base import planshare
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 SECRET_PATH = "T0SECRET/B0SECRET/xoxb-hook-secret-771"

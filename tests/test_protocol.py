@@ -1,4 +1,4 @@
-"""The protocol both sides share (gpujob/agent/protocol.py): enums that stay plain
+"""The protocol both sides share (gpujob/agent/base/protocol.py): enums that stay plain
 JSON strings, the agent's exit codes and one-line errors, the tail's first record,
 the launcher's 'agent missing', and the format version of state.json and job.json."""
 
@@ -9,10 +9,10 @@ import os
 import subprocess
 import sys
 
-from gpujob.agent import protocol
+from gpujob.agent.base import protocol
 from gpujob.agent.journal import Home, Journal
-from gpujob.agent.fsio import write_json
-from gpujob.agent.protocol import ENDED, JobState, OffsetSplitter, Verdict
+from gpujob.agent.base.fsio import write_json
+from gpujob.agent.base.protocol import ENDED, JobState, OffsetSplitter, Verdict
 from gpujob.target import agent_zip
 
 

@@ -3,7 +3,8 @@ step group, per-rank prefixes)."""
 
 import pytest
 
-from gpujob.agent import defaults, sources
+from gpujob.agent import sources
+from gpujob.agent.base import defaults
 from gpujob.agent.ranks import RankMerge, split_rank
 from gpujob.agent.throughput import make_parser
 from gpujob.spec import JobSpec  # noqa: F401  (the spec model validates the section)

@@ -4,7 +4,7 @@ gpujob replay's engine over synthetic traces and samples.jsonl."""
 import gzip
 import json
 
-from gpujob.agent import trace
+from gpujob.agent.base import trace
 from gpujob.agent.replay import replay_samples, replay_trace, summary_line
 
 SPEC = {"throughput": {"format": "ktok", "min_ratio": 0.8, "window": "10s", "failure_limit": "30s",

@@ -14,7 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from gpujob.agent import envs, snapshots
+from gpujob.agent import snapshots
+from gpujob.agent.base import envs
 
 REPO = Path(__file__).resolve().parent.parent
 

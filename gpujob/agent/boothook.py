@@ -24,7 +24,7 @@ import os
 import re
 import shlex
 
-from gpujob.agent.fsio import temp_beside
+from gpujob.agent.base.fsio import temp_beside
 
 RC_LOCAL = "/etc/rc.local"
 SHEBANG = "#!/bin/sh\n"
@@ -128,7 +128,7 @@ def remove(home: str, path: str = RC_LOCAL) -> bool:
 def boot_identity() -> str:
     """Changes whenever the container (or the machine) starts again: the kernel's
     boot id and the start time of this PID namespace's init."""
-    from gpujob.agent.proc import start_ticks
+    from gpujob.agent.base.proc import start_ticks
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()

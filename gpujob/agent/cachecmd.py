@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpujob.agent import defaults, envs, jobenv, signals, snapshots
-from gpujob.agent.protocol import FailureSignal
-from gpujob.agent.protocol import ENDED
+from gpujob.agent import signals, snapshots
+from gpujob.agent.base import defaults, envs, jobenv
+from gpujob.agent.base.protocol import FailureSignal
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Home, Journal
 from gpujob.agent.ledger import Ledger
-from gpujob.agent.fsio import now, read_json
+from gpujob.agent.base.fsio import now, read_json
 
 class Refused(Exception):
     pass
@@ -148,7 +149,7 @@ def refusal(wanted: list, in_use: dict) -> str | None:
 
 
 def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
-    from gpujob.agent.commands import command_argv
+    from gpujob.agent.base.placeholders import command_argv
     job_id, job = latest_job_with(home, profile)
     if job is None:
         raise Refused(f"no job in this container has profile {profile} and a warmup to prove it with")

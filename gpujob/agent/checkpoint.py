@@ -9,8 +9,8 @@ workdir (``{job_id}``/``{profile}``/``{workdir}`` substituted), ``**`` allowed.
 
 from __future__ import annotations
 
-from gpujob.agent import defaults
-from gpujob.agent.protocol import FailureSignal
+from gpujob.agent.base import defaults
+from gpujob.agent.base.protocol import FailureSignal
 
 
 

@@ -38,7 +38,7 @@ import os
 import tempfile
 import time
 
-from gpujob.agent.ckpaths import step_of
+from gpujob.agent.base.ckpaths import step_of
 
 FORMAT = 1
 DIR = "checkpoints"

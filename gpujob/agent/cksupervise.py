@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent import checkpoint, ckregister, defaults
-from gpujob.agent.commands import substitute
-from gpujob.agent.fsio import now
-from gpujob.agent.protocol import OutcomeKind
+from gpujob.agent import checkpoint, ckregister
+from gpujob.agent.base import defaults
+from gpujob.agent.base.placeholders import substitute
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import OutcomeKind
 
 
 class CheckpointKeep:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import time
 
-from gpujob.agent.stages import Stage
-from gpujob.agent.protocol import ENDED, FINAL_STATES
+from gpujob.agent.base.stages import Stage
+from gpujob.agent.base.protocol import ENDED, FINAL_STATES
 from gpujob.agent.journal import Home, Journal
 from gpujob.agent.ledger import Ledger
-from gpujob.agent.fsio import now
+from gpujob.agent.base.fsio import now
 from gpujob.agent.lock import Lock
 from gpujob.agent.decide import pick
-from gpujob.agent.protocol import JobState
-from gpujob.agent.proc import kill_group
+from gpujob.agent.base.protocol import JobState
+from gpujob.agent.base.proc import kill_group
 from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
-from gpujob.agent.protocol import FailureSignal, OutcomeKind, StrEnum, Verdict
+from gpujob.agent.base.protocol import FailureSignal, OutcomeKind, StrEnum, Verdict
 
 # a slowdown that may be the machine's rather than the wheels' (data, disk, another process)
 SLOWNESS = (FailureSignal.LOW_THROUGHPUT,)

@@ -12,7 +12,7 @@ import sys
 import tarfile
 
 from gpujob.agent.journal import Home
-from gpujob.agent.fsio import temp_beside
+from gpujob.agent.base.fsio import temp_beside
 from gpujob.agent.lifecycle import emit, expand
 
 

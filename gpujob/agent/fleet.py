@@ -21,11 +21,11 @@ from __future__ import annotations
 import queue
 import time
 
-from gpujob.agent.stages import Stage
-from gpujob.agent import defaults
+from gpujob.agent.base.stages import Stage
+from gpujob.agent.base import defaults
 from gpujob.agent.channel import Client, Server
-from gpujob.agent.fsio import now
-from gpujob.agent.protocol import JobState, OutcomeKind
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.policy import Sample
 from gpujob.agent.outcome import Outcome, Stop
 

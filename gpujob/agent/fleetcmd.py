@@ -39,7 +39,7 @@ def cmd_fleet(home, args) -> dict:
     """``fleet ports`` (node 0: free ports and its primary address), ``fleet go JOB``
     (the controller took every lock), ``fleet release JOB --reason R`` (another node
     was busy: end this held job, nothing started)."""
-    from gpujob.agent.protocol import ENDED
+    from gpujob.agent.base.protocol import ENDED
     from gpujob.agent.journal import Journal
     if args.action == "ports":
         return {"ports": free_ports(2), "address": primary_address(), "hostname": os.uname().nodename}

@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 
 from gpujob.agent import boothook
-from gpujob.agent.protocol import ENDED
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Journal
-from gpujob.agent.fsio import now
-from gpujob.agent.protocol import JobState
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import JobState
 
 
 class Safeguards:

@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from gpujob.agent import stacks
-from gpujob.agent.protocol import FailureSignal, OutcomeKind
+from gpujob.agent.base.protocol import FailureSignal, OutcomeKind
 
 
 def start_hang(phase: str, waited: float, timeout: float, cold_cache: bool) -> tuple:

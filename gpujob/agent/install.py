@@ -15,8 +15,9 @@ import shlex
 import subprocess
 import sys
 
-from gpujob.agent import envs, gc, planshare, throughput
-from gpujob.agent.fsio import now, write_bytes, write_json
+from gpujob.agent import gc, throughput
+from gpujob.agent.base import envs, planshare
+from gpujob.agent.base.fsio import now, write_bytes, write_json
 from gpujob.agent.watch import EnvError, POLL
 from gpujob.agent.outcome import Stop
 

@@ -14,8 +14,8 @@ import json
 import os
 import time
 
-from gpujob.agent.fsio import append_record, now, pid_alive, read_json, read_records, write_json
-from gpujob.agent.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
+from gpujob.agent.base.fsio import append_record, now, pid_alive, read_json, read_records, write_json
+from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
 
 
 class Home:
@@ -82,7 +82,7 @@ class Journal:
                              f"{st.get('generation')}, ours is {self.generation}")
             st["generation"] = self.generation
         if "step" in changes and changes["step"] != st.get("step"):
-            from gpujob.agent import stages
+            from gpujob.agent.base import stages
             refused = stages.check(st.get("step"), changes["step"])  # raises in strict mode
             if refused is not None:  # production: the last legal step stays, the rest is written
                 changes = {k: v for k, v in changes.items() if k != "step"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent.fsio import now, read_json, write_json
+from gpujob.agent.base.fsio import now, read_json, write_json
 from gpujob.agent.journal import Home
 
 

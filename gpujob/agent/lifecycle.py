@@ -12,13 +12,13 @@ import sys
 import time
 
 from gpujob.agent import metrics, notify
-from gpujob.agent.protocol import ENDED
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Home, Journal
 from gpujob.agent.ledger import Ledger
-from gpujob.agent.fsio import now
+from gpujob.agent.base.fsio import now
 from gpujob.agent.lock import Held, Lock
-from gpujob.agent.protocol import JobState
-from gpujob.agent.proc import group_pids
+from gpujob.agent.base.protocol import JobState
+from gpujob.agent.base.proc import group_pids
 
 
 class Refused(Exception):
@@ -106,9 +106,9 @@ def settle_orphan(j: Journal, st: dict, by_job: str) -> None:
     """A job whose supervisor died and whose command has ended, taken over by ``by_job``:
     the relay's last bytes go to its job.log, and its state follows the exit its
     trainer's keeper recorded (exit 0: succeeded), else it is lost."""
-    from gpujob.agent.proc import read_exit
+    from gpujob.agent.base.proc import read_exit
     from gpujob.agent.relay import JobLog, Relay
-    from gpujob.agent.stages import Stage
+    from gpujob.agent.base.stages import Stage
     child = st.get("child") or {}
     try:  # whatever the dead supervisor had not copied yet
         joblog = JobLog(j.path("job.log"))

@@ -33,7 +33,7 @@ class Held:
 
     def set_pid(self, pid: int) -> None:
         """Say which process now holds it (the supervisor, once started)."""
-        from gpujob.agent.proc import start_ticks
+        from gpujob.agent.base.proc import start_ticks
         info = self.lock.info() or {}
         if info.get("generation") == self.generation:
             self.lock._write_info(dict(info, pid=pid, ticks=start_ticks(pid)))
@@ -67,7 +67,7 @@ class Lock:
             return None
 
     def _write_info(self, info: dict) -> None:
-        from gpujob.agent.fsio import write_json
+        from gpujob.agent.base.fsio import write_json
         write_json(self.info_path, info)
 
     def try_acquire(self, job_id: str, pid: int | None = None, by: str | None = None) -> Held | None:
@@ -81,7 +81,7 @@ class Lock:
         except BlockingIOError:
             os.close(fd)
             return None
-        from gpujob.agent.proc import start_ticks
+        from gpujob.agent.base.proc import start_ticks
         prev = self.info() or {}
         generation = int(prev.get("generation") or 0) + 1
         pid = pid or os.getpid()
@@ -100,7 +100,7 @@ class Lock:
     def holder(self) -> dict | None:
         """Who holds the lock now, as far as lock.json tells (None: nobody). For
         display only: ``try_acquire`` alone decides."""
-        from gpujob.agent.proc import is_alive
+        from gpujob.agent.base.proc import is_alive
         info = self.info()
         if not info or info.get("released_at") is not None:
             return None

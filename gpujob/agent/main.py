@@ -15,15 +15,16 @@ import re
 import sys
 import time
 
-from gpujob.agent.stages import Stage
-from gpujob.agent import boothook, envs, gc
-from gpujob.agent.protocol import ENDED
+from gpujob.agent.base.stages import Stage
+from gpujob.agent import boothook, gc
+from gpujob.agent.base import envs
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Home, Journal
 from gpujob.agent.ledger import Ledger
-from gpujob.agent.fsio import now, read_json, write_json
+from gpujob.agent.base.fsio import now, read_json, write_json
 from gpujob.agent.lock import Lock
-from gpujob.agent import protocol
-from gpujob.agent.protocol import JobState
+from gpujob.agent.base import protocol
+from gpujob.agent.base.protocol import JobState
 from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, revive, spawn_supervisor, summary
 from gpujob.agent.files import cmd_manifest, cmd_probe, cmd_put, untar
 from gpujob.agent.tail import cmd_tail
@@ -90,8 +91,9 @@ def cmd_submit(home: Home, args) -> None:
 def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
     """The job's checkpoint globs checked against this home, what earlier jobs left
     under them, and ``--resume-from`` resolved (agent/ckregister.py at_submit)."""
-    from gpujob.agent import ckpaths, ckregister, planshare
-    from gpujob.agent.commands import substitute
+    from gpujob.agent import ckregister
+    from gpujob.agent.base import ckpaths, planshare
+    from gpujob.agent.base.placeholders import substitute
     ck = (job["spec"].get("train") or {}).get("checkpoint")
     if not ck:
         return None

@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 import time
 
-from gpujob.agent import defaults
-from gpujob.agent.planshare import textfile_path
-from gpujob.agent.fsio import write_bytes
-from gpujob.agent.protocol import JobState
+from gpujob.agent.base import defaults
+from gpujob.agent.base.planshare import textfile_path
+from gpujob.agent.base.fsio import write_bytes
+from gpujob.agent.base.protocol import JobState
 
 STATES = tuple(s.value for s in JobState if s not in (JobState.NOT_FOUND, JobState.UNKNOWN))  # a job's own
 

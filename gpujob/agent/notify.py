@@ -24,9 +24,9 @@ import time
 import urllib.error
 import urllib.request
 
-from gpujob.agent.defaults import DEFAULTS
-from gpujob.agent.planshare import MASK
-from gpujob.agent.fsio import now, read_json, write_json
+from gpujob.agent.base.defaults import DEFAULTS
+from gpujob.agent.base.planshare import MASK
+from gpujob.agent.base.fsio import now, read_json, write_json
 
 OUTBOX = "notify"
 EVENTS = ("rollback", "failure", "success", "known_good", "no_recovery", "internal_error")
@@ -312,7 +312,7 @@ class Notifier:
 
     def release_secrets(self) -> None:
         """The job is over and its outbox empty: the webhook secrets leave the container."""
-        from gpujob.agent.protocol import ENDED
+        from gpujob.agent.base.protocol import ENDED
         if self.journal.state().get("state") in ENDED and not waiting(self.journal.dir):
             try:
                 os.unlink(self.secrets_path)

@@ -5,7 +5,7 @@ was asked for.
 
 from __future__ import annotations
 
-from gpujob.agent.fsio import now
+from gpujob.agent.base.fsio import now
 
 
 class Stop(Exception):

@@ -10,11 +10,11 @@ import dataclasses
 import os
 import shlex
 
-from gpujob.agent import defaults, envs, jobenv, planshare
-from gpujob.agent.commands import command_argv, fleet_env, placeholder_env
-from gpujob.agent.fsio import now, read_json, write_json
-from gpujob.agent.proc import Phase
-from gpujob.agent.protocol import JobState, OutcomeKind
+from gpujob.agent.base import defaults, envs, jobenv, planshare
+from gpujob.agent.base.placeholders import command_argv, fleet_env, placeholder_env
+from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.base.proc import Phase
+from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.watch import EnvError
 from gpujob.agent.outcome import Outcome
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field, fields
 from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-from gpujob.agent.defaults import DEFAULTS
+from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.pauses import Clock
-from gpujob.agent.protocol import Verdict
+from gpujob.agent.base.protocol import Verdict
 from gpujob.agent.throughput import fmt_rate
 
 # --------------------------------------------------------------------------

@@ -23,8 +23,9 @@ import os
 import shutil
 import time
 
-from gpujob.agent import ckpaths, ckregister
-from gpujob.agent.protocol import ENDED
+from gpujob.agent import ckregister
+from gpujob.agent.base import ckpaths
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Journal
 
 TRASH = ".gc"

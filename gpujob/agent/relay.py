@@ -16,7 +16,7 @@ import errno
 import json
 import os
 
-from gpujob.agent.fsio import write_bytes, write_json
+from gpujob.agent.base.fsio import write_bytes, write_json
 
 CHUNK = 1 << 20
 CURSOR_SIZE = 512  # relay.json's fixed size (one pwrite, inside one page)

@@ -17,9 +17,10 @@ import dataclasses
 import json
 import re
 
-from gpujob.agent import defaults, policy, sources, trace
+from gpujob.agent import policy, sources
+from gpujob.agent.base import defaults, trace
 from gpujob.agent.pauses import Pauses
-from gpujob.agent.protocol import Verdict
+from gpujob.agent.base.protocol import Verdict
 
 LOUD = (Verdict.BREACH, Verdict.ROLLBACK)
 

@@ -8,7 +8,7 @@ import re
 import signal as _signal
 from typing import Optional, Sequence, Tuple
 
-from gpujob.agent.protocol import FailureSignal as F
+from gpujob.agent.base.protocol import FailureSignal as F
 from gpujob.agent.throughput import strip_ansi
 
 # --------------------------------------------------------------------------

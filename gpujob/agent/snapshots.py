@@ -28,9 +28,9 @@ import os
 import shutil
 import time
 
-from gpujob.agent.envs import CACHE_VARS, WARM_MARKER, cache_dir, tree_stats
-from gpujob.agent.fsio import fsync_dir, read_json, write_json
-from gpujob.agent.proc import is_alive
+from gpujob.agent.base.envs import CACHE_VARS, WARM_MARKER, cache_dir, tree_stats
+from gpujob.agent.base.fsio import fsync_dir, read_json, write_json
+from gpujob.agent.base.proc import is_alive
 
 LINKED = ("inductor", "triton")  # written once per file: hard links are safe
 COPIED = ("torch_extensions",)   # rebuilt in place: a copy

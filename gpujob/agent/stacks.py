@@ -22,7 +22,7 @@ import signal
 import subprocess
 import time
 
-from gpujob.agent.proc import KEEPER, group_pids
+from gpujob.agent.base.proc import KEEPER, group_pids
 
 MAX_TEXT = 32 * 1024   # bytes of stack text kept per process
 MAX_PROCS = 16         # processes of one group read

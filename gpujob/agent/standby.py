@@ -22,11 +22,11 @@ import json
 import os
 import shlex
 
-from gpujob.agent import envs
+from gpujob.agent.base import envs
 from gpujob.agent.decide import pick
-from gpujob.agent.commands import command_script, script_argv, substitute
-from gpujob.agent.fsio import now
-from gpujob.agent.proc import Phase
+from gpujob.agent.base.placeholders import command_script, script_argv, substitute
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.proc import Phase
 
 STANDBY = r"""
 import importlib, json, os, runpy, sys, time

@@ -14,25 +14,26 @@ import signal
 import sys
 import time
 
-from gpujob.agent import decide, defaults, fleet, planshare, policy, sources
-from gpujob.agent.defaults import DEFAULTS
+from gpujob.agent import decide, fleet, policy, sources
+from gpujob.agent.base import defaults, planshare
+from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.cksupervise import CheckpointKeep
-from gpujob.agent.protocol import ENDED
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Home, Journal
 from gpujob.agent.ledger import Ledger
-from gpujob.agent.fsio import now
-from gpujob.agent.protocol import JobState, OutcomeKind
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.lock import Fenced, Held, Lock
 from gpujob.agent.metrics import MetricsFile
 from gpujob.agent.notify import Notifier
-from gpujob.agent.proc import Phase, keepers_of, kill_group, start_ticks
+from gpujob.agent.base.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.relay import JobLog, Relay
 from gpujob.agent.trim import Trimmer
 from gpujob.agent.guard import Safeguards
 from gpujob.agent.install import Installer
 from gpujob.agent.phases import SECRETS_FILE, Phases
-from gpujob.agent.stages import Stage
+from gpujob.agent.base.stages import Stage
 from gpujob.agent.standby import StandbyKeeper
 from gpujob.agent.verdicts import Verdicts
 from gpujob.agent.watch import EnvError, PhaseWatch

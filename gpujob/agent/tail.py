@@ -7,10 +7,10 @@ import os
 import sys
 import time
 
-from gpujob.agent.protocol import ENDED
+from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.journal import Home
-from gpujob.agent import protocol
-from gpujob.agent.protocol import JobState
+from gpujob.agent.base import protocol
+from gpujob.agent.base.protocol import JobState
 from gpujob.agent.trim import Trimmer
 from gpujob.agent.lifecycle import job_or_refuse, revive
 

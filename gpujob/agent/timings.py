@@ -9,7 +9,7 @@ Each is seconds after the decision, kept in the rollback's record (state.json,
 
 from __future__ import annotations
 
-from gpujob.agent.protocol import Verdict
+from gpujob.agent.base.protocol import Verdict
 
 MARKS = ("trainer_start", "first_sample", "first_good", "first_ok")
 

@@ -20,7 +20,7 @@ import ctypes.util
 import json
 import os
 
-from gpujob.agent.fsio import write_json
+from gpujob.agent.base.fsio import write_json
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02

@@ -11,11 +11,12 @@ mixin like PhaseWatch: it uses the supervisor's journal, ledger, notifier and po
 
 from __future__ import annotations
 
-from gpujob.agent import decide, defaults, policy, throughput
+from gpujob.agent import decide, policy, throughput
+from gpujob.agent.base import defaults
 from gpujob.agent.decide import Do
-from gpujob.agent.fsio import now
-from gpujob.agent.protocol import JobState, Verdict
-from gpujob.agent.stages import Stage
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import JobState, Verdict
+from gpujob.agent.base.stages import Stage
 
 
 class Verdicts:

@@ -14,14 +14,14 @@ import time
 
 from gpujob.agent import checkpoint, ckregister, hang, policy, signals, snapshots, throughput, timings
 from gpujob.agent.filesource import FileSource
-from gpujob.agent.fsio import now
+from gpujob.agent.base.fsio import now
 from gpujob.agent.outcome import Outcome
 from gpujob.agent.boothook import boot_identity
-from gpujob.agent.commands import substitute
-from gpujob.agent import defaults
-from gpujob.agent.defaults import DEFAULTS
-from gpujob.agent.proc import Phase
-from gpujob.agent.protocol import FailureSignal, JobState, OutcomeKind, Verdict
+from gpujob.agent.base.placeholders import substitute
+from gpujob.agent.base import defaults
+from gpujob.agent.base.defaults import DEFAULTS
+from gpujob.agent.base.proc import Phase
+from gpujob.agent.base.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.trim import read_jsonl_from
 from gpujob.agent.watchpause import PauseWatch
 

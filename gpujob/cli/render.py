@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpujob.agent import timings
-from gpujob.agent.protocol import ENDED, JobState
+from gpujob.agent.base.protocol import ENDED, JobState
 from gpujob.agent.throughput import fmt_rate, sparkline
 
 S = JobState

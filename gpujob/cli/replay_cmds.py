@@ -26,7 +26,7 @@ def fetch_file(job_id: str, t, name: str) -> bytes:
 
 def fetch_trace(job_id: str, t) -> bytes:
     """The job's trace: the rotated older part (if any) then the current one."""
-    from gpujob.agent import trace
+    from gpujob.agent.base import trace
     from gpujob.errors import GpujobError
     data = b""
     for name in (trace.OLD, trace.NAME):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent.protocol import StrEnum
+from gpujob.agent.base.protocol import StrEnum
 
 
 class Stage(StrEnum):

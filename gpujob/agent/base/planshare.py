@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 
-from gpujob.agent import defaults, envs
-from gpujob.agent.commands import substitute
+from gpujob.agent.base import defaults, envs
+from gpujob.agent.base.placeholders import substitute
 
 CONSTRAINTS_FILE = ".gpujob-constraints.txt"   # in the venv: the profile's pins, as uv constraints
 REQUIREMENTS_FILE = ".gpujob-requirements.txt"  # in the venv: a profile's requirements_text

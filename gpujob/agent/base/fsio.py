@@ -129,7 +129,7 @@ def read_records(path: str) -> tuple:
 def pid_alive(pid, needle: str | None = None, ticks=None) -> bool:
     """Is ``pid`` running (not a zombie)? ``ticks`` (its start time) or ``needle``
     (a string its command line holds) guard against a recycled pid."""
-    from gpujob.agent.proc import is_alive
+    from gpujob.agent.base.proc import is_alive
     if not is_alive(pid, ticks):
         return False
     if needle is None or ticks is not None:

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 
-from gpujob.agent.fsio import write_json
+from gpujob.agent.base.fsio import write_json
 
 OK_MARKER = ".gpujob-ok"
 CACHE_VARS = {

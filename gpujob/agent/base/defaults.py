@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import pkgutil
 
-DEFAULTS: dict = json.loads(pkgutil.get_data("gpujob.agent", "spec_defaults.json"))
+DEFAULTS: dict = json.loads(pkgutil.get_data("gpujob.agent.base", "spec_defaults.json"))
 
 
 def section(spec: dict, name: str):
