@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from gpujob.agent import checkpoint
+from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
 from gpujob.agent.base.protocol import OffsetSplitter

@@ -12,7 +12,8 @@ import signal
 
 import pytest
 
-from gpujob.agent import hang, signals, stacks
+from gpujob.agent import hang, stacks
+from gpujob.agent.judge import signals
 from gpujob.agent.base.protocol import FailureSignal as F
 from helpers import cli, events, job_id_of, local_env, wait_for, write_spec
 from test_faults import jdir, state_of, wheelhouse  # noqa: F401  (the module's wheelhouse fixture)

@@ -113,7 +113,7 @@ def test_failure_signals_are_the_names_the_spec_accepts_and_the_agent_reports():
 
     import pytest
 
-    from gpujob.agent import signals
+    from gpujob.agent.judge import signals
     from gpujob.doctor import Check, CheckStatus
     from gpujob.spec_types import Signal
     assert list(get_args(Signal)) == [s.value for s in protocol.FailureSignal]

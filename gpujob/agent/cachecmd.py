@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpujob.agent import signals, snapshots
+from gpujob.agent import snapshots
+from gpujob.agent.judge import signals
 from gpujob.agent.base import defaults, envs, jobenv
 from gpujob.agent.base.protocol import FailureSignal
 from gpujob.agent.base.protocol import ENDED

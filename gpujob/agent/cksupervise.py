@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent import checkpoint, ckregister
+from gpujob.agent import ckregister
+from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import defaults
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base.fsio import now

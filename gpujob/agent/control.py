@@ -11,7 +11,7 @@ from gpujob.agent.journal import Home, Journal
 from gpujob.agent.ledger import Ledger
 from gpujob.agent.base.fsio import now
 from gpujob.agent.lock import Lock
-from gpujob.agent.decide import pick
+from gpujob.agent.judge.decide import pick
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import kill_group
 from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent.sources import parse_record
+from gpujob.agent.judge.sources import parse_record
 
 
 class FileSource:

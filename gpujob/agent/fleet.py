@@ -26,8 +26,8 @@ from gpujob.agent.base import defaults
 from gpujob.agent.channel import Client, Server
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState, OutcomeKind
-from gpujob.agent.policy import Sample
-from gpujob.agent.outcome import Outcome, Stop
+from gpujob.agent.judge.policy import Sample
+from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 

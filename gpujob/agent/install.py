@@ -15,11 +15,12 @@ import shlex
 import subprocess
 import sys
 
-from gpujob.agent import gc, throughput
+from gpujob.agent import gc
+from gpujob.agent.judge import throughput
 from gpujob.agent.base import envs, planshare
 from gpujob.agent.base.fsio import now, write_bytes, write_json
 from gpujob.agent.watch import EnvError, POLL
-from gpujob.agent.outcome import Stop
+from gpujob.agent.judge.outcome import Stop
 
 
 class Installer:

@@ -23,7 +23,7 @@ import os
 import shlex
 
 from gpujob.agent.base import envs
-from gpujob.agent.decide import pick
+from gpujob.agent.judge.decide import pick
 from gpujob.agent.base.placeholders import command_script, script_argv, substitute
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import Phase

@@ -14,7 +14,8 @@ import signal
 import sys
 import time
 
-from gpujob.agent import decide, fleet, policy, sources
+from gpujob.agent import fleet
+from gpujob.agent.judge import decide, policy, sources
 from gpujob.agent.base import defaults, planshare
 from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
@@ -37,7 +38,7 @@ from gpujob.agent.base.stages import Stage
 from gpujob.agent.standby import StandbyKeeper
 from gpujob.agent.verdicts import Verdicts
 from gpujob.agent.watch import EnvError, PhaseWatch
-from gpujob.agent.outcome import Outcome, Stop
+from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 

@@ -11,9 +11,9 @@ mixin like PhaseWatch: it uses the supervisor's journal, ledger, notifier and po
 
 from __future__ import annotations
 
-from gpujob.agent import decide, policy, throughput
+from gpujob.agent.judge import decide, policy, throughput
 from gpujob.agent.base import defaults
-from gpujob.agent.decide import Do
+from gpujob.agent.judge.decide import Do
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState, Verdict
 from gpujob.agent.base.stages import Stage
@@ -22,7 +22,7 @@ from gpujob.agent.base.stages import Stage
 class Verdicts:
     def carry_out(self, a, out, profile: str) -> bool:
         """Do what ``a`` (a decide.Action) says; True when the job is over."""
-        from gpujob.agent.outcome import Stop
+        from gpujob.agent.judge.outcome import Stop
         for kind, fields in a.events:
             self.journal.event(kind, **fields)
         if a.verdict == "no_recovery":

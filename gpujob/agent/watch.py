@@ -12,10 +12,11 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import checkpoint, ckregister, hang, policy, signals, snapshots, throughput, timings
+from gpujob.agent import ckregister, hang, snapshots
+from gpujob.agent.judge import checkpoint, policy, signals, throughput, timings
 from gpujob.agent.filesource import FileSource
 from gpujob.agent.base.fsio import now
-from gpujob.agent.outcome import Outcome
+from gpujob.agent.judge.outcome import Outcome
 from gpujob.agent.boothook import boot_identity
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base import defaults

@@ -1,15 +1,15 @@
 """The watch loop's pause and trace side (stdlib only; a mixin of the supervisor,
 like PhaseWatch): checkpoint file events and ``throughput.pause_pattern`` lines open
-pauses (agent/pauses.py, pure), the policy is asked with them, and the run's
+pauses (agent/judge/pauses.py, pure), the policy is asked with them, and the run's
 trace (agent/base/trace.py) gets every output line and checkpoint event."""
 
 from __future__ import annotations
 
 import re
 
-from gpujob.agent import policy
+from gpujob.agent.judge import policy
 from gpujob.agent.base import defaults, trace
-from gpujob.agent.pauses import Pauses
+from gpujob.agent.judge.pauses import Pauses
 
 
 class PauseWatch:

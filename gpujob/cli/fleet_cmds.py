@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from gpujob import fleet
-from gpujob.agent.throughput import fmt_rate
+from gpujob.agent.judge.throughput import fmt_rate
 from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError
 

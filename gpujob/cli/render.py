@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpujob.agent import timings
+from gpujob.agent.judge import timings
 from gpujob.agent.base.protocol import ENDED, JobState
-from gpujob.agent.throughput import fmt_rate, sparkline
+from gpujob.agent.judge.throughput import fmt_rate, sparkline
 
 S = JobState
 STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",

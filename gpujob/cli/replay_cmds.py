@@ -1,4 +1,4 @@
-"""``gpujob replay SOURCE`` (the pure policy over a recorded run: agent/replay.py) and
+"""``gpujob replay SOURCE`` (the pure policy over a recorded run: agent/judge/replay.py) and
 the trace fetch behind it and ``gpujob logs JOB --trace -o FILE``."""
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
            as_json: bool = typer.Option(False, "--json", help="JSON Lines: each decision, then "
                                         "{\"summary\": {...}}")):
     """Run the rollback policy offline over a recorded run and print each decision it takes."""
-    from gpujob.agent import replay as rp
+    from gpujob.agent.judge import replay as rp
     spec_d = _spec_dict(spec)
     path = Path(source)
     if path.is_file():

@@ -111,7 +111,7 @@ class Pauses:
 
 class Clock:
     """Active time: wall time minus the pauses (merged, sorted ``(start, end)`` pairs,
-    from agent/pauses.py). ``tau(t)`` is ``t`` less the paused seconds before it."""
+    from agent/judge/pauses.py). ``tau(t)`` is ``t`` less the paused seconds before it."""
 
     def __init__(self, pauses: Sequence[Tuple[float, float]] = ()):
         self.pauses = list(pauses)

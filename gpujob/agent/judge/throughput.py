@@ -4,7 +4,7 @@ is in signals.py, the rollback policy in policy.py.
 
 Stdlib only, Python >= 3.9, and pure: no I/O.  The supervisor feeds trainer
 output through :class:`LineSplitter`, turns lines into tok/s samples with
-:func:`make_parser`, and asks :func:`gpujob.agent.policy.decide` what to do after
+:func:`make_parser`, and asks :func:`gpujob.agent.judge.policy.decide` what to do after
 every sample.
 """
 

@@ -9,7 +9,7 @@ import signal as _signal
 from typing import Optional, Sequence, Tuple
 
 from gpujob.agent.base.protocol import FailureSignal as F
-from gpujob.agent.throughput import strip_ansi
+from gpujob.agent.judge.throughput import strip_ansi
 
 # --------------------------------------------------------------------------
 # Failure classification

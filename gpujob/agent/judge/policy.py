@@ -10,9 +10,9 @@ from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from gpujob.agent.base.defaults import DEFAULTS
-from gpujob.agent.pauses import Clock
+from gpujob.agent.judge.pauses import Clock
 from gpujob.agent.base.protocol import Verdict
-from gpujob.agent.throughput import fmt_rate
+from gpujob.agent.judge.throughput import fmt_rate
 
 # --------------------------------------------------------------------------
 # Policy

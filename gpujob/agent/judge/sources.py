@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 
-from gpujob.agent.ranks import RankMerge, split_rank
+from gpujob.agent.judge.ranks import RankMerge, split_rank
 
 
 def field_value(record, field: str):
@@ -46,7 +46,7 @@ def parse_record(line: bytes, field: str, step_field: str | None):
 
 class LineSource:
     """Output lines through a parser; rank prefixes ([rank3]:) are taken off first and
-    per-rank values merged by ``throughput.ranks`` (agent/ranks.py)."""
+    per-rank values merged by ``throughput.ranks`` (agent/judge/ranks.py)."""
 
     def __init__(self, parse_tps, parse_step=None, ranks: str = "first"):
         self.parse_tps, self.parse_step = parse_tps, parse_step
@@ -70,7 +70,7 @@ def line_source(tp: dict, scale: float = 1.0) -> LineSource:
     """The output-line source of a (defaults-completed) throughput section: the
     supervisor's and ``gpujob replay``'s, so both read lines alike (the regex's
     ``step`` group included)."""
-    from gpujob.agent import throughput
+    from gpujob.agent.judge import throughput
     return LineSource(throughput.make_parser(tp["format"], pattern=tp.get("pattern"),
                                              tokens_per_step=tp.get("tokens_per_step"), scale=scale),
                       throughput.make_step_parser(tp["format"], pattern=tp.get("pattern")),

@@ -69,7 +69,7 @@ def _earliest_rollback(spec: dict) -> float:
     """Seconds after the first sample before the policy can roll back, as far as the
     spec says in time: the initial delay (from the first sample) plus a time window
     and a time failure_limit (counts of samples say nothing of time: 0)."""
-    from gpujob.agent.policy import PolicyConfig
+    from gpujob.agent.judge.policy import PolicyConfig
     tp = defaults.section(spec, "throughput")
     cfg = PolicyConfig.from_spec({**tp, "min": tp.get("min") or 1.0})
     return float(tp.get("initial_delay") or 0) + (cfg.window_s or 0.0) + (cfg.needed_span() or 0.0)

@@ -17,9 +17,9 @@ import dataclasses
 import json
 import re
 
-from gpujob.agent import policy, sources
+from gpujob.agent.judge import policy, sources
 from gpujob.agent.base import defaults, trace
-from gpujob.agent.pauses import Pauses
+from gpujob.agent.judge.pauses import Pauses
 from gpujob.agent.base.protocol import Verdict
 
 LOUD = (Verdict.BREACH, Verdict.ROLLBACK)
@@ -91,7 +91,7 @@ def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
     """(decisions, summary) over trace records (CONTRACT trace format v1)."""
     tp = throughput_section(spec)
     every = ((spec.get("train") or {}).get("checkpoint") or {}).get("every") if isinstance(spec.get("train"), dict) \
-        else None  # a spec's train.checkpoint.every: frequent saves open no pauses (agent/pauses.py)
+        else None  # a spec's train.checkpoint.every: frequent saves open no pauses (agent/judge/pauses.py)
     segs: list = []
     base = baseline
     cur = None
