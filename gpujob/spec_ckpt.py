@@ -1,5 +1,5 @@
 """The spec's train.checkpoint (spec.py imports it): the checkpoint glob and when a
-checkpoint is finished (agent/ckregister.py), where a glob may point
+checkpoint is finished (agent/home/ckregister.py), where a glob may point
 (agent/base/ckpaths.py), and ``{resume_from}`` in ``train.resume_args``."""
 
 from __future__ import annotations

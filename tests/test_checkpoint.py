@@ -7,7 +7,7 @@ import json
 import time
 
 
-from gpujob.agent import ckregister
+from gpujob.agent.home import ckregister
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec

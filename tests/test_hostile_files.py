@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from gpujob.agent import boothook, journal, metrics
+from gpujob.agent import boothook, metrics
+from gpujob.agent.home import journal
 
 PY, AGENT = "/usr/bin/python3", "/root/.gpujob/bin/agent.pyz"
 

@@ -253,6 +253,6 @@ def test_agent_refuses_a_relative_dest_outside_the_workdir(tmp_path):
                        input=json.dumps(req).encode() + b"\n", capture_output=True, timeout=60, cwd=str(REPO))
     assert p.returncode == 1 and "resolves outside the workdir" in p.stdout.decode()
     assert not (tmp_path / "home" / "escaped").exists() and not (tmp_path / "escaped").exists()
-    from gpujob.agent.lock import Lock
+    from gpujob.agent.home.lock import Lock
     assert Lock(str(tmp_path / "home")).holder() is None  # released
     assert not (tmp_path / "home" / "jobs" / "x-aaaa").exists()  # nothing written

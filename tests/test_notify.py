@@ -196,7 +196,7 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
 
 SENDER = """
 import sys
-from gpujob.agent.journal import Home, Journal
+from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.notify import Notifier
 root, url = sys.argv[1:3]
 j = Journal(Home(root), "nt-1")

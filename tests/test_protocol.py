@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from gpujob.agent.base import protocol
-from gpujob.agent.journal import Home, Journal
+from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.base.fsio import write_json
 from gpujob.agent.base.protocol import ENDED, JobState, OffsetSplitter, Verdict
 from gpujob.target import agent_zip

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gpujob.agent.base import stages
-from gpujob.agent.journal import Home, Journal
+from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.base.stages import IllegalTransition, Stage, TRANSITIONS
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 
-from gpujob.agent import snapshots
+from gpujob.agent.home import snapshots
 from gpujob.agent.judge import signals
 from gpujob.agent.base import defaults, envs, jobenv
 from gpujob.agent.base.protocol import FailureSignal
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.ledger import Ledger
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now, read_json
 
 class Refused(Exception):

@@ -16,7 +16,7 @@ only; a mixin like PhaseWatch: it uses the supervisor's journal, ledger and spec
 from __future__ import annotations
 
 from gpujob.agent.base.stages import Stage
-from gpujob.agent import snapshots
+from gpujob.agent.home import snapshots
 from gpujob.agent.base import defaults, envs
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import FailureSignal, OutcomeKind

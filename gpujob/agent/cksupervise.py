@@ -1,5 +1,5 @@
 """The supervisor's checkpoint side (stdlib only; a mixin of Supervisor): each trainer
-run's watch of ``train.checkpoint.path`` (agent/ckregister.py keeps the register),
+run's watch of ``train.checkpoint.path`` (agent/home/ckregister.py keeps the register),
 where a resumed trainer starts from (only a checkpoint this job wrote, or the one
 ``submit --resume-from`` named), ``{resume_from}`` in ``resume_args``, and a stop or
 rollback that waits for a save in progress before it signals the trainer.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent import ckregister
+from gpujob.agent.home import ckregister
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import defaults
 from gpujob.agent.base.placeholders import substitute

@@ -7,10 +7,10 @@ import time
 
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.base.protocol import ENDED, FINAL_STATES
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.ledger import Ledger
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now
-from gpujob.agent.lock import Lock
+from gpujob.agent.home.lock import Lock
 from gpujob.agent.judge.decide import pick
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import kill_group

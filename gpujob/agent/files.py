@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tarfile
 
-from gpujob.agent.journal import Home
+from gpujob.agent.home.journal import Home
 from gpujob.agent.base.fsio import temp_beside
 from gpujob.agent.lifecycle import emit, expand
 

@@ -40,7 +40,7 @@ def cmd_fleet(home, args) -> dict:
     (the controller took every lock), ``fleet release JOB --reason R`` (another node
     was busy: end this held job, nothing started)."""
     from gpujob.agent.base.protocol import ENDED
-    from gpujob.agent.journal import Journal
+    from gpujob.agent.home.journal import Journal
     if args.action == "ports":
         return {"ports": free_ports(2), "address": primary_address(), "hostname": os.uname().nodename}
     if not args.job:

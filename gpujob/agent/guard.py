@@ -8,7 +8,7 @@ import os
 
 from gpujob.agent import boothook
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Journal
+from gpujob.agent.home.journal import Journal
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState
 

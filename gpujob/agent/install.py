@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 
-from gpujob.agent import gc
+from gpujob.agent.home import gc
 from gpujob.agent.judge import throughput
 from gpujob.agent.base import envs, planshare
 from gpujob.agent.base.fsio import now, write_bytes, write_json

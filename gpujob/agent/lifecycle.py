@@ -13,10 +13,10 @@ import time
 
 from gpujob.agent import metrics, notify
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.ledger import Ledger
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now
-from gpujob.agent.lock import Held, Lock
+from gpujob.agent.home.lock import Held, Lock
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import group_pids
 
@@ -107,7 +107,7 @@ def settle_orphan(j: Journal, st: dict, by_job: str) -> None:
     the relay's last bytes go to its job.log, and its state follows the exit its
     trainer's keeper recorded (exit 0: succeeded), else it is lost."""
     from gpujob.agent.base.proc import read_exit
-    from gpujob.agent.relay import JobLog, Relay
+    from gpujob.agent.home.relay import JobLog, Relay
     from gpujob.agent.base.stages import Stage
     child = st.get("child") or {}
     try:  # whatever the dead supervisor had not copied yet

@@ -16,13 +16,14 @@ import sys
 import time
 
 from gpujob.agent.base.stages import Stage
-from gpujob.agent import boothook, gc
+from gpujob.agent import boothook
+from gpujob.agent.home import gc
 from gpujob.agent.base import envs
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.ledger import Ledger
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now, read_json, write_json
-from gpujob.agent.lock import Lock
+from gpujob.agent.home.lock import Lock
 from gpujob.agent.base import protocol
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, revive, spawn_supervisor, summary
@@ -90,8 +91,8 @@ def cmd_submit(home: Home, args) -> None:
 
 def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
     """The job's checkpoint globs checked against this home, what earlier jobs left
-    under them, and ``--resume-from`` resolved (agent/ckregister.py at_submit)."""
-    from gpujob.agent import ckregister
+    under them, and ``--resume-from`` resolved (agent/home/ckregister.py at_submit)."""
+    from gpujob.agent.home import ckregister
     from gpujob.agent.base import ckpaths, planshare
     from gpujob.agent.base.placeholders import substitute
     ck = (job["spec"].get("train") or {}).get("checkpoint")

@@ -1,7 +1,7 @@
 """Disk hygiene for job directories and checkpoints (stdlib only): ``gc
 --older-than DAYS`` removes the directories of jobs that ended that long ago,
 ``gc --keep-checkpoints K`` keeps the newest K of the checkpoints each job's runs
-wrote, as the checkpoint register records them (agent/ckregister.py): never a
+wrote, as the checkpoint register records them (agent/home/ckregister.py): never a
 file a glob matches that no run of the job wrote (an unrelated directory, an
 earlier job's file), wherever the checkpoints live. Neither ever touches a live
 job: one whose state is not final, whose supervisor runs (or is being started),
@@ -23,10 +23,10 @@ import os
 import shutil
 import time
 
-from gpujob.agent import ckregister
+from gpujob.agent.home import ckregister
 from gpujob.agent.base import ckpaths
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Journal
+from gpujob.agent.home.journal import Journal
 
 TRASH = ".gc"
 

@@ -21,16 +21,16 @@ from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.cachekeep import CacheKeep
 from gpujob.agent.cksupervise import CheckpointKeep
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.ledger import Ledger
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState, OutcomeKind
-from gpujob.agent.lock import Fenced, Held, Lock
+from gpujob.agent.home.lock import Fenced, Held, Lock
 from gpujob.agent.metrics import MetricsFile
 from gpujob.agent.notify import Notifier
 from gpujob.agent.base.proc import Phase, keepers_of, kill_group, start_ticks
-from gpujob.agent.relay import JobLog, Relay
-from gpujob.agent.trim import Trimmer
+from gpujob.agent.home.relay import JobLog, Relay
+from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.guard import Safeguards
 from gpujob.agent.install import Installer
 from gpujob.agent.phases import SECRETS_FILE, Phases

@@ -8,10 +8,10 @@ import sys
 import time
 
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.journal import Home
+from gpujob.agent.home.journal import Home
 from gpujob.agent.base import protocol
 from gpujob.agent.base.protocol import JobState
-from gpujob.agent.trim import Trimmer
+from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.lifecycle import job_or_refuse, revive
 
 

@@ -12,7 +12,8 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import ckregister, hang, snapshots
+from gpujob.agent import hang
+from gpujob.agent.home import ckregister, snapshots
 from gpujob.agent.judge import checkpoint, policy, signals, throughput, timings
 from gpujob.agent.filesource import FileSource
 from gpujob.agent.base.fsio import now
@@ -23,7 +24,7 @@ from gpujob.agent.base import defaults
 from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.base.proc import Phase
 from gpujob.agent.base.protocol import FailureSignal, JobState, OutcomeKind, Verdict
-from gpujob.agent.trim import read_jsonl_from
+from gpujob.agent.home.trim import read_jsonl_from
 from gpujob.agent.watchpause import PauseWatch
 
 POLL = 0.05            # seconds between looks at a quiet log

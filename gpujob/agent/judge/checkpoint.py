@@ -1,7 +1,7 @@
 """Checkpoint awareness (stdlib only, pure; the step a name says is ckpaths.step_of): how a
 resume point is described, how long a rollback waits for the first one, and the
 plan's warning when the policy can decide before one can exist. Which checkpoints
-are this job's, and finished, is the register's (agent/ckregister.py).
+are this job's, and finished, is the register's (agent/home/ckregister.py).
 
 ``train.checkpoint: {path: GLOB, every: DURATION}``: GLOB is relative to the
 workdir (``{job_id}``/``{profile}``/``{workdir}`` substituted), ``**`` allowed.

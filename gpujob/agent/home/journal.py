@@ -74,7 +74,7 @@ class Journal:
     def set_state(self, **changes) -> dict:
         """Update state.json durably. A writer whose lock generation is older than
         the one that last wrote the state is refused (``Fenced``)."""
-        from gpujob.agent.lock import Fenced
+        from gpujob.agent.home.lock import Fenced
         st = self.state()
         if self.generation is not None:
             if int(st.get("generation") or 0) > self.generation:
@@ -139,7 +139,7 @@ class Journal:
             return True
         if not starting:
             return False
-        from gpujob.agent.lock import Lock
+        from gpujob.agent.home.lock import Lock
         holder = Lock(self.home.root).holder()
         return bool(holder and holder.get("job_id") == self.job_id)
 

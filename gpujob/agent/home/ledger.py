@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from gpujob.agent.base.fsio import now, read_json, write_json
-from gpujob.agent.journal import Home
+from gpujob.agent.home.journal import Home
 
 
 class Ledger:
