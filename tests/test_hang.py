@@ -12,7 +12,7 @@ import signal
 
 import pytest
 
-from gpujob.agent import hang, stacks
+from gpujob.agent.supervisor import hang, stacks
 from gpujob.agent.judge import signals
 from gpujob.agent.base.protocol import FailureSignal as F
 from helpers import cli, events, job_id_of, local_env, wait_for, write_spec

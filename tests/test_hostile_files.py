@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from gpujob.agent import boothook, metrics
+from gpujob.agent.supervisor import boothook, metrics
 from gpujob.agent.home import journal
 
 PY, AGENT = "/usr/bin/python3", "/root/.gpujob/bin/agent.pyz"
@@ -123,7 +123,7 @@ def test_a_webhook_redirect_is_a_failed_attempt_and_no_header_reaches_the_other_
     import http.server
     import threading
 
-    from gpujob.agent import notify
+    from gpujob.agent.supervisor import notify
     seen = {"other": [], "hook": []}
 
     def server(name, status, location=None):

@@ -22,7 +22,7 @@ from gpujob.agent.base.fsio import read_records, write_json
 from gpujob.agent.home.lock import Fenced, Lock
 from gpujob.agent.base.proc import Phase, group_pids, is_alive, start_ticks
 from gpujob.agent.home.relay import JobLog, Relay
-from gpujob.agent.supervisor import restart_refusal
+from gpujob.agent.supervisor.supervisor import restart_refusal
 
 RACERS, ROUNDS = 8, 500
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent import hang, stacks
+from gpujob.agent.supervisor import hang, stacks
 from gpujob.agent.judge import signals
 from gpujob.agent.base.protocol import FailureSignal as F
 from gpujob.spec import Rollback

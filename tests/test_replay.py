@@ -130,7 +130,7 @@ def test_watch_mixin_on_ckpt_events_pauses_and_traces(tmp_path):
     the events in the trace, and the decision the supervisor asks for is paused."""
     from types import SimpleNamespace
     from gpujob.agent.judge.policy import PolicyConfig, Sample
-    from gpujob.agent.watchpause import PauseWatch
+    from gpujob.agent.supervisor.watchpause import PauseWatch
 
     class Journal:
         dir = str(tmp_path)

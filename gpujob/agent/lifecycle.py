@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from gpujob.agent import metrics, notify
+from gpujob.agent.supervisor import metrics, notify
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger

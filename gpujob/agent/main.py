@@ -16,7 +16,7 @@ import sys
 import time
 
 from gpujob.agent.base.stages import Stage
-from gpujob.agent import boothook
+from gpujob.agent.supervisor import boothook
 from gpujob.agent.home import gc
 from gpujob.agent.base import envs
 from gpujob.agent.base.protocol import ENDED
@@ -280,7 +280,7 @@ def cmd_fleet(home: Home, args) -> None:
 
 
 def cmd_run(home: Home, args) -> None:
-    from gpujob.agent.supervisor import run
+    from gpujob.agent.supervisor.supervisor import run
     sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
 
 

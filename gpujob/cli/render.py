@@ -128,8 +128,8 @@ def status_view(st: dict, target: str) -> dict:
         "exit_code": st.get("exit_code"), "signal": st.get("signal"),
         "rollbacks": st.get("rollbacks") or [],
         "ledger": (st.get("ledger") or {}).get("profiles", {}),
-        "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/metrics.py)
-        "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/notify.py)
+        "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
+        "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
     }
 
 

@@ -3,7 +3,7 @@ I/O is :func:`replay_trace` / :func:`replay_samples` reading their file). It run
 supervisor's own pieces over a recorded run: ``sources.line_source`` reads the
 lines, ``pauses.Pauses`` takes the checkpoint events and pause_pattern lines, and
 ``policy.decide`` / ``policy.known_good`` judge after every sample with the same
-arguments the watch loop passes (agent/watchpause.py).
+arguments the watch loop passes (agent/supervisor/watchpause.py).
 
 A trace holds segments (one per trainer run, ``{"run": ...}`` records); each is
 replayed on its own, as the supervisor would have judged it: a segment the

@@ -18,26 +18,26 @@ from gpujob.agent import fleet
 from gpujob.agent.judge import decide, policy, sources
 from gpujob.agent.base import defaults, planshare
 from gpujob.agent.base.defaults import DEFAULTS
-from gpujob.agent.cachekeep import CacheKeep
-from gpujob.agent.cksupervise import CheckpointKeep
+from gpujob.agent.supervisor.cachekeep import CacheKeep
+from gpujob.agent.supervisor.cksupervise import CheckpointKeep
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.home.lock import Fenced, Held, Lock
-from gpujob.agent.metrics import MetricsFile
-from gpujob.agent.notify import Notifier
+from gpujob.agent.supervisor.metrics import MetricsFile
+from gpujob.agent.supervisor.notify import Notifier
 from gpujob.agent.base.proc import Phase, keepers_of, kill_group, start_ticks
 from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
-from gpujob.agent.guard import Safeguards
-from gpujob.agent.install import Installer
-from gpujob.agent.phases import SECRETS_FILE, Phases
+from gpujob.agent.supervisor.guard import Safeguards
+from gpujob.agent.supervisor.install import Installer
+from gpujob.agent.supervisor.phases import SECRETS_FILE, Phases
 from gpujob.agent.base.stages import Stage
-from gpujob.agent.standby import StandbyKeeper
-from gpujob.agent.verdicts import Verdicts
-from gpujob.agent.watch import EnvError, PhaseWatch
+from gpujob.agent.supervisor.standby import StandbyKeeper
+from gpujob.agent.supervisor.verdicts import Verdicts
+from gpujob.agent.supervisor.watch import EnvError, PhaseWatch
 from gpujob.agent.judge.outcome import Outcome, Stop
 
 

@@ -12,20 +12,20 @@ import select
 import subprocess
 import time
 
-from gpujob.agent import hang
+from gpujob.agent.supervisor import hang
 from gpujob.agent.home import ckregister, snapshots
 from gpujob.agent.judge import checkpoint, policy, signals, throughput, timings
-from gpujob.agent.filesource import FileSource
+from gpujob.agent.supervisor.filesource import FileSource
 from gpujob.agent.base.fsio import now
 from gpujob.agent.judge.outcome import Outcome
-from gpujob.agent.boothook import boot_identity
+from gpujob.agent.supervisor.boothook import boot_identity
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base import defaults
 from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.base.proc import Phase
 from gpujob.agent.base.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.home.trim import read_jsonl_from
-from gpujob.agent.watchpause import PauseWatch
+from gpujob.agent.supervisor.watchpause import PauseWatch
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -316,7 +316,7 @@ class PhaseWatch(PauseWatch):
         if len(run.samples) > 50000:
             del run.samples[:25000]
         d = self.decide_now(run, t)
-        d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/verdicts.py)
+        d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.evidence.get("median"), profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:

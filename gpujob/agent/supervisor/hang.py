@@ -6,14 +6,14 @@
   as the cache warms); otherwise a ``start_hang``.
 - ``end_hung``: before gpujob ends a hung trainer (a start hang, a stall, a process
   still running after an error signature) it writes the decision to state.json
-  (``ending``), then saves the Python stacks (agent/stacks.py) as a ``stacks`` event.
+  (``ending``), then saves the Python stacks (agent/supervisor/stacks.py) as a ``stacks`` event.
   A SIGABRT changes how the trainer exits, so a supervisor that dies in between is
   followed by one that reads ``ending`` instead of judging a "killed by SIGABRT" crash.
 """
 
 from __future__ import annotations
 
-from gpujob.agent import stacks
+from gpujob.agent.supervisor import stacks
 from gpujob.agent.base.protocol import FailureSignal, OutcomeKind
 
 

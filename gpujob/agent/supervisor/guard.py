@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent import boothook
+from gpujob.agent.supervisor import boothook
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Journal
 from gpujob.agent.base.fsio import now
