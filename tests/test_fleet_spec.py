@@ -7,7 +7,7 @@ import socket
 import pytest
 import yaml
 
-from gpujob.agent import channel
+from gpujob.agent.fleet import channel
 from gpujob.agent.base.placeholders import command_argv, fleet_env, fleet_values
 from gpujob.agent.base.planshare import ledger_name
 from gpujob.errors import SpecError

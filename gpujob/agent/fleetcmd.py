@@ -1,5 +1,5 @@
 """The agent's ``fleet`` command (stdlib only): what the controller asks of a node of
-a multi-node job before and at its start (see agent/fleet.py for the job itself)."""
+a multi-node job before and at its start (see agent/fleet/nodes.py for the job itself)."""
 
 from __future__ import annotations
 

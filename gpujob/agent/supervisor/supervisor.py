@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from gpujob.agent import fleet
+from gpujob.agent.fleet import nodes as fleet
 from gpujob.agent.judge import decide, policy, sources
 from gpujob.agent.base import defaults, planshare
 from gpujob.agent.base.defaults import DEFAULTS

@@ -102,7 +102,7 @@ class PhaseWatch(PauseWatch):
 
     grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
     start_timeout = None  # throughput.start_timeout (the supervisor sets the spec's)
-    fleet = None  # a multi-node job's leader or follower (agent/fleet.py)
+    fleet = None  # a multi-node job's leader or follower (agent/fleet/nodes.py)
 
     def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
         """Start a phase command (or take ``started``: (a Phase already running, where
@@ -305,7 +305,7 @@ class PhaseWatch(PauseWatch):
 
     def on_sample(self, run, value: float, step, t: float):
         """One throughput sample of this node's trainer; a multi-node job's leader judges
-        the aggregate, a follower only reports it (agent/fleet.py)."""
+        the aggregate, a follower only reports it (agent/fleet/nodes.py)."""
         if self.fleet is not None:
             return self.fleet.own_sample(run, value, step, t)
         return self.judge_sample(run, value, step, t)

@@ -23,7 +23,7 @@ import time
 
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.base import defaults
-from gpujob.agent.channel import Client, Server
+from gpujob.agent.fleet.channel import Client, Server
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.judge.policy import Sample
