@@ -18,7 +18,7 @@ import paramiko
 import pytest
 import yaml
 
-from gpujob.agent.files import untar
+from gpujob.agent.verbs.files import untar
 from gpujob.agent.base.placeholders import command_argv, placeholder_env, quoted_placeholders
 from gpujob.cli import render
 from gpujob.errors import HostKeyError

@@ -308,7 +308,7 @@ def test_tail_starts_where_a_trimmed_log_begins_and_says_what_it_skipped(tmp_pat
 
 
 def test_a_job_of_an_older_agent_is_never_revived(tmp_path):
-    from gpujob.agent.lifecycle import revive
+    from gpujob.agent.verbs.lifecycle import revive
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("old"))
     write_json(os.path.join(home.job_dir("old"), "job.json"), {"spec": {"name": "x"}})

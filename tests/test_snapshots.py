@@ -189,7 +189,7 @@ def test_kill_at_any_moment_leaves_old_or_whole_new(tmp_path):
 
 
 def test_prove_cold_refusal_and_profile_matching_are_pure_rules():
-    from gpujob.agent import cachecmd
+    from gpujob.agent.verbs import cachecmd
     in_use = {"job-a": [0, 1], "job-b": [2, 3]}
     assert cachecmd.refusal([4, 5], in_use) is None
     assert cachecmd.refusal([1, 4], in_use) == "job job-a runs on GPUs 1; pick others with --gpus"

@@ -26,10 +26,10 @@ from gpujob.agent.base.fsio import now, read_json, write_json
 from gpujob.agent.home.lock import Lock
 from gpujob.agent.base import protocol
 from gpujob.agent.base.protocol import JobState
-from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, revive, spawn_supervisor, summary
-from gpujob.agent.files import cmd_manifest, cmd_probe, cmd_put, untar
-from gpujob.agent.tail import cmd_tail
-from gpujob.agent.control import cmd_rollback, cmd_stop
+from gpujob.agent.verbs.lifecycle import Refused, acquire, emit, job_or_refuse, revive, spawn_supervisor, summary
+from gpujob.agent.verbs.files import cmd_manifest, cmd_probe, cmd_put, untar
+from gpujob.agent.verbs.tail import cmd_tail
+from gpujob.agent.verbs.control import cmd_rollback, cmd_stop
 
 
 REFUSED = protocol.REFUSED
@@ -205,8 +205,8 @@ def cmd_gc(home: Home, args) -> None:
     """Remove venvs not used for --days days, never an active or known-good one; job
     directories ended --older-than days ago and all but the newest
     --keep-checkpoints checkpoints each job's runs wrote (the checkpoint register),
-    never a live job's (agent/prune.py)."""
-    from gpujob.agent import prune
+    never a live job's (agent/verbs/prune.py)."""
+    from gpujob.agent.verbs import prune
     res = prune.prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
     root = home.path("envs")
     items = []
@@ -237,7 +237,7 @@ def active_keys(home: Home) -> set:
 
 
 def cmd_cache(home: Home, args) -> None:
-    from gpujob.agent import cachecmd
+    from gpujob.agent.verbs import cachecmd
     try:
         if args.action == "ls":
             emit(cachecmd.ls(home))
@@ -272,7 +272,7 @@ def cmd_boot(home: Home, args) -> None:
 
 
 def cmd_fleet(home: Home, args) -> None:
-    from gpujob.agent import fleetcmd
+    from gpujob.agent.verbs import fleetcmd
     try:
         emit(fleetcmd.cmd_fleet(home, args))
     except LookupError as e:

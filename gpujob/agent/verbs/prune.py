@@ -66,7 +66,7 @@ def select_checkpoints(groups: list, keep: int) -> list:
 
 def _live(home, job_id: str) -> tuple:
     """(live, ended_at, state) of a job, as its directory says now."""
-    from gpujob.agent.lifecycle import live_processes  # the agent's one definition of what still runs
+    from gpujob.agent.verbs.lifecycle import live_processes  # the agent's one definition of what still runs
     j = Journal(home, job_id)
     st = j.state()
     eff = j.effective_state() if st else {}

@@ -13,7 +13,7 @@ import tarfile
 
 from gpujob.agent.home.journal import Home
 from gpujob.agent.base.fsio import temp_beside
-from gpujob.agent.lifecycle import emit, expand
+from gpujob.agent.verbs.lifecycle import emit, expand
 
 
 def cmd_probe(home: Home, args) -> None:

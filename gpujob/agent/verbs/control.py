@@ -14,7 +14,7 @@ from gpujob.agent.home.lock import Lock
 from gpujob.agent.judge.decide import pick
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import kill_group
-from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
+from gpujob.agent.verbs.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
 
 
 def wait_final(j: Journal, timeout: float) -> dict:

@@ -12,7 +12,7 @@ from gpujob.agent.home.journal import Home
 from gpujob.agent.base import protocol
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.home.trim import Trimmer
-from gpujob.agent.lifecycle import job_or_refuse, revive
+from gpujob.agent.verbs.lifecycle import job_or_refuse, revive
 
 
 def cmd_tail(home: Home, args) -> None:
