@@ -55,7 +55,7 @@ class Node:
     def key(self) -> bytes:
         key = self.sup.secrets().get("fleet_key")
         if not key:
-            from gpujob.agent.supervisor.watch import EnvError
+            from gpujob.agent.judge.outcome import EnvError
             raise EnvError("the job's fleet key is missing from its secrets (it ended, or was not "
                            "submitted by a multi-node submit)")
         return bytes.fromhex(key)

@@ -1,11 +1,15 @@
 """How a phase run ended (stdlib only): an ``Outcome`` value that the watch loop,
-the phases and a fleet's leader hand to the decision, and ``Stop``, raised when a stop
-was asked for.
+the phases and a fleet's leader hand to the decision; ``Stop``, raised when a stop
+was asked for, and ``EnvError``, when a profile's venv cannot be built or verified.
 """
 
 from __future__ import annotations
 
 from gpujob.agent.base.fsio import now
+
+
+class EnvError(Exception):
+    """Building or verifying a profile's venv failed (one line)."""
 
 
 class Stop(Exception):

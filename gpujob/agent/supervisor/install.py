@@ -19,7 +19,8 @@ from gpujob.agent.home import gc
 from gpujob.agent.judge import throughput
 from gpujob.agent.base import envs, planshare
 from gpujob.agent.base.fsio import now, write_bytes, write_json
-from gpujob.agent.supervisor.watch import EnvError, POLL
+from gpujob.agent.judge.outcome import EnvError
+from gpujob.agent.supervisor.watch import POLL
 from gpujob.agent.judge.outcome import Stop
 
 

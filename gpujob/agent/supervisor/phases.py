@@ -15,7 +15,7 @@ from gpujob.agent.base.placeholders import command_argv, fleet_env, placeholder_
 from gpujob.agent.base.fsio import now, read_json, write_json
 from gpujob.agent.base.proc import Phase
 from gpujob.agent.base.protocol import JobState, OutcomeKind
-from gpujob.agent.supervisor.watch import EnvError
+from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.judge.outcome import Outcome
 
 SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets

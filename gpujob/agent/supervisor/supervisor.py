@@ -37,7 +37,8 @@ from gpujob.agent.supervisor.phases import SECRETS_FILE, Phases
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.supervisor.standby import StandbyKeeper
 from gpujob.agent.supervisor.verdicts import Verdicts
-from gpujob.agent.supervisor.watch import EnvError, PhaseWatch
+from gpujob.agent.judge.outcome import EnvError
+from gpujob.agent.supervisor.watch import PhaseWatch
 from gpujob.agent.judge.outcome import Outcome, Stop
 
 

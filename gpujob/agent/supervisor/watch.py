@@ -73,10 +73,6 @@ class _Run:
         self.gpu_history: list = []
 
 
-class EnvError(Exception):
-    """Building or verifying a profile's venv failed (one line)."""
-
-
 def gpu_utilisation(gpus: list) -> float | None:
     """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
     try:
