@@ -1,4 +1,4 @@
-"""The cost of a compile-cache snapshot and a restore (gpujob/agent/snapshots.py) for
+"""The cost of a compile-cache snapshot and a restore (gpujob/agent/home/snapshots.py) for
 a 500 MB cache of many small files, hard links vs copies. Not part of the suite.
 
     python -m bench.snapshots [--mb 500] [--dir /tmp/gpujob-bench-snapshots] [--json out.json]
@@ -22,7 +22,8 @@ import statistics
 import subprocess
 import time
 
-from gpujob.agent import envs, snapshots
+from gpujob.agent.home import snapshots
+from gpujob.agent.base import envs
 
 
 def make_cache(home: str, key: str, mb: int, seed: int = 14) -> dict:

@@ -140,7 +140,7 @@ class Local:
         jobj["spec"].pop("warmup", None)
         (dst / "job.json").write_text(json.dumps(jobj))
         sys.path.insert(0, str(REPO))
-        from gpujob.agent import supervisor
+        from gpujob.agent.supervisor import supervisor
         prof = cProfile.Profile(time.process_time)
         c0 = time.process_time()
         prof.enable()

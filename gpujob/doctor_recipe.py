@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpujob.agent import envs
+from gpujob.agent.base import envs
 from gpujob.doctor import Check, CheckStatus
 from gpujob.recipes import RECIPES
 

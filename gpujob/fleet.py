@@ -2,7 +2,7 @@
 
 Node 0 is the rendezvous host: torchrun's c10d store listens there
 (``{rdzv_endpoint}`` = its address and a port chosen free on it), and its
-supervisor leads the others (agent/fleet.py) over a channel signed with a
+supervisor leads the others (agent/fleet/nodes.py) over a channel signed with a
 per-job key that travels like the job's other secrets (stdin, 0600 file).
 
 All or nothing at the start: every node is submitted in parallel *held* (its
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from gpujob import jobs
-from gpujob.agent.commands import fleet_env, fleet_values
+from gpujob.agent.base.placeholders import fleet_env, fleet_values
 from gpujob.errors import GpujobError, JobError
 from gpujob.spec import JobSpec, Nodes
 from gpujob.target import Target

@@ -3,7 +3,7 @@
 ``build_plan`` is pure (spec and target in, list of steps out): what
 ``submit --plan`` prints. It builds every argv with the same functions that
 ``submit`` and the supervisor run (``Target.agent_argv``,
-``envs.build_commands``, ``agent.commands.command_argv``), so the commands it shows
+``envs.build_commands``, ``agent.base.placeholders.command_argv``), so the commands it shows
 are the commands that run.
 """
 
@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from gpujob.agent import checkpoint, ckpaths, envs, metrics, notify, planshare
-from gpujob.agent.commands import command_argv
-from gpujob.agent.protocol import OffsetSplitter
+from gpujob.agent.judge import checkpoint
+from gpujob.agent.base import ckpaths, envs, planshare
+from gpujob.agent.base.placeholders import command_argv
+from gpujob.agent.base.protocol import OffsetSplitter
 from gpujob import secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
@@ -129,7 +130,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     return req
 
 
-#: how the plan shows the agent launcher's source (gpujob/agent/protocol.py LAUNCHER)
+#: how the plan shows the agent launcher's source (gpujob/agent/base/protocol.py LAUNCHER)
 LAUNCHER_SHOWN = "<gpujob agent launcher: run AGENT.pyz, exit 6 when it is missing>"
 
 
@@ -140,7 +141,7 @@ def _agent(target: Target, *args: str) -> list[str]:
 def checkpoint_where(spec: JobSpec, home: str) -> str | None:
     """The checkpoint glob as the container will expand it (absolute when the workdir is
     known here), refused with the spec's file:line when it would reach gpujob's home or
-    a system directory (agent/ckpaths.py); None without train.checkpoint."""
+    a system directory (agent/base/ckpaths.py); None without train.checkpoint."""
     ck = spec.train.checkpoint
     if ck is None:
         return None
@@ -242,7 +243,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                                    if resume_from else ())))
     steps += checkpoint_steps(spec, ck_where, values, resume_args)
     if spec.train.standby is not None:
-        from gpujob.agent.standby import command_script
+        from gpujob.agent.base.placeholders import command_script
         preload = ", ".join(spec.train.standby.preload) or "nothing"
         steps.append(Step("standby", "supervisor",
                           f"while training on a profile a rollback would leave: an interpreter of the "
@@ -253,11 +254,11 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
     for i, hook in enumerate(req["spec"].get("notify") or []):
-        steps.append(Step("notify", "supervisor", f"post to {notify.describe(i, hook)} from the container's "
+        steps.append(Step("notify", "supervisor", f"post to {planshare.describe(i, hook)} from the container's "
                           f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
                           when="on " + ", ".join(hook["events"])))
     if spec.metrics is not None:
-        where = metrics.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
+        where = planshare.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
         steps.append(Step("metrics", "supervisor", f"write the job's gauges to {where} (Prometheus text "
                           "format, temp file + rename)", when=f"at most every {spec.metrics.every:g}s while "
                           "samples come, and on each state change"))
@@ -325,7 +326,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     req["by"] = submitter()  # the container's lock says who holds it
     if resume_from is not None:
         req["resume_from_ask"] = resume_from
-    req["accept_baseline"] = accept_baseline  # submit --accept-baseline (agent/decide.promotion)
+    req["accept_baseline"] = accept_baseline  # submit --accept-baseline (agent/judge/decide.promotion)
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
         progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpujob.agent.protocol import JobState
-from gpujob.agent.throughput import fmt_rate
+from gpujob.agent.base.protocol import JobState
+from gpujob.agent.judge.throughput import fmt_rate
 
 PHASE_OF_STATE = {JobState.PREPARING: "prepare", JobState.WARMUP: "warmup", JobState.TRAINING: "train",
                   JobState.ROLLING_BACK: "rollback", JobState.STOPPING: "stop"}

@@ -79,7 +79,7 @@ def _int(text: str | None) -> int | None:
 
 
 def _standby(command, preload: list) -> dict:
-    from gpujob.agent.standby import command_script
+    from gpujob.agent.base.placeholders import command_script
     return {"standby": {"preload": preload}} if command_script(command) is not None else {}
 
 

@@ -12,13 +12,13 @@ from typing import Annotated, Any, Literal
 from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, ValidationInfo,
                       model_validator)
 
-from gpujob.agent.commands import FLEET_KEYS, PLACEHOLDER
+from gpujob.agent.base.placeholders import FLEET_KEYS, PLACEHOLDER
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, shorten, suggest
 from gpujob.spec_notify import Metrics, Webhook
 from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
 from gpujob.spec_throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
-from gpujob.agent.protocol import UNFIXABLE, FailureSignal as F
+from gpujob.agent.base.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
                                Interpreter, JobName, Name, PathText, Pinned, Requirement, SecretRef, Signal, Size, Url,
                                _env_value, _local_path, remote_dest)
@@ -97,7 +97,7 @@ class Restarts(Strict):
 
 
 class Standby(Strict):
-    """Keep an interpreter of the rollback target preloaded (see agent/standby.py)."""
+    """Keep an interpreter of the rollback target preloaded (see agent/supervisor/standby.py)."""
     preload: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] \
         = ["torch"]
 
@@ -113,7 +113,7 @@ class Train(Strict):
 
     @model_validator(mode="after")
     def _standby_runs_python(self) -> Train:
-        from gpujob.agent.standby import command_script
+        from gpujob.agent.base.placeholders import command_script
         if self.standby is not None and command_script(self.command) is None:
             raise At(("standby",), "needs train.command to be `python SCRIPT ...` or `python -m MODULE ...` "
                      "(no shell syntax): the standby interpreter runs that script")

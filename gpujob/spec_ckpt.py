@@ -1,12 +1,12 @@
 """The spec's train.checkpoint (spec.py imports it): the checkpoint glob and when a
-checkpoint is finished (agent/ckregister.py), where a glob may point
-(agent/ckpaths.py), and ``{resume_from}`` in ``train.resume_args``."""
+checkpoint is finished (agent/home/ckregister.py), where a glob may point
+(agent/base/ckpaths.py), and ``{resume_from}`` in ``train.resume_args``."""
 
 from __future__ import annotations
 
 from pydantic import model_validator
 
-from gpujob.agent.ckpaths import refusal
+from gpujob.agent.base.ckpaths import refusal
 from gpujob.spec_types import Duration, PathText
 from gpujob.yamlsrc import At, Strict, describe
 

@@ -1,5 +1,5 @@
 """The spec's notify and metrics sections: webhooks the supervisor posts to
-(agent/notify.py) and Prometheus gauges (agent/metrics.py). Their defaults are
+(agent/supervisor/notify.py) and Prometheus gauges (agent/supervisor/metrics.py). Their defaults are
 defined here (gpujob/specdefaults.py reads them)."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _token(value: Any) -> Any:
 
 
 class Webhook(Strict):
-    """One webhook the supervisor posts to (agent/notify.py)."""
+    """One webhook the supervisor posts to (agent/supervisor/notify.py)."""
     url: Annotated[str | SecretRef, BeforeValidator(_webhook_url)]
     format: Literal["slack", "ntfy", "json"] = "json"
     token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
@@ -92,6 +92,6 @@ def _prom_path(value: Any) -> Any:
 
 
 class Metrics(Strict):
-    """Prometheus gauges for node_exporter's textfile collector (agent/metrics.py)."""
+    """Prometheus gauges for node_exporter's textfile collector (agent/supervisor/metrics.py)."""
     textfile: Annotated[str, BeforeValidator(_prom_path)] = "metrics.prom"  # relative: the job dir
     every: Duration = Field(10.0, ge=1)  # at most one rewrite this often while samples come

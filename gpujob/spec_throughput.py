@@ -1,5 +1,5 @@
 """The spec's throughput section: how samples are read and judged (the policy is
-gpujob/agent/policy.py; docs/rollback.md explains each key)."""
+gpujob/agent/judge/policy.py; docs/rollback.md explains each key)."""
 
 from __future__ import annotations
 

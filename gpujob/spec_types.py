@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo
 
-from gpujob.agent.commands import is_shell_c, quoted_placeholders
-from gpujob.agent.protocol import FailureSignal
+from gpujob.agent.base.placeholders import is_shell_c, quoted_placeholders
+from gpujob.agent.base.protocol import FailureSignal
 from gpujob.yamlsrc import At, Strict, control_char, describe, kind_of, shorten
 
 _NUMBER = r"(\d+(?:\.\d+)?)"

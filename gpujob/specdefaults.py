@@ -1,8 +1,8 @@
-"""The spec's defaults for the agent: gpujob/agent/spec_defaults.json is generated
+"""The spec's defaults for the agent: gpujob/agent/base/spec_defaults.json is generated
 from spec.py's models (the one place defaults are defined; notify's and metrics'
 in spec_notify.py, which spec.py imports); tests/test_spec.py checks
 it is up to date. Regenerate with
-``python -m gpujob.specdefaults > gpujob/agent/spec_defaults.json``."""
+``python -m gpujob.specdefaults > gpujob/agent/base/spec_defaults.json``."""
 
 from __future__ import annotations
 

@@ -20,14 +20,16 @@ from pathlib import Path
 from typing import Sequence
 
 from gpujob import kinds
-from gpujob.agent import protocol
+from gpujob.agent.base import protocol
 from gpujob.errors import InputError, JobError, RemoteError
 from gpujob.inventory import Inventory
 from gpujob.transport.base import OnData, Result, Stdin, Transport
 
-# every module of gpujob/agent/ ships (they are stdlib-only by rule): none can be forgotten
-AGENT_MODULES = tuple(sorted(p.name for p in (Path(__file__).parent / "agent").glob("*.py")))
-AGENT_DATA = ("spec_defaults.json",)  # read with pkgutil.get_data (gpujob/agent/defaults.py)
+# every module of gpujob/agent/ and its wings ships (they are stdlib-only by rule): none can be
+# forgotten; each named by its path under gpujob/agent/ (``home/journal.py``)
+_AGENT_DIR = Path(__file__).parent / "agent"
+AGENT_MODULES = tuple(sorted(p.relative_to(_AGENT_DIR).as_posix() for p in _AGENT_DIR.rglob("*.py")))
+AGENT_DATA = ("base/spec_defaults.json",)  # read with pkgutil.get_data (gpujob/agent/base/defaults.py)
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
 # Writes the agent zipapp in the container, with each module's bytecode added, compiled by
 # the container's own python3 (unchecked hash-based .pyc, which zipimport loads as is): zipimport

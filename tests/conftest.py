@@ -19,7 +19,7 @@ if str(_REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) from a
 
 from testbed import TestBed, TestBedError  # noqa: E402
 
-# An illegal change of the supervisor's durable step (agent/stages.py) raises in every
+# An illegal change of the supervisor's durable step (agent/base/stages.py) raises in every
 # process the tests start, so it fails the test instead of being only an event.
 os.environ.setdefault("GPUJOB_STRICT_STAGES", "1")
 # The suite runs gpujob as users do (tests/helpers.py: the installed console script) with

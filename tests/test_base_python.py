@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gpujob.agent import envs
+from gpujob.agent.base import envs
 from gpujob.target import agent_zip, uv_binary
 from gpujob.wheelhouse import build_indexes, build_wheel
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent import boothook
+from gpujob.agent.supervisor import boothook
 
 
 def test_the_hook_goes_in_once_before_exit_0_and_comes_out_cleanly(tmp_path):
@@ -46,7 +46,7 @@ def test_boot_identity_is_stable_within_a_boot_and_changes_with_init():
     ident = boothook.boot_identity()
     assert ident == f"{boot}/{init_start}" == boothook.boot_identity()
     # a new PID namespace (as a restarted container has) has another init, started later
-    code = "from gpujob.agent import boothook; print(boothook.boot_identity())"
+    code = "from gpujob.agent.supervisor import boothook; print(boothook.boot_identity())"
     p = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr

@@ -7,15 +7,17 @@ import json
 import time
 
 
-from gpujob.agent import checkpoint, ckregister
+from gpujob.agent.home import ckregister
+from gpujob.agent.judge import checkpoint
+from gpujob.agent.base import ckpaths
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 
 def test_step_names_resume_point_and_description(tmp_path):
-    assert checkpoint.step_of("out/ckpt_step_400.pt") == 400
-    assert checkpoint.step_of("iter-12/model.safetensors".split("/")[0]) == 12
-    assert checkpoint.step_of("ckpt-000400.pt") == 400
-    assert checkpoint.step_of("latest.pt") is None
+    assert ckpaths.step_of("out/ckpt_step_400.pt") == 400
+    assert ckpaths.step_of("iter-12/model.safetensors".split("/")[0]) == 12
+    assert ckpaths.step_of("ckpt-000400.pt") == 400
+    assert ckpaths.step_of("latest.pt") is None
     assert checkpoint.describe(ckregister.point(None, time.time())) == "no checkpoint: restarted from scratch"
     t = time.time()
     reg = {"files": {"ck/step_1.pt": {"finished": True, "changed": t - 100, "step": 1, "run": 1},

@@ -1,5 +1,5 @@
-"""The checkpoint register (agent/ckregister.py): what each run of a job wrote, when a
-checkpoint is finished, where a checkpoint glob may point (agent/ckpaths.py), what
+"""The checkpoint register (agent/home/ckregister.py): what each run of a job wrote, when a
+checkpoint is finished, where a checkpoint glob may point (agent/base/ckpaths.py), what
 submit finds, and a register that stays whole when its writer is SIGKILLed."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import time
 import pytest
 import yaml
 
-from gpujob.agent import ckpaths, ckregister
+from gpujob.agent.home import ckregister
+from gpujob.agent.base import ckpaths
 from helpers import REPO, cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 
@@ -130,7 +131,7 @@ def test_submit_finds_what_earlier_jobs_left_and_resolves_resume_from(tmp_path):
 
 WRITER = """
 import os, sys, time
-from gpujob.agent import ckregister
+from gpujob.agent.home import ckregister
 home, work = sys.argv[1], sys.argv[2]
 w = ckregister.CkWatch.begin(home, "j-1", "j", "fast", work + "/ck-*", work, True, 0.0, None, time.time())
 print("ready", flush=True)

@@ -276,7 +276,7 @@ def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
     subprocess.run(["python3", "-c", BOOTSTRAP, str(dest)], input=data, check=True)
     names = set(zipfile.ZipFile(dest).namelist())
     assert {f"gpujob/agent/{m}c" for m in AGENT_MODULES} <= names
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpujob.agent.main as m, gpujob.agent.journal as j;"
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpujob.agent.main as m, gpujob.agent.home.journal as j;"
              "print(m.__file__, j.__file__)")
     files = subprocess.run(["python3", "-c", probe, str(dest)], capture_output=True, text=True, check=True).stdout
     assert all(f.endswith(".pyc") for f in files.split()), files

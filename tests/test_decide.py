@@ -1,4 +1,4 @@
-"""next_action (agent/decide.py): the rollback decision as a pure function, one test per case."""
+"""next_action (agent/judge/decide.py): the rollback decision as a pure function, one test per case."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpujob.agent import decide
-from gpujob.agent.decide import Do
-from gpujob.agent.defaults import DEFAULTS
+from gpujob.agent.judge import decide
+from gpujob.agent.judge.decide import Do
+from gpujob.agent.base.defaults import DEFAULTS
 
 RB = dict(DEFAULTS["rollback"], fallback=["slow"], on=["low_throughput", "stall", "error_signature"])
 PROFILES = {"fast": {}, "slow": {}}

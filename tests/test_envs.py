@@ -10,7 +10,7 @@ import sys
 import tarfile
 import time
 
-from gpujob.agent import envs
+from gpujob.agent.base import envs
 from gpujob.target import agent_zip
 from gpujob.wheelhouse import build_indexes
 from helpers import TRAINER_DIR

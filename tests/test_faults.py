@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob.agent.journal import read_records
-from gpujob.agent.proc import group_pids
+from gpujob.agent.base.fsio import read_records
+from gpujob.agent.base.proc import group_pids
 from gpujob.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 from test_jobs_local import trainers_of
@@ -407,7 +407,7 @@ def test_a_supervisor_dying_between_starting_the_trainer_and_writing_it_down(tmp
     st = state_of(tmp_path, job_id)
     os.kill(st["supervisor_pid"], signal.SIGKILL)
     # make the state what it is for an instant at every start: the child not yet written down
-    from gpujob.agent.journal import write_json
+    from gpujob.agent.base.fsio import write_json
     child = st.pop("child")
     st["child_starting"] = {k: child[k] for k in ("phase", "log", "started_at", "boot", "exit_file", "log_start",
                                                   "profile", "gpu", "watch_tps")}

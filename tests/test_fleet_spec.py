@@ -7,9 +7,9 @@ import socket
 import pytest
 import yaml
 
-from gpujob.agent import channel
-from gpujob.agent.commands import command_argv, fleet_env, fleet_values
-from gpujob.agent.fleet import ledger_name
+from gpujob.agent.fleet import channel
+from gpujob.agent.base.placeholders import command_argv, fleet_env, fleet_values
+from gpujob.agent.base.planshare import ledger_name
 from gpujob.errors import SpecError
 from gpujob.fleet import node_info
 from gpujob.spec import load_spec

@@ -9,7 +9,7 @@ import textwrap
 
 import yaml
 
-from gpujob.agent import checkpoint
+from gpujob.agent.judge import checkpoint
 from helpers import cli, cli_json, job_id_of, local_env
 
 TRAINER = textwrap.dedent('''

@@ -12,8 +12,9 @@ import signal
 
 import pytest
 
-from gpujob.agent import hang, signals, stacks
-from gpujob.agent.protocol import FailureSignal as F
+from gpujob.agent.supervisor import hang, stacks
+from gpujob.agent.judge import signals
+from gpujob.agent.base.protocol import FailureSignal as F
 from helpers import cli, events, job_id_of, local_env, wait_for, write_spec
 from test_faults import jdir, state_of, wheelhouse  # noqa: F401  (the module's wheelhouse fixture)
 from test_jobs_local import trainers_of
@@ -54,7 +55,7 @@ def test_a_start_hang_on_a_cold_cache_is_the_compile_race():
 
 
 def test_python_processes_and_faulthandler_text():
-    from gpujob.agent.proc import KEEPER
+    from gpujob.agent.base.proc import KEEPER
     assert stacks.is_python(["/venv/bin/python3", "t.py"]) and stacks.is_python(["torchrun", "t.py"])
     assert not stacks.is_python(["/bin/bash", "-c", "python t.py"]) and not stacks.is_python([])
     text = "loading model\nFatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File \"t.py\""

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from gpujob.agent import boothook, journal, metrics
+from gpujob.agent.supervisor import boothook, metrics
+from gpujob.agent.base import fsio
 
 PY, AGENT = "/usr/bin/python3", "/root/.gpujob/bin/agent.pyz"
 
@@ -94,7 +95,7 @@ def test_a_planted_symlink_never_makes_the_supervisor_write_through(tmp_path, mo
     for name in ("job.prom.tmp4242", "job.prom.tmp"):
         (shared / name).symlink_to(victim)
     (shared / "job.prom").symlink_to(victim)  # the textfile itself a link: replaced, not followed
-    journal.write_bytes(path, b"gpujob_up 1\n", mode=0o644, durable=False)
+    fsio.write_bytes(path, b"gpujob_up 1\n", mode=0o644, durable=False)
     assert victim.read_text() == "root-only\n"
     assert not os.path.islink(path) and open(path).read() == "gpujob_up 1\n"
     assert os.stat(path).st_mode & 0o777 == 0o644
@@ -122,7 +123,7 @@ def test_a_webhook_redirect_is_a_failed_attempt_and_no_header_reaches_the_other_
     import http.server
     import threading
 
-    from gpujob.agent import notify
+    from gpujob.agent.supervisor import notify
     seen = {"other": [], "hook": []}
 
     def server(name, status, location=None):

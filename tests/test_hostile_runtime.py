@@ -18,8 +18,8 @@ import paramiko
 import pytest
 import yaml
 
-from gpujob.agent.files import untar
-from gpujob.agent.commands import command_argv, placeholder_env, quoted_placeholders
+from gpujob.agent.verbs.files import untar
+from gpujob.agent.base.placeholders import command_argv, placeholder_env, quoted_placeholders
 from gpujob.cli import render
 from gpujob.errors import HostKeyError
 from gpujob.tarstream import Concat, TarStream
@@ -253,6 +253,6 @@ def test_agent_refuses_a_relative_dest_outside_the_workdir(tmp_path):
                        input=json.dumps(req).encode() + b"\n", capture_output=True, timeout=60, cwd=str(REPO))
     assert p.returncode == 1 and "resolves outside the workdir" in p.stdout.decode()
     assert not (tmp_path / "home" / "escaped").exists() and not (tmp_path / "escaped").exists()
-    from gpujob.agent.lock import Lock
+    from gpujob.agent.home.lock import Lock
     assert Lock(str(tmp_path / "home")).holder() is None  # released
     assert not (tmp_path / "home" / "jobs" / "x-aaaa").exists()  # nothing written

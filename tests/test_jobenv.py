@@ -8,7 +8,7 @@ import os
 
 import yaml
 
-from gpujob.agent import jobenv
+from gpujob.agent.base import jobenv
 from helpers import cli, job_id_of, wait_for, write_spec, cli_json
 
 

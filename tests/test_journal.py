@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent import journal as jn
-from gpujob.agent.journal import Home, Journal, read_records, write_json
-from gpujob.agent.lock import Fenced, Lock
-from gpujob.agent.proc import Phase, group_pids, is_alive, start_ticks
-from gpujob.agent.relay import JobLog, Relay
-from gpujob.agent.supervisor import restart_refusal
+from gpujob.agent.home import journal as jn
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.base.fsio import read_records, write_json
+from gpujob.agent.home.lock import Fenced, Lock
+from gpujob.agent.base.proc import Phase, group_pids, is_alive, start_ticks
+from gpujob.agent.home.relay import JobLog, Relay
+from gpujob.agent.supervisor.supervisor import restart_refusal
 
 RACERS, ROUNDS = 8, 500
 
@@ -67,7 +68,7 @@ def test_lock_race_has_exactly_one_winner_every_round_with_stale_locks(tmp_path)
 
 def test_a_killed_holder_frees_the_lock_at_once(tmp_path):
     code = ("import sys,time; sys.path.insert(0, %r)\n"
-            "from gpujob.agent.lock import Lock\n"
+            "from gpujob.agent.home.lock import Lock\n"
             "h = Lock(%r).try_acquire('j1'); print('held', flush=True); time.sleep(60)") % (
         os.getcwd(), str(tmp_path))
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
@@ -84,7 +85,7 @@ def test_a_killed_holder_frees_the_lock_at_once(tmp_path):
 def test_a_stale_writer_is_fenced_off(tmp_path):
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("j"))
-    Journal(home, "j", generation=1).set_state(state="training", step="env")  # a legal first step (agent/stages.py)
+    Journal(home, "j", generation=1).set_state(state="training", step="env")  # a legal first step (agent/base/stages.py)
     Journal(home, "j", generation=2).set_state(step="rollback")
     with pytest.raises(Fenced):
         Journal(home, "j", generation=1).set_state(step="train")  # a late write of the old holder
@@ -260,7 +261,7 @@ def test_restart_policy_rules():
 
 
 def test_trimming_frees_old_log_bytes_without_moving_an_offset(tmp_path):
-    from gpujob.agent.trim import Trimmer, read_jsonl_from
+    from gpujob.agent.home.trim import Trimmer, read_jsonl_from
     log = tmp_path / "job.log"
     lines = [b"line %06d %s\n" % (i, b"x" * 90) for i in range(30000)]  # ~3 MB
     log.write_bytes(b"".join(lines))
@@ -290,7 +291,7 @@ def test_trimming_frees_old_log_bytes_without_moving_an_offset(tmp_path):
 
 
 def test_tail_starts_where_a_trimmed_log_begins_and_says_what_it_skipped(tmp_path):
-    from gpujob.agent.trim import Trimmer
+    from gpujob.agent.home.trim import Trimmer
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("j"))
     d = Path(home.job_dir("j"))
@@ -307,7 +308,7 @@ def test_tail_starts_where_a_trimmed_log_begins_and_says_what_it_skipped(tmp_pat
 
 
 def test_a_job_of_an_older_agent_is_never_revived(tmp_path):
-    from gpujob.agent.lifecycle import revive
+    from gpujob.agent.verbs.lifecycle import revive
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("old"))
     write_json(os.path.join(home.job_dir("old"), "job.json"), {"spec": {"name": "x"}})

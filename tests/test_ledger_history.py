@@ -1,11 +1,12 @@
-"""The ledger's append-only history (agent/journal.py Ledger): ids, evidence, legacy
+"""The ledger's append-only history (agent/home/journal.py Ledger): ids, evidence, legacy
 entries of an older gpujob, undo restoring the baseline a verdict replaced."""
 
 from __future__ import annotations
 
 import json
 
-from gpujob.agent.journal import Home, Ledger
+from gpujob.agent.home.journal import Home
+from gpujob.agent.home.ledger import Ledger
 from helpers import cli, cli_json, local_env
 
 

@@ -1,4 +1,4 @@
-"""Webhook notifications and Prometheus metrics (agent/notify.py, agent/metrics.py):
+"""Webhook notifications and Prometheus metrics (agent/supervisor/notify.py, agent/supervisor/metrics.py):
 the pure parts fast, then real jobs on the `local` target posting to a real HTTP
 server in the test, with a supervisor SIGKILLed while a message waits in its outbox."""
 
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent import metrics, notify
+from gpujob.agent.supervisor import metrics, notify
+from gpujob.agent.base import planshare
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 
 SECRET_PATH = "T0SECRET/B0SECRET/xoxb-hook-secret-771"
@@ -190,13 +191,13 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     assert "sekret99" not in json.dumps(req["spec"]) and "tok-123456" not in json.dumps(req["spec"])
     assert secrets_env.scrub("posting to https://hooks.slack.com/services/T/B/sekret99 failed", secrets) == \
         "posting to *** failed"
-    assert notify.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
+    assert planshare.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
 
 
 SENDER = """
 import sys
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.notify import Notifier
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.supervisor.notify import Notifier
 root, url = sys.argv[1:3]
 j = Journal(Home(root), "nt-1")
 hooks = [{"url": url + "/ok", "events": ["failure"]}, {"url": url + "/kill", "events": ["failure"]}]

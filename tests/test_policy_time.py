@@ -1,8 +1,8 @@
 """Issue 22, items 1-2: windows and limits in time, delays from the first sample, the
 settle rule, pauses (checkpoint saves, pause_pattern) left out of windows."""
 
-from gpujob.agent.pauses import Clock, Pauses
-from gpujob.agent.policy import PolicyConfig, Sample, decide, known_good
+from gpujob.agent.judge.pauses import Clock, Pauses
+from gpujob.agent.judge.policy import PolicyConfig, Sample, decide, known_good
 
 REAL = dict(min_ratio=0.8, window="30s", failure_limit="2m", min_samples=3)  # docs/rollback.md's advice
 
@@ -139,7 +139,7 @@ def test_saves_as_often_as_a_pause_lasts_stop_pausing_the_run():
     """A trainer whose saves come closer together than a pause lasts (whatever
     train.checkpoint.every says) would be paused for good: from the second such save on,
     saves are its pace; the files of one save (HF's checkpoint-N/*) are one save."""
-    from gpujob.agent.pauses import Pauses, save_key
+    from gpujob.agent.judge.pauses import Pauses, save_key
     assert save_key("hf_out/checkpoint-1133/model.safetensors") == "checkpoint-1133"
     assert save_key("outputs/tiny-step4/training_state.pt") == "tiny-step4"
     assert save_key("out/ckpt.pt") == "out/ckpt.pt"

@@ -1,4 +1,4 @@
-"""The protocol both sides share (gpujob/agent/protocol.py): enums that stay plain
+"""The protocol both sides share (gpujob/agent/base/protocol.py): enums that stay plain
 JSON strings, the agent's exit codes and one-line errors, the tail's first record,
 the launcher's 'agent missing', and the format version of state.json and job.json."""
 
@@ -9,9 +9,10 @@ import os
 import subprocess
 import sys
 
-from gpujob.agent import protocol
-from gpujob.agent.journal import Home, Journal, write_json
-from gpujob.agent.protocol import ENDED, JobState, OffsetSplitter, Verdict
+from gpujob.agent.base import protocol
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.base.fsio import write_json
+from gpujob.agent.base.protocol import ENDED, JobState, OffsetSplitter, Verdict
 from gpujob.target import agent_zip
 
 
@@ -112,7 +113,7 @@ def test_failure_signals_are_the_names_the_spec_accepts_and_the_agent_reports():
 
     import pytest
 
-    from gpujob.agent import signals
+    from gpujob.agent.judge import signals
     from gpujob.doctor import Check, CheckStatus
     from gpujob.spec_types import Signal
     assert list(get_args(Signal)) == [s.value for s in protocol.FailureSignal]

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent import hang, signals, stacks
-from gpujob.agent.protocol import FailureSignal as F
+from gpujob.agent.supervisor import hang, stacks
+from gpujob.agent.judge import signals
+from gpujob.agent.base.protocol import FailureSignal as F
 from gpujob.spec import Rollback
 
 TRACES = Path(__file__).parent / "data" / "traces"

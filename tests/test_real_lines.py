@@ -3,9 +3,10 @@ step group, per-rank prefixes)."""
 
 import pytest
 
-from gpujob.agent import defaults, sources
-from gpujob.agent.ranks import RankMerge, split_rank
-from gpujob.agent.throughput import make_parser
+from gpujob.agent.judge import sources
+from gpujob.agent.base import defaults
+from gpujob.agent.judge.ranks import RankMerge, split_rank
+from gpujob.agent.judge.throughput import make_parser
 from gpujob.spec import JobSpec  # noqa: F401  (the spec model validates the section)
 from gpujob.spec_throughput import Throughput
 

@@ -3,7 +3,7 @@
 nanoGPT-style trainer, jobs/dflash_mini; a compiled profile and one whose compile
 path is broken with TORCHDYNAMO_DISABLE=1; torch 2.11.0+cu130, transformers 5.17.0).
 
-The same pure policy the supervisor runs (agent/replay.py) must roll back no good
+The same pure policy the supervisor runs (agent/judge/replay.py) must roll back no good
 profile — HF's save dips to 0.14-0.58 of its rate, nanoGPT's eval gaps, the resumed
 bar's climb from 0.59 of the rate over 21 s — and catch every broken-compile run,
 within a minute of its first sample. The recordings are about a minute of training
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent.replay import replay_trace
+from gpujob.agent.judge.replay import replay_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 SUMMARY = {json.loads(ln)["name"]: json.loads(ln) for f in ("summary.jsonl", "summary_2lanes.jsonl")
@@ -92,7 +92,7 @@ def test_frequent_saves_are_the_trainers_pace_not_pauses():
     a 5 s tail, a pause would cover 7 s of every 5: on the H200 the job stayed paused and was
     never judged. Saves more frequent than 2 × (lead + tail) open no pause; its shallow dips
     (0.81-1.17 of the median) are then judged as they are, and nothing breaches."""
-    from gpujob.agent.pauses import checkpoints_pause
+    from gpujob.agent.judge.pauses import checkpoints_pause
     assert checkpoints_pause(5.0, 5.0) is False and checkpoints_pause(15.0, 5.0) is True
     assert checkpoints_pause(None, 5.0) is True
     spec = {"throughput": dict(FORMATS["dflash"], **dict(POLICY, pause_tail=5.0)),

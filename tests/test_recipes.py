@@ -52,7 +52,7 @@ def test_specforge_recipe_with_python_m_gets_a_standby_and_its_paths(tmp_path):
     assert spec.train.checkpoint.path == "o/r-step*/training_state.pt"
     assert spec.train.resume_args == ["training.resume_from=o"]
     assert "specforge.cli" in spec.train.standby.preload
-    from gpujob.agent.throughput import make_parser
+    from gpujob.agent.judge.throughput import make_parser
     parse = make_parser("regex", pattern=spec.throughput.pattern, tokens_per_step=512)
     assert parse("[rank3]: step 40: {'loss': 1.2, 'perf/global_samples_per_second': 2.5, 'x': 1}") == 1280
     assert parse("step 40: {'loss': 1.2, 'perf/global_samples_per_second': 10.0}") == 5120

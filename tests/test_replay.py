@@ -4,8 +4,8 @@ gpujob replay's engine over synthetic traces and samples.jsonl."""
 import gzip
 import json
 
-from gpujob.agent import trace
-from gpujob.agent.replay import replay_samples, replay_trace, summary_line
+from gpujob.agent.base import trace
+from gpujob.agent.judge.replay import replay_samples, replay_trace, summary_line
 
 SPEC = {"throughput": {"format": "ktok", "min_ratio": 0.8, "window": "10s", "failure_limit": "30s",
                        "pause_tail": 3.0, "good_after": 20}}
@@ -129,8 +129,8 @@ def test_watch_mixin_on_ckpt_events_pauses_and_traces(tmp_path):
     """The watch loop's side of CONTRACT's checkpoint events: a pause, a journal event,
     the events in the trace, and the decision the supervisor asks for is paused."""
     from types import SimpleNamespace
-    from gpujob.agent.policy import PolicyConfig, Sample
-    from gpujob.agent.watchpause import PauseWatch
+    from gpujob.agent.judge.policy import PolicyConfig, Sample
+    from gpujob.agent.supervisor.watchpause import PauseWatch
 
     class Journal:
         dir = str(tmp_path)

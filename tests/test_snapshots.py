@@ -1,4 +1,4 @@
-"""Compile-cache snapshots (gpujob/agent/snapshots.py): hard links for inductor and
+"""Compile-cache snapshots (gpujob/agent/home/snapshots.py): hard links for inductor and
 triton, copies for torch_extensions, keep N, restore by temp dir + rename, and a
 process killed at any moment of a snapshot or a restore leaves the old cache or the
 whole new one."""
@@ -14,7 +14,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from gpujob.agent import envs, snapshots
+from gpujob.agent.home import snapshots
+from gpujob.agent.base import envs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -97,7 +98,7 @@ def test_restore_due_and_proof_are_pure_rules():
 WORKER = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, sys.argv[1])
-    from gpujob.agent import snapshots
+    from gpujob.agent.home import snapshots
     home, key, what, die = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     if die == "between-renames":  # the worst moment of a swap: the live cache moved aside
         real = os.rename
@@ -188,7 +189,7 @@ def test_kill_at_any_moment_leaves_old_or_whole_new(tmp_path):
 
 
 def test_prove_cold_refusal_and_profile_matching_are_pure_rules():
-    from gpujob.agent import cachecmd
+    from gpujob.agent.verbs import cachecmd
     in_use = {"job-a": [0, 1], "job-b": [2, 3]}
     assert cachecmd.refusal([4, 5], in_use) is None
     assert cachecmd.refusal([1, 4], in_use) == "job job-a runs on GPUs 1; pick others with --gpus"

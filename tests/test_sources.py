@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from gpujob.agent.sources import FileSource, field_value, parse_record
+from gpujob.agent.supervisor.filesource import FileSource
+from gpujob.agent.judge.sources import field_value, parse_record
 from helpers import cli, events, job_id_of, local_env, write_spec
 from test_faults import jdir, state_of, wheelhouse  # noqa: F401  (fixture)
 

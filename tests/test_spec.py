@@ -400,11 +400,11 @@ def test_the_agents_spec_defaults_are_generated_from_spec_py():
     from pathlib import Path
 
     import gpujob.spec as s
-    from gpujob.agent.defaults import DEFAULTS, section
+    from gpujob.agent.base.defaults import DEFAULTS, section
     from gpujob.specdefaults import agent_defaults_json
-    shipped = Path(s.__file__).parent / "agent" / "spec_defaults.json"
+    shipped = Path(s.__file__).parent / "agent" / "base" / "spec_defaults.json"
     assert shipped.read_text() == agent_defaults_json(), \
-        "regenerate: python -m gpujob.specdefaults > gpujob/agent/spec_defaults.json"
+        "regenerate: python -m gpujob.specdefaults > gpujob/agent/base/spec_defaults.json"
     assert DEFAULTS["throughput"]["window"] == s.Throughput.model_fields["window"].default
     assert section({"rollback": {"max_rollbacks": 7}}, "rollback")["max_rollbacks"] == 7
     assert section({"rollback": {}}, "rollback")["signature_grace"] == s.Rollback().signature_grace

@@ -1,4 +1,4 @@
-"""The supervisor's declared state machine (agent/stages.py) and its check on every
+"""The supervisor's declared state machine (agent/base/stages.py) and its check on every
 write of state.json's step (journal.set_state)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpujob.agent import stages
-from gpujob.agent.journal import Home, Journal
-from gpujob.agent.stages import IllegalTransition, Stage, TRANSITIONS
+from gpujob.agent.base import stages
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.base.stages import IllegalTransition, Stage, TRANSITIONS
 
 
 def test_the_suite_runs_strict():

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from gpujob.agent.standby import command_script, script_argv
+from gpujob.agent.base.placeholders import command_script, script_argv
 from helpers import cli, events, job_id_of, local_env, wait_for, write_spec
 from test_faults import jdir, state_of, wheelhouse  # noqa: F401  (fixture)
 from test_jobs_local import trainers_of
@@ -95,7 +95,7 @@ def test_a_standby_left_by_a_dead_supervisor_is_ended_by_the_next(tmp_path, job)
 
 
 def _alive(pgid: int) -> bool:
-    from gpujob.agent.proc import group_pids
+    from gpujob.agent.base.proc import group_pids
     return bool(group_pids(pgid))
 
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from gpujob.agent.policy import Decision, PolicyConfig, Sample, decide, known_good, threshold
-from gpujob.agent.signals import classify_exit, find_signature, scan_line
-from gpujob.agent.throughput import LineSplitter, fmt_rate, make_parser, make_step_parser, sparkline, strip_ansi
+from gpujob.agent.judge.policy import Decision, PolicyConfig, Sample, decide, known_good, threshold
+from gpujob.agent.judge.signals import classify_exit, find_signature, scan_line
+from gpujob.agent.judge.throughput import LineSplitter, fmt_rate, make_parser, make_step_parser, sparkline, strip_ansi
 
 # ---------------------------------------------------------------- LineSplitter
 

@@ -15,16 +15,21 @@ import re
 import sys
 import time
 
-from gpujob.agent.stages import Stage
-from gpujob.agent import boothook, envs, gc
-from gpujob.agent.journal import ENDED, Home, Journal, Ledger, now, read_json, write_json
-from gpujob.agent.lock import Lock
-from gpujob.agent import protocol
-from gpujob.agent.protocol import JobState
-from gpujob.agent.lifecycle import Refused, acquire, emit, job_or_refuse, revive, spawn_supervisor, summary
-from gpujob.agent.files import cmd_manifest, cmd_probe, cmd_put, untar
-from gpujob.agent.tail import cmd_tail
-from gpujob.agent.control import cmd_rollback, cmd_stop
+from gpujob.agent.base.stages import Stage
+from gpujob.agent.supervisor import boothook
+from gpujob.agent.home import gc
+from gpujob.agent.base import envs
+from gpujob.agent.base.protocol import ENDED
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
+from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.home.lock import Lock
+from gpujob.agent.base import protocol
+from gpujob.agent.base.protocol import JobState
+from gpujob.agent.verbs.lifecycle import Refused, acquire, emit, job_or_refuse, revive, spawn_supervisor, summary
+from gpujob.agent.verbs.files import cmd_manifest, cmd_probe, cmd_put, untar
+from gpujob.agent.verbs.tail import cmd_tail
+from gpujob.agent.verbs.control import cmd_rollback, cmd_stop
 
 
 REFUSED = protocol.REFUSED
@@ -86,9 +91,10 @@ def cmd_submit(home: Home, args) -> None:
 
 def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
     """The job's checkpoint globs checked against this home, what earlier jobs left
-    under them, and ``--resume-from`` resolved (agent/ckregister.py at_submit)."""
-    from gpujob.agent import ckpaths, ckregister, planshare
-    from gpujob.agent.commands import substitute
+    under them, and ``--resume-from`` resolved (agent/home/ckregister.py at_submit)."""
+    from gpujob.agent.home import ckregister
+    from gpujob.agent.base import ckpaths, planshare
+    from gpujob.agent.base.placeholders import substitute
     ck = (job["spec"].get("train") or {}).get("checkpoint")
     if not ck:
         return None
@@ -199,8 +205,8 @@ def cmd_gc(home: Home, args) -> None:
     """Remove venvs not used for --days days, never an active or known-good one; job
     directories ended --older-than days ago and all but the newest
     --keep-checkpoints checkpoints each job's runs wrote (the checkpoint register),
-    never a live job's (agent/prune.py)."""
-    from gpujob.agent import prune
+    never a live job's (agent/verbs/prune.py)."""
+    from gpujob.agent.verbs import prune
     res = prune.prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
     root = home.path("envs")
     items = []
@@ -231,7 +237,7 @@ def active_keys(home: Home) -> set:
 
 
 def cmd_cache(home: Home, args) -> None:
-    from gpujob.agent import cachecmd
+    from gpujob.agent.verbs import cachecmd
     try:
         if args.action == "ls":
             emit(cachecmd.ls(home))
@@ -266,7 +272,7 @@ def cmd_boot(home: Home, args) -> None:
 
 
 def cmd_fleet(home: Home, args) -> None:
-    from gpujob.agent import fleetcmd
+    from gpujob.agent.verbs import fleetcmd
     try:
         emit(fleetcmd.cmd_fleet(home, args))
     except LookupError as e:
@@ -274,7 +280,7 @@ def cmd_fleet(home: Home, args) -> None:
 
 
 def cmd_run(home: Home, args) -> None:
-    from gpujob.agent.supervisor import run
+    from gpujob.agent.supervisor.supervisor import run
     sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
 
 

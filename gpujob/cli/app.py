@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from gpujob import __version__
-from gpujob.agent.protocol import FINAL_STATES, JobState
+from gpujob.agent.base.protocol import FINAL_STATES, JobState
 from gpujob.cli import conventions, render
 from gpujob.conn import commands
 from gpujob.errors import GpujobError, InputError

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from gpujob.agent.protocol import JobState
+from gpujob.agent.base.protocol import JobState
 from gpujob.cli import render
 from gpujob.errors import InputError, JobError
 from gpujob.cli.jobs_cmds import _start

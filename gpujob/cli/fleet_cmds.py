@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from gpujob import fleet
-from gpujob.agent.throughput import fmt_rate
+from gpujob.agent.judge.throughput import fmt_rate
 from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError
 
@@ -52,7 +52,7 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
                 m.out.print(line, soft_wrap=True)
         return
     from gpujob.spec import spec_hash
-    from gpujob.agent.fleet import ledger_name
+    from gpujob.agent.base.planshare import ledger_name
     labels = [t.label for t in targets]
     if not force:  # the fleet's ledger (per shape) as node 0 has it; nothing changes when refused
         name = ledger_name({"spec": {"name": spec.name}, "fleet": {"nnodes": len(labels), "nodes": labels}})

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from gpujob.agent.protocol import JobState
+from gpujob.agent.base.protocol import JobState
 from gpujob.cli import render
 from gpujob.conn import commands
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
@@ -199,7 +199,7 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
         if not (trace and output is not None):
             raise InputError("--trace needs -o FILE (and -o is only for --trace)")
         from gpujob.cli.replay_cmds import fetch_trace
-        from gpujob.agent.journal import write_bytes
+        from gpujob.agent.base.fsio import write_bytes
         job_id, t = job_target(job, target)
         write_bytes(str(output), fetch_trace(job_id, t))  # an atomic replace
         return

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.text import Text
 
 from gpujob import plotdata
-from gpujob.agent.throughput import fmt_rate
+from gpujob.agent.judge.throughput import fmt_rate
 from gpujob.cli import render
 from gpujob.errors import GpujobError, InputError
 

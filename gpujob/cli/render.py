@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gpujob.agent import timings
-from gpujob.agent.protocol import ENDED, JobState
-from gpujob.agent.throughput import fmt_rate, sparkline
+from gpujob.agent.judge import timings
+from gpujob.agent.base.protocol import ENDED, JobState
+from gpujob.agent.judge.throughput import fmt_rate, sparkline
 
 S = JobState
 STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
@@ -128,8 +128,8 @@ def status_view(st: dict, target: str) -> dict:
         "exit_code": st.get("exit_code"), "signal": st.get("signal"),
         "rollbacks": st.get("rollbacks") or [],
         "ledger": (st.get("ledger") or {}).get("profiles", {}),
-        "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/metrics.py)
-        "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/notify.py)
+        "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
+        "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
     }
 
 

@@ -1,4 +1,4 @@
-"""``gpujob replay SOURCE`` (the pure policy over a recorded run: agent/replay.py) and
+"""``gpujob replay SOURCE`` (the pure policy over a recorded run: agent/judge/replay.py) and
 the trace fetch behind it and ``gpujob logs JOB --trace -o FILE``."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def fetch_file(job_id: str, t, name: str) -> bytes:
 
 def fetch_trace(job_id: str, t) -> bytes:
     """The job's trace: the rotated older part (if any) then the current one."""
-    from gpujob.agent import trace
+    from gpujob.agent.base import trace
     from gpujob.errors import GpujobError
     data = b""
     for name in (trace.OLD, trace.NAME):
@@ -57,7 +57,7 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
            as_json: bool = typer.Option(False, "--json", help="JSON Lines: each decision, then "
                                         "{\"summary\": {...}}")):
     """Run the rollback policy offline over a recorded run and print each decision it takes."""
-    from gpujob.agent import replay as rp
+    from gpujob.agent.judge import replay as rp
     spec_d = _spec_dict(spec)
     path = Path(source)
     if path.is_file():

@@ -12,7 +12,7 @@ from typing import List, Optional
 import typer
 
 from gpujob import kinds
-from gpujob.agent.protocol import ENDED
+from gpujob.agent.base.protocol import ENDED
 from gpujob.cli import render
 from gpujob.conn import commands
 from gpujob.errors import GpujobError, InputError

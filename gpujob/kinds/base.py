@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from gpujob.agent.protocol import StrEnum
+from gpujob.agent.base.protocol import StrEnum
 from gpujob.transport.base import Transport
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ F_SETPIPE_SZ = 1031  # Linux: a child's output pipe of 1 MiB means fewer, larger
 
 class Zygote:
     """gpujob's agent, preloaded: ``[python3, …/agent-HASH.pyz, --home, H, CMD, …]`` (or the
-    same behind ``-c LAUNCHER``, gpujob/agent/protocol.py) that this very interpreter would
+    same behind ``-c LAUNCHER``, gpujob/agent/base/protocol.py) that this very interpreter would
     run is forked from this server with the agent's modules already imported (from the
     zip's bytecode), which saves a Python start and the agent's imports on every agent
     call. Only the short commands in COMMANDS are forked (a forked child shows the server's

@@ -1,0 +1,25 @@
+"""The spec's defaults, for the agent (stdlib only).
+
+gpujob/spec.py is the one place defaults are defined. The controller writes every
+value into job.json (``JobSpec.to_agent_dict``), so the agent normally finds them
+all there; a job.json written by an older gpujob may lack a key added since, and
+then the agent takes it from spec_defaults.json: generated from spec.py
+(gpujob/specdefaults.py; tests/test_spec.py checks it is up to date and says
+how to regenerate it) and shipped in the agent zip.
+"""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+
+DEFAULTS: dict = json.loads(pkgutil.get_data("gpujob.agent.base", "spec_defaults.json"))
+
+
+def section(spec: dict, name: str):
+    """``spec[name]`` completed with the defaults of the keys it lacks; None when an
+    optional section (throughput, warmup) is absent."""
+    given = spec.get(name)
+    if given is None and name not in DEFAULTS["_always"]:
+        return None
+    return {**DEFAULTS[name], **(given or {})}

@@ -1,0 +1,141 @@
+"""The file primitives of the agent (stdlib only): atomic, durable writes of JSON and
+bytes, appends of whole records, reads that tolerate a torn tail, and whether a pid
+still runs. Every wing writes through these; they know nothing of jobs.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import tempfile
+import time
+
+
+def now() -> float:
+    return time.time()
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str, data, mode: int = 0o644, durable: bool = True) -> None:
+    """Atomic: readers see the old file or the new one, never half of one, and a
+    failed write (disk full) leaves the old file as it was. Durable (the default):
+    after a crash of the machine the rename has reached the disk with the data
+    (fsync of the file, rename, fsync of the directory). ``durable=False`` is for
+    small files rewritten many times a second that only guard against process deaths."""
+    write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), mode, durable)
+
+
+def temp_beside(path: str, mode: int) -> tuple:
+    """(fd, name) of a new temp file in ``path``'s directory, for an atomic replace of
+    ``path``: a fresh name from ``mkstemp`` (O_CREAT|O_EXCL, O_NOFOLLOW), so a file
+    or symlink another user planted there is never opened, let alone written
+    through; ``mode`` set on the open file (not through its name)."""
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path)[:64] + ".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    return fd, tmp
+
+
+def write_bytes(path: str, payload: bytes, mode: int = 0o644, durable: bool = True) -> None:
+    """``write_json``'s atomic replace, for any content (a metrics textfile, which may
+    sit in a directory other users write: see temp_beside). The rename replaces a
+    symlink at ``path`` itself; it never writes where the link points."""
+    fd, tmp = temp_beside(path, mode)
+    try:
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+        os.close(fd)
+        fd = None
+        os.replace(tmp, path)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def read_json(path: str, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def append_record(fd: int, line: bytes) -> int:
+    """Append one whole line to an O_APPEND file in one write; a short write (disk
+    full) is cut off again, so the file never ends in half a record. Returns the
+    file's size before the append (where the record starts: its one writer)."""
+    size = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, line)
+    except OSError:
+        _truncate(fd, size)
+        raise
+    if written != len(line):
+        _truncate(fd, size)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return size
+
+
+def _truncate(fd: int, size: int) -> None:
+    try:
+        if os.fstat(fd).st_size > size:
+            os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+def read_records(path: str) -> tuple:
+    """(records, skipped): the whole JSON lines of a .jsonl file, and how many lines
+    could not be read (a torn tail left by a crash, or damage)."""
+    records, skipped = [], 0
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return records, skipped
+    with f:
+        for raw in f:
+            if not raw.strip():
+                continue
+            try:
+                records.append(json.loads(raw))
+            except ValueError:
+                skipped += 1
+    return records, skipped
+
+
+def pid_alive(pid, needle: str | None = None, ticks=None) -> bool:
+    """Is ``pid`` running (not a zombie)? ``ticks`` (its start time) or ``needle``
+    (a string its command line holds) guard against a recycled pid."""
+    from gpujob.agent.base.proc import is_alive
+    if not is_alive(pid, ticks):
+        return False
+    if needle is None or ticks is not None:
+        return True
+    try:
+        with open(f"/proc/{int(pid)}/cmdline", "rb") as f:
+            return needle.encode() in f.read()
+    except OSError:
+        return False

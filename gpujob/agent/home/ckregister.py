@@ -1,0 +1,383 @@
+"""The checkpoint register (stdlib only): which checkpoints each run of a job wrote.
+
+One register in the agent's home, one file per job: ``<home>/checkpoints/<job_id>.json``
+(it outlives the job's directory, so ``gc --keep-checkpoints`` still knows whose
+files they are after ``gc --older-than`` removed the job). A checkpoint is one match
+of ``train.checkpoint.path`` (a file, or a directory such as HF's ``checkpoint-N/``).
+
+Format 1::
+
+    {"format": 1, "job_id": ID, "name": JOB NAME,
+     "runs": [{"run": 1, "profile": P, "started_at": T, "pattern": ABS GLOB,
+               "before": {ABS PATH: SIG}}],          # what the glob matched at the run's start
+     "files": {ABS PATH: {"shown": PATH AS THE GLOB NAMES IT, "run": N (the run that last wrote it),
+                          "runs": [N, ...], "profile": P, "first_seen": T, "changed": T,
+                          "sig": SIG, "size": BYTES, "step": N|null, "finished": bool,
+                          "finished_at": T|null, "gone": T|null,
+                          "torn": T|null (the run ended, not cleanly, while it was written)}}}
+
+SIG is [kind, count, total size, newest mtime_ns] (kind "f" or "d"). A match counts as
+written by a run when it was not there at the run's start or its SIG has changed since;
+a file an earlier job left and nobody touched is never this job's. A checkpoint is
+finished when ``done_file`` exists in it (a directory checkpoint, when done_file is
+set), else when its SIG has not changed for ``settle`` seconds.
+
+Writes are atomic (mkstemp in the same directory, fsync, rename, fsync of the
+directory) and happen only when something the register keeps changes (a checkpoint
+appears, is finished, or goes); a supervisor killed at any moment leaves the old
+register or the new one, and the next one takes the watch over from it
+(``CkWatch.resume``): a file whose SIG differs from the one written down is simply
+a checkpoint that changed again and settles anew.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import tempfile
+import time
+
+from gpujob.agent.base.ckpaths import step_of
+
+FORMAT = 1
+DIR = "checkpoints"
+POLL_EVERY = 0.5  # seconds between two looks (glob + stat) of a watched run
+POLL_SAVING = 0.2  # ... while one of its checkpoints is being written (settle needs a close look)
+
+
+# ---- the file --------------------------------------------------------------------
+
+def path_of(home_root: str, job_id: str) -> str:
+    return os.path.join(home_root, DIR, f"{job_id}.json")
+
+
+def empty(job_id: str, name: str) -> dict:
+    return {"format": FORMAT, "job_id": job_id, "name": name, "runs": [], "files": {}}
+
+
+def load(home_root: str, job_id: str, name: str = "") -> dict:
+    """The job's register ({} entries when it has none yet, or it cannot be read)."""
+    try:
+        with open(path_of(home_root, job_id), "rb") as f:
+            data = json.loads(f.read())
+    except (OSError, ValueError):
+        return empty(job_id, name)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return empty(job_id, name)
+    data.setdefault("runs", [])
+    data.setdefault("files", {})
+    return data
+
+
+def save(home_root: str, data: dict) -> None:
+    """Atomic and durable: a temp file from mkstemp beside the register, fsync, rename."""
+    target = path_of(home_root, data["job_id"])
+    d = os.path.dirname(target)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".reg-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write((json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    for name in os.listdir(d):  # the temp file of a writer killed before its rename
+        if name.startswith(".reg-") and name.endswith(".tmp"):
+            try:
+                if os.lstat(os.path.join(d, name)).st_mtime < time.time() - 60:
+                    os.unlink(os.path.join(d, name))
+            except OSError:
+                pass
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def all_registers(home_root: str) -> list:
+    """Every job's register in the home (gc reads them)."""
+    d = os.path.join(home_root, DIR)
+    out = []
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        if name.endswith(".json") and not name.startswith("."):
+            reg = load(home_root, name[:-5])
+            if reg["runs"] or reg["files"]:
+                out.append(reg)
+    return out
+
+
+# ---- what is on disk ---------------------------------------------------------------
+
+def signature(path: str):
+    """[kind, count, total size, newest mtime_ns] of a checkpoint, or None when gone.
+    A directory is walked (its files only; links are not followed)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not os.path.isdir(path) or os.path.islink(path):
+        return ["f", 1, st.st_size, st.st_mtime_ns]
+    count, size, newest = 0, 0, st.st_mtime_ns
+    for root, dirs, files in os.walk(path):
+        for name in files + dirs:
+            try:
+                s = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            newest = max(newest, s.st_mtime_ns)
+            if name in files:
+                count += 1
+                size += s.st_size
+    return ["d", count, size, newest]
+
+
+def find(workdir: str, pattern: str) -> list:
+    """Matching files, newest first: [(path, mtime)] (gpu_idle's newest save; anyone's)."""
+    full = pattern if os.path.isabs(pattern) else os.path.join(workdir, pattern)
+    out = []
+    for path in glob.glob(full, recursive=True):
+        try:
+            out.append((path, os.stat(path).st_mtime))
+        except OSError:
+            pass
+    return sorted(out, key=lambda x: x[1], reverse=True)
+
+
+def matches(pattern: str) -> list:
+    return sorted(glob.glob(pattern, recursive=True))
+
+
+def scan(pattern: str) -> dict:
+    out = {}
+    for p in matches(pattern):
+        sig = signature(p)
+        if sig is not None:
+            out[p] = sig
+    return out
+
+
+# ---- pure rules ----------------------------------------------------------------------
+
+def is_finished(entry: dict, t: float, settle: float, done_file, done_exists: bool) -> bool:
+    """A directory checkpoint with ``done_file`` set is finished when that file is in it;
+    any other one when it has not changed for ``settle`` seconds."""
+    if done_file and entry["sig"][0] == "d":
+        return done_exists
+    return t - entry["changed"] >= settle
+
+
+def newest(reg: dict, run: int | None = None, exists=os.path.lexists) -> dict | None:
+    """The newest finished checkpoint the job wrote (``run``: that run wrote it last)
+    that is still there, or None."""
+    best = None
+    for path, e in reg["files"].items():
+        if not e.get("finished") or e.get("gone") or e.get("torn") or (run is not None and e.get("run") != run):
+            continue
+        if not exists(path):
+            continue
+        if best is None or (e["changed"], e.get("step") or -1) > (best[1]["changed"], best[1].get("step") or -1):
+            best = (path, e)
+    if best is None:
+        return None
+    return dict(best[1], path=best[0])
+
+
+def point(entry: dict | None, t: float) -> dict:
+    """A register entry as the resume point events and ``describe`` use: {file, age, step}."""
+    if not entry:
+        return {"file": None}
+    return {"file": entry["path"], "age": round(max(0.0, t - entry["changed"]), 1), "step": entry.get("step"),
+            "run": entry.get("run"), "profile": entry.get("profile")}
+
+
+def foreign(reg: dict, before: dict) -> list:
+    """What a run found at its start that this job never wrote: [(path, sig)]."""
+    return sorted((p, s) for p, s in before.items() if p not in reg["files"])
+
+
+# ---- the live watch of one run --------------------------------------------------------
+
+class CkWatch:
+    """Polled from the watch loop (``poll(t)``, cheap: one glob and a stat per match,
+    a walk only of a directory not yet finished); keeps the register up to date and
+    returns the checkpoint events of CONTRACT.md."""
+
+    def __init__(self, home_root: str, reg: dict, run: int, pattern: str, workdir: str, shown_relative: bool,
+                 settle: float, done_file, seen: dict):
+        self.home_root, self.reg, self.run = home_root, reg, run
+        self.pattern, self.workdir, self.shown_relative = pattern, workdir, shown_relative
+        self.settle, self.done_file = float(settle), done_file
+        self.seen = seen  # path -> the SIG last looked at
+        self.last_poll = 0.0
+        self.just_finished: list = []  # entries finished by the last poll
+
+    @classmethod
+    def begin(cls, home_root: str, job_id: str, name: str, profile: str, pattern: str, workdir: str,
+              shown_relative: bool, settle: float, done_file, t: float) -> CkWatch:
+        """A new run: what the glob matches now is written down (durably) before the
+        trainer starts, so nothing already there is ever taken for this run's."""
+        reg = load(home_root, job_id, name)
+        before = scan(pattern)
+        run = len(reg["runs"]) + 1
+        reg["runs"].append({"run": run, "profile": profile, "started_at": t, "pattern": pattern,
+                            "before": before})
+        save(home_root, reg)
+        return cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, dict(before))
+
+    @classmethod
+    def resume(cls, home_root: str, job_id: str, name: str, run: int, pattern: str, workdir: str,
+               shown_relative: bool, settle: float, done_file) -> CkWatch | None:
+        """Take the watch of run ``run`` over from a supervisor that is gone."""
+        reg = load(home_root, job_id, name)
+        rec = next((r for r in reg["runs"] if r["run"] == run), None)
+        if rec is None:
+            return None
+        seen = dict(rec.get("before") or {})
+        for path, e in reg["files"].items():
+            if not e.get("gone"):
+                seen[path] = e["sig"]
+        return cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, seen)
+
+    def shown(self, path: str) -> str:
+        return os.path.relpath(path, self.workdir) if self.shown_relative else path
+
+    def poll(self, t: float, force: bool = False) -> list:
+        """Events since the last look: [{t, ckpt, op, size}]."""
+        self.just_finished = []
+        every = POLL_SAVING if self._unfinished() else POLL_EVERY
+        if not force and t - self.last_poll < every:
+            return []
+        last, self.last_poll = self.last_poll, t
+        events, dirty, moved = [], False, set()
+        found = set()
+        for path in matches(self.pattern):
+            entry = self.reg["files"].get(path)
+            sig = self._sig(path, entry)
+            if sig is None:
+                continue
+            found.add(path)
+            prev = self.seen.get(path)
+            if prev == sig:
+                continue
+            self.seen[path] = sig
+            moved.add(path)
+            op = "new" if prev is None else "changed"
+            if entry is None or entry.get("gone"):
+                entry = {"shown": self.shown(path), "runs": [], "first_seen": t, "step": step_of(path),
+                         "gone": None}
+                self.reg["files"][path] = entry
+                dirty = True
+            if entry.get("run") != self.run:
+                dirty = True
+            # it changed after the last look: at its mtime, unless a clock says otherwise
+            changed = max(last, min(t, sig[3] / 1e9))
+            entry.update(run=self.run, profile=self._profile(), changed=changed, sig=sig, size=sig[2],
+                         finished=False, finished_at=None, torn=None)
+            if self.run not in entry["runs"]:
+                entry["runs"].append(self.run)
+            events.append({"t": t, "ckpt": entry["shown"], "op": op, "size": sig[2]})
+        for path in [p for p in self.seen if p not in found]:
+            del self.seen[path]
+            entry = self.reg["files"].get(path)
+            if entry is not None and not entry.get("gone"):
+                entry["gone"] = t
+                dirty = True
+            events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone", "size": 0})
+        for path, entry in self._unfinished():
+            done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
+            if (path not in moved or done) and is_finished(entry, t, self.settle, self.done_file, done):
+                entry.update(finished=True, finished_at=t)
+                self.just_finished.append(dict(entry, path=path))
+                dirty = True
+        if dirty:
+            save(self.home_root, self.reg)
+        return events
+
+    def _sig(self, path: str, entry):
+        """A finished directory is looked at by its top entry only (a new file in it
+        changes that); everything else is stat'ed or walked in full."""
+        if entry is not None and entry.get("finished") and not entry.get("gone") and entry["sig"][0] == "d":
+            try:
+                top = os.lstat(path).st_mtime_ns
+            except OSError:
+                return None
+            if top <= entry["sig"][3]:
+                return entry["sig"]
+        return signature(path)
+
+    def _profile(self):
+        return next((r["profile"] for r in self.reg["runs"] if r["run"] == self.run), None)
+
+    def close(self, t: float, clean: bool) -> list:
+        """The run ended. Its unfinished checkpoints are finished when it exited 0,
+        else torn (marked so, never a resume point); returns the torn ones."""
+        torn = []
+        for path, e in self._unfinished():
+            if clean:
+                e.update(finished=True, finished_at=t)
+            else:
+                e["torn"] = t
+                torn.append(dict(e, path=path))
+        if torn or clean:
+            save(self.home_root, self.reg)
+        return torn
+
+    def _unfinished(self) -> list:
+        return [(p, e) for p, e in self.reg["files"].items() if e.get("run") == self.run
+                and not e.get("finished") and not e.get("gone") and not e.get("torn")]
+
+    def saving(self) -> list:
+        """This run's checkpoints not finished yet (a save in progress)."""
+        return [dict(e, path=p) for p, e in self._unfinished()]
+
+    def newest_own(self, t: float) -> dict:
+        """The newest finished checkpoint of this run, as a resume point."""
+        return point(newest(self.reg, self.run), t)
+
+
+# ---- at submit -------------------------------------------------------------------------
+
+def owners(home_root: str) -> dict:
+    """{path: job id} of every checkpoint a register records (not gone)."""
+    return {p: reg["job_id"] for reg in all_registers(home_root) for p, e in reg["files"].items()
+            if not e.get("gone")}
+
+
+def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
+    """What a fresh job finds under its checkpoint globs (``patterns``: absolute, one per
+    profile): the checkpoints earlier jobs left, listed with their owner when a register
+    knows it, and ``submit --resume-from PATH|JOB`` resolved into ``job["resume_from"]``
+    (ValueError, one line, when it names nothing usable)."""
+    own = owners(home_root)
+    left = {}
+    for pattern in patterns:
+        for path in matches(pattern):
+            left[path] = {"path": path, "job": own.get(path)}
+    out = {"where": patterns[0] if len(set(patterns)) == 1 else ", ".join(sorted(set(patterns))),
+           "left": [left[p] for p in sorted(left)]}
+    ask = job.pop("resume_from_ask", None)
+    if ask is None:
+        return out
+    path = ask if os.path.isabs(ask) else os.path.join(workdir, ask)
+    if os.path.lexists(path):
+        entry = {"path": os.path.normpath(path), "job": own.get(os.path.normpath(path)), "step": step_of(path)}
+    elif "/" not in ask and os.path.exists(path_of(home_root, ask)):
+        best = newest(load(home_root, ask))
+        if best is None:
+            raise ValueError(f"--resume-from {ask}: that job wrote no finished checkpoint that is still there "
+                             f"(its register: {path_of(home_root, ask)})")
+        entry = {"path": best["path"], "job": ask, "step": best.get("step")}
+    else:
+        raise ValueError(f"--resume-from {ask}: no such checkpoint ({path}) and no job of that id in "
+                         f"{os.path.join(home_root, DIR)}")
+    job["resume_from"] = entry
+    out["resume_from"] = entry
+    return out

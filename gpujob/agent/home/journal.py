@@ -1,0 +1,174 @@
+"""The job journal in the container (stdlib only): the source of truth of every job.
+
+``H/jobs/<job-id>/``: ``job.json`` (what was submitted), ``state.json`` (written
+atomically), ``events.jsonl`` (appended), ``job.log`` (everything the job printed,
+with gpujob's own banner lines), ``prepare.log``, ``warmup.log``, ``train.log``
+(raw output of each phase) and ``control/`` (requests from the controller).
+``H/lock`` is the per-container lock; ``H/ledger/<job name>.json`` the
+known-good ledger of wheel profiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from gpujob.agent.base.fsio import append_record, now, pid_alive, read_json, read_records, write_json
+from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
+
+
+class Home:
+    """Paths under the gpujob home in the container."""
+
+    def __init__(self, home: str):
+        self.root = os.path.abspath(os.path.expanduser(home))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def job_dir(self, job_id: str) -> str:
+        return self.path("jobs", job_id)
+
+    def job_ids(self) -> list:
+        try:
+            names = os.listdir(self.path("jobs"))
+        except OSError:
+            return []
+        dirs = [n for n in names if os.path.exists(self.path("jobs", n, "job.json"))]
+        return sorted(dirs, key=lambda n: os.path.getmtime(self.path("jobs", n, "job.json")))
+
+    def ledger_path(self, name: str) -> str:
+        return self.path("ledger", f"{name}.json")
+
+    def workdir(self, spec: dict) -> str:
+        wd = spec.get("workdir") or os.path.join("work", spec["name"])
+        wd = os.path.expanduser(wd)
+        return wd if os.path.isabs(wd) else self.path(wd)
+
+
+class Journal:
+    """One job's directory. ``generation`` is the lock generation its writer holds
+    (None for readers and for writes that need no lock)."""
+
+    def __init__(self, home: Home, job_id: str, generation: int | None = None):
+        self.home = home
+        self.job_id = job_id
+        self.dir = home.job_dir(job_id)
+        self.generation = generation
+        self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
+        self.on_internal_error = None  # called with one line (the supervisor notifies)
+        self._samples = None  # samples.jsonl's
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    def job(self) -> dict:
+        """job.json (NewerFormat when a newer agent wrote it)."""
+        return check_format(read_json(self.path("job.json"), {}), f"job {self.job_id}'s job.json")
+
+    def state(self) -> dict:
+        """state.json (NewerFormat when a newer agent wrote it: this one never touches it)."""
+        return check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
+
+    def set_state(self, **changes) -> dict:
+        """Update state.json durably. A writer whose lock generation is older than
+        the one that last wrote the state is refused (``Fenced``)."""
+        from gpujob.agent.home.lock import Fenced
+        st = self.state()
+        if self.generation is not None:
+            if int(st.get("generation") or 0) > self.generation:
+                raise Fenced(f"job {self.job_id}: state written by lock generation "
+                             f"{st.get('generation')}, ours is {self.generation}")
+            st["generation"] = self.generation
+        if "step" in changes and changes["step"] != st.get("step"):
+            from gpujob.agent.base import stages
+            refused = stages.check(st.get("step"), changes["step"])  # raises in strict mode
+            if refused is not None:  # production: the last legal step stays, the rest is written
+                changes = {k: v for k, v in changes.items() if k != "step"}
+                self.internal_error(refused)
+        st.update(changes)
+        st["updated_at"] = now()
+        st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
+        write_json(self.path("state.json"), st)
+        return st
+
+    def internal_error(self, line: str) -> None:
+        """gpujob's own bookkeeping went wrong: an event and a notification, never the job's end."""
+        try:
+            self.event("internal_error", error=line)
+            if self.on_internal_error is not None:
+                self.on_internal_error(line)
+        except Exception:
+            pass
+
+    def event(self, kind: str, **data) -> None:
+        rec = {"t": round(now(), 3), "type": kind}
+        rec.update(data)
+        if self._events is None:
+            self._events = os.open(self.path("events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                   | os.O_CLOEXEC, 0o644)
+        append_record(self._events, (json.dumps(rec, sort_keys=True) + "\n").encode())
+
+    def sample(self, **rec) -> int:
+        """Append one full-rate throughput sample to samples.jsonl; returns the byte
+        offset where its record starts."""
+        if self._samples is None:
+            self._samples = os.open(self.path("samples.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                    | os.O_CLOEXEC, 0o644)
+        rec = dict(rec, type="sample")
+        return append_record(self._samples, (json.dumps(rec, sort_keys=True) + "\n").encode())
+
+    def events(self) -> tuple:
+        """(records, skipped lines) of events.jsonl."""
+        return read_records(self.path("events.jsonl"))
+
+    def effective_state(self) -> dict:
+        """state.json, with ``lost`` when its supervisor is gone without a final state."""
+        st = self.state()
+        if st and st.get("state") not in ENDED and not self.supervisor_alive(st):
+            st = dict(st, state=JobState.LOST, reason=st.get("lost_reason") or
+                      "the supervisor is gone without reaching a final state")
+        return st
+
+    def supervisor_alive(self, st: dict | None = None, starting: bool = True) -> bool:
+        """The job's supervisor runs: the one in its state, or (``starting``) one
+        being started right now (the lock's holder, which the starting agent names)."""
+        st = self.state() if st is None else st
+        if pid_alive(st.get("supervisor_pid"), self.job_id, st.get("supervisor_ticks")):
+            return True
+        if not starting:
+            return False
+        from gpujob.agent.home.lock import Lock
+        holder = Lock(self.home.root).holder()
+        return bool(holder and holder.get("job_id") == self.job_id)
+
+    # ---- requests: one ordered queue, kept until acted on ----------------
+    def request(self, kind: str, **data) -> str:
+        """Leave a request for the supervisor (stop, rollback); they are taken in
+        the order they came, except that a pending stop always wins."""
+        os.makedirs(self.path("control"), exist_ok=True)
+        name = f"{time.time_ns():020d}-{os.getpid()}-{kind}.json"
+        write_json(os.path.join(self.path("control"), name), dict(data, kind=kind, at=now()))
+        return name
+
+    def pending(self) -> list:
+        """[(name, request)] oldest first; unreadable ones are skipped."""
+        ctl = self.path("control")
+        try:
+            names = sorted(n for n in os.listdir(ctl) if n.endswith(".json"))
+        except OSError:
+            return []
+        out = []
+        for n in names:
+            req = read_json(os.path.join(ctl, n))
+            if isinstance(req, dict) and req.get("kind"):
+                out.append((n, req))
+        return out
+
+    def done(self, name: str) -> None:
+        """A request has been acted on: it leaves the queue."""
+        try:
+            os.unlink(os.path.join(self.path("control"), name))
+        except OSError:
+            pass

@@ -1,0 +1,193 @@
+"""The supervisor's checkpoint side (stdlib only; a mixin of Supervisor): each trainer
+run's watch of ``train.checkpoint.path`` (agent/home/ckregister.py keeps the register),
+where a resumed trainer starts from (only a checkpoint this job wrote, or the one
+``submit --resume-from`` named), ``{resume_from}`` in ``resume_args``, and a stop or
+rollback that waits for a save in progress before it signals the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpujob.agent.home import ckregister
+from gpujob.agent.judge import checkpoint
+from gpujob.agent.base import defaults
+from gpujob.agent.base.placeholders import substitute
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import OutcomeKind
+
+
+class CheckpointKeep:
+    """Mixin of Supervisor: uses its spec, journal, home, relay, values and say."""
+
+    def checkpoint_cfg(self):
+        """train.checkpoint with its defaults (settle, done_file, save_wait), or None."""
+        return defaults.section(self.spec["train"], "checkpoint")
+
+    def checkpoint_pattern(self, profile: str) -> tuple:
+        """(absolute glob, whether the spec's glob is relative to the workdir)."""
+        pattern = substitute(self.checkpoint_cfg()["path"], self.values(profile))
+        rel = not os.path.isabs(pattern)
+        return (os.path.join(self.workdir, pattern) if rel else pattern), rel
+
+    def checkpoint_watch(self, profile: str, adopt: dict | None):
+        """This trainer run's watch: a new run written into the register before the
+        trainer starts, or (re-adoption) the run a previous supervisor began."""
+        ck = self.checkpoint_cfg()
+        if not ck:
+            return None
+        pattern, rel = self.checkpoint_pattern(profile)
+        args = dict(workdir=self.workdir, shown_relative=rel, settle=ck["settle"], done_file=ck.get("done_file"))
+        name = self.spec.get("name", "")
+        if adopt is not None and adopt.get("ck_run"):
+            w = ckregister.CkWatch.resume(self.home.root, self.job_id, name, adopt["ck_run"], pattern, **args)
+            if w is not None:
+                return w
+        w = ckregister.CkWatch.begin(self.home.root, self.job_id, name, profile, pattern, t=now(), **args)
+        left = ckregister.foreign(w.reg, w.reg["runs"][-1]["before"])
+        if left and w.run == 1:
+            self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
+            self.say(f"{len(left)} checkpoint(s) under {ck['path']} were left by earlier jobs "
+                     f"(e.g. {left[0][0]}): this job never resumes from them"
+                     + (" (submit --resume-from chose one)" if self.job.get("resume_from") else ""))
+        return w
+
+    def poll_checkpoints(self, run, t: float, force: bool = False) -> None:
+        """From the watch loop's periodic check (and the gate): ``run.ckwatch.poll`` (at
+        most every ckregister.POLL_EVERY unless ``force``; [] in between), then
+        ``on_ckpt_events``. Every poll goes through here, so no event is dropped."""
+        if run.ckwatch is None:
+            return
+        events = run.ckwatch.poll(t, force=force)
+        self.on_ckpt_events(run, events, t)
+
+    def close_checkpoints(self, run, returncode) -> None:
+        """The run ended: a last look, then what it left unfinished is finished (it
+        exited 0: its writes are done) or torn (killed or crashed mid-save: never a
+        resume point)."""
+        if run.ckwatch is None:
+            return
+        t = now()
+        self.poll_checkpoints(run, t, force=True)
+        for entry in run.ckwatch.close(t, clean=returncode == 0):
+            self.journal.event("checkpoint_torn", ckpt=entry["shown"], run=run.ckwatch.run, returncode=returncode)
+            self.say(f"checkpoint {entry['shown']} was still being written when the trainer ended "
+                     f"(exit {returncode}): it will not be resumed from")
+
+    def gate(self, run, outcome, t: float):  # called by the watch loop (watch.py)
+        """rollback.wait_for_checkpoint: an automatic rollback of a running trainer waits
+        until this run has written a finished checkpoint (at most checkpoint.hold_limit);
+        anything else passes. A checkpoint this run did not write (an earlier job's
+        ``out/ckpt.pt``, an earlier run's) never releases it."""
+        ck = self.spec["train"].get("checkpoint")
+        if not (ck and self.rb.get("wait_for_checkpoint") and run.phase == "train"):
+            return outcome
+        if outcome is None:
+            if run.held is None:
+                return None
+            outcome = run.held
+        elif outcome.kind != OutcomeKind.SIGNAL or outcome.signal_name not in (self.rb.get("on") or []):
+            return outcome
+        own = {"file": None}
+        if run.ckwatch is not None:
+            self.poll_checkpoints(run, t, force=run.held is None)  # the newest look before deciding
+            own = run.ckwatch.newest_own(t)
+            run.ck_seen = bool(own["file"])
+        waited = t - run.held_at if run.held is not None else 0.0
+        if run.ck_seen or waited > checkpoint.hold_limit(float(ck["every"])):
+            if run.held is not None:
+                why = "a checkpoint exists" if run.ck_seen else "no checkpoint came; rolling back anyway"
+                self.journal.event("rollback_released", waited=round(waited, 2), why=why,
+                                   **{k: own.get(k) for k in ("file", "age", "step")})
+                self.say(f"rollback held {waited:.1f}s: {why}"
+                         + (f" ({checkpoint.saved_by_run(own)})" if run.ck_seen else ""))
+                outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
+                outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
+            return outcome
+        if run.held is None:
+            run.held, run.held_at = outcome, t
+            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
+            self.say(f"{outcome.signal_name}: rollback held until this run writes a finished checkpoint "
+                     f"({ck['path']})")
+        return None
+
+    def on_ckpt_events(self, run, events: list, t: float) -> None:
+        """The register side of the checkpoint events: a checkpoint that appears or
+        goes, and one that is finished, are journalled (a change while it is written is
+        not: the register and the trace hold it)."""
+        for e in events:
+            if e["op"] in ("new", "gone"):
+                self.journal.event("checkpoint", op=e["op"], ckpt=e["ckpt"], size=e["size"], run=run.ckwatch.run)
+        for entry in run.ckwatch.just_finished:
+            self.journal.event("checkpoint_finished", ckpt=entry["shown"], step=entry.get("step"),
+                               size=entry.get("size"), run=run.ckwatch.run,
+                               took=round(entry["finished_at"] - entry["first_seen"], 2))
+        after = getattr(super(), "on_ckpt_events", None)  # the pause side (PhaseWatch), when it has one
+        if after is not None:
+            after(run, events, t)
+
+    def wait_for_save(self, run, proc, t: float) -> None:
+        """A stop or rollback that finds this run's save in progress lets it finish
+        (train.checkpoint.save_wait at most) before the trainer is signalled. Only the
+        saves in progress when it came are waited for: a trainer that saves all the time
+        must not hold a stop for save_wait each time."""
+        if run.ckwatch is None or not proc.running():
+            return
+        self.poll_checkpoints(run, t, force=True)
+        saving = run.ckwatch.saving()
+        if not saving:
+            return
+        limit = float(self.checkpoint_cfg()["save_wait"])
+        names = ", ".join(e["shown"] for e in saving[:3])
+        waiting = {e["path"] for e in saving}
+        self.journal.event("save_wait", checkpoints=[e["shown"] for e in saving], limit=limit)
+        self.say(f"a checkpoint is being saved ({names}): waiting up to {limit:g}s for it to finish "
+                 "before signalling the trainer")
+        while proc.running() and now() - t < limit:
+            self.nap(proc, 0.2)
+            for _ in self.relay.drain():  # job.log keeps up meanwhile
+                pass
+            self.poll_checkpoints(run, now(), force=True)
+            if not [e for e in run.ckwatch.saving() if e["path"] in waiting]:
+                break
+        left = [e for e in run.ckwatch.saving() if e["path"] in waiting]
+        waited = round(now() - t, 2)
+        self.journal.event("save_waited", waited=waited, finished=not left, left=[e["shown"] for e in left])
+        self.say(f"checkpoint save finished after {waited:g}s" if not left else
+                 f"checkpoint save still unfinished after {waited:g}s (train.checkpoint.save_wait): "
+                 f"signalling the trainer anyway")
+
+    def resume_choice(self, profile: str):
+        """Where a resumed trainer starts: the newest finished checkpoint this job wrote,
+        else the one ``submit --resume-from`` named; None when train.checkpoint is unset
+        (gpujob cannot tell, resume_args go as they are); {"file": None} for none."""
+        ck = self.checkpoint_cfg()
+        if not ck:
+            return None
+        t = now()
+        reg = ckregister.load(self.home.root, self.job_id)
+        point = ckregister.point(ckregister.newest(reg), t)
+        given = self.job.get("resume_from")
+        if point["file"] is None and given and os.path.lexists(given["path"]):
+            point = {"file": given["path"], "age": round(max(0.0, t - os.lstat(given["path"]).st_mtime), 1),
+                     "step": given.get("step"), "from_job": given.get("job")}
+        return point
+
+    def resume_args(self, profile: str, resume: bool) -> tuple:
+        """(the arguments added to the trainer's argv, the resume point or None)."""
+        spec_args = list(self.spec["train"].get("resume_args") or [])
+        if not resume:
+            return [], None
+        point = self.resume_choice(profile)
+        if point is None:
+            return spec_args, None
+        note = checkpoint.describe(point)
+        if point["file"] is None:
+            note = "no checkpoint of this job: restarted from scratch, without resume_args"
+            spec_args = []
+        elif point.get("from_job") is not None or self.job.get("resume_from", {}).get("path") == point["file"]:
+            note += f" (submit --resume-from{' ' + point['from_job'] if point.get('from_job') else ''})"
+        self.journal.event("resume_point", note=note, **point)
+        self.journal.set_state(resumed=note)
+        self.say(note)
+        return [substitute(a, {"resume_from": point["file"] or ""}) for a in spec_args], dict(point, note=note)

@@ -1,0 +1,168 @@
+"""The supervisor's phases (stdlib only): the job's environment and secrets, the
+placeholder values, the warmup (fanned out per GPU), the trainer, where a resumed
+trainer starts, and re-adopting a phase command a previous supervisor left. A mixin
+of the Supervisor (supervisor.py), which holds the state these read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+
+from gpujob.agent.base import defaults, envs, jobenv, planshare
+from gpujob.agent.base.placeholders import command_argv, fleet_env, placeholder_env
+from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.base.proc import Phase
+from gpujob.agent.base.protocol import JobState, OutcomeKind
+from gpujob.agent.judge.outcome import EnvError
+from gpujob.agent.judge.outcome import Outcome
+
+SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
+
+
+class Phases:
+    """Mixin of Supervisor: what runs, in which environment."""
+
+    def child_env(self, profile: str, extra: dict | None = None) -> dict:
+        if self._login is None:  # once per supervisor: a login shell costs ~10 ms
+            self._login, source = jobenv.login_env()
+            passed = jobenv.passed_through(dict(os.environ), self.job.get("env_passthrough") or [])
+            self.journal.event("job_env", login=source, passthrough=sorted(passed))
+            self._passed = passed
+        secrets = self.secrets()
+        own = {"GPUJOB_HOME": self.home.root, **placeholder_env(self.values(profile))}  # GPUJOB_GPUS_*, _JOB_ID, ...
+        if self.job.get("fleet"):
+            own.update(fleet_env(self.job["fleet"]["values"]))
+        return jobenv.job_env(self._login, self._passed,
+                              [self.spec.get("env"), secrets.get("env"), self.profiles[profile].get("env"),
+                               (secrets.get("profiles") or {}).get(profile),
+                               envs.cache_env(self.home.root, self.cache_key(profile)), own],
+                              self.journal.path("venv"), extra)
+
+    def secrets(self) -> dict:
+        """The secret env values of the job (secrets.json, 0600), read once; {} without."""
+        if self._secrets is None:
+            self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
+            env_names = [n for n in self.job.get("secret_names") or [] if not n.startswith("notify[")]
+            if env_names and not (self._secrets.get("env") or self._secrets.get("profiles")):
+                raise EnvError("the job's secrets were removed from the container when it ended; "
+                               "submit it again to run it")
+        return self._secrets
+
+    def drop_secrets(self) -> None:
+        """The job has ended: its secrets leave the container (a webhook's stay until
+        the job's last messages are out: notify.py)."""
+        kept = self.notifier.kept_secrets()
+        if kept:
+            try:
+                write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
+                return
+            except OSError:  # a full disk: all of them go
+                pass
+        try:
+            os.unlink(self.journal.path(SECRETS_FILE))
+        except FileNotFoundError:
+            pass
+
+    def values(self, profile: str, gpu=None) -> dict:
+        return planshare.template_values(self.spec, job_id=self.job_id, profile=profile, workdir=self.workdir,
+                                         fleet=self.job.get("fleet"), gpu=gpu)
+
+    # ---- phases ------------------------------------------------------------
+    def warmup(self, profile: str, done: list) -> Outcome:
+        w = defaults.section(self.spec, "warmup")
+        if not w:
+            return Outcome(OutcomeKind.DONE)
+        when = w["when"]
+        gpus = planshare.warmup_gpus(self.spec)
+        digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
+        cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
+        again = bool(self.journal.state().get("warmup_again"))  # after a compile race on a cold cache
+        if not done and not again and (when == "never" or (when == "cold" and cache == "warm")):
+            self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
+            self.say(f"warmup skipped: profile {profile}'s compile cache is {cache}"
+                     + (" (this warmup succeeded on it before)" if cache == "warm" else ""))
+            return Outcome(OutcomeKind.DONE)
+        self.set_state(JobState.WARMUP, phase="warmup", profile=profile)
+        for gpu in gpus:
+            if gpu in done:
+                continue
+            extra = planshare.warmup_env(gpu)
+            argv = command_argv(w["command"], self.values(profile, gpu))
+            where = f" on GPU {gpu}" if gpu is not None else ""
+            self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
+            self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
+            out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
+                             timeout=w["timeout"], watch_tps=False, gpu=gpu)
+            if out.kind != OutcomeKind.DONE:
+                return out
+            done = list(done) + [gpu]
+            self.journal.set_state(warmup_done=done)
+        envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
+                       at=now(), was=cache)
+        self.journal.event("warm_marked", profile=profile, hash=digest)
+        if again:
+            self.journal.set_state(warmup_again=None)
+        return Outcome(OutcomeKind.DONE)
+
+    def train(self, profile: str, resume: bool) -> Outcome:
+        if self.fleet is not None:  # every node's trainer starts together, or none
+            out = self.fleet.barrier(profile)
+            if out is not None:
+                return out
+        t = defaults.section(self.spec, "train")
+        extra, point = self.resume_args(profile, resume)  # {resume_from}: the checkpoint chosen
+        argv = command_argv(t["command"], self.values(profile), extra)
+        env = self.child_env(profile)
+        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts))
+        self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
+        self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
+        if self.rollbacks and "running_at" not in self.rollbacks[-1]:
+            rec = self.rollbacks[-1]
+            if point is not None:
+                rec["resumed"] = point["note"]
+            rec["running_at"] = now()
+            rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
+            rec["timings"] = {"trainer_start": rec["took"]}
+            self.journal.event("rollback_done", **rec)
+            self.journal.set_state(rollbacks=self.rollbacks)
+        self.resumed_policy(profile, resume)
+        started = self.take_standby(profile, extra)
+        if started is None:
+            self.keep_standby(profile)
+        return self.watch(argv, env, "train.log", profile,
+                          timeout=t["timeout"], watch_tps=self.watching,
+                          grace=t["grace"], started=started)
+
+    def resumed_policy(self, profile: str, resume: bool) -> None:
+        """A known-good profile resumed needs no long start-up grace
+        (throughput.resume_initial_delay)."""
+        if self.watching:
+            delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
+            good = resume and delay is not None and self.ledger.status(profile) == "good"
+            self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy
+
+    def readopt(self, child: dict, profile: str):
+        """A phase command recorded in state by a supervisor that is gone: watch it
+        on (warmup, train) or end it (an install: its venv is rebuilt from scratch).
+        Returns its outcome, or None when there is nothing to go on with."""
+        if child.get("phase") == "prepare":
+            proc = Phase.adopt(child)
+            if proc.running():
+                left = proc.kill(5)
+                self.say(f"ended the install left by the previous supervisor (process group "
+                         f"{child['pgid']}{', survivors ' + str(left) if left else ''})")
+                self.journal.event("install_ended", pgid=child["pgid"], left=left)
+            for _ in self.relay.drain():
+                pass
+            self.journal.set_state(child=None)
+            return None
+        logname = child.get("log") or f"{child.get('phase')}.log"
+        if child.get("phase") == "train":
+            self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
+        watch_tps = bool(child.get("watch_tps"))
+        timeout = defaults.section(self.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
+            else defaults.section(self.spec, "train")["timeout"]
+        return self.watch(None, None, logname, child.get("profile") or profile, timeout=timeout,
+                          watch_tps=watch_tps, grace=defaults.section(self.spec, "train")["grace"], adopt=child)

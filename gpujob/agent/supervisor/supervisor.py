@@ -1,0 +1,364 @@
+"""The supervisor: owns one job inside the container, needing no laptop (stdlib only).
+
+prepare env (venv per wheel profile) → warmup → train, while it watches tokens/s
+and failure signals and rolls back to the last known-good profile by itself.
+Everything it does goes to the job's journal (see journal.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import signal
+import sys
+import time
+
+from gpujob.agent.fleet import nodes as fleet
+from gpujob.agent.judge import decide, policy, sources
+from gpujob.agent.base import defaults, planshare
+from gpujob.agent.base.defaults import DEFAULTS
+from gpujob.agent.supervisor.cachekeep import CacheKeep
+from gpujob.agent.supervisor.cksupervise import CheckpointKeep
+from gpujob.agent.base.protocol import ENDED
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledger import Ledger
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import JobState, OutcomeKind
+from gpujob.agent.home.lock import Fenced, Held, Lock
+from gpujob.agent.supervisor.metrics import MetricsFile
+from gpujob.agent.supervisor.notify import Notifier
+from gpujob.agent.base.proc import Phase, keepers_of, kill_group, start_ticks
+from gpujob.agent.home.relay import JobLog, Relay
+from gpujob.agent.home.trim import Trimmer
+from gpujob.agent.supervisor.guard import Safeguards
+from gpujob.agent.supervisor.install import Installer
+from gpujob.agent.supervisor.phases import SECRETS_FILE, Phases
+from gpujob.agent.base.stages import Stage
+from gpujob.agent.supervisor.standby import StandbyKeeper
+from gpujob.agent.supervisor.verdicts import Verdicts
+from gpujob.agent.judge.outcome import EnvError
+from gpujob.agent.supervisor.watch import PhaseWatch
+from gpujob.agent.judge.outcome import Outcome, Stop
+
+
+
+class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
+    """One job's owner in the container. Everything it decides is written to the
+    job's state before it acts, so a supervisor that dies at any moment can be
+    followed by a new one that re-adopts the running command and carries on."""
+
+    def __init__(self, home: str, job_id: str, held: Held | None = None):
+        self.home = Home(home)
+        self.held = held
+        self.journal = Journal(self.home, job_id, generation=held.generation if held else None)
+        self.job_id = job_id
+        self.job = self.journal.job()
+        self.spec = self.job["spec"]
+        self.ledger = Ledger(self.home, planshare.ledger_name(self.job))  # per fleet shape
+        self.profiles = {p["name"]: p for p in self.spec["profiles"]}
+        self.workdir = self.home.workdir(self.spec)
+        self.stop_asked = False
+        self.rollbacks = list(self.journal.state().get("rollbacks") or [])
+        self.restarts = list(self.journal.state().get("restarts") or [])
+        self.joblog = self.relay = None
+        self.phase_proc: Phase | None = None
+        self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
+        self._secrets: dict | None = None
+        tp = defaults.section(self.spec, "throughput")
+        self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
+        self.line_source = None
+        self.tp_scale = 1.0
+        if tp:
+            gpus = self.spec.get("gpus") or {}
+            if tp["scope"] == "per_gpu":
+                group = tp["scope_group"]
+                self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
+            if tp["source"] == "stdout":
+                self.line_source = sources.line_source(tp, self.tp_scale)
+            self.policy = policy.PolicyConfig.from_spec(tp)
+            self.base_policy = self.policy
+            self.start_timeout = tp["start_timeout"]
+        self.rb = defaults.section(self.spec, "rollback")
+        self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
+        self.per_profile_caches = defaults.section(self.spec, "caches")["per_profile"]
+        self.signatures = list(self.rb["error_signatures"] or [])
+        self.grace_after_signature = float(self.rb["signature_grace"])
+        jcfg = defaults.section(self.spec, "journal")
+        self.keep_log = int(jcfg["keep_log"])
+        self.full_rate = float(jcfg["full_rate_samples"])
+        self.trimmer = Trimmer(self.journal.dir)
+        self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
+        self._login: dict | None = None
+        self._passed: dict = {}
+        self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
+        self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
+        self.journal.on_internal_error = lambda line: self.notifier.emit(
+            "internal_error", str(int(now() * 1000)), reason=line)
+        self.metrics = MetricsFile(self.journal, self.job)
+
+    # ---- journal helpers -------------------------------------------------
+    def say(self, text: str) -> None:
+        """A gpujob banner line in job.log (the combined log `gpujob logs` follows),
+        always on a line of its own."""
+        self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
+
+    def set_state(self, state: JobState, **kw) -> None:
+        self.journal.set_state(state=state, **kw)
+        self.journal.event("state", state=state, **{k: v for k, v in kw.items()
+                                                    if k in ("phase", "profile", "reason")})
+        self.metrics.write(force=True)
+
+    # ---- entry -------------------------------------------------------------
+    def main(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        os.makedirs(self.journal.dir, exist_ok=True)
+        fenced = False
+        try:
+            self.joblog = JobLog(self.journal.path("job.log"))
+            self.relay = Relay(self.journal.dir, self.joblog)
+            self.relay.recover()
+            self.notifier.start()
+            if self.journal.state().get("state") in ENDED:  # revived only to deliver its notifications
+                self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()))
+                self.journal.event("notify_resumed", supervisor_pid=os.getpid())
+                return 0
+            self.make_reserve()
+            self.announce()
+            self.lifecycle()
+        except Stop:
+            self.finish(JobState.STOPPED, "stopped on request")
+        except EnvError as e:
+            self.finish(JobState.FAILED, str(e))
+        except Fenced as e:  # a newer holder owns the job now: touch nothing more
+            sys.stderr.write(f"gpujob supervisor: {e}; leaving\n")
+            fenced = True
+            return 3
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self.crashed(e)
+                raise
+            self.disk_full(e)
+        except Exception as e:  # never die silently: the journal says what happened
+            self.crashed(e)
+            raise
+        finally:
+            if self.held:
+                self.held.release()
+            if not fenced:  # the job's last messages go out before the supervisor does (the
+                self.notifier.close()  # container is free meanwhile: its pid in state keeps revive off)
+        return 0
+
+    def announce(self) -> None:
+        """Record that this supervisor owns the job now (and if it took over)."""
+        st = self.journal.state()
+        before = st.get("supervisor_pid")
+        self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()),
+                               started_at=st.get("started_at") or now(),
+                               supervisors=int(st.get("supervisors") or 0) + 1)
+        if self.held:
+            self.held.set_pid(os.getpid())
+        if before and st.get("step"):
+            child = st.get("child")
+            what = f"re-adopting its {child['phase']} (process group {child['pgid']})" if child else \
+                f"resuming at step {st['step']}"
+            self.say(f"supervisor restarted (the previous one, pid {before}, was gone); {what}")
+            if st.get("standby"):  # its FIFO's other end is gone with the old supervisor: start afresh
+                self.standby = Phase.adopt(st["standby"])
+                self.drop_standby()
+            for pid in keepers_of([self.journal.path("standby.exit")]).values():  # one not written down
+                kill_group(pid, 2)
+            self.journal.event("supervisor_restarted", previous_pid=before, step=st.get("step"),
+                               child=child, generation=self.journal.generation)
+
+    def _on_sigterm(self, *_):
+        self.stop_asked = True
+
+    def crashed(self, e: BaseException) -> None:
+        try:
+            self.journal.event("error", error=f"{type(e).__name__}: {e}")
+            self.finish(JobState.FAILED, f"supervisor error: {type(e).__name__}: {e}")
+        except Exception:
+            pass
+
+    def finish(self, state: JobState, reason: str, **kw) -> None:
+        if self.phase_proc is not None and self.phase_proc.running():
+            left = self.phase_proc.kill(5)
+            kw.setdefault("left", left)
+        self.drop_standby()
+        if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
+            self.notifier.emit("success" if state == JobState.SUCCEEDED else "failure", "end", reason=reason,
+                               profile=self.journal.state().get("profile"), signal=kw.get("signal"),
+                               exit_code=kw.get("exit_code"), rollbacks=len(self.rollbacks))
+        self.drop_secrets()
+        self.drop_boot_hook()
+        self.say(f"job {state}: {reason}")
+        self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
+        for name, _req in self.journal.pending():  # nothing is left to act on them
+            self.journal.done(name)
+        self.drop_reserve()
+        if self.fleet is not None:  # every node hears how it ended
+            self.fleet.ended(state, reason)
+
+    # ---- the job: a state machine whose every step is in state.json --------
+    def lifecycle(self) -> None:
+        if self.fleet is not None:
+            if not self.fleet.wait_go():  # every node's lock taken? (else it ended here)
+                return
+            self.fleet.start()
+        while True:
+            st = self.journal.state()
+            if st.get("state") in ENDED:
+                return
+            step = Stage.of(st.get("step")) or Stage.ENV
+            profile = st.get("profile") or self.job["profile"]
+            child = st.get("child")
+            if st.get("child_starting") and not child:  # a start its predecessor did not write down
+                self.find_started(st["child_starting"])
+                continue
+            if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
+                self.take_snapshot(st["snapshot_due"])
+                continue
+            if child:
+                out = self.readopt(child, profile)
+                if out is None:
+                    continue
+                if child.get("phase") == "warmup" and out.kind == OutcomeKind.DONE:
+                    self.journal.set_state(warmup_done=sorted(set(st.get("warmup_done") or [])
+                                                              | {child.get("gpu")}, key=str))
+                    continue
+            else:
+                out = self.requests()
+                if out is None:
+                    if step == Stage.ROLLBACK:
+                        self.switch(st["pending_rollback"])
+                        continue
+                    if step == Stage.ENV:
+                        self.set_state(JobState.PREPARING, phase="env", profile=profile)
+                        self.activate(profile)
+                        cold = bool(self.job.get("clear_caches") and not st.get("resume"))
+                        if cold:
+                            self.clear_caches(profile)
+                        self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
+                        continue
+                    if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
+                        self.cache_step(profile, bool(st.get("cache_cold")))
+                        self.journal.set_state(step=Stage.WARMUP)
+                        continue
+                    if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
+                        out = Outcome(OutcomeKind.DONE, exit_code=0)
+                    elif step == Stage.WARMUP:
+                        out = self.warmup(profile, st.get("warmup_done") or [])
+                        if out.kind == OutcomeKind.DONE:
+                            self.journal.set_state(step=Stage.TRAIN)
+                            continue
+                    else:
+                        out = self.train(profile, bool(st.get("resume")))
+            restarts_before = len(self.restarts)
+            if self.handle(out, profile):
+                return
+            if self.fleet is not None:  # the leader relaunches every node on its decision
+                self.fleet.decided(out, profile, restarts_before)
+
+    def find_started(self, rec: dict) -> None:
+        """The command a dead supervisor was starting: adopt it if it runs, else forget it."""
+        pid = keepers_of([rec["exit_file"]]).get(rec["exit_file"])
+        if pid is None and os.path.exists(rec["exit_file"]):  # it ran and ended already
+            pid = -1
+        if pid is None:
+            self.journal.set_state(child_starting=None)
+            return
+        child = dict(rec, pgid=pid if pid > 0 else 0, ticks=start_ticks(pid) if pid > 0 else None)
+        self.journal.event("found_started", phase=rec.get("phase"), pgid=child["pgid"])
+        self.journal.set_state(child=child, child_starting=None)
+
+    def handle(self, out: Outcome, profile: str) -> bool:
+        """Act on how a phase ended; True when the job is over. What to do is
+        ``decide.next_action``'s (pure); this carries it out (verdicts.py)."""
+        if self.fleet is not None:
+            over = self.fleet.handle(out, profile)
+            if over is not None:
+                return over
+        if out.kind == OutcomeKind.SIGNAL:
+            if self.disk_is_full():
+                raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
+            if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
+                return False
+        action = decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
+                                    self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
+                                    DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
+        return self.carry_out(action, out, profile)
+
+    def auto_rollbacks(self) -> list:
+        return [r for r in self.rollbacks if r.get("signal") != "manual"]
+
+    def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool,
+                      suspect: dict | None = None) -> None:
+        """Write the rollback down before doing any of it (with the suspect it leaves, which
+        a new supervisor goes on confirming), then let ``switch`` do it."""
+        pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
+                   "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
+                   "request": out.request}
+        self.journal.set_state(step=Stage.ROLLBACK, pending_rollback=pending, suspect=suspect,
+                               judging_suspended=None)
+        if out.request:
+            self.journal.done(out.request)
+
+    def switch(self, p: dict) -> None:
+        """Carry out a written-down rollback (again, if a supervisor died during it)."""
+        if not p.get("recorded"):
+            if p.get("mark_bad"):
+                self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id)
+            rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
+                   "decided_at": p["decided_at"], "request": p.get("request")}
+            self.rollbacks.append(rec)
+            self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            self.notifier.emit("rollback", str(len(self.rollbacks)), **{k: rec[k] for k in
+                                                                         ("from", "to", "reason", "signal")})
+            p = dict(p, recorded=True)
+            self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
+            self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
+        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"])
+        if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
+            self.drop_standby()
+        self.activate(p["to"])
+        self.journal.set_state(step=Stage.RESTORE, profile=p["to"], resume=True, warmup_done=[],
+                               pending_rollback=None, cache_cold=False)
+
+    def requests(self):
+        """The next request to act on: a pending stop always wins; else the oldest
+        rollback not yet taken. Requests stay queued until acted on."""
+        if self.stop_asked:
+            return Outcome(OutcomeKind.STOP)
+        taken = {r.get("request") for r in self.rollbacks}
+        rollback = None
+        for name, req in self.journal.pending():
+            if req["kind"] == "stop":
+                self.stop_asked = True
+                return Outcome(OutcomeKind.STOP)
+            if req["kind"] == "rollback" and rollback is None:
+                if name in taken:
+                    self.journal.done(name)
+                    continue
+                rollback = Outcome(OutcomeKind.ROLLBACK, reason=req.get("reason") or "rolled back by hand",
+                                   to=req.get("to"), request=name, mark_bad=req.get("mark_bad", True))
+        return rollback
+
+
+
+restart_refusal = decide.restart_refusal  # where it was
+
+
+def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | None = None) -> int:
+    held = Lock.inherit(lock_fd, generation, job_id, home) if lock_fd is not None else None
+    try:
+        sup = Supervisor(home, job_id, held)
+    except Exception as e:  # a job it cannot even read must not look merely "lost"
+        journal = Journal(Home(home), job_id, generation)
+        journal.set_state(state=JobState.FAILED, phase="done", finished_at=now(),
+                          reason=f"supervisor could not start: {type(e).__name__}: {e}")
+        if held:
+            held.release()
+        raise
+    return sup.main()

@@ -1,0 +1,139 @@
+"""Carrying out ``decide.next_action`` and a rollback's confirmation (stdlib only; a
+mixin like PhaseWatch: it uses the supervisor's journal, ledger, notifier and policy).
+
+- ``carry_out``: what ``Supervisor.handle`` does with an Action;
+- ``review``: each verdict on a training run's samples, called once from the watch
+  loop: the suspect's confirmation on the rollback target (marked bad when the
+  target held for ``rollback.confirm``), and judging suspended after a no-recovery
+  until a new baseline holds;
+- ``refuse_promotion``: the known-good rule when there is no floor and no baseline.
+"""
+
+from __future__ import annotations
+
+from gpujob.agent.judge import decide, policy, throughput
+from gpujob.agent.base import defaults
+from gpujob.agent.judge.decide import Do
+from gpujob.agent.base.fsio import now
+from gpujob.agent.base.protocol import JobState, Verdict
+from gpujob.agent.base.stages import Stage
+
+
+class Verdicts:
+    def carry_out(self, a, out, profile: str) -> bool:
+        """Do what ``a`` (a decide.Action) says; True when the job is over."""
+        from gpujob.agent.judge.outcome import Stop
+        for kind, fields in a.events:
+            self.journal.event(kind, **fields)
+        if a.verdict == "no_recovery":
+            self.say(a.reason)
+            self.notifier.emit("no_recovery", f"{profile}.{len(self.rollbacks)}", to=profile, reason=a.reason,
+                               profile=profile)
+        if a.do == Do.SUCCEED:  # written first: a new supervisor finishes the job, never reruns it
+            self.journal.set_state(step=Stage.SUCCEEDED)
+            self.suspect_at_exit(profile, a.suspect)
+            if not self.watching and self.ledger.status(profile) != "good":
+                self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
+                self.mark_good(profile, reason="job succeeded")
+            else:
+                self.ensure_snapshot(profile)
+            self.finish(JobState.SUCCEEDED, a.reason, exit_code=0)
+            return True
+        if a.do == Do.STOP:
+            raise Stop()
+        if a.do == Do.ALREADY_ON:
+            self.journal.done(out.request)
+            self.say(a.reason)
+            return False
+        if a.do == Do.ROLLBACK:
+            self.plan_rollback(profile, a.target, out, a.signal, mark_bad=a.mark_bad, suspect=a.suspect)
+            return False
+        if a.do == Do.RESTART:
+            self.restarts.append(a.restart)
+            self.journal.event("restart", **a.restart)
+            self.say(f"RESTART on {profile} ({len(self.restarts)}): {a.reason}")
+            if a.fields.get("warmup_again"):  # a compile race on a cold cache: the warmup fills it first
+                self.say(f"the warmup runs again first: it compiles in one thread into {profile}'s cache")
+                self.journal.set_state(restarts=self.restarts, step=Stage.WARMUP, warmup_done=[],
+                                       warmup_again=True, resume=True)
+                return False
+            self.journal.set_state(restarts=self.restarts, step=Stage.TRAIN, resume=True)
+            return False
+        if a.do == Do.CONTINUE:
+            held = {"since": now(), "profile": profile, "reason": a.reason}
+            self.journal.event("judging_suspended", **held)
+            self.say(a.reason)
+            self.journal.set_state(step=Stage.TRAIN, resume=True, suspect=None, judging_suspended=held)
+            return False
+        self.journal.set_state(suspect=None)
+        self.finish(JobState.FAILED, a.reason, signal=a.signal, exit_code=out.exit_code)
+        return True
+
+    def suspect_at_exit(self, profile: str, suspect) -> None:
+        """The trainer on the rollback target exited 0: without a throughput watch that is its
+        recovery; with one, a confirmation not finished leaves the suspect unjudged."""
+        if not suspect or suspect.get("target") != profile:
+            return
+        if not self.watching:
+            self.confirm_suspect(dict(suspect, confirmed_at=now()), "the target's trainer exited 0")
+        else:
+            self.journal.event("confirmation_unfinished", suspect=suspect["profile"], target=profile,
+                               why=f"the job ended before {profile} held for rollback.confirm")
+            self.say(f"{suspect['profile']} stays {suspect.get('status_before')}: the job ended before "
+                     f"{profile} held for rollback.confirm")
+            self.journal.set_state(suspect=None)
+
+    def confirm_suspect(self, s: dict, how: str) -> None:
+        """The target recovered: now the suspect is marked bad, with the breach's evidence
+        and the recovery's."""
+        ev = dict(s.get("evidence") or {}, confirmed_by={"target": s["target"], "how": how,
+                                                         "held_for": s.get("held_for"),
+                                                         "at": s.get("confirmed_at")})
+        self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job_id)
+        self.journal.event("suspect_confirmed", suspect=s["profile"], target=s["target"], how=how)
+        self.say(f"{s['profile']} marked bad: {s['target']} recovered ({how})")
+        self.journal.set_state(suspect=None)
+
+    def review(self, run, d, t: float):
+        """One verdict on a run's samples (the watch loop's single call): the suspect's
+        confirmation, and judging suspended. Returns the verdict to act on."""
+        if run.phase != "train":
+            return d
+        if not hasattr(run, "suspect"):  # read once per run: written only by this supervisor
+            st = self.journal.state()
+            run.suspect, run.suspended = st.get("suspect"), st.get("judging_suspended")
+        s = run.suspect
+        if s and s.get("target") == run.profile:
+            confirm = float(defaults.section(self.spec, "rollback")["confirm"])
+            status, s2 = decide.confirmation(s, d.verdict, t, confirm)
+            if status == "confirmed":
+                run.suspect = None
+                self.confirm_suspect(s2, f"held at or above {throughput.fmt_rate(d.evidence.get('threshold') or 0)}"
+                                         f" tok/s for {s2['held_for']:g}s (rollback.confirm {confirm:g}s)")
+            elif s2.get("ok_since") != s.get("ok_since"):
+                run.suspect = s2
+                self.journal.set_state(suspect=s2)  # the clock survives a death
+        if run.suspended and run.suspended.get("profile") == run.profile:
+            base = policy.known_good(self.policy, run.samples, t, max(run.start, run.suspended["since"]), None)
+            if base is not None:
+                run.baseline, run.suspended = base, None
+                self.journal.event("judging_resumed", profile=run.profile, baseline=base)
+                self.say(f"judging resumed on {run.profile}: new baseline {throughput.fmt_rate(base)} tok/s")
+                self.journal.set_state(judging_suspended=None, run_baseline=base)
+            elif d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
+                return policy.Decision(Verdict.INCONCLUSIVE, f"judging suspended until a new baseline holds "
+                                       f"({d.reason})", d.evidence)
+        return d
+
+    def refuse_promotion(self, run) -> bool:
+        """True (and said once) when a profile that held steady may not become known-good."""
+        tp = self.spec.get("throughput") or {}
+        led = self.ledger.read()
+        why = decide.promotion(self.policy.min is not None, run.baseline, tp.get("baseline"),
+                               bool(self.job.get("accept_baseline")), self.ledger.ever_good(led))
+        if why is None:
+            return False
+        run.good_known = True  # asked once per run
+        self.journal.event("not_promoted", profile=run.profile, why=why)
+        self.say(f"profile {run.profile} {why}")
+        return True

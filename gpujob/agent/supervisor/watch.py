@@ -1,0 +1,416 @@
+"""Watching one phase command (stdlib only): start it under its keeper, relay its
+log into job.log, read its lines for throughput samples and failure signals, and
+end it when a decision or a request says so. The same loop watches a command a
+previous supervisor started (re-adoption): the command never depended on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+import subprocess
+import time
+
+from gpujob.agent.supervisor import hang
+from gpujob.agent.home import ckregister, snapshots
+from gpujob.agent.judge import checkpoint, policy, signals, throughput, timings
+from gpujob.agent.supervisor.filesource import FileSource
+from gpujob.agent.base.fsio import now
+from gpujob.agent.judge.outcome import Outcome
+from gpujob.agent.supervisor.boothook import boot_identity
+from gpujob.agent.base.placeholders import substitute
+from gpujob.agent.base import defaults
+from gpujob.agent.base.defaults import DEFAULTS
+from gpujob.agent.base.proc import Phase
+from gpujob.agent.base.protocol import FailureSignal, JobState, OutcomeKind, Verdict
+from gpujob.agent.home.trim import read_jsonl_from
+from gpujob.agent.supervisor.watchpause import PauseWatch
+
+POLL = 0.05            # seconds between looks at a quiet log
+COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
+                       # 50 lines of a trainer printing 1000 lines/s instead of one per line
+                       # (CPU); job.log lags the trainer by 50 ms at most
+COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
+STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
+TAIL_LINES = 200
+
+
+class _Run:
+    """What one run of a phase command knows while the supervisor watches it."""
+
+    def __init__(self, sup, logname: str, profile: str, timeout, watch_tps: bool,
+                 start: float | None = None):
+        self.phase = logname[:-len(".log")]
+        self.profile = profile
+        self.timeout = timeout
+        self.watch_tps = watch_tps
+        self.start = start or now()
+        self.samples: list = []
+        self.baseline = (sup.spec.get("throughput") or {}).get("baseline") or sup.ledger.baseline(profile) or \
+            sup.ledger.baseline(sup.ledger.last_good() or "")  # the user's (throughput.baseline) first
+        self.good_known = sup.ledger.status(profile) == "good"
+        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.hits: list = []
+        self.hit_at = None  # (when, signal) of the first error signature printed
+        self.last_state = self.last_check = self.last_gpu = 0.0
+        self.last_trim = self.start
+        self.minute: list = []  # sample values since the last samples_1m summary
+        self.minute_start = self.start
+        self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
+        self.held = None  # an automatic rollback waiting for the first checkpoint
+        self.held_at = 0.0
+        self.ck_seen = False
+        self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
+        self.last_verdict = None
+        self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
+        gpus = sup.spec.get("gpus") or {}
+        self.idle_gpus: list = []
+        if self.idle_cfg:
+            self.idle_gpus = list(gpus[self.idle_cfg["group"]]) if self.idle_cfg.get("group") else \
+                sorted({g for ids in gpus.values() for g in ids})
+        self.idle_poll = min(10.0, max(0.5, self.idle_cfg["for"] / 5)) if self.idle_cfg else 0
+        self.gpu_history: list = []
+
+
+def gpu_utilisation(gpus: list) -> float | None:
+    """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                            "--format=csv,noheader,nounits"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    util = {}
+    for line in p.stdout.decode("utf-8", "replace").splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                util[int(parts[0])] = float(parts[1])
+            except ValueError:
+                pass
+    seen = [util[g] for g in gpus if g in util]
+    return max(seen) if seen and len(seen) == len(gpus) else None
+
+
+class PhaseWatch(PauseWatch):
+    """The supervisor's half that runs and watches phase commands (a mixin: it
+    uses the supervisor's journal, relay, policy and requests)."""
+
+    grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
+    start_timeout = None  # throughput.start_timeout (the supervisor sets the spec's)
+    fleet = None  # a multi-node job's leader or follower (agent/fleet/nodes.py)
+
+    def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
+        """Start a phase command (or take ``started``: (a Phase already running, where
+        its output starts in the log)); its record goes to state before anything else."""
+        log_path = self.journal.path(logname)
+        phase = logname[:-len(".log")]
+        rec = dict(phase=phase, log=logname, started_at=now(), boot=boot_identity(), **extra)
+        if started is not None:
+            proc, log_start = started
+        else:
+            log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+            exit_file = self.journal.path(f"{phase}.exit")
+            # written before the start: a supervisor dying right after it finds the command
+            # by its keeper's exit file (proc.keepers_of) instead of starting a second one
+            self.journal.set_state(child_starting=dict(rec, exit_file=exit_file, log_start=log_start))
+            proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path, exit_file=exit_file)
+        self.phase_proc = proc
+        rec = dict(proc.record(), log_start=log_start, **rec)
+        self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid, child_starting=None)
+        self.relay.follow(logname, log_start)
+        return proc
+
+    def end_phase(self) -> None:
+        self.phase_proc = None
+        self.journal.set_state(child=None, child_pid=None, ending=None)
+
+    def nap(self, proc: Phase, seconds: float) -> None:
+        """Wait ``seconds``, or less if the command exits meanwhile."""
+        fd = proc.wait_fd()
+        if fd is not None:
+            select.select([fd], [], [], seconds)
+        else:
+            time.sleep(seconds)
+
+    def samples_since(self, start: float) -> list:
+        """The samples a previous supervisor recorded for this run (re-adoption)."""
+        records = read_jsonl_from(self.journal.path("samples.jsonl"), self.trimmer.start_of("samples.jsonl"))
+        return [policy.Sample(r["t"], r["value"], r.get("step")) for r in records
+                if r.get("t", 0) >= start and "value" in r]
+
+    def keep_small(self, run, t: float) -> None:
+        """The logs cut to their size (a stat each); once a minute a summary of the
+        minute's samples into events.jsonl and the samples cut to their full-rate span."""
+        self.trimmer.trim("job.log", self.keep_log)
+        if self.relay.src:
+            self.trimmer.trim(self.relay.src, self.keep_log, upto=self.relay.offset)
+        if t - run.last_trim < 60:
+            return
+        run.last_trim = t
+        self.summarise(run, t)
+        for t_mark, offset in list(self.sample_marks):
+            if t - t_mark <= self.full_rate:
+                break
+            self.sample_marks.popleft()
+            self.trimmer.trim_before("samples.jsonl", offset)
+
+    def summarise(self, run, t: float) -> None:
+        """One ``samples_1m`` record for the samples since the last one."""
+        fresh = run.minute
+        run.minute = []
+        if not fresh:
+            return
+        values = sorted(fresh)
+        self.journal.event("samples_1m", since=round(run.minute_start, 3), n=len(values),
+                           median=values[len(values) // 2], min=values[0], max=values[-1],
+                           profile=run.profile, verdict=run.last_verdict)
+        run.minute_start = t
+
+    def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0, gpu=None,
+              adopt: dict | None = None, started=None) -> Outcome:
+        """Run one phase command (or go on watching ``adopt``, a command a previous
+        supervisor started); parse its output; act on signals and requests."""
+        os.makedirs(self.workdir, exist_ok=True)
+        if adopt is not None:
+            proc = Phase.adopt(adopt)
+            self.phase_proc = proc
+            run = self.new_run(logname, profile, timeout, watch_tps, adopt.get("started_at"), adopt)
+            run.samples = self.samples_since(run.start) if watch_tps else []
+            self.relay.follow(logname, adopt.get("log_start", 0))
+            self.journal.event("readopted", phase=run.phase, pgid=proc.pgid, running=proc.running(),
+                               samples=len(run.samples))
+        else:
+            run = self.new_run(logname, profile, timeout, watch_tps, None)
+            if watch_tps and self.start_timeout:  # a start hang on an empty cache is the compile race
+                run.cold_cache = snapshots.cache_files(self.home.root, self.cache_key(profile)) == 0
+            extra = {"profile": profile, "gpu": gpu, "watch_tps": watch_tps, "cold_cache": run.cold_cache}
+            if run.ckwatch is not None:  # a re-adopting supervisor takes this run's watch over
+                extra["ck_run"] = run.ckwatch.run
+            proc = self.start_phase(argv, env, self.workdir, logname, extra, started)
+            self.journal.set_state(phase_started_at=run.start)
+        split = throughput.LineSplitter()
+        # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
+        outcome = hang.predecessor_outcome(self, proc, Outcome) if adopt is not None else None
+        while outcome is None:
+            chunk = self.relay.poll()
+            t = now()
+            lines = split.feed(chunk) if chunk else []
+            if not chunk and not proc.running():
+                for rest in self.relay.drain():
+                    lines += split.feed(rest)
+                lines += split.flush()  # a last line without a newline counts too
+                outcome = self.poll_source(run, t)  # a metrics file's last records
+            for line in lines:
+                if outcome:  # a decision already taken (from the file's last records) stands
+                    break
+                outcome = self.on_line(run, line, t)
+            if outcome is None and t - run.last_check >= 0.2:
+                run.last_check = t
+                outcome = self.poll_source(run, t) or self.check(run, t)
+                self.keep_small(run, t)
+                self.trace_writer().tick(t)
+            outcome = self.gate(run, outcome, t)
+            if outcome is not None or (not chunk and not proc.running()):
+                break
+            if not chunk:
+                self.nap(proc, POLL)
+            elif len(chunk) < COALESCE_BELOW:
+                self.nap(proc, COALESCE)
+        if outcome is not None:
+            self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
+            if outcome.kind == OutcomeKind.STOP:
+                self.set_state(JobState.STOPPING, phase=run.phase)
+            if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
+                hang.end_hung(self, proc, run, outcome)  # its stacks first (journal, logs --stacks)
+            else:  # a hung trainer finishes no save; any other first ends the save it is in
+                self.wait_for_save(run, proc, now())
+            left = proc.kill(grace)
+            self.journal.event("group_stopped", pgid=proc.pgid, left=left)
+            for _ in self.relay.drain():  # what it printed while dying
+                pass
+        self.keep_small(run, now())
+        self.summarise(run, now())
+        if run.samples and outcome is None:  # the last word on this run's throughput
+            self.publish(run.samples, self.decide_now(run, now()), run.baseline)
+        code = proc.returncode
+        self.close_checkpoints(run, code)
+        self.trace_end(code, now())
+        self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
+        self.end_phase()
+        if outcome is not None:
+            return outcome
+        if code == 0:
+            return Outcome(OutcomeKind.DONE, exit_code=0)
+        if adopt is not None and code is None and adopt.get("boot") not in (None, boot_identity()):
+            reason = f"the container restarted while {run.phase} ran (exit status unknown)"
+            self.say(f"{run.phase} failed: {reason}")
+            if self.spec.get("resume_after_reboot"):
+                return Outcome(OutcomeKind.SIGNAL, "container_restart", reason, {"tail": list(run.tail)[-10:]})
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, reason, {"tail": list(run.tail)[-10:]})
+        sig = -code if code is not None and code < 0 else None
+        name, reason = signals.classify_exit(code if code is None or code >= 0 else None, sig,
+                                                run.hits + list(run.tail), self.signatures)
+        self.say(f"{run.phase} failed: {reason}")
+        return Outcome(OutcomeKind.SIGNAL, name, reason, {"returncode": code, "tail": list(run.tail)[-10:]},
+                       exit_code=code)
+
+    def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
+        run = _Run(self, logname, profile, timeout, watch_tps, start)
+        run.cold_cache = bool((adopt or {}).get("cold_cache"))
+        self.pause_setup(run)
+        run.source = self.make_source(profile, adopt) if watch_tps else None
+        if run.phase == "train":
+            run.ckwatch = self.checkpoint_watch(profile, adopt)
+        return run
+
+    def make_source(self, profile: str, adopt: dict | None):
+        """The run's throughput source: output lines, or the metrics file (from where
+        a previous supervisor left it, when re-adopting)."""
+        tp = defaults.section(self.spec, "throughput")
+        if tp is None or tp["source"] != "file":
+            return self.line_source
+        path = substitute(tp["path"], self.values(profile))
+        path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
+        # where a previous supervisor had read to (state.json's top level; None on a fresh start)
+        offset = self.journal.state().get("source_offset") if adopt is not None else None
+        return FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
+
+    def poll_source(self, run, t: float):
+        """The samples a metrics-file source has gained (none for a line source): the first
+        outcome they lead to, or None."""
+        outcome = None
+        for value, step in run.source.poll() if run.source else ():
+            outcome = outcome or self.on_sample(run, value, step, t)
+        return outcome
+
+    def on_line(self, run, line: str, t: float):
+        """One line of output: error signatures, then (in training) a throughput sample."""
+        run.tail.append(line)
+        self.pause_line(run, line, t)
+        hit = signals.scan_line(line, self.signatures)
+        if hit:
+            run.hits.append(line)
+            run.hit_at = run.hit_at or (t, hit)
+        if not run.watch_tps:
+            return None
+        got = run.source.from_line(line) if run.source else None
+        if got is None:
+            return None
+        return self.on_sample(run, got[0], got[1], t)
+
+    def on_sample(self, run, value: float, step, t: float):
+        """One throughput sample of this node's trainer; a multi-node job's leader judges
+        the aggregate, a follower only reports it (agent/fleet/nodes.py)."""
+        if self.fleet is not None:
+            return self.fleet.own_sample(run, value, step, t)
+        return self.judge_sample(run, value, step, t)
+
+    def judge_sample(self, run, value: float, step, t: float):
+        """One throughput sample, from whichever source: the policy, the journal, the ledger."""
+        run.samples.append(policy.Sample(t, value, step))
+        if len(run.samples) > 50000:
+            del run.samples[:25000]
+        d = self.decide_now(run, t)
+        d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
+        at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
+                                 median=d.evidence.get("median"), profile=run.profile)
+        if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
+            self.sample_marks.append((t, at))
+        run.minute.append(value)
+        if d.verdict != run.last_verdict or d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
+            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+            self.trace_decision(d, t)
+            run.last_verdict = d.verdict
+        if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
+            self.publish(run.samples, d, run.baseline)
+            if run.source is not None and run.source.position() is not None:
+                self.journal.set_state(source_offset=run.source.position())  # for a re-adopting supervisor
+            run.last_state = t
+        rec = self.rollbacks[-1] if self.rollbacks and run.phase == "train" else None
+        if timings.pending(rec):  # decision -> first sample -> first good -> first ok
+            for mark, secs in timings.on_sample(rec, t, value, d.evidence.get("threshold"), d.verdict):
+                self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
+                self.journal.set_state(rollbacks=self.rollbacks)
+        if d.verdict == Verdict.ROLLBACK:
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
+        if not run.good_known:
+            base = self.known_good_now(run, t)
+            if base is not None and not self.refuse_promotion(run):
+                run.good_known = True
+                self.journal.event("known_good", profile=run.profile, baseline=base)
+                self.notifier.emit("known_good", f"{run.profile}.{len(self.rollbacks)}", profile=run.profile,
+                                   baseline=base)
+                self.say(f"profile {run.profile} is now known-good "
+                         f"(baseline {throughput.fmt_rate(base)} tok/s)")
+                self.mark_good(run.profile, baseline=base,  # the ledger, then a cache snapshot
+                               reason=f"held {throughput.fmt_rate(base)} tok/s for "
+                                      f"{self.policy.good_after:g}s")
+                run.baseline = run.baseline or base
+        return None
+
+    def check(self, run, t: float):
+        """The checks made every 0.2 s whether or not output came: requests, a hung
+        trainer after an error signature, the phase timeout, idle GPUs, a stall."""
+        self.poll_checkpoints(run, t)  # the register, and the events of CONTRACT.md
+        outcome = self.fleet.poll(run, t) if self.fleet is not None else None
+        outcome = outcome or self.requests()
+        if outcome:
+            return outcome
+        acted_on = (self.rb.get("on") or []) + (self.rb.get("stop_on") or []) + [FailureSignal.COMPILE_RACE]
+        if run.hit_at and t - run.hit_at[0] > self.grace_after_signature and run.hit_at[1] in acted_on:
+            _name, reason = signals.classify_exit(1, None, run.hits, self.signatures)
+            return Outcome(OutcomeKind.SIGNAL, run.hit_at[1], f"{reason} (the process kept running "
+                           f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:], "hung": True})
+        if run.timeout and t - run.start > run.timeout:
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
+        first = run.samples[0].t if run.samples else run.start
+        if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
+                t >= first + (self.policy.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
+            # start-up (imports, compile) idles the GPUs: watched from the first sample (plus the
+            # initial delay, which counts from it) on; a pause (save, eval) is not idleness
+            run.last_gpu = t
+            outcome = self.check_gpu_idle(run, t)
+            if outcome:
+                return outcome
+        if run.watch_tps and not run.samples and self.start_timeout:  # before the first sample: start_timeout's
+            if t - run.start > self.start_timeout:
+                name, reason, ev = hang.start_hang(run.phase, t - run.start, self.start_timeout, run.cold_cache)
+                self.journal.event("decision", verdict=name, reason=reason, evidence=ev)
+                return Outcome(OutcomeKind.SIGNAL, name, reason, ev)
+        elif run.watch_tps:
+            d = self.decide_now(run, t)
+            if d.verdict == Verdict.STALL:
+                self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+                return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, dict(d.evidence, hung=True))
+        return None
+
+    def check_gpu_idle(self, run, t: float):
+        cfg = run.idle_cfg
+        util = gpu_utilisation(run.idle_gpus)
+        if util is None:
+            return None
+        run.gpu_history.append((t, util))
+        del run.gpu_history[:-1000]
+        self.journal.event("gpu_util", group=cfg["group"], max=util)
+        ck = self.spec["train"].get("checkpoint")
+        saved = ckregister.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
+        idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
+                                                  max(saved[0][1] if saved else 0.0, min(last_pause, t)),
+                                                  run.save_time)
+        if idle < max(cfg["for"], 2 * run.save_time):  # shorter than a checkpoint save: not idle
+            return None
+        return Outcome(OutcomeKind.SIGNAL, FailureSignal.GPU_IDLE,
+                       f"GPUs {cfg.get('group') or 'all'} ({','.join(map(str, run.idle_gpus))}) "
+                       f"under {cfg['below']:g}% for {idle:.0f}s",
+                       {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
+                        "history": run.gpu_history[-10:]})
+
+    def publish(self, samples: list, d, baseline) -> None:
+        values = [s.value for s in samples[-120:]]
+        self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
+                               window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
+                               baseline=baseline)
+        self.metrics.write()
+

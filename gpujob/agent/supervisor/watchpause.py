@@ -1,0 +1,75 @@
+"""The watch loop's pause and trace side (stdlib only; a mixin of the supervisor,
+like PhaseWatch): checkpoint file events and ``throughput.pause_pattern`` lines open
+pauses (agent/judge/pauses.py, pure), the policy is asked with them, and the run's
+trace (agent/base/trace.py) gets every output line and checkpoint event."""
+
+from __future__ import annotations
+
+import re
+
+from gpujob.agent.judge import policy
+from gpujob.agent.base import defaults, trace
+from gpujob.agent.judge.pauses import Pauses
+
+
+class PauseWatch:
+    _pause_rx = None
+
+    def pause_setup(self, run) -> None:
+        """A run's pauses and its trace segment (called when its watch starts)."""
+        tp = defaults.section(self.spec, "throughput") or {}
+        ck = (self.spec.get("train") or {}).get("checkpoint") or {}
+        run.pauses = Pauses(float(tp.get("pause_tail") or 0.0), ckpt_every=ck.get("every"))
+        run.memo = {}
+        pat = tp.get("pause_pattern")
+        self._pause_rx = re.compile(pat) if pat else None
+        tr = self.trace_writer()
+        tr.write({"t": round(run.start, 3), "run": {"profile": run.profile, "phase": run.phase,
+                                                     "resume": bool(self.journal.state().get("resume"))}})
+
+    def trace_writer(self):
+        if getattr(self, "_trace", None) is None:
+            jcfg = defaults.section(self.spec, "journal")
+            self._trace = trace.TraceWriter(self.journal.dir, {
+                "name": self.spec.get("name"), "job": self.job_id, "recorded_by": "gpujob supervisor",
+                "meta": {"throughput": self.spec.get("throughput")}}, limit=int(jcfg["keep_log"]))
+        return self._trace
+
+    def decide_now(self, run, t: float):
+        """The policy's decision for ``run`` at ``t``: the same call replay makes."""
+        return policy.decide(self.policy, run.samples, t, run.start, run.baseline, run.pauses.spans(), run.memo)
+
+    def known_good_now(self, run, t: float):
+        return policy.known_good(self.policy, run.samples, t, run.start, run.baseline, run.pauses.spans(),
+                                 run.memo)
+
+    def pause_line(self, run, line: str, t: float) -> None:
+        """An output line: into the trace; a pause_pattern match opens/extends a pause."""
+        self.trace_writer().out(t, line)
+        if self._pause_rx is not None and self._pause_rx.search(line):
+            self._paused(run, run.pauses.mark(t, "pause_pattern"), t)
+
+    def on_ckpt_events(self, run, events, t: float) -> None:
+        """Checkpoint file events (CONTRACT: {t, ckpt, op, size}) from the live watcher:
+        into the trace, and a save in progress is a pause."""
+        tr = self.trace_writer()
+        for ev in events or ():
+            tr.write({"t": round(float(ev["t"]), 3), "ckpt": ev.get("ckpt"), "op": ev.get("op"),
+                      "size": ev.get("size")})
+        for iv in run.pauses.on_ckpt_events(events or ()):
+            self._paused(run, iv, t)
+
+    def _paused(self, run, iv, t: float) -> None:
+        if iv is None:
+            return
+        self.journal.event("pause", start=round(iv[0], 3), tail=run.pauses.tail, why=iv[2], profile=run.profile)
+        self.journal.set_state(pauses=[[round(a, 3), round(b, 3)] for a, b in run.pauses.spans()[-20:]])
+
+    def trace_decision(self, d, t: float) -> None:
+        self.trace_writer().write({"t": round(t, 3), "recorded": {"verdict": str(d.verdict), "reason": d.reason}})
+
+    def trace_end(self, code, t: float) -> None:
+        tr = self.trace_writer()
+        tr.write({"t": round(t, 3), "exit": code})
+        tr.last_flush = 0.0
+        tr.tick(t)

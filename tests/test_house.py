@@ -1,0 +1,174 @@
+"""The agent's house rule: gpujob/agent/ is six wings, and which wing may import which is
+written here once, so it cannot drift. ``base`` is the ground floor; ``judge`` (pure
+decisions) and ``home`` (the on-disk home) stand on it and never import each other;
+``fleet``, ``supervisor`` and ``verbs`` stand above them in that order; ``main.py`` is the
+top. The laptop side (gpujob/ outside agent/) imports only ``base`` and ``judge``.
+Imports are read with ast, lazy ones inside functions included."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parent.parent / "gpujob"
+AGENT = PKG / "agent"
+
+#: each wing, and the wings it may import (its own always)
+MAY_IMPORT = {
+    "base": set(),
+    "judge": {"base"},
+    "home": {"base"},
+    "fleet": {"base", "judge", "home"},
+    "supervisor": {"base", "judge", "home", "fleet"},
+    "verbs": {"base", "judge", "home", "fleet", "supervisor"},
+    "main": {"base", "judge", "home", "fleet", "supervisor", "verbs"},
+}
+LAPTOP_MAY_IMPORT = {"base", "judge"}
+
+#: the laptop side's references to the rest of the agent that must stay, each with its reason
+#: (file under gpujob/, the agent module it names): none is an import the laptop runs
+LAPTOP_KEEPS = {
+    ("target.py", "gpujob.agent.main"):
+        "the agent zip's __main__.py, a string: the container runs agent.main, the laptop never imports it",
+    ("transport/mux_server.py", "gpujob.agent.main"):
+        "the zygote preloads the agent in the container (mux_server ships as python3 -c); not run on the laptop",
+}
+
+_NAMED = re.compile(r"\bgpujob\.agent\.(\w+)(?:\.(\w+))?")
+
+
+def wing_of(module: str) -> str | None:
+    """The wing of a dotted module under gpujob.agent (``main`` for agent.main), else None."""
+    parts = module.split(".")
+    if parts[:2] != ["gpujob", "agent"] or len(parts) < 3:
+        return None
+    return parts[2]
+
+
+def imported(tree: ast.AST) -> list:
+    """(line, dotted module) of every import in ``tree``; ``from gpujob.agent[.W] import x``
+    names the module ``x`` when ``x`` is one."""
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out += [(n.lineno, a.name) for a in n.names]
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                out.append((n.lineno, "." * n.level + (n.module or "")))
+            elif n.module in ("gpujob", "gpujob.agent") or n.module in {f"gpujob.agent.{w}" for w in MAY_IMPORT}:
+                out += [(n.lineno, f"{n.module}.{a.name}") for a in n.names]
+            elif n.module:
+                out.append((n.lineno, n.module))
+    return out
+
+
+def agent_modules() -> dict:
+    """{dotted module: path} of every module under gpujob/agent/."""
+    return {".".join(p.relative_to(PKG.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in sorted(AGENT.rglob("*.py"))}
+
+
+def wing_breaks(path: Path, source: str) -> list:
+    """One line per import of an agent module ``source`` that the house rule forbids."""
+    here = wing_of(".".join(path.relative_to(PKG.parent).with_suffix("").parts))
+    bad = []
+    for line, mod in imported(ast.parse(source)):
+        if mod.startswith("."):
+            bad.append(f"{path.name}:{line}: relative import {mod} (write gpujob.agent.WING.MODULE)")
+            continue
+        there = wing_of(mod)
+        if there is None or there == here:
+            continue
+        if there not in MAY_IMPORT[here]:
+            bad.append(f"{path.relative_to(AGENT)}:{line}: {here} imports {mod} ({there}); "
+                       f"{here} may import {sorted(MAY_IMPORT[here]) or 'no other wing'}")
+    return bad
+
+
+def test_every_agent_module_lives_in_a_wing():
+    strays = [str(p.relative_to(AGENT)) for p in AGENT.glob("*.py") if p.name not in ("__init__.py", "main.py")]
+    assert strays == [], f"modules outside the wings: {strays}"
+    wings = sorted(p.name for p in AGENT.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert wings == sorted(set(MAY_IMPORT) - {"main"})
+    for w in wings:
+        init = AGENT / w / "__init__.py"
+        tree = ast.parse(init.read_text())
+        doc = ast.get_docstring(tree)
+        assert doc and "\n\n" not in doc.strip(), f"{w}/__init__.py: one paragraph that says what the wing is"
+        assert len(tree.body) == 1, f"{w}/__init__.py holds its docstring only (import the modules by name)"
+
+
+def test_each_wing_imports_only_the_wings_below_it():
+    bad = []
+    for path in agent_modules().values():
+        bad += wing_breaks(path, path.read_text())
+    assert bad == [], "\n".join(bad)
+
+
+def test_judge_and_home_never_import_each_other():
+    # the table says so; this keeps it from being loosened by an edit of one row
+    assert "home" not in MAY_IMPORT["judge"] and "judge" not in MAY_IMPORT["home"]
+    assert all(w in MAY_IMPORT[above] for above in MAY_IMPORT for w in MAY_IMPORT[above])  # transitively closed
+
+
+def test_the_rule_catches_an_import_upward():
+    # a check that reads nothing would pass the test above: this one must break it
+    path = AGENT / "judge" / "policy.py"
+    assert wing_breaks(path, "def f():\n    from gpujob.agent.home import journal\n")
+    assert wing_breaks(AGENT / "base" / "fsio.py", "from gpujob.agent.supervisor.watch import POLL\n")
+    assert wing_breaks(AGENT / "home" / "lock.py", "from gpujob.agent import judge\n")
+    assert wing_breaks(path, "from . import pauses\n")
+    assert not wing_breaks(path, "from gpujob.agent.base.protocol import JobState\nimport os\n")
+
+
+def test_no_circle_of_imports_inside_the_agent():
+    mods = agent_modules()
+    packages = {"gpujob.agent", *(f"gpujob.agent.{w}" for w in MAY_IMPORT)}
+    graph = {}
+    for mod, path in mods.items():
+        deps = set()
+        for _, name in imported(ast.parse(path.read_text())):
+            while name and name not in mods:
+                name = name.rpartition(".")[0]
+            if name and name != mod and name not in packages:
+                deps.add(name)
+        graph[mod] = deps
+    seen, on_path, circles = set(), [], []
+
+    def visit(m):
+        if m in on_path:
+            circles.append(on_path[on_path.index(m):] + [m])
+            return
+        if m in seen:
+            return
+        seen.add(m)
+        on_path.append(m)
+        for d in sorted(graph[m]):
+            visit(d)
+        on_path.pop()
+
+    for m in sorted(graph):
+        visit(m)
+    assert circles == [], "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_the_laptop_side_imports_only_base_and_judge():
+    bad = []
+    for path in sorted(p for p in PKG.rglob("*.py") if AGENT not in p.parents):
+        rel = path.relative_to(PKG).as_posix()
+        source = path.read_text()
+        bad += [f"{rel}:{line}: imports {mod}" for line, mod in imported(ast.parse(source))
+                if wing_of(mod) not in (None, *LAPTOP_MAY_IMPORT) and (rel, mod) not in LAPTOP_KEEPS]
+        # a module named in a string (python -c code, __import__) is an import too, run elsewhere
+        named = {m.group(0) for m in _NAMED.finditer(source)
+                 if m.group(1) not in LAPTOP_MAY_IMPORT and m.group(1) in MAY_IMPORT}
+        bad += [f"{rel}: names {mod} in a string" for mod in sorted(named) if (rel, mod) not in LAPTOP_KEEPS]
+    assert bad == [], "\n".join(bad) + "\n(move the pure part into agent/base/ or agent/judge/, or list it " \
+                                        "in LAPTOP_KEEPS with its reason)"
+
+
+def test_the_laptop_keeps_are_still_there():
+    # a reason for an import that went away is a stale exception: it would let the next one in
+    for (rel, mod), _why in LAPTOP_KEEPS.items():
+        assert mod in (PKG / rel).read_text(), f"{rel} no longer names {mod}: drop it from LAPTOP_KEEPS"
