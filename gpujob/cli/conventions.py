@@ -76,7 +76,9 @@ def _global_copy(opt):
 
 
 def _walk(cmd, globals_: list) -> None:
+    from gpujob.cli import fastparams
     for p in cmd.params:
+        fastparams.install(p)  # no pydantic for a value there is nothing to convert in
         if getattr(p, "is_flag", False) or getattr(p, "count", False):
             p.metavar = ""  # typer shows <bool> otherwise; a flag takes no value
     if globals_:
@@ -88,6 +90,7 @@ def _walk(cmd, globals_: list) -> None:
         opt = _orig(c)
         if opt is not None:
             opt.metavar = ""
+            fastparams.install(opt)
         return opt
 
     cmd.get_help_option = help_option

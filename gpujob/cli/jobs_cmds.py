@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -13,7 +13,8 @@ from gpujob.agent.protocol import JobState
 from gpujob.cli import render
 from gpujob.conn import commands
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
-from gpujob.target import Target
+if TYPE_CHECKING:
+    from gpujob.target import Target
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
 

@@ -11,12 +11,10 @@ from typing import List, Optional
 
 import typer
 
-from gpujob import kinds
 from gpujob.agent.protocol import ENDED
 from gpujob.cli import render
 from gpujob.conn import commands
 from gpujob.errors import GpujobError, InputError
-from gpujob.inventory import find_inventory, load_inventory
 from gpujob.transport.base import RawStdin
 from gpujob.cli.app import app, ctx, err, out
 
@@ -103,6 +101,8 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
           check: bool = typer.Option(False, "--check", help="only validate the inventory file; "
                                      "connect to nothing (exit 0 when valid, 2 with the first problem)")):
     """The inventory with each container's status (hosts queried in parallel)."""
+    from gpujob import kinds
+    from gpujob.inventory import find_inventory, load_inventory
     if check:
         path = find_inventory(ctx.hosts)
         inv = load_inventory(path)
