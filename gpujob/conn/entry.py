@@ -85,6 +85,11 @@ def _status(rest: list[str]) -> dict | None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    if os.environ.get("_GPUJOB_COMPLETE"):  # a Tab: answered from the index, without typer
+        from gpujob import complete
+        code = complete.main()
+        if code is not None:
+            sys.exit(code)
     if argv == ["--version"]:  # answered without importing typer or rich (the full CLI's same line)
         from gpujob import __version__
         print(f"gpujob {__version__}")
