@@ -44,6 +44,8 @@ def test_help_imports_no_model_and_no_ssh():
     got = imported(["--help"])
     assert "typer" in got  # it did render typer's help
     assert not got & set(NOT_AT_START), sorted(got & set(NOT_AT_START))
+    # typer's help module without its markdown and traceback parts (unused here)
+    assert "typer.rich_utils" in got and not got & {"markdown_it", "pygments", "rich.markdown", "rich.traceback"}
 
 
 @pytest.mark.parametrize("argv", commands(), ids=" ".join)

@@ -87,7 +87,10 @@ def main() -> None:
     argv = sys.argv[1:]
     if os.environ.get("_GPUJOB_COMPLETE"):  # a Tab: answered from the index, without typer
         from gpujob import complete
-        code = complete.main()
+        try:
+            code = complete.main()
+        except Exception:  # never a traceback on a Tab: typer's completion answers instead
+            code = None
         if code is not None:
             sys.exit(code)
     if argv == ["--version"]:  # answered without importing typer or rich (the full CLI's same line)
