@@ -15,7 +15,7 @@ import typer
 from gpujob import __version__
 from gpujob.agent.protocol import FINAL_STATES, JobState
 from gpujob.cli import conventions, render
-from gpujob.conn import commands
+from gpujob.cli import bodies
 from gpujob.errors import GpujobError, InputError
 
 if TYPE_CHECKING:  # the inventory (pydantic, yaml) and the targets load when a command needs them
@@ -121,7 +121,7 @@ def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory f
 
 def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
     """(job id, target) of a job this laptop knows, or of JOB on --target."""
-    return commands.job_target(ctx, job, target)
+    return bodies.job_target(ctx, job, target)
 
 
 def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
@@ -170,11 +170,11 @@ def print_status_view(st: dict, t: Target) -> None:
 
 
 def _status(job_id: str, t: Target) -> dict:
-    return commands.fetch_status(ctx, job_id, t, err)
+    return bodies.fetch_status(ctx, job_id, t, err)
 
 
 def _say_revived(st: dict) -> None:
-    commands.say_revived(st, err)
+    bodies.say_revived(st, err)
 
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,

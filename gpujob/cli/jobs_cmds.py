@@ -11,7 +11,7 @@ import typer
 
 from gpujob.agent.protocol import JobState
 from gpujob.cli import render
-from gpujob.conn import commands
+from gpujob.cli import bodies
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
     from gpujob.target import Target
@@ -273,7 +273,7 @@ def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Opti
     if labels:  # a multi-node job: one job, a row per node
         fleet_cmds.status(fleet_id, labels, as_json)
         return
-    commands.show_status(ctx, *job_target(job, target), as_json, out, err)
+    bodies.show_status(ctx, *job_target(job, target), as_json, out, err)
 
 
 

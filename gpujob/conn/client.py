@@ -54,7 +54,7 @@ def _spawn(path: str):
     log = open(os.path.join(os.path.dirname(path), "conn.log"), "ab")
     os.chmod(log.name, 0o600)
     try:
-        return subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], stdin=subprocess.DEVNULL,
+        return subprocess.Popen([sys.executable, "-m", "gpujob.daemon", "serve"], stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, close_fds=True,
                                 cwd="/", env=daemon_env())
     finally:
@@ -216,3 +216,15 @@ def disconnect_all() -> int:
         return 0
     return sum(stop(os.path.join(where, name)) for name in names
                if name == "conn.sock" or (name.startswith("conn-") and name.endswith(".sock")))
+
+
+def disconnect_line(every: bool) -> str:
+    """End this environment's daemon (``every``: all of this user's); what to say."""
+    if not every:
+        return ("gpujob: closed the kept connection (its SSH connections are closed)" if disconnect()
+                else "gpujob: no kept connection was open")
+    n = disconnect_all()
+    if n == 0:
+        return "gpujob: no kept connection was open"
+    return (f"gpujob: closed {n} kept connection{'s' if n > 1 else ''} "
+            f"({'their' if n > 1 else 'its'} SSH connections are closed)")
