@@ -212,7 +212,8 @@ def ssh_settings(host_name: str, host: Host, ssh_config_path: str | Path = "~/.s
     if "address" not in kinds.get(host.kind).host_fields:
         raise InputError(f"host '{host_name}' is {host.kind}; it has no SSH settings")
     path = Path(ssh_config_path).expanduser()
-    import paramiko  # only ssh hosts need it: the local demo starts faster without
+    from gpujob.lazyimport import paramiko as _paramiko
+    paramiko = _paramiko()  # only ssh hosts need it: the local demo starts faster without
 
     config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
     return _settings(config, host, nested=False)

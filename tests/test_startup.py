@@ -68,3 +68,15 @@ def test_answered_without_typer_or_rich(args, tmp_path):
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     got = imported(args, env)
     assert not {m.split(".")[0] for m in got} & {"typer", "rich", "pydantic", "yaml", "paramiko"}
+
+
+def test_paramiko_without_invoke_until_a_match_exec_needs_it(tmp_path):
+    """paramiko imports invoke (for ``Match exec`` only): gpujob defers it, and a config
+    with such a line still runs it."""
+    code = ("import sys\nimport gpujob.transport.ssh\nimport paramiko\n"
+            "print('invoke.runners' in sys.modules)\n"
+            f"c = paramiko.SSHConfig.from_text('Match exec \"touch {tmp_path}/ran\"\\n  User someone\\n')\n"
+            "print(c.lookup('h').get('user'), 'invoke.runners' in sys.modules)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert p.stdout.split() == ["False", "someone", "True"], p.stderr
+    assert (tmp_path / "ran").exists()
