@@ -53,7 +53,7 @@ def gpujob_argv() -> list[str]:
     script = Path(sys.executable).parent / "gpujob"
     if script.is_file():
         return [str(script)]
-    return [sys.executable, "-m", "gpujob.conn.entry"]
+    return [sys.executable, "-m", "gpujob.entry"]
 
 
 def timed(argv: list[str], env: dict) -> float:
@@ -79,7 +79,7 @@ def end_starting(env: dict) -> None:
     mine = f"XDG_RUNTIME_DIR={env['XDG_RUNTIME_DIR']}".encode()
     for d in os.listdir("/proc"):
         try:
-            if d.isdigit() and b"gpujob.conn\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and \
+            if d.isdigit() and b"gpujob.daemon\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and \
                     mine in open(f"/proc/{d}/environ", "rb").read().split(b"\0"):
                 os.kill(int(d), 9)
         except OSError:

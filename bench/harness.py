@@ -220,7 +220,7 @@ class Harness:
         """The installed console script (what users run: it takes the kept connection)."""
         exe = Path(sys.executable).parent / "gpujob"
         return [str(exe)] if exe.exists() else [sys.executable, "-c",
-                                                 "import sys; from gpujob.conn.entry import main; sys.exit(main())"]
+                                                 "import sys; from gpujob.entry import main; sys.exit(main())"]
 
     def user_cli(self, args: list[str], *, daemon: bool = True, check: bool = True) -> float:
         """Seconds one ``gpujob ARGS`` took as users run it: the console script, the kept

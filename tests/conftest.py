@@ -49,7 +49,7 @@ def suite_daemons(basetemp: str | None = None) -> list[int]:
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
-                if b"gpujob.conn\0serve" not in f.read():
+                if b"gpujob.daemon\0serve" not in f.read():
                     continue
             with open(f"/proc/{d}/environ", "rb") as f:
                 env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
@@ -149,7 +149,7 @@ def _reap_job_processes(tmp_path):
         except OSError:
             continue
         sig = signal.SIGKILL if mine in cmd or cwd.startswith(mine) else None
-        if sig is None and "gpujob.conn\0serve" in cmd:
+        if sig is None and "gpujob.daemon\0serve" in cmd:
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
                     env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)

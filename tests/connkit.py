@@ -87,7 +87,7 @@ def daemons_of(env) -> list[int]:
     found = []
     for d in os.listdir("/proc"):
         try:
-            if d.isdigit() and b"gpujob.conn\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and \
+            if d.isdigit() and b"gpujob.daemon\0serve" in open(f"/proc/{d}/cmdline", "rb").read() and \
                     mine in open(f"/proc/{d}/environ", "rb").read().split(b"\0") and alive(int(d)):
                 found.append(int(d))
         except OSError:

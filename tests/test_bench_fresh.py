@@ -39,7 +39,7 @@ def test_version_is_answered_without_the_full_cli():
     import subprocess
     import sys
     code = ("import sys; sys.argv = ['gpujob', '--version']\n"
-            "from gpujob.conn import entry\n"
+            "from gpujob import entry\n"
             "try:\n    entry.main()\nexcept SystemExit as e:\n    rc = e.code\n"
             "sys.stderr.write(repr((rc, 'typer' in sys.modules, 'rich' in sys.modules)))")
     fast = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

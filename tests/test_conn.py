@@ -266,6 +266,26 @@ def test_a_runtime_dir_not_private_is_refused(tmp_path):
     assert paths._private_dir(ok, create=True) == ok and ok.stat().st_mode & 0o777 == 0o700
 
 
+def test_the_code_stamp_sees_every_module_of_the_package(tmp_path):
+    """A daemon runs the CLI's bodies, the daemon package, the targets, the transports and
+    ships the agent: an edit to any module, at any depth, is another key (bytecode is not)."""
+    from gpujob.conn import paths
+    files = ["entry.py", "daemon/server.py", "cli/bodies.py", "agent/home/journal.py"]
+    for f in files + ["daemon/__pycache__/server.cpython-311.pyc"]:
+        (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f).write_text("")
+        os.utime(tmp_path / f, ns=(0, 10**18))
+    base = paths.code_stamp(str(tmp_path))
+    assert base == paths.code_stamp(str(tmp_path))
+    os.utime(tmp_path / "daemon/__pycache__/server.cpython-311.pyc", ns=(0, 2 * 10**18))
+    assert paths.code_stamp(str(tmp_path)) == base
+    for n, f in enumerate(files):
+        os.utime(tmp_path / f, ns=(0, 10**18 + (n + 1) * 10**9))
+        stamp = paths.code_stamp(str(tmp_path))
+        assert stamp != base, f
+        base = stamp
+
+
 def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
     """The agent zip is written with .pyc compiled by the python that runs it (zipimport
     caches none itself); every module loads from that bytecode and the agent runs."""
@@ -341,7 +361,7 @@ def test_a_daemon_whose_socket_is_gone_ends(tmp_path):
     runtime.mkdir(mode=0o700)
     env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime), GPUJOB_CONN_IDLE="600",
                XDG_STATE_HOME=str(tmp_path / "state"))
-    p = subprocess.Popen([sys.executable, "-m", "gpujob.conn", "serve"], env=env, cwd="/",
+    p = subprocess.Popen([sys.executable, "-m", "gpujob.daemon", "serve"], env=env, cwd="/",
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         sock = sock_path(env)

@@ -8,17 +8,18 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from gpujob import __version__
 from gpujob.agent.base.protocol import FINAL_STATES, JobState
 from gpujob.cli import conventions, render
-from gpujob.conn import commands
+from gpujob.cli import bodies
 from gpujob.errors import GpujobError, InputError
-from gpujob.inventory import entry_of, find_inventory, load_inventory, load_inventory_data
-from gpujob.target import Target, Targets
+
+if TYPE_CHECKING:  # the inventory (pydantic, yaml) and the targets load when a command needs them
+    from gpujob.target import Target, Targets
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run GPU training jobs in Proxmox LXC containers: wheel profiles as venvs, "
@@ -46,6 +47,8 @@ class Ctx:
     def targets(self) -> Targets:
         if self._targets is None:
             from gpujob.conn import paths
+            from gpujob.inventory import find_inventory, load_inventory
+            from gpujob.target import Targets
             self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new,
                                     kept=paths.kept())
         return self._targets
@@ -64,11 +67,14 @@ class Ctx:
                 entry = self.state().entry(name)
                 if entry is None:
                     return self.targets().open(name)  # the inventory's own error
+                from gpujob.inventory import load_inventory_data
+                from gpujob.target import Targets
                 self._recorded[name] = Targets(load_inventory_data(entry), accept_new=self.accept_new)
         return self._recorded[name].open(name)
 
     def entry(self, t: Target) -> dict | None:
         """The inventory entry that reached ``t``, to record with a job."""
+        from gpujob.inventory import entry_of
         for targets in [self._recorded.get(t.label), self._targets]:
             if targets is not None:
                 try:
@@ -115,7 +121,7 @@ def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory f
 
 def job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
     """(job id, target) of a job this laptop knows, or of JOB on --target."""
-    return commands.job_target(ctx, job, target)
+    return bodies.job_target(ctx, job, target)
 
 
 def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Target]:
@@ -164,11 +170,11 @@ def print_status_view(st: dict, t: Target) -> None:
 
 
 def _status(job_id: str, t: Target) -> dict:
-    return commands.fetch_status(ctx, job_id, t, err)
+    return bodies.fetch_status(ctx, job_id, t, err)
 
 
 def _say_revived(st: dict) -> None:
-    commands.say_revived(st, err)
+    bodies.say_revived(st, err)
 
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,

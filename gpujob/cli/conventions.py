@@ -76,7 +76,9 @@ def _global_copy(opt):
 
 
 def _walk(cmd, globals_: list) -> None:
+    from gpujob.cli import fastparams
     for p in cmd.params:
+        fastparams.install(p)  # no pydantic for a value there is nothing to convert in
         if getattr(p, "is_flag", False) or getattr(p, "count", False):
             p.metavar = ""  # typer shows <bool> otherwise; a flag takes no value
     if globals_:
@@ -88,6 +90,7 @@ def _walk(cmd, globals_: list) -> None:
         opt = _orig(c)
         if opt is not None:
             opt.metavar = ""
+            fastparams.install(opt)
         return opt
 
     cmd.get_help_option = help_option
@@ -140,10 +143,54 @@ def build(app: typer.Typer):
     return root
 
 
+class _Later(type):
+    """A stand-in class: called, or asked for an attribute, it imports the real one."""
+
+    def _real(cls):
+        import importlib
+        return getattr(importlib.import_module(cls._module), cls.__name__)
+
+    def __call__(cls, *args, **kwargs):
+        return cls._real()(*args, **kwargs)
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(cls._real(), name)
+
+
+def _light_help() -> None:
+    """typer's help module (typer.rich_utils) imports rich.markdown (markdown-it, pygments:
+    ~40 ms) and rich.traceback at its top, for markdown help text and pretty tracebacks,
+    neither of which gpujob uses (rich markup, pretty exceptions off). It is imported here
+    with stand-ins for those two classes, which import the real ones if ever used; the
+    modules themselves stay unimported, so a later import gets the real ones."""
+    if "typer.rich_utils" in sys.modules:
+        return
+    import types
+    planted = []
+    for module, name in (("rich.markdown", "Markdown"), ("rich.traceback", "Traceback")):
+        if module not in sys.modules:
+            stand_in = types.ModuleType(module)
+            setattr(stand_in, name, _Later(name, (), {"_module": module}))
+            sys.modules[module] = stand_in
+            planted.append(module)
+    try:
+        import typer.rich_utils  # noqa: F401
+    except Exception:  # pragma: no cover - another typer: it imports its own way later
+        sys.modules.pop("typer.rich_utils", None)
+    finally:
+        for module in planted:
+            sys.modules.pop(module, None)
+
+
 def run(app: typer.Typer, argv: Optional[list] = None, err=None) -> int:
     """Run the command line; usage errors as one line (exit 2). Returns the exit code;
     gpujob's own errors (GpujobError) pass through to the caller."""
     cmd = build(app)
+    given = sys.argv[1:] if argv is None else argv
+    if "--help" in given or len(given) <= 1:  # help is likely: typer's help module, light
+        _light_help()
     if os.environ.get(COMPLETE_VAR):
         _completion_init()
     write = err or (lambda line: print(line, file=sys.stderr))

@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from gpujob.agent.base.protocol import JobState
 from gpujob.cli import render
-from gpujob.conn import commands
+from gpujob.cli import bodies
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
-from gpujob.target import Target
+if TYPE_CHECKING:
+    from gpujob.target import Target
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
 
@@ -272,7 +273,7 @@ def status(job: Optional[str] = typer.Argument(None), as_json: bool = typer.Opti
     if labels:  # a multi-node job: one job, a row per node
         fleet_cmds.status(fleet_id, labels, as_json)
         return
-    commands.show_status(ctx, *job_target(job, target), as_json, out, err)
+    bodies.show_status(ctx, *job_target(job, target), as_json, out, err)
 
 
 

@@ -38,7 +38,7 @@ def console(stderr: bool = False) -> Console:
 
 def console_settings(tty: bool, environ) -> dict:
     """Console()'s arguments for a stream that is (or is not) a terminal under ``environ``:
-    the CLI's own consoles and the kept connection's (gpujob/conn/server.py) are one shape."""
+    the CLI's own consoles and the kept connection's (gpujob/daemon/server.py) are one shape."""
     wide = {} if tty or environ.get("COLUMNS") else {"width": PIPED_WIDTH}
     return dict(highlight=False, markup=False, emoji=False, soft_wrap=not tty, **wide)
 

@@ -11,12 +11,10 @@ from typing import List, Optional
 
 import typer
 
-from gpujob import kinds
 from gpujob.agent.base.protocol import ENDED
 from gpujob.cli import render
-from gpujob.conn import commands
+from gpujob.cli import bodies
 from gpujob.errors import GpujobError, InputError
-from gpujob.inventory import find_inventory, load_inventory
 from gpujob.transport.base import RawStdin
 from gpujob.cli.app import app, ctx, err, out
 
@@ -35,14 +33,14 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
     t = ctx.target(target)
     stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
     if not as_json:  # the same body the kept connection's daemon runs
-        raise typer.Exit(commands.run_exec(t, argv, stdin, timeout, sys.stdout.buffer, sys.stderr.buffer, err))
+        raise typer.Exit(bodies.run_exec(t, argv, stdin, timeout, sys.stdout.buffer, sys.stderr.buffer, err))
     from gpujob.cli import jsonl
     on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
     r = t.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_out, on_stderr=on_err)
     on_out.close()
     on_err.close()
     jsonl.emit({"exit_code": r.exit_code, "timed_out": bool(r.timed_out)})
-    commands.say_timed_out(r, timeout, t, err)
+    bodies.say_timed_out(r, timeout, t, err)
     raise typer.Exit(r.exit_code)
 
 
@@ -50,7 +48,7 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
 def disconnect(every: bool = typer.Option(False, "--all", help="every kept connection of this user's "
                                                                 "(other installs, terminals, state dirs)")):
     """End this environment's kept connection: the background process holding SSH connections (README)."""
-    from gpujob.conn.entry import disconnect_line
+    from gpujob.conn.client import disconnect_line
     print(disconnect_line(every))
 
 
@@ -103,6 +101,8 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
           check: bool = typer.Option(False, "--check", help="only validate the inventory file; "
                                      "connect to nothing (exit 0 when valid, 2 with the first problem)")):
     """The inventory with each container's status (hosts queried in parallel)."""
+    from gpujob import kinds
+    from gpujob.inventory import find_inventory, load_inventory
     if check:
         path = find_inventory(ctx.hosts)
         inv = load_inventory(path)

@@ -124,18 +124,22 @@ def find_inventory(explicit: str | None) -> str | None:
     return None
 
 
-def code_stamp() -> str:
+def code_stamp(pkg: str | None = None) -> str:
     """Which gpujob this is, run by which Python: an upgrade or an edit (a newer module
-    file) makes another key, so its commands start a daemon of their own; the old daemon
-    serves nobody new and ends when idle."""
-    pkg = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    file anywhere in the package: the daemon runs the CLI's command bodies, the targets,
+    the transports and ships the agent) makes another key, so its commands start a daemon
+    of their own; the old daemon serves nobody new and ends when idle."""
+    pkg = pkg or os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
     newest = 0
-    for sub in (pkg, *(os.path.join(pkg, d) for d in ("cli", "conn", "transport"))):
+    todo = [pkg]
+    while todo:
         try:
-            with os.scandir(sub) as it:
+            with os.scandir(todo.pop()) as it:
                 for e in it:
                     if e.name.endswith(".py"):
                         newest = max(newest, e.stat().st_mtime_ns)
+                    elif e.is_dir(follow_symlinks=False) and e.name != "__pycache__" and not e.name.startswith("."):
+                        todo.append(e.path)
         except OSError:
             pass
     return f"{pkg}:{newest}:{sys.version_info[:2]}:{sys.prefix}"

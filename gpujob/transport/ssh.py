@@ -21,7 +21,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import paramiko
+from gpujob import lazyimport
+
+paramiko = lazyimport.paramiko()  # its invoke (Match exec only) loads when used
+
 
 from gpujob.errors import ConnectError, ConnectionLost, HostKeyError
 from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,

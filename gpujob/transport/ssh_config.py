@@ -49,7 +49,8 @@ def ssh_settings(host_name: str, host, ssh_config_path: str | Path = "~/.ssh/con
     if getattr(host, "address", None) is None:  # a kind without SSH fields (hosts.yaml refuses them)
         raise InputError(f"host '{host_name}' is {host.kind}; it has no SSH settings")
     path = Path(ssh_config_path).expanduser()
-    import paramiko  # only ssh hosts need it: the local demo starts faster without
+    from gpujob.lazyimport import paramiko as _paramiko
+    paramiko = _paramiko()  # only ssh hosts need it: the local demo starts faster without
 
     config = paramiko.SSHConfig.from_path(str(path)) if path.is_file() else paramiko.SSHConfig()
     return _settings(config, SshHost(**{f.name: getattr(host, f.name) for f in fields(SshHost)}),

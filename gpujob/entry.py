@@ -1,9 +1,10 @@
-"""gpujob's console entry point: the few daily commands that can go through the kept
-connection are sent to it without importing the full CLI; everything else (and
-these, whenever the daemon declines) runs ``gpujob.cli.main`` as always.
+"""gpujob's console entry point, the top of the house: the few daily commands that can
+go through the kept connection are sent to it without importing the full CLI;
+everything else (and these, whenever the daemon declines) runs ``gpujob.cli.main``.
 
 Fast here: ``exec TARGET [-n] [--timeout S] -- CMD…``, ``status [JOB] [--json]
-[-t TARGET]`` (with ``--hosts FILE`` before them), and ``disconnect [--all]``. Stdlib only.
+[-t TARGET]`` (with ``--hosts FILE`` before them), ``disconnect [--all]``,
+``--version``, and a shell's Tab (gpujob/complete.py). Stdlib only.
 """
 
 from __future__ import annotations
@@ -85,11 +86,20 @@ def _status(rest: list[str]) -> dict | None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    if os.environ.get("_GPUJOB_COMPLETE"):  # a Tab: answered from the index, without typer
+        from gpujob import complete
+        try:
+            code = complete.main()
+        except Exception:  # never a traceback on a Tab: typer's completion answers instead
+            code = None
+        if code is not None:
+            sys.exit(code)
     if argv == ["--version"]:  # answered without importing typer or rich (the full CLI's same line)
         from gpujob import __version__
         print(f"gpujob {__version__}")
         sys.exit(0)
     if argv in (["disconnect"], ["disconnect", "--all"]):
+        from gpujob.conn.client import disconnect_line
         print(disconnect_line(argv == ["disconnect", "--all"]))
         sys.exit(0)
     from gpujob.conn import paths
@@ -105,19 +115,6 @@ def main() -> None:
             pass
     from gpujob.cli.main import main as full
     full()
-
-
-def disconnect_line(every: bool) -> str:
-    """End this environment's daemon (``every``: all of this user's); what to say."""
-    from gpujob.conn import client
-    if not every:
-        return ("gpujob: closed the kept connection (its SSH connections are closed)" if client.disconnect()
-                else "gpujob: no kept connection was open")
-    n = client.disconnect_all()
-    if n == 0:
-        return "gpujob: no kept connection was open"
-    return (f"gpujob: closed {n} kept connection{'s' if n > 1 else ''} "
-            f"({'their' if n > 1 else 'its'} SSH connections are closed)")
 
 
 if __name__ == "__main__":

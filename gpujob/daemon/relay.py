@@ -13,6 +13,7 @@ import queue
 import threading
 
 from gpujob.conn import proto
+from gpujob.daemon.pool import Fallback
 from gpujob.errors import GpujobError
 
 
@@ -33,7 +34,6 @@ class QueueStdin:
 
 
 def serve_run(pool, conn, reader, req: dict) -> None:
-    from gpujob.conn.server import Fallback
     send_lock = threading.Lock()
 
     def send(kind: bytes, payload: bytes = b"") -> None:

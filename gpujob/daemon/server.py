@@ -8,12 +8,11 @@ only while the inventory file's bytes, ~/.ssh/config and every known_hosts file 
 names are unchanged; otherwise a fresh ``Targets`` is opened (the old one closes
 when its last command ends). The client's stdio arrive as descriptors, so output
 is written straight to its terminal or pipe, through the same code
-(:mod:`gpujob.conn.commands`) and with a console shaped like its own.
+(:mod:`gpujob.cli.bodies`) and with a console shaped like its own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -27,105 +26,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gpujob import kinds
-from gpujob.cli import render
-from gpujob.conn import commands, paths, proto
+from gpujob.cli import bodies, render
+from gpujob.conn import paths, proto
+from gpujob.daemon.pool import Entry, Fallback, Pool
 from gpujob.errors import GpujobError
-from gpujob.inventory import load_inventory
-from gpujob.target import Targets
 
 
 def log(msg: str) -> None:
     print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} gpujob-conn[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-
-
-class Fallback(Exception):
-    """Not for the daemon (a local target): the client runs the full CLI."""
-
-
-# ---- connections, per inventory ----------------------------------------------------
-
-def _stat(path: Path):
-    try:
-        st = os.stat(path)
-        return (st.st_ino, st.st_size, st.st_mtime_ns)
-    except OSError:
-        return None
-
-
-class Entry:
-    """One inventory's ``Targets`` and the ``Target`` of each container asked for."""
-
-    def __init__(self, path: str | None, digest: str):
-        self.path = path
-        self.digest = digest
-        self.inventory = load_inventory(Path(path) if path else None)
-        self.targets = Targets(self.inventory)
-        self.opened: dict = {}
-        self.users = 0
-        self.retired = False
-        self.lock = threading.Lock()
-        self.watched = [Path("~/.ssh/config").expanduser()] + sorted(
-            {Path(h.known_hosts or "~/.ssh/known_hosts").expanduser()
-             for h in self.inventory.hosts.values() if kinds.get(h.kind).kept_connection})
-        self.stats = [_stat(p) for p in self.watched]
-
-    def fresh(self, digest: str) -> bool:
-        return digest == self.digest and [_stat(p) for p in self.watched] == self.stats
-
-    def target(self, name: str):
-        host_name, host, cname, _ = self.inventory.resolve(name)
-        if not kinds.get(host.kind).kept_connection:
-            raise Fallback()
-        with self.lock:
-            label = f"{host_name}/{cname}"
-            if label not in self.opened:
-                self.opened[label] = self.targets.open(label)
-            return self.opened[label]
-
-    def close(self) -> None:
-        for t in self.opened.values():
-            t.transport.close()
-        self.targets.close()
-
-
-class Pool:
-    def __init__(self):
-        self.entries: dict = {}
-        self.lock = threading.Lock()
-
-    def acquire(self, path: str | None) -> Entry:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else "built-in"
-        with self.lock:
-            entry = self.entries.get(path)
-            if entry is None or not entry.fresh(digest):
-                if entry is not None:
-                    self._retire(entry)
-                try:
-                    entry = Entry(path, digest)
-                except GpujobError:  # an invalid inventory: the full CLI names it in its own words
-                    raise Fallback() from None
-                self.entries[path] = entry
-            entry.users += 1
-            return entry
-
-    def release(self, entry: Entry) -> None:
-        with self.lock:
-            entry.users -= 1
-            if entry.retired and entry.users == 0:
-                entry.close()
-
-    def _retire(self, entry: Entry) -> None:
-        entry.retired = True
-        del self.entries[entry.path]
-        if entry.users == 0:
-            entry.close()
-
-    def close(self) -> None:
-        with self.lock:
-            for entry in list(self.entries.values()):
-                entry.close()
-            self.entries.clear()
 
 
 # ---- the client's console, shaped like its own -------------------------------------
@@ -323,7 +231,7 @@ class Server:
                 conn.sendall(proto.pack(b"F"))
                 return
             if req.get("op") == "run":
-                from gpujob.conn.relay import serve_run
+                from gpujob.daemon.relay import serve_run
                 serve_run(self.pool, conn, reader, req)
                 return
             self.run(conn, reader, req, fds)
@@ -405,14 +313,14 @@ class Server:
             t = ctx.target(req["target"])
             ctx.going()
             stdin = PolledStdin(fds[0], done) if req.get("stdin") else None
-            return commands.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), FdSink(fds[1]),
+            return bodies.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), FdSink(fds[1]),
                                      FdSink(fds[2]), err)
         if req["op"] == "status":
-            if not req.get("target") and commands.multi_node(ctx, req.get("job")):
+            if not req.get("target") and bodies.multi_node(ctx, req.get("job")):
                 raise Fallback()  # a multi-node job: the full CLI's fleet view
-            job_id, t = commands.job_target(ctx, req.get("job"), req.get("target"))
+            job_id, t = bodies.job_target(ctx, req.get("job"), req.get("target"))
             ctx.going()
-            commands.show_status(ctx, job_id, t, bool(req.get("json")), out, err)
+            bodies.show_status(ctx, job_id, t, bool(req.get("json")), out, err)
             return 0
         raise Fallback()
 
