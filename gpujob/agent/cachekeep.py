@@ -84,7 +84,8 @@ class CacheKeep:
         self.journal.set_state(snapshot_due=None)
 
     # ---- the restore step ----------------------------------------------------
-    def cache_step(self, profile: str, cold: bool) -> None:
+    def cache_step(self, profile: str, cold: bool, **then) -> None:
+        """The restore step (``then``: the state after it, written with its cache_start)."""
         st = self.journal.state()
         key = self.cache_key(profile)
         for what in snapshots.recover(self.home.root, key):
@@ -101,6 +102,7 @@ class CacheKeep:
         kind = "cold" if live == 0 else "warm"
         meta = None
         if why and snap is not None:
+            self.journal.sync()  # a durable state before the restore
             try:
                 meta = snapshots.restore(self.home.root, key, snap)
             except OSError as e:  # the old cache stays: restore removed its temp dir, swap undid itself
@@ -116,7 +118,8 @@ class CacheKeep:
                 self.journal.set_state(cold_retry=dict(retry, restored=now()))
         elif cold and snap is not None:
             self.say(f"cache: starting cold as asked; {snapshots.describe(snap)} is kept, not restored")
-        self.journal.set_state(cache_start={"profile": profile, "kind": kind})
+        # not fsynced: the spawn's write follows (the restore above was preceded by a durable one)
+        self.journal.set_state(cache_start={"profile": profile, "kind": kind}, durable=False, **then)
         self.journal.event("cache_start", profile=profile, start=kind, files=live if kind != "restored" else None)
 
     # ---- a failed cold start: one retry on the snapshot ---------------------

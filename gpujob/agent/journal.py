@@ -189,6 +189,7 @@ class Journal:
         self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
         self.on_internal_error = None  # called with one line (the supervisor notifies)
         self._samples = None  # samples.jsonl's
+        self.unsynced = False  # state.json was replaced without fsync since its last durable write
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -201,9 +202,14 @@ class Journal:
         """state.json (NewerFormat when a newer agent wrote it: this one never touches it)."""
         return check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
 
-    def set_state(self, **changes) -> dict:
+    def set_state(self, durable: bool = True, **changes) -> dict:
         """Update state.json durably. A writer whose lock generation is older than
-        the one that last wrote the state is refused (``Fenced``)."""
+        the one that last wrote the state is refused (``Fenced``). ``durable=False``
+        replaces it atomically without the fsyncs: a process that dies keeps it (the
+        rename is done), only a machine crash may lose it. It is for a step that a
+        durable write follows before the next act (a spawn, a kill, a ledger mark, a
+        message, a removed request): that write carries the whole state, so nothing
+        acted on is ever only in the page cache (``sync`` makes it durable on demand)."""
         from gpujob.agent.lock import Fenced
         st = self.state()
         if self.generation is not None:
@@ -220,8 +226,21 @@ class Journal:
         st.update(changes)
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
-        write_json(self.path("state.json"), st)
+        write_json(self.path("state.json"), st, durable=durable)
+        self.unsynced = not durable
         return st
+
+    def sync(self) -> None:
+        """Make the last non-durable ``set_state`` durable (before an act); a no-op after a durable one."""
+        if not self.unsynced:
+            return
+        fd = os.open(self.path("state.json"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.dir)
+        self.unsynced = False
 
     def internal_error(self, line: str) -> None:
         """gpujob's own bookkeeping went wrong: an event and a notification, never the job's end."""
