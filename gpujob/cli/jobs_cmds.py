@@ -329,11 +329,13 @@ def ps(target: Optional[str] = typer.Argument(None, help="only this container's 
             raise res
         states.update(res)
     views = []
+    seen = {}
     for r in rows:
         st = states.get(r["job_id"], {})
         if st.get("state") != "unreachable":
-            ctx.state().seen(r["job_id"], st.get("state"))
+            seen[r["job_id"]] = st.get("state")
         views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
+    ctx.state().seen_states(seen)  # one commit, not one a row
     if as_json:
         out.print_json(json.dumps(views))
         return

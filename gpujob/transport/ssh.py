@@ -240,6 +240,7 @@ class SshTransport(Transport):
         self.accept_new = accept_new
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
+        self._closed_while_connecting = False
 
     def describe(self) -> str:
         s = self.settings
@@ -250,7 +251,11 @@ class SshTransport(Transport):
             if self._client is None or not self._client.get_transport() or \
                     not self._client.get_transport().is_active():
                 self._close_locked()
+                self._closed_while_connecting = False
                 self._client = connect(self.settings, accept_new=self.accept_new)
+                if self._closed_while_connecting:  # closed meanwhile (close did not wait): not kept
+                    self._close_locked()
+                    raise ConnectError(f"the connection to {self.describe()} was closed while it was opened")
             return self._client
 
     def host_key(self) -> str:
@@ -272,8 +277,15 @@ class SshTransport(Transport):
             self._client = None
 
     def close(self) -> None:
-        with self._lock:
+        """Close the connection. One being opened by another thread (a host that ``ps``
+        gave up on) is not waited for: it is closed as soon as it is open."""
+        if not self._lock.acquire(timeout=0.5):
+            self._closed_while_connecting = True
+            return
+        try:
             self._close_locked()
+        finally:
+            self._lock.release()
 
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
