@@ -29,8 +29,11 @@ resubmit     ``gpujob submit`` start → the supervisor's ``phase: train`` event
 supervisor   CPU time and peak RSS of the supervisor process during the 1000
              lines/s job, from /proc/PID/stat and /proc/PID/status in the container
 status4      ``gpujob ps`` (its code, in this process: fresh connections each run)
-             over jobs on 4 hosts (the bed's 4 sshd's) / the same code with its
-             thread pool cut to one worker (hosts one after another)
+             over jobs on 4 hosts (the bed's 4 sshd's) / the same code with
+             ``PS_WORKERS`` cut to 1 (hosts one after another)
+ps4_kept     the same over kept connections (one Targets, opened before timing) /
+             one after another; ps50: over 50 inventory entries on the one loopback
+             sshd / over 1 of them (bench/psfan.py)
 """
 
 from __future__ import annotations
@@ -50,7 +53,6 @@ import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -88,7 +90,7 @@ QUICK = Sizes(reps=1, commands=10, rate=1000, seconds=3, bulk_mb=8, status_reps=
 ORDER = ("commands", "exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help",
          "latency_p50", "latency_p99", "bulk", "rollback", "rollback_uvcache",
          "resubmit",
-         "supervisor_cpu", "supervisor_rss", "status4")
+         "supervisor_cpu", "supervisor_rss", "status4", "ps4_kept", "ps50")
 
 
 @dataclass
@@ -124,13 +126,6 @@ def cpu_busy() -> float:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-class OneAtATime(ThreadPoolExecutor):
-    """A thread pool that runs one task at a time: the 'hosts one after another' baseline."""
-
-    def __init__(self, max_workers=None, *args, **kwargs):
-        super().__init__(max_workers=1)
 
 
 class Bench:
@@ -547,6 +542,7 @@ class Bench:
     def fig_rollback(self) -> None:
         spec = self.write_spec("rollback.yaml", profile="slow", trainer="--lines 40 --rate 40")
         modes = {"prebuilt": [], "reinstall_from_index": [], "reinstall_from_uv_cache": []}
+        steps = []  # each prebuilt switch: (ms after the decision, event) up to rollback_done
         for _ in range(self.sizes.reps):
             for mode, out in modes.items():
                 if mode != "prebuilt" and not self.remove(f"{HOME}/envs/fast-*"):
@@ -563,6 +559,10 @@ class Bench:
                 if built != (mode != "prebuilt"):
                     raise RuntimeError(f"job {job} ({mode}): fast venv built = {built}")
                 out.append(done[-1]["took"])
+                if mode == "prebuilt":
+                    t0 = done[-1]["decided_at"]
+                    steps.append((done[-1]["took"], [(round((e["t"] - t0) * 1000, 1), e["type"]) for e in ev
+                                                     if t0 - 0.001 <= e["t"] <= t0 + done[-1]["took"] + 0.05]))
         o = median(modes["prebuilt"])
         for key, mode, what in (("rollback", "reinstall_from_index", "venv and uv cache deleted: uv "
                                  "downloads the wheel from the loopback index again"),
@@ -572,13 +572,14 @@ class Bench:
             self.add(Figure(key, "rollback: decision → trainer running on known-good"
                             + (" (baseline from uv cache)" if key == "rollback_uvcache" else ""), "s",
                             "≤ 2 s and ≥ 20× faster", o, b, b / o, o <= 2 and b / o >= 20,
-                            {"prebuilt_s": modes["prebuilt"], f"{mode}_s": modes[mode]},
+                            {"prebuilt_s": modes["prebuilt"], f"{mode}_s": modes[mode],
+                             "prebuilt_steps_ms": sorted(steps)[len(steps) // 2][1] if steps else []},
                             "the supervisor's rollback_done.took (decision → trainer spawned on the "
                             "known-good profile, its venv prebuilt); baseline: the same with the venv "
                             f"reinstalled first ({what}; uv venv + uv pip install + verify)"))
 
     def fig_status4(self) -> None:
-        import gpujob.cli.jobs_cmds as cm  # ps, and the out and ThreadPoolExecutor it uses
+        import gpujob.cli.jobs_cmds as cm  # ps, and the out and PS_WORKERS it uses
         from rich.console import Console
 
         from gpujob.state import State
@@ -597,16 +598,16 @@ class Bench:
         db.close()
         saved = {k: os.environ.get(k) for k in ("GPUJOB_HOSTS", "XDG_STATE_HOME")}
         os.environ.update(GPUJOB_HOSTS=str(self.hosts), XDG_STATE_HOME=str(state_home))
-        real_out, real_pool = cm.out, cm.ThreadPoolExecutor
+        real_out, real_workers = cm.out, cm.PS_WORKERS
 
         def ps(parallel: bool) -> float:
             cm.ctx.hosts, cm.ctx._targets, cm.ctx._state = None, None, None
             sink = io.StringIO()
             cm.out = Console(file=sink, width=200, highlight=False)
-            cm.ThreadPoolExecutor = real_pool if parallel else OneAtATime
+            cm.PS_WORKERS = real_workers if parallel else 1
             try:
                 busy0, c0, t0 = cpu_busy(), time.process_time(), time.perf_counter()
-                cm.ps(target=None, all_=False, as_json=True, limit=20)
+                cm.ps(target=None, all_=False, as_json=True, limit=20, timeout=cm.PS_TIMEOUT)
                 took = time.perf_counter() - t0
                 use["parallel" if parallel else "sequential"].append(
                     {"client_cpu_s": time.process_time() - c0, "machine_cpu_s": cpu_busy() - busy0,
@@ -614,7 +615,7 @@ class Bench:
             finally:
                 cm.ctx.close()
                 cm.ctx._targets, cm.ctx._state = None, None
-                cm.out, cm.ThreadPoolExecutor = real_out, real_pool
+                cm.out, cm.PS_WORKERS = real_out, real_workers
             views = json.loads(sink.getvalue())
             seen = {v["target"] for v in views if v["state"] in FINAL}
             if len(seen) != 4:
@@ -642,6 +643,10 @@ class Bench:
                         "the ps command's code in-process, new SSH connections each run (as a fresh CLI); "
                         "baseline: the same code with its thread pool cut to one worker"))
 
+    def fig_ps_kept(self) -> None:
+        from bench import psfan
+        psfan.run(self, Figure, median, FINAL)
+
     # ---- the run -----------------------------------------------------------------
     def run(self, only: set | None = None) -> list[Figure]:
         names = {"commands": "container commands", "exec_cli": "gpujob exec (whole CLI)",
@@ -651,7 +656,8 @@ class Bench:
                  "bulk": "logs -f bulk", "rollback": "rollback", "rollback_uvcache": "rollback (uv cache)",
                  "resubmit": "resubmit",
                  "supervisor_cpu": "supervisor CPU", "supervisor_rss": "supervisor RSS",
-                 "status4": "gpujob ps over 4 hosts"}
+                 "status4": "gpujob ps over 4 hosts", "ps4_kept": "gpujob ps over 4 hosts, kept",
+                 "ps50": "gpujob ps over 50 hosts"}
         want = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
         steps = [(("commands",), self.fig_commands),
                  (("exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help"),
@@ -677,7 +683,8 @@ class Bench:
                 self.fig_bulk(stream_job)
             except Exception as e:  # noqa: BLE001
                 self.failed(("bulk",), names, e)
-        for keys, fn in ((("rollback", "rollback_uvcache"), self.fig_rollback), (("status4",), self.fig_status4)):
+        for keys, fn in ((("rollback", "rollback_uvcache"), self.fig_rollback), (("status4",), self.fig_status4),
+                         (("ps4_kept", "ps50"), self.fig_ps_kept)):
             if want(*keys):
                 try:
                     fn()

@@ -118,8 +118,9 @@ class CacheKeep:
                 self.journal.set_state(cold_retry=dict(retry, restored=now()))
         elif cold and snap is not None:
             self.say(f"cache: starting cold as asked; {snapshots.describe(snap)} is kept, not restored")
-        # not fsynced: the spawn's write follows (the restore above was preceded by a durable one)
-        self.journal.set_state(cache_start={"profile": profile, "kind": kind}, durable=False, **then)
+        # deferred to the spawn's durable write (the restore above was preceded by a durable one;
+        # a death before the spawn redoes this step)
+        self.journal.set_state(cache_start={"profile": profile, "kind": kind}, durable=None, **then)
         self.journal.event("cache_start", profile=profile, start=kind, files=live if kind != "restored" else None)
 
     # ---- a failed cold start: one retry on the snapshot ---------------------

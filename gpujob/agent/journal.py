@@ -190,6 +190,7 @@ class Journal:
         self.on_internal_error = None  # called with one line (the supervisor notifies)
         self._samples = None  # samples.jsonl's
         self.unsynced = False  # state.json was replaced without fsync since its last durable write
+        self._deferred: dict = {}  # set_state(durable=None)'s changes: written with the next write
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -199,8 +200,10 @@ class Journal:
         return check_format(read_json(self.path("job.json"), {}), f"job {self.job_id}'s job.json")
 
     def state(self) -> dict:
-        """state.json (NewerFormat when a newer agent wrote it: this one never touches it)."""
-        return check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
+        """state.json (NewerFormat when a newer agent wrote it: this one never touches it),
+        with this writer's deferred changes over it."""
+        st = check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
+        return dict(st, **self._deferred) if self._deferred else st
 
     def set_state(self, durable: bool = True, **changes) -> dict:
         """Update state.json durably. A writer whose lock generation is older than
@@ -209,7 +212,10 @@ class Journal:
         rename is done), only a machine crash may lose it. It is for a step that a
         durable write follows before the next act (a spawn, a kill, a ledger mark, a
         message, a removed request): that write carries the whole state, so nothing
-        acted on is ever only in the page cache (``sync`` makes it durable on demand)."""
+        acted on is ever only in the page cache (``sync`` makes it durable on demand).
+        ``durable=None`` defers the changes (this writer's ``state()`` has them at once)
+        to the next write: for steps that are redone from the last written state when
+        the process dies before it (the rollback switch between its plan and its spawn)."""
         from gpujob.agent.lock import Fenced
         st = self.state()
         if self.generation is not None:
@@ -224,14 +230,22 @@ class Journal:
                 changes = {k: v for k, v in changes.items() if k != "step"}
                 self.internal_error(refused)
         st.update(changes)
+        if durable is None:
+            self._deferred.update(changes)
+            return st
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
         write_json(self.path("state.json"), st, durable=durable)
+        self._deferred = {}
         self.unsynced = not durable
         return st
 
     def sync(self) -> None:
-        """Make the last non-durable ``set_state`` durable (before an act); a no-op after a durable one."""
+        """Make the last non-durable or deferred ``set_state`` durable (before an act); a no-op
+        after a durable one."""
+        if self._deferred:
+            self.set_state()
+            return
         if not self.unsynced:
             return
         fd = os.open(self.path("state.json"), os.O_RDONLY | os.O_CLOEXEC)

@@ -118,9 +118,10 @@ class Phases:
         extra, point = self.resume_args(profile, resume)  # {resume_from}: the checkpoint chosen
         argv = command_argv(t["command"], self.values(profile), extra)
         env = self.child_env(profile)
-        # not fsynced: the trainer's start (child_starting, or the standby's hand-over) is
+        # deferred to the trainer's start (child_starting, or the sync before the standby's
+        # hand-over), which is durable; a death before it redoes this step
         self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts),
-                       durable=False, **then)
+                       durable=None, **then)
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         self.resumed_policy(profile, resume)

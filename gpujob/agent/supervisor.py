@@ -52,6 +52,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         self.profiles = {p["name"]: p for p in self.spec["profiles"]}
         self.workdir = self.home.workdir(self.spec)
         self.stop_asked = False
+        self._planned_at = None  # decided_at of the rollback this supervisor planned
         self.rollbacks = list(self.journal.state().get("rollbacks") or [])
         self.restarts = list(self.journal.state().get("restarts") or [])
         self.joblog = self.relay = None
@@ -298,6 +299,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                       suspect: dict | None = None) -> None:
         """Write the rollback down before doing any of it (with the suspect it leaves, which
         a new supervisor goes on confirming), then let ``switch`` do it."""
+        self._planned_at = out.at  # planned here (not re-run after a death): switch's first time
         pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
                    "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
                    "request": out.request}
@@ -320,21 +322,33 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.rollbacks.append(rec)
-            self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            # a previous supervisor that died in the switch may have said it already (the
+            # record below is deferred when nothing else was done: see the write)
+            again = p["decided_at"] != self._planned_at and any(
+                e.get("type") == "rollback" and e.get("decided_at") == p["decided_at"] for e in self.journal.events()[0])
+            if not again:
+                self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            acted = bool(p.get("mark_bad")) or self.notifier.wants("rollback")
             if self.notifier.wants("rollback"):
                 self.journal.sync()
             self.notifier.emit("rollback", str(len(self.rollbacks)), **{k: rec[k] for k in
                                                                          ("from", "to", "reason", "signal")})
             p = dict(p, recorded=True)
-            self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
-        # one write for the record and the state shown (rollbacks before pending_rollback's recorded)
+            if not again:
+                self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
+        else:
+            acted = True
+        # one write for the record and the state shown (rollbacks before pending_rollback's recorded):
+        # written at once after a ledger mark or a message (so they are never done twice), else
+        # deferred with the switch's next steps to the spawn's durable write (a death before it
+        # redoes the switch from the plan)
         self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"], rollbacks=self.rollbacks,
-                       pending_rollback=p, durable=False)
+                       pending_rollback=p, durable=False if acted else None)
         die_here("rollback_recorded")
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         # the venv pointed at, then this in the same write
-        self.activate(p["to"], durable=False, step=Stage.RESTORE, resume=True, warmup_done=[],
+        self.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
                       pending_rollback=None, cache_cold=False)
         die_here("rollback_switched")
 
