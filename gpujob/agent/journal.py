@@ -203,7 +203,8 @@ class Journal:
         """state.json (NewerFormat when a newer agent wrote it: this one never touches it),
         with this writer's deferred changes over it."""
         st = check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
-        return dict(st, **self._deferred) if self._deferred else st
+        deferred = self._deferred  # replaced, never changed in place: safe from another thread
+        return dict(st, **deferred) if deferred else st
 
     def set_state(self, durable: bool = True, **changes) -> dict:
         """Update state.json durably. A writer whose lock generation is older than
@@ -231,7 +232,7 @@ class Journal:
                 self.internal_error(refused)
         st.update(changes)
         if durable is None:
-            self._deferred.update(changes)
+            self._deferred = {**self._deferred, **changes}
             return st
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
