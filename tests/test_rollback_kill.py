@@ -1,7 +1,8 @@
 """The rollback switch writes one durable state before the known-good trainer's spawn
-(issue 25): end_phase, the plan, the record, the venv switch and the restore step only
-replace state.json (no fsync); the ledger, the messages and the rollback's timing come
-at their own points. A supervisor SIGKILLed at each point between the decision and the
+(issue 25): end_phase and the plan replace state.json without fsync, the record, the
+venv switch and the steps after it are deferred to the spawn's durable write; a ledger
+mark or a message is preceded by a sync, and the rollback's timing is written after
+the spawn. A supervisor SIGKILLed at each point between the decision and the
 last of those writes (GPUJOB_TEST_DIE_AT, proc.die_here) is followed by a new one that
 ends with the same job: one trainer, on fast, the rollback recorded once, slow marked
 bad once after fast held (the suspect survives), and job.log's trainer lines each once."""
@@ -21,8 +22,8 @@ from test_jobs_local import trainers_of
 POINTS = [
     "train_ended:slow",      # slow's trainer stopped, child=None written without fsync
     "rollback_planned",      # the pending rollback written (no fsync)
-    "rollback_recorded",     # the rollback's record and rolling_back (no fsync)
-    "rollback_switched",     # the venv pointed at fast, step restore (no fsync)
+    "rollback_recorded",     # the rollback's record and rolling_back (deferred: not on disk)
+    "rollback_switched",     # the venv pointed at fast, step restore (deferred: not on disk)
     "train_starting:fast",   # child_starting written durably, fast's trainer not yet spawned
     "train_started:fast",    # fast's trainer spawned, not yet written down as the child
     "rollback_done",         # the rollback's timing written, right after the spawn
