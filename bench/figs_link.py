@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from bench.harness import CLK_TCK, FINAL, Harness
 from bench.report import Figure, median
@@ -21,13 +20,6 @@ def cpu_busy() -> float:
         fields = [int(x) for x in f.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return (sum(fields[:8]) - idle) / CLK_TCK
-
-
-class OneAtATime(ThreadPoolExecutor):
-    """A thread pool that runs one task at a time: the 'hosts one after another' baseline."""
-
-    def __init__(self, max_workers=None, *args, **kwargs):
-        super().__init__(max_workers=1)
 
 
 def commands(h: Harness) -> None:
@@ -120,7 +112,7 @@ def exec_cli(h: Harness) -> None:
 
 
 def status4(h: Harness) -> None:
-    import gpujob.cli.jobs_cmds as cm  # ps, and the out and ThreadPoolExecutor it uses
+    import gpujob.cli.jobs_cmds as cm  # ps, and the out and PS_WORKERS it uses
     from rich.console import Console
 
     from gpujob.state import State
@@ -139,16 +131,16 @@ def status4(h: Harness) -> None:
     db.close()
     saved = {k: os.environ.get(k) for k in ("GPUJOB_HOSTS", "XDG_STATE_HOME")}
     os.environ.update(GPUJOB_HOSTS=str(h.hosts), XDG_STATE_HOME=str(state_home))
-    real_out, real_pool = cm.out, cm.ThreadPoolExecutor
+    real_out, real_workers = cm.out, cm.PS_WORKERS
 
     def ps(parallel: bool) -> float:
         cm.ctx.hosts, cm.ctx._targets, cm.ctx._state = None, None, None
         sink = io.StringIO()
         cm.out = Console(file=sink, width=200, highlight=False)
-        cm.ThreadPoolExecutor = real_pool if parallel else OneAtATime
+        cm.PS_WORKERS = real_workers if parallel else 1
         try:
             busy0, c0, t0 = cpu_busy(), time.process_time(), time.perf_counter()
-            cm.ps(target=None, all_=False, as_json=True, limit=20)
+            cm.ps(target=None, all_=False, as_json=True, limit=20, timeout=cm.PS_TIMEOUT)
             took = time.perf_counter() - t0
             use["parallel" if parallel else "sequential"].append(
                 {"client_cpu_s": time.process_time() - c0, "machine_cpu_s": cpu_busy() - busy0,
@@ -156,7 +148,7 @@ def status4(h: Harness) -> None:
         finally:
             cm.ctx.close()
             cm.ctx._targets, cm.ctx._state = None, None
-            cm.out, cm.ThreadPoolExecutor = real_out, real_pool
+            cm.out, cm.PS_WORKERS = real_out, real_workers
         views = json.loads(sink.getvalue())
         seen = {v["target"] for v in views if v["state"] in FINAL}
         if len(seen) != 4:
@@ -183,3 +175,8 @@ def status4(h: Harness) -> None:
                              for k, v in use.items()}},
                     "the ps command's code in-process, new SSH connections each run (as a fresh CLI); "
                     "baseline: the same code with its thread pool cut to one worker"))
+
+
+def ps_kept(h: Harness) -> None:
+    from bench import psfan
+    psfan.run(h, Figure, median, FINAL)

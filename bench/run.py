@@ -29,8 +29,11 @@ resubmit     ``gpujob submit`` start → the supervisor's ``phase: train`` event
 supervisor   CPU time and peak RSS of the supervisor process during the 1000
              lines/s job, from /proc/PID/stat and /proc/PID/status in the container
 status4      ``gpujob ps`` (its code, in this process: fresh connections each run)
-             over jobs on 4 hosts (the bed's 4 sshd's) / the same code with its
-             thread pool cut to one worker (hosts one after another)
+             over jobs on 4 hosts (the bed's 4 sshd's) / the same code with
+             ``PS_WORKERS`` cut to 1 (hosts one after another)
+ps4_kept     the same over kept connections (one Targets, opened before timing) /
+             one after another; ps50: over 50 inventory entries on the one loopback
+             sshd / over 1 of them (bench/psfan.py)
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from testbed import TestBed  # noqa: E402
 ORDER = ("commands", "exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help",
          "latency_p50", "latency_p99", "bulk", "rollback", "rollback_uvcache",
          "resubmit",
-         "supervisor_cpu", "supervisor_rss", "status4")
+         "supervisor_cpu", "supervisor_rss", "status4", "ps4_kept", "ps50")
 
 
 def run(h: Harness, only: set | None = None) -> list[Figure]:
@@ -66,7 +69,8 @@ def run(h: Harness, only: set | None = None) -> list[Figure]:
              "bulk": "logs -f bulk", "rollback": "rollback", "rollback_uvcache": "rollback (uv cache)",
              "resubmit": "resubmit",
              "supervisor_cpu": "supervisor CPU", "supervisor_rss": "supervisor RSS",
-             "status4": "gpujob ps over 4 hosts"}
+             "status4": "gpujob ps over 4 hosts", "ps4_kept": "gpujob ps over 4 hosts, kept",
+             "ps50": "gpujob ps over 50 hosts"}
     want = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
     steps = [(("commands",), figs_link.commands),
              (("exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help"),
@@ -92,7 +96,8 @@ def run(h: Harness, only: set | None = None) -> list[Figure]:
             figs_job.bulk(h, stream_job)
         except Exception as e:  # noqa: BLE001
             h.failed(("bulk",), names, e)
-    for keys, fn in ((("rollback", "rollback_uvcache"), figs_job.rollback), (("status4",), figs_link.status4)):
+    for keys, fn in ((("rollback", "rollback_uvcache"), figs_job.rollback), (("status4",), figs_link.status4),
+                     (("ps4_kept", "ps50"), figs_link.ps_kept)):
         if want(*keys):
             try:
                 fn(h)

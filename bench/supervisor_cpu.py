@@ -139,6 +139,11 @@ class Local:
         jobj = json.loads((src / "job.json").read_text())
         jobj["spec"].pop("warmup", None)
         (dst / "job.json").write_text(json.dumps(jobj))
+        # the state `agent submit` writes (without its step the first one, restore, is refused
+        # as a jump from no step: the supervisor would go round its env step for good)
+        (dst / "state.json").write_text(json.dumps({"job_id": new, "name": jobj["spec"]["name"], "state": "preparing",
+                                                    "phase": "start", "step": "env", "profile": jobj["profile"],
+                                                    "resume": False, "started_at": time.time()}))
         sys.path.insert(0, str(REPO))
         from gpujob.agent.supervisor import supervisor
         prof = cProfile.Profile(time.process_time)

@@ -144,6 +144,13 @@ class State:
         return self.db.execute("SELECT * FROM jobs ORDER BY rowid DESC LIMIT ?",
                                (limit,)).fetchall()
 
+    def seen_states(self, states: dict) -> None:
+        """``seen`` for many jobs' states at once ({job id: state}), in one transaction (``ps``)."""
+        with self.db:
+            now = time.time()
+            self.db.executemany("UPDATE jobs SET state = ?, seen_at = ? WHERE job_id = ?",
+                                [(s, now, j) for j, s in states.items()])
+
     def seen(self, job_id: str, state: str | None, ledger: dict | None = None,
              target: str | None = None, name: str | None = None) -> None:
         """Remember the last state seen, and mirror the container's ledger."""

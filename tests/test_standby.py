@@ -28,7 +28,8 @@ TRAINER = textwrap.dedent('''
         time.sleep(0.05)
         step += 1
         print(f"step {step} | {rate}K tok/s", flush=True)
-        open("ckpt", "w").write(str(step))
+        open("ckpt.tmp", "w").write(str(step))  # whole or not at all: a SIGTERM may land mid-save
+        os.replace("ckpt.tmp", "ckpt")
 ''')
 
 

@@ -284,7 +284,20 @@ def cmd_run(home: Home, args) -> None:
     sys.exit(run(home.root, args.job, args.lock_fd, args.generation))
 
 
+_PARSER = None  # built once a process (the exec channel's zygote builds it before it forks)
+
+
 def parser() -> argparse.ArgumentParser:
+    global _PARSER
+    if _PARSER is None:
+        _PARSER = _build_parser()
+    return _PARSER
+
+
+warm = parser  # what the exec channel's zygote runs once after importing this module
+
+
+def _build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gpujob-agent")
     p.add_argument("--home", required=True)
     sub = p.add_subparsers(dest="cmd", required=True)

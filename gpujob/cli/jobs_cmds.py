@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import render
-from gpujob.cli import bodies
+from gpujob.cli import bodies, fanout, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
     from gpujob.target import Target
@@ -288,13 +286,22 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     job_id, t = job_target(job, target)
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 
+#: ``ps`` asks this many hosts at once (over their kept connections, or new ones), and
+#: waits this long for their answers (``--timeout``)
+PS_WORKERS = 64
+PS_TIMEOUT = 20.0
+
+
 @app.command()
 def ps(target: Optional[str] = typer.Argument(None, help="only this container's jobs"),
        all_: bool = typer.Option(False, "--all", help="every job in TARGET's journal, whichever laptop "
                                  "started it (with who did)"),
        as_json: bool = typer.Option(False, "--json"),
-       limit: int = typer.Option(20, help="how many recent jobs")):
-    """Jobs started from this laptop, with their state fetched from the containers."""
+       limit: int = typer.Option(20, help="how many recent jobs"),
+       timeout: float = typer.Option(PS_TIMEOUT, "--timeout", min=0.1,
+                                     help="seconds to wait for the containers' answers; a host that "
+                                          "gives none by then is shown unreachable")):
+    """Jobs started from this laptop, with their state fetched from the containers (all at once)."""
     if all_:
         return _ps_all(target, as_json, limit)
     rows = ctx.state().jobs(limit if target is None else 1000)
@@ -306,22 +313,29 @@ def ps(target: Optional[str] = typer.Argument(None, help="only this container's 
         by_target.setdefault(r["target"], []).append(r["job_id"])
 
     def fetch(target: str) -> dict:
-        try:
-            t = ctx.target(target)
-            return {s["job_id"]: s for s in t.agent_json("status", "--missing-ok", *by_target[target])["jobs"]}
-        except GpujobError as e:
-            return {j: {"state": "unreachable", "reason": e.message} for j in by_target[target]}
+        t = ctx.target(target)
+        return {s["job_id"]: s for s in t.agent_json("status", "--missing-ok", *by_target[target])["jobs"]}
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(by_target)))) as pool:
-        states = {}
-        for part in pool.map(fetch, list(by_target)):
-            states.update(part)
+    states = {}
+    answers = fanout.gather(list(by_target), fetch, workers=PS_WORKERS, deadline=timeout)
+    for target, res in answers.items():  # in the order of the rows
+        if isinstance(res, (GpujobError, fanout.NoAnswer)):
+            why = res.message if isinstance(res, GpujobError) else str(res)
+            n = len(by_target[target])
+            err.print(f"gpujob: {target} is unreachable ({why}); its {n} job{'s' if n > 1 else ''} "
+                      f"shown as unreachable", markup=False, highlight=False)
+            res = {j: {"state": "unreachable", "reason": why} for j in by_target[target]}
+        elif isinstance(res, BaseException):
+            raise res
+        states.update(res)
     views = []
+    seen = {}
     for r in rows:
         st = states.get(r["job_id"], {})
         if st.get("state") != "unreachable":
-            ctx.state().seen(r["job_id"], st.get("state"))
+            seen[r["job_id"]] = st.get("state")
         views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
+    ctx.state().seen_states(seen)  # one commit, not one a row
     if as_json:
         out.print_json(json.dumps(views))
         return

@@ -69,6 +69,9 @@ class Zygote:
             import runpy  # noqa: F401  (what the child runs the zip with)
             sys.path[:] = [argv[z]] + [p for p in sys.path if p not in ("", argv[z])]
             __import__("gpujob.agent.main")
+            warm = getattr(sys.modules["gpujob.agent.main"], "warm", None)
+            if warm is not None:  # built once here (the agent's argument parser), not in every child
+                warm()
             cls.path = argv[z]
             return True
         except Exception:

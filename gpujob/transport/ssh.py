@@ -252,6 +252,7 @@ class SshTransport(Transport):
         self.accept_new = accept_new
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
+        self._closed_while_connecting = False
 
     def describe(self) -> str:
         s = self.settings
@@ -262,7 +263,11 @@ class SshTransport(Transport):
             transport = self._client.get_transport() if self._client is not None else None
             if self._client is None or transport is None or not transport.is_active():
                 self._close_locked()
+                self._closed_while_connecting = False
                 self._client = connect(self.settings, accept_new=self.accept_new)
+                if self._closed_while_connecting:  # closed meanwhile (close did not wait): not kept
+                    self._close_locked()
+                    raise ConnectError(f"the connection to {self.describe()} was closed while it was opened")
             return self._client
 
     def host_key(self) -> str:
@@ -284,8 +289,15 @@ class SshTransport(Transport):
             self._client = None
 
     def close(self) -> None:
-        with self._lock:
+        """Close the connection. One being opened by another thread (a host that ``ps``
+        gave up on) is not waited for: it is closed as soon as it is open."""
+        if not self._lock.acquire(timeout=0.5):
+            self._closed_while_connecting = True
+            return
+        try:
             self._close_locked()
+        finally:
+            self._lock.release()
 
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:

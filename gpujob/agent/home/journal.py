@@ -14,7 +14,7 @@ import json
 import os
 import time
 
-from gpujob.agent.base.fsio import append_record, now, pid_alive, read_json, read_records, write_json
+from gpujob.agent.base.fsio import append_record, fsync_dir, now, pid_alive, read_json, read_records, write_json
 from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
 
 
@@ -59,6 +59,8 @@ class Journal:
         self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
         self.on_internal_error = None  # called with one line (the supervisor notifies)
         self._samples = None  # samples.jsonl's
+        self.unsynced = False  # state.json was replaced without fsync since its last durable write
+        self._deferred: dict = {}  # set_state(durable=None)'s changes: written with the next write
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -68,12 +70,23 @@ class Journal:
         return check_format(read_json(self.path("job.json"), {}), f"job {self.job_id}'s job.json")
 
     def state(self) -> dict:
-        """state.json (NewerFormat when a newer agent wrote it: this one never touches it)."""
-        return check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
+        """state.json (NewerFormat when a newer agent wrote it: this one never touches it),
+        with this writer's deferred changes over it."""
+        st = check_format(read_json(self.path("state.json"), {}), f"job {self.job_id}'s state.json")
+        deferred = self._deferred  # replaced, never changed in place: safe from another thread
+        return dict(st, **deferred) if deferred else st
 
-    def set_state(self, **changes) -> dict:
+    def set_state(self, durable: bool = True, **changes) -> dict:
         """Update state.json durably. A writer whose lock generation is older than
-        the one that last wrote the state is refused (``Fenced``)."""
+        the one that last wrote the state is refused (``Fenced``). ``durable=False``
+        replaces it atomically without the fsyncs: a process that dies keeps it (the
+        rename is done), only a machine crash may lose it. It is for a step that a
+        durable write follows before the next act (a spawn, a kill, a ledger mark, a
+        message, a removed request): that write carries the whole state, so nothing
+        acted on is ever only in the page cache (``sync`` makes it durable on demand).
+        ``durable=None`` defers the changes (this writer's ``state()`` has them at once)
+        to the next write: for steps that are redone from the last written state when
+        the process dies before it (the rollback switch between its plan and its spawn)."""
         from gpujob.agent.home.lock import Fenced
         st = self.state()
         if self.generation is not None:
@@ -88,10 +101,31 @@ class Journal:
                 changes = {k: v for k, v in changes.items() if k != "step"}
                 self.internal_error(refused)
         st.update(changes)
+        if durable is None:
+            self._deferred = {**self._deferred, **changes}
+            return st
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
-        write_json(self.path("state.json"), st)
+        write_json(self.path("state.json"), st, durable=durable)
+        self._deferred = {}
+        self.unsynced = not durable
         return st
+
+    def sync(self) -> None:
+        """Make the last non-durable or deferred ``set_state`` durable (before an act); a no-op
+        after a durable one."""
+        if self._deferred:
+            self.set_state()
+            return
+        if not self.unsynced:
+            return
+        fd = os.open(self.path("state.json"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(self.dir)
+        self.unsynced = False
 
     def internal_error(self, line: str) -> None:
         """gpujob's own bookkeeping went wrong: an event and a notification, never the job's end."""

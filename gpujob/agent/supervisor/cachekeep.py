@@ -85,7 +85,8 @@ class CacheKeep:
         self.journal.set_state(snapshot_due=None)
 
     # ---- the restore step ----------------------------------------------------
-    def cache_step(self, profile: str, cold: bool) -> None:
+    def cache_step(self, profile: str, cold: bool, **then) -> None:
+        """The restore step (``then``: the state after it, written with its cache_start)."""
         st = self.journal.state()
         key = self.cache_key(profile)
         for what in snapshots.recover(self.home.root, key):
@@ -102,6 +103,7 @@ class CacheKeep:
         kind = "cold" if live == 0 else "warm"
         meta = None
         if why and snap is not None:
+            self.journal.sync()  # a durable state before the restore
             try:
                 meta = snapshots.restore(self.home.root, key, snap)
             except OSError as e:  # the old cache stays: restore removed its temp dir, swap undid itself
@@ -117,7 +119,9 @@ class CacheKeep:
                 self.journal.set_state(cold_retry=dict(retry, restored=now()))
         elif cold and snap is not None:
             self.say(f"cache: starting cold as asked; {snapshots.describe(snap)} is kept, not restored")
-        self.journal.set_state(cache_start={"profile": profile, "kind": kind})
+        # deferred to the spawn's durable write (the restore above was preceded by a durable one;
+        # a death before the spawn redoes this step)
+        self.journal.set_state(cache_start={"profile": profile, "kind": kind}, durable=None, **then)
         self.journal.event("cache_start", profile=profile, start=kind, files=live if kind != "restored" else None)
 
     # ---- a failed cold start: one retry on the snapshot ---------------------

@@ -33,8 +33,10 @@ class Installer:
         """Caches are per profile (the venv's key) unless the spec shares them."""
         return self.env_key(profile) if self.per_profile_caches else "shared"
 
-    def activate(self, profile: str) -> None:
-        """Make sure the profile's venv exists, then point the job at it atomically."""
+    def activate(self, profile: str, durable: bool = True, **then) -> None:
+        """Make sure the profile's venv exists, then point the job at it atomically
+        (``durable``: as Journal.set_state's; a build makes the state durable first;
+        ``then``: more state, written with the profile)."""
         self.ensure_env(profile)
         link = self.journal.path("venv")
         tmp = f"{link}.tmp{os.getpid()}"
@@ -43,7 +45,7 @@ class Installer:
         os.symlink(envs.env_dir(self.home.root, self.env_key(profile)), tmp)
         os.replace(tmp, link)
         gc.touch_used(envs.env_dir(self.home.root, self.env_key(profile)))  # for `gpujob gc`
-        self.journal.set_state(profile=profile, env_key=self.env_key(profile))
+        self.journal.set_state(profile=profile, env_key=self.env_key(profile), durable=durable, **then)
         self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
     def ensure_env(self, profile: str) -> None:
         key = self.env_key(profile)
@@ -51,6 +53,7 @@ class Installer:
             self.journal.event("env_reused", profile=profile, env_key=key)
             self.say(f"profile {profile}: venv {key} already installed, reusing it")
             return
+        self.journal.sync()  # a durable state before the build's acts
         prof = self.profiles[profile]
         venv = envs.env_dir(self.home.root, key)
         envs.remove_tree(venv)  # an interrupted build left no marker: start over

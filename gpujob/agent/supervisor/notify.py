@@ -160,6 +160,10 @@ class Notifier:
         self._busy = False
 
     # -- writing messages down --
+    def wants(self, kind: str) -> bool:
+        """Whether ``emit(kind, ...)`` would write a message down (a webhook takes it)."""
+        return any(kind in h["events"] for h in self.hooks)
+
     def emit(self, kind: str, key: str, **fields) -> str | None:
         """Write down the ``kind`` message (``key`` makes its id: the same event
         emitted again after a death is the same message, kept once). Returns its id.

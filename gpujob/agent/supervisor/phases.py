@@ -13,7 +13,7 @@ import shlex
 from gpujob.agent.base import defaults, envs, jobenv, planshare
 from gpujob.agent.base.placeholders import command_argv, fleet_env, placeholder_env
 from gpujob.agent.base.fsio import now, read_json, write_json
-from gpujob.agent.base.proc import Phase
+from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.judge.outcome import Outcome
@@ -106,8 +106,12 @@ class Phases:
             self.journal.set_state(warmup_again=None)
         return Outcome(OutcomeKind.DONE)
 
-    def train(self, profile: str, resume: bool) -> Outcome:
+    def train(self, profile: str, resume: bool, **then) -> Outcome:
+        """Start (or hand to its standby) and watch the trainer (``then``: state written with its start)."""
         if self.fleet is not None:  # every node's trainer starts together, or none
+            if then:  # written before the barrier, whatever it answers
+                self.journal.set_state(**then)
+                then = {}
             out = self.fleet.barrier(profile)
             if out is not None:
                 return out
@@ -115,25 +119,33 @@ class Phases:
         extra, point = self.resume_args(profile, resume)  # {resume_from}: the checkpoint chosen
         argv = command_argv(t["command"], self.values(profile), extra)
         env = self.child_env(profile)
-        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts))
+        # deferred to the trainer's start (child_starting, or the sync before the standby's
+        # hand-over), which is durable; a death before it redoes this step
+        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts),
+                       durable=None, **then)
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
-        if self.rollbacks and "running_at" not in self.rollbacks[-1]:
-            rec = self.rollbacks[-1]
-            if point is not None:
-                rec["resumed"] = point["note"]
-            rec["running_at"] = now()
-            rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
-            rec["timings"] = {"trainer_start": rec["took"]}
-            self.journal.event("rollback_done", **rec)
-            self.journal.set_state(rollbacks=self.rollbacks)
         self.resumed_policy(profile, resume)
         started = self.take_standby(profile, extra)
         if started is None:
             self.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
                           timeout=t["timeout"], watch_tps=self.watching,
-                          grace=t["grace"], started=started)
+                          grace=t["grace"], started=started, after_start=lambda: self.rollback_done(point))
+
+    def rollback_done(self, point) -> None:
+        """The trainer of a rollback's target runs (just spawned, or handed to its
+        standby): the rollback's record gets when, and how long from the decision."""
+        if self.rollbacks and "running_at" not in self.rollbacks[-1]:
+            rec = self.rollbacks[-1]
+            if point is not None:
+                rec["resumed"] = point["note"]
+            rec["running_at"] = self.spawned_at
+            rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
+            rec["timings"] = {"trainer_start": rec["took"]}
+            self.journal.event("rollback_done", **rec)
+            self.journal.set_state(rollbacks=self.rollbacks)
+            die_here("rollback_done")
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace
@@ -161,6 +173,9 @@ class Phases:
         logname = child.get("log") or f"{child.get('phase')}.log"
         if child.get("phase") == "train":
             self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
+            if self.rollbacks and "running_at" not in self.rollbacks[-1]:  # its supervisor died at the spawn:
+                self.spawned_at = child.get("started_at") or now()  # the start it wrote down
+                self.rollback_done(None)
         watch_tps = bool(child.get("watch_tps"))
         timeout = defaults.section(self.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
             else defaults.section(self.spec, "train")["timeout"]

@@ -146,6 +146,7 @@ class StandbyKeeper:
         script = script_argv(command)
         log = self.journal.path("train.log")
         log_start = os.path.getsize(log) if os.path.exists(log) else 0
+        self.journal.sync()  # a durable state before the trainer starts in the standby
         if script is None or not go(rec["fifo"], {"argv": script + list(extra), "cwd": self.workdir,
                                                           "log": log}):
             self.drop_standby()
@@ -160,6 +161,7 @@ class StandbyKeeper:
     def drop_standby(self) -> None:
         if self.standby is not None:
             if self.standby.running():
+                self.journal.sync()
                 self.standby.kill(2)
             self.standby = None
             self.journal.event("standby_dropped")

@@ -28,7 +28,7 @@ from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.home.lock import Fenced, Held, Lock
 from gpujob.agent.supervisor.metrics import MetricsFile
 from gpujob.agent.supervisor.notify import Notifier
-from gpujob.agent.base.proc import Phase, keepers_of, kill_group, start_ticks
+from gpujob.agent.base.proc import Phase, die_here, keepers_of, kill_group, start_ticks
 from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Safeguards
@@ -59,6 +59,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         self.profiles = {p["name"]: p for p in self.spec["profiles"]}
         self.workdir = self.home.workdir(self.spec)
         self.stop_asked = False
+        self._planned_at = None  # decided_at of the rollback this supervisor planned
         self.rollbacks = list(self.journal.state().get("rollbacks") or [])
         self.restarts = list(self.journal.state().get("restarts") or [])
         self.joblog = self.relay = None
@@ -103,8 +104,8 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         always on a line of its own."""
         self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
 
-    def set_state(self, state: JobState, **kw) -> None:
-        self.journal.set_state(state=state, **kw)
+    def set_state(self, state: JobState, durable: bool = True, **kw) -> None:
+        self.journal.set_state(state=state, durable=durable, **kw)
         self.journal.event("state", state=state, **{k: v for k, v in kw.items()
                                                     if k in ("phase", "profile", "reason")})
         self.metrics.write(force=True)
@@ -243,16 +244,17 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                         self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
                         continue
                     if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
-                        self.cache_step(profile, bool(st.get("cache_cold")))
-                        self.journal.set_state(step=Stage.WARMUP)
+                        self.cache_step(profile, bool(st.get("cache_cold")), step=Stage.WARMUP)
                         continue
                     if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
                         out = Outcome(OutcomeKind.DONE, exit_code=0)
                     elif step == Stage.WARMUP:
                         out = self.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == OutcomeKind.DONE:
-                            self.journal.set_state(step=Stage.TRAIN)
-                            continue
+                            if self.requests() is not None:  # the loop takes it (the trainer's start durable)
+                                self.journal.set_state(step=Stage.TRAIN, durable=False)
+                                continue
+                            out = self.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
                     else:
                         out = self.train(profile, bool(st.get("resume")))
             restarts_before = len(self.restarts)
@@ -277,17 +279,24 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         """Act on how a phase ended; True when the job is over. What to do is
         ``decide.next_action``'s (pure); this carries it out (verdicts.py)."""
         if self.fleet is not None:
+            self.journal.sync()  # the phase's end (end_phase wrote it without fsync) before the fleet acts
             over = self.fleet.handle(out, profile)
             if over is not None:
                 return over
         if out.kind == OutcomeKind.SIGNAL:
             if self.disk_is_full():
+                try:
+                    self.journal.sync()
+                except OSError:
+                    pass
                 raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
             if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
                 return False
         action = decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
                                     self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
                                     DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
+        if action.do != decide.Do.ROLLBACK or out.request:  # a rollback's first durable write is its
+            self.journal.sync()  # spawn's (switch): what it does before that only writes state.json
         return self.carry_out(action, out, profile)
 
     def auto_rollbacks(self) -> list:
@@ -297,11 +306,17 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                       suspect: dict | None = None) -> None:
         """Write the rollback down before doing any of it (with the suspect it leaves, which
         a new supervisor goes on confirming), then let ``switch`` do it."""
+        self._planned_at = out.at  # planned here (not re-run after a death): switch's first time
         pending = {"from": frm, "to": to, "reason": out.reason, "signal": failure,
                    "evidence": out.evidence, "decided_at": out.at, "mark_bad": mark_bad,
                    "request": out.request}
+        # not fsynced unless a request is removed next: every act of the switch (a ledger mark,
+        # a message, a venv build, a cache restore, the spawn) is preceded by a durable write
+        # (journal.sync, or the spawn's child_starting), which carries this state along
         self.journal.set_state(step=Stage.ROLLBACK, pending_rollback=pending, suspect=suspect,
-                               judging_suspended=None)
+                               judging_suspended=None, child=None, child_pid=None, ending=None,
+                               durable=bool(out.request))
+        die_here("rollback_planned")
         if out.request:
             self.journal.done(out.request)
 
@@ -309,22 +324,40 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         """Carry out a written-down rollback (again, if a supervisor died during it)."""
         if not p.get("recorded"):
             if p.get("mark_bad"):
+                self.journal.sync()
                 self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id)
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.rollbacks.append(rec)
-            self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            # a previous supervisor that died in the switch may have said it already (the
+            # record below is deferred when nothing else was done: see the write)
+            again = p["decided_at"] != self._planned_at and any(
+                e.get("type") == "rollback" and e.get("decided_at") == p["decided_at"] for e in self.journal.events()[0])
+            if not again:
+                self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+            acted = bool(p.get("mark_bad")) or self.notifier.wants("rollback")
+            if self.notifier.wants("rollback"):
+                self.journal.sync()
             self.notifier.emit("rollback", str(len(self.rollbacks)), **{k: rec[k] for k in
                                                                          ("from", "to", "reason", "signal")})
             p = dict(p, recorded=True)
-            self.journal.set_state(rollbacks=self.rollbacks, pending_rollback=p)
-            self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
-        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"])
+            if not again:
+                self.say(f"ROLLBACK {p['from']} -> {p['to']}: {p['reason']}")
+        else:
+            acted = True
+        # one write for the record and the state shown (rollbacks before pending_rollback's recorded):
+        # written at once after a ledger mark or a message (so they are never done twice), else
+        # deferred with the switch's next steps to the spawn's durable write (a death before it
+        # redoes the switch from the plan)
+        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"], rollbacks=self.rollbacks,
+                       pending_rollback=p, durable=False if acted else None)
+        die_here("rollback_recorded")
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
-        self.activate(p["to"])
-        self.journal.set_state(step=Stage.RESTORE, profile=p["to"], resume=True, warmup_done=[],
-                               pending_rollback=None, cache_cold=False)
+        # the venv pointed at, then this in the same write
+        self.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
+                      pending_rollback=None, cache_cold=False)
+        die_here("rollback_switched")
 
     def requests(self):
         """The next request to act on: a pending stop always wins; else the oldest

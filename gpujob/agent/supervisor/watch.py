@@ -22,7 +22,7 @@ from gpujob.agent.supervisor.boothook import boot_identity
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base import defaults
 from gpujob.agent.base.defaults import DEFAULTS
-from gpujob.agent.base.proc import Phase
+from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.home.trim import read_jsonl_from
 from gpujob.agent.supervisor.watchpause import PauseWatch
@@ -111,19 +111,27 @@ class PhaseWatch(PauseWatch):
         else:
             log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
             exit_file = self.journal.path(f"{phase}.exit")
+            for stale in (exit_file, exit_file + ".tmp"):  # the last run's: one left here would read,
+                if os.path.exists(stale):  # to a supervisor dying before the start, as this one's end
+                    os.unlink(stale)
             # written before the start: a supervisor dying right after it finds the command
             # by its keeper's exit file (proc.keepers_of) instead of starting a second one
             self.journal.set_state(child_starting=dict(rec, exit_file=exit_file, log_start=log_start))
+            die_here(f"{phase}_starting:{extra.get('profile')}")
             proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path, exit_file=exit_file)
+            die_here(f"{phase}_started:{extra.get('profile')}")
+        self.spawned_at = now()  # (a standby's: when it took the argv)
         self.phase_proc = proc
         rec = dict(proc.record(), log_start=log_start, **rec)
         self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid, child_starting=None)
         self.relay.follow(logname, log_start)
         return proc
 
-    def end_phase(self) -> None:
+    def end_phase(self, durable: bool = True) -> None:
+        """The phase command is gone. From ``watch`` not fsynced: the supervisor's
+        ``handle`` makes it durable before it acts (a rollback: its spawn's write)."""
         self.phase_proc = None
-        self.journal.set_state(child=None, child_pid=None, ending=None)
+        self.journal.set_state(child=None, child_pid=None, ending=None, durable=durable)
 
     def nap(self, proc: Phase, seconds: float) -> None:
         """Wait ``seconds``, or less if the command exits meanwhile."""
@@ -168,7 +176,7 @@ class PhaseWatch(PauseWatch):
         run.minute_start = t
 
     def watch(self, argv, env, logname, profile, *, timeout, watch_tps, grace=30.0, gpu=None,
-              adopt: dict | None = None, started=None) -> Outcome:
+              adopt: dict | None = None, started=None, after_start=None) -> Outcome:
         """Run one phase command (or go on watching ``adopt``, a command a previous
         supervisor started); parse its output; act on signals and requests."""
         os.makedirs(self.workdir, exist_ok=True)
@@ -188,7 +196,9 @@ class PhaseWatch(PauseWatch):
             if run.ckwatch is not None:  # a re-adopting supervisor takes this run's watch over
                 extra["ck_run"] = run.ckwatch.run
             proc = self.start_phase(argv, env, self.workdir, logname, extra, started)
-            self.journal.set_state(phase_started_at=run.start)
+            self.journal.set_state(phase_started_at=run.start, durable=False)  # (a figure: shown, never acted on)
+            if after_start is not None:  # what can wait until the command runs
+                after_start()
         split = throughput.LineSplitter()
         # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
         outcome = hang.predecessor_outcome(self, proc, Outcome) if adopt is not None else None
@@ -237,7 +247,8 @@ class PhaseWatch(PauseWatch):
         self.close_checkpoints(run, code)
         self.trace_end(code, now())
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
-        self.end_phase()
+        self.end_phase(durable=False)
+        die_here(f"{run.phase}_ended:{profile}")
         if outcome is not None:
             return outcome
         if code == 0:
@@ -323,9 +334,8 @@ class PhaseWatch(PauseWatch):
             self.trace_decision(d, t)
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
-            self.publish(run.samples, d, run.baseline)
-            if run.source is not None and run.source.position() is not None:
-                self.journal.set_state(source_offset=run.source.position())  # for a re-adopting supervisor
+            where = run.source.position() if run.source is not None else None  # for a re-adopting supervisor
+            self.publish(run.samples, d, run.baseline, **({"source_offset": where} if where is not None else {}))
             run.last_state = t
         rec = self.rollbacks[-1] if self.rollbacks and run.phase == "train" else None
         if timings.pending(rec):  # decision -> first sample -> first good -> first ok
@@ -407,10 +417,12 @@ class PhaseWatch(PauseWatch):
                        {"group": cfg["group"], "below": cfg["below"], "idle_for": round(idle, 1),
                         "history": run.gpu_history[-10:]})
 
-    def publish(self, samples: list, d, baseline) -> None:
+    def publish(self, samples: list, d, baseline, **more) -> None:
+        """The figures ``status`` shows, once a second: replaced atomically, not fsynced (nothing
+        is acted on from them; a machine crash that loses the last one ends the trainer too)."""
         values = [s.value for s in samples[-120:]]
         self.journal.set_state(tps=values[-1] if values else None, tps_recent=values,
                                window=d.evidence, verdict=d.verdict, verdict_reason=d.reason,
-                               baseline=baseline)
+                               baseline=baseline, durable=False, **more)
         self.metrics.write()
 
