@@ -78,3 +78,10 @@ def test_a_deferred_write_is_fenced_like_any_other(tmp_path):
     Journal(Home(str(tmp_path)), "j1", generation=2).set_state(step="env")
     with pytest.raises(Fenced):
         j.set_state(step="restore", durable=None)
+
+
+def test_json_objects_passes_over_what_is_not_a_whole_object():
+    from gpujob.agent.base.fsio import json_objects
+    data = b'\0\0\0{"a": 1}\n\n{"b": 2}\n[1, 2]\n"text"\n{"torn": \n{"c": 3}'
+    assert json_objects(data) == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert json_objects(b"") == []

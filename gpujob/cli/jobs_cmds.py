@@ -232,14 +232,8 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
     buf = bytearray()
     jobs.follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
                     notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
-    found = []
-    for ln in bytes(buf).split(b"\n"):
-        try:
-            rec = json.loads(ln.lstrip(b"\0"))
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("type") == "stacks":
-            found.append(rec)
+    from gpujob.agent.base.fsio import json_objects
+    found = [rec for rec in json_objects(bytes(buf)) if rec.get("type") == "stacks"]
     so = sys.stdout
     if as_json:
         for rec in found:

@@ -38,20 +38,10 @@ class MissingDependency(GpujobError):
 def read_jsonl(t, job_id: str, file: str) -> list[dict]:
     """Every whole record of a job's JSONL file (a torn or trimmed-away line is skipped)."""
     from gpujob import jobs
+    from gpujob.agent.base.fsio import json_objects
     buf = bytearray()
     jobs.follow_log(t, job_id, file=file, follow=False, write=buf.extend, notice=lambda m: None)
-    recs = []
-    for ln in bytes(buf).split(b"\n"):
-        ln = ln.lstrip(b"\0").strip()
-        if not ln:
-            continue
-        try:
-            rec = json.loads(ln)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            recs.append(rec)
-    return recs
+    return json_objects(bytes(buf))
 
 
 def command(job_id: str, t, st: dict, output: Path | None, as_json: bool, out) -> None:

@@ -107,6 +107,23 @@ def _truncate(fd: int, size: int) -> None:
         pass
 
 
+def json_objects(data: bytes) -> list:
+    """The JSON objects of a run of JSON lines, in order: blank lines, a trimmed journal's
+    punched-out start (NULs), a torn line and anything not an object are passed over."""
+    out = []
+    for line in data.split(b"\n"):
+        line = line.lstrip(b"\0")
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def read_records(path: str) -> tuple:
     """(records, skipped): the whole JSON lines of a .jsonl file, and how many lines
     could not be read (a torn tail left by a crash, or damage)."""

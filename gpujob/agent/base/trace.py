@@ -18,6 +18,8 @@ import json
 import os
 import zlib
 
+from gpujob.agent.base.fsio import json_objects
+
 NAME, OLD = "trace.jsonl.gz", "trace.1.jsonl.gz"
 FLUSH = 1.0
 
@@ -88,7 +90,6 @@ class TraceWriter:
 def read_records(path: str) -> list:
     """Every record of a trace file (header included); a cut last block or line is
     dropped. Several gzip members (one per writer) read as one stream."""
-    out = []
     with open(path, "rb") as f:
         data = f.read()
     d = zlib.decompressobj(zlib.MAX_WBITS | 16)
@@ -103,14 +104,7 @@ def read_records(path: str) -> list:
             d = zlib.decompressobj(zlib.MAX_WBITS | 16)
         else:
             break
-    for line in text.split(b"\n"):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return json_objects(text)
 
 
 def job_records(directory: str) -> list:
