@@ -93,13 +93,19 @@ def test_channel_messages_are_signed_sequenced_and_bound_to_the_connection():
         channel.open_line(key, "nonce-a", 1, forged)
 
 
-def test_a_follower_with_the_wrong_key_is_never_heard(tmp_path):
+def leader() -> tuple:
+    """A started channel server (key k*32, job-1) on a free loopback port, and the port."""
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
     server = channel.Server(b"k" * 32, port, "job-1", bind="127.0.0.1")
     server.start()
+    return server, port
+
+
+def test_a_follower_with_the_wrong_key_is_never_heard(tmp_path):
+    server, port = leader()
     good = channel.Client(b"k" * 32, "127.0.0.1", port, "job-1", 1, {"round": 0})
     bad = channel.Client(b"z" * 32, "127.0.0.1", port, "job-1", 2, {"round": 0})
     try:
@@ -130,12 +136,7 @@ def test_the_channel_hello_names_its_wire_and_version():
 
 
 def test_a_follower_of_another_wire_version_is_refused_with_its_reason():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    server = channel.Server(b"k" * 32, port, "job-1", bind="127.0.0.1")
-    server.start()
+    server, port = leader()
     c = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:
         rfile = c.makefile("rb")
