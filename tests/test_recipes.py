@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpujob.errors import InputError, SpecError
-from gpujob.recipes import RECIPES, apply, describe, merge
+from gpujob.recipes import RECIPES, apply, merge
 from gpujob.recipe_init import job_name
 from gpujob.spec import load_spec
 from helpers import cli, gpujob_argv, local_env

@@ -138,7 +138,7 @@ elif style == "lightning":
     path = opt("--ckpt_path")
     if path == "last":  # ModelCheckpoint looks in its own dirpath: this run's new version_N/checkpoints
         path = None
-        print(f'.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint will '
+        print('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint will '
               "be loaded.", flush=True)
     if path:
         with open(path) as f:
