@@ -61,6 +61,7 @@ if style == "specforge":
 elif style == "hf":
     out = opt("--output_dir", default="output")
     given = opt("--resume_from_checkpoint")
+    eval_steps = int(opt("--eval_steps", default="0"))  # eval_strategy steps (HF's default: no evaluation)
     if given:  # trainer.train(resume_from_checkpoint=...): that directory's trainer_state.json
         with open(os.path.join(given, "trainer_state.json")) as f:
             start = int(re.search(r'"global_step": (\d+)', f.read()).group(1))
@@ -75,7 +76,7 @@ elif style == "hf":
     def tick(step, dt):
         sys.stdout.write(f"\r{100 * step // steps:3d}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s]")
         sys.stdout.flush()
-        if step % 25 == 0:  # eval_steps: the eval bar, then tqdm.write of the metrics (the bar cleared first)
+        if eval_steps and step % eval_steps == 0:  # the eval bar, then tqdm.write of the metrics (bar cleared)
             sys.stdout.write(f"\r 50%|##  | 1/2 [00:00<00:00, {40.0 / dt:.2f}it/s]\r{' ' * 20}\r"
                              "{'eval_loss': 1.25, 'eval_runtime': 0.1, 'epoch': 0.5}\n")
             sys.stdout.flush()
