@@ -10,6 +10,8 @@ import re
 import sys
 import time
 
+import pydantic  # noqa: F401 - stands for the trainer's heavy imports (torch): what a standby preloads
+
 style, args = sys.argv[1], sys.argv[2:]
 
 
@@ -25,7 +27,7 @@ def opt(*names, default=None):
 
 
 steps = int(opt("training.max_steps", "--max_steps", "--max_iters", "--training.steps", "--trainer.max_steps",
-                default="60"))
+                default=os.environ.get("STANDIN_STEPS", "60")))
 slow = os.environ.get("SLOW") == "1"
 interval = 0.5 if slow else 0.05
 start = 0
