@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpujob.recipes import RECIPES
 from helpers import cli, events, job_id_of, local_env, wait_for
 from test_jobs_local import journal, status
 
@@ -65,6 +66,7 @@ def test_recipe_rolls_back_and_resumes_from_the_trainers_own_checkpoint(tmp_path
     p = cli(["submit", str(spec), "--follow"], env, timeout=180)
     assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()[-2000:]
     job_id = job_id_of(p.stdout)
+    assert f"recipe {recipe} revision {RECIPES[recipe].revision} (" in p.stderr.decode()  # said at submit
     st = status(job_id, env)
     assert st["state"] == "succeeded" and st["profile"] == "fast"
     [rb] = st["rollbacks"]
