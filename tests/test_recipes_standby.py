@@ -43,8 +43,12 @@ def test_rollback_onto_the_standby_gives_a_good_sample_within_5s(tmp_path, recip
     # act 1: fast trains until it is known-good (then stopped)
     one = job_id_of(cli(["submit", str(spec), "--profile", "fast", "--set", "env={STANDIN_STEPS: '5000'}",
                          "--set", PRELOAD], env, check=True).stdout)
-    wait_for(lambda: any(e["type"] == "known_good" for e in events(journal(tmp_path, one))), 90,
-             what="fast known-good")
+    ended = ("succeeded", "failed", "stopped")
+    wait_for(lambda: any(e["type"] == "known_good" for e in events(journal(tmp_path, one)))
+             or status(one, env)["state"] in ended, 90, what="fast known-good or act 1's end")
+    ev1 = events(journal(tmp_path, one))
+    assert any(e["type"] == "known_good" for e in ev1), \
+        [(e["type"], e.get("verdict"), e.get("reason")) for e in ev1 if e["type"] in ("decision", "pause", "exit")]
     cli(["stop", one], env, check=True)
     wait_for(lambda: status(one, env)["state"] in ("stopped", "succeeded"), 60, what="act 1 stopped")
     # act 2: slow, rolled back onto the waiting standby of fast
