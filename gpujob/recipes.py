@@ -179,10 +179,9 @@ def _hf(data: dict) -> dict:
     argv = _argv(command)
     out_dir = (flag(argv, "--output_dir", "--output-dir") or "output").replace("{workdir}/", "").rstrip("/")
     tput = dict(data.get("throughput") or {})
-    frag: dict = {}
+    frag: dict = {"throughput": {"pause_pattern": HF_EVAL_PATTERN}}  # an evaluation's metrics line
     if not own_rate(data, "tqdm"):
-        # the bar's it/s; an evaluation's `{'eval_loss': ...}` line pauses judging
-        frag["throughput"] = {"format": "tqdm", "pause_pattern": HF_EVAL_PATTERN}
+        frag["throughput"]["format"] = "tqdm"  # the bar's it/s
         if "tokens_per_step" not in tput:
             bs = _int(flag(argv, "--per_device_train_batch_size"))
             seq = _int(flag(argv, "--max_seq_length", "--max_length", "--block_size"))
@@ -242,7 +241,8 @@ def _nanogpt(data: dict) -> dict:
     warm = _append(train.get("command", command), ["--max_iters=3", "--eval_interval=1000000",
                                                    "--always_save_checkpoint=False",
                                                    "--out_dir={workdir}/gpujob-warmup"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
+            "throughput": {"pause_pattern": NANOGPT_EVAL_PATTERN}}
     if own_rate(data, "regex"):
         return frag
     tput = {"format": "regex", "pattern": NANOGPT_PATTERN, "pause_pattern": NANOGPT_EVAL_PATTERN}

@@ -150,6 +150,7 @@ def test_rate_and_checkpoint_keys_yield_with_the_spec_own(tmp_path):
     # the spec reads its rate another way: the recipe's format, pattern and tokens go
     spec, _ = agent_spec(tmp_path, "nanogpt", "python train.py", throughput={"format": "ktok"})
     assert spec.throughput.pattern is None and spec.throughput.tokens_per_step is None
+    assert spec.throughput.pause_pattern == r"^step \d+: train loss"  # its eval line pauses whatever reads the rate
     spec, _ = agent_spec(tmp_path, "lightning", "python main.py fit", throughput={"format": "ktok"})
     assert spec.throughput.format == "ktok"  # no tokens_per_step required of it
     # checkpoint: null takes the {resume_from} resume_args with it
