@@ -12,6 +12,7 @@ _TOKENS_HINT = {
     "specforge": "the mean tokens per sample of data.hidden_states_path (SpecForge logs samples/s)",
     "hf_trainer": "per_device_train_batch_size x max_seq_length x gradient_accumulation_steps x processes",
     "lightning": "the tokens of one optimizer step over every process (the bar counts steps)",
+    "nanogpt": "gradient_accumulation_steps x batch_size x block_size (a config file's values are not read)",
 }
 
 
@@ -63,12 +64,8 @@ def spec_text(recipe: str, command: list, *, name: str, target: str) -> str:
         f"  command: {json.dumps(cmd)}   # CHANGE ME",
         "",
     ]
-    if any(k.startswith("throughput.") for k in came) or need_tokens:
-        lines += ["throughput:",
-                  "  min_ratio: 0.8              # CHANGE ME: below 80% of the known-good baseline is a breach"]
-    else:
-        lines += [f"# throughput: the recipe cannot read {r.trainer}'s rate with today's keys; see",
-                  "# `gpujob recipes` (later) and docs/spec.md to judge it yourself"]
+    lines += ["throughput:",  # every recipe reads its trainer's rate
+              "  min_ratio: 0.8              # CHANGE ME: below 80% of the known-good baseline is a breach"]
     if need_tokens:
         lines.append(f"  tokens_per_step: 4096       # CHANGE ME: {_TOKENS_HINT.get(recipe, 'tokens per step')}")
     lines += ["", "# What the recipe fills in for this command (uncomment a line to change it):"]

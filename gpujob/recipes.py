@@ -83,6 +83,28 @@ def _standby(command, preload: list) -> dict:
     return {"standby": {"preload": preload}} if command_script(command) is not None else {}
 
 
+def own_rate(data: dict, fmt: str) -> bool:
+    """Whether the spec reads its rate another way (its own ``throughput.format`` or a
+    metrics file): then the recipe's rate keys (format, pattern, tokens per step) yield."""
+    tp = data.get("throughput") or {}
+    return isinstance(tp, dict) and (tp.get("source") == "file" or tp.get("format") not in (None, fmt))
+
+
+#: The standby's preloads (agent/standby.py): what a fresh interpreter of each trainer
+#: imports before its first step. Each module's import must touch no GPU and need
+#: nothing beyond the trainer's own path (SpecForge's listed modules import only torch
+#: and pydantic at their top level: sglang, yunchang and wandb stay unimported).
+_COMPILE = ["torch", "torch._dynamo", "torch._inductor.compile_fx"]
+PRELOAD = {
+    "specforge": _COMPILE + ["torch.nn.attention.flex_attention", "transformers", "accelerate.utils",
+                             "specforge.cli", "specforge.application", "specforge.training.trainer",
+                             "specforge.algorithms.dflash"],
+    "hf_trainer": _COMPILE + ["transformers", "transformers.trainer"],
+    "nanogpt": _COMPILE + ["numpy", "torch.distributed", "torch.nn.parallel"],
+    "lightning": ["torch", "lightning", "lightning.pytorch", "lightning.pytorch.cli"],
+}
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -121,23 +143,32 @@ def _specforge(data: dict) -> dict:
     out_dir = dotted(argv, "output_dir") or "output"
     run_id = dotted(argv, "run_id") or "specforge-run"
     rel = out_dir.replace("{workdir}/", "").rstrip("/")
-    train: dict = {"checkpoint": {"path": f"{rel}/{run_id}-step*/training_state.pt", "every": "15m"},
-                   "resume_args": [f"training.resume_from={rel}"]}  # resume_args get no placeholders: relative
+    # A checkpoint is the directory {run_id}-stepN; rank 0 writes training_state.pt into it
+    # last (after the per-rank files, by rename): its presence is the "finished" rule, and
+    # training.resume_from takes the directory gpujob chose (this job's newest finished).
+    train: dict = {"checkpoint": {"path": f"{rel}/{run_id}-step*", "done_file": "training_state.pt",
+                                  "every": "15m"},
+                   "resume_args": ["training.resume_from={resume_from}"]}
     if dotted(argv, "training.log_interval") is None:
         train["command"] = _append(command, ["training.log_interval=10"])
-    train.update(_standby(command, ["torch", "transformers", "specforge.cli", "specforge.training.trainer"]))
+    train.update(_standby(command, PRELOAD["specforge"]))
     warm = _append(train.get("command", command),
                    ["training.max_steps=3", "training.save_interval=0", "training.eval_interval=0",
                     "output_dir={workdir}/gpujob-warmup", "run_id=gpujob-warmup"])
-    tput = (data.get("throughput") or {})
-    if "tokens_per_step" not in tput:
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    if own_rate(data, "regex"):
+        return frag
+    if "tokens_per_step" not in (data.get("throughput") or {}):
         raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe specforge: the mean "
                           "tokens per sample of data.hidden_states_path (SpecForge logs samples/s)")
-    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
-            "throughput": {"format": "regex", "pattern": SPECFORGE_PATTERN}}
+    # every rank prints the same global rate: one rank's line is the sample
+    return dict(frag, throughput={"format": "regex", "pattern": SPECFORGE_PATTERN, "ranks": "first"})
 
 
 # ---- HF transformers.Trainer -------------------------------------------------
+
+HF_EVAL_PATTERN = r"^\{'eval_loss'"
+
 
 def _nproc(argv: list) -> int:
     return _int(flag(argv, "--nproc_per_node", "--nproc-per-node")) or 1
@@ -148,21 +179,26 @@ def _hf(data: dict) -> dict:
     argv = _argv(command)
     out_dir = (flag(argv, "--output_dir", "--output-dir") or "output").replace("{workdir}/", "").rstrip("/")
     tput = dict(data.get("throughput") or {})
-    frag: dict = {"throughput": {"format": "tqdm"}}
-    if "tokens_per_step" not in tput:
-        bs = _int(flag(argv, "--per_device_train_batch_size"))
-        seq = _int(flag(argv, "--max_seq_length", "--max_length", "--block_size"))
-        ga = _int(flag(argv, "--gradient_accumulation_steps")) or 1
-        if not (bs and seq):
-            raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe hf_trainer: the "
-                              "command gives no --per_device_train_batch_size and --max_seq_length (or "
-                              "--block_size) to compute it from")
-        frag["throughput"]["tokens_per_step"] = bs * seq * ga * _nproc(argv)
-    # trainer_state.json is the last file a save writes: its presence is the "finished" rule.
-    # No resume_args yet: HF's example scripts resume from the newest checkpoint-N of
-    # --output_dir by themselves (get_last_checkpoint); RECIPE_PENDING_KEYS has {resume_from}.
-    train: dict = {"checkpoint": {"path": f"{out_dir}/checkpoint-*/trainer_state.json", "every": "15m"}}
-    train.update(_standby(command, ["torch", "transformers", "transformers.trainer"]))
+    frag: dict = {"throughput": {"pause_pattern": HF_EVAL_PATTERN}}  # an evaluation's metrics line
+    if not own_rate(data, "tqdm"):
+        frag["throughput"]["format"] = "tqdm"  # the bar's it/s
+        if "tokens_per_step" not in tput:
+            bs = _int(flag(argv, "--per_device_train_batch_size"))
+            seq = _int(flag(argv, "--max_seq_length", "--max_length", "--block_size"))
+            ga = _int(flag(argv, "--gradient_accumulation_steps")) or 1
+            if not (bs and seq):
+                raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe hf_trainer: the "
+                                  "command gives no --per_device_train_batch_size and --max_seq_length (or "
+                                  "--block_size) to compute it from")
+            frag["throughput"]["tokens_per_step"] = bs * seq * ga * _nproc(argv)
+    # A checkpoint is the directory checkpoint-N; trainer_state.json is the last file a save
+    # writes: its presence is the "finished" rule. --resume_from_checkpoint gets the
+    # directory gpujob chose (HF's example scripts would otherwise take the newest of
+    # --output_dir by themselves, an earlier job's included).
+    train: dict = {"checkpoint": {"path": f"{out_dir}/checkpoint-*", "done_file": "trainer_state.json",
+                                  "every": "15m"},
+                   "resume_args": ["--resume_from_checkpoint", "{resume_from}"]}
+    train.update(_standby(command, PRELOAD["hf_trainer"]))
     warm = _append(command, ["--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
                              "--output_dir", "{workdir}/gpujob-warmup"])
     frag.update(train=train, warmup={"command": warm, "when": "cold", "timeout": "30m"})
@@ -171,26 +207,53 @@ def _hf(data: dict) -> dict:
 
 # ---- nanoGPT -----------------------------------------------------------------
 
-def nanogpt_tokens(argv: list) -> int:
+NANOGPT_PATTERN = r"^iter (?P<step>\d+): loss [0-9.]+, time (?P<ms>[0-9.]+)ms"
+NANOGPT_EVAL_PATTERN = r"^step \d+: train loss"  # its eval (then a save): the next iter's time holds both
+
+
+def nanogpt_tokens(argv: list) -> int | None:
     """nanoGPT's tokens per iteration: gradient_accumulation_steps x batch_size x
-    block_size (its defaults 40, 12, 1024; its config file values are not read)."""
-    ga = _int(flag(argv, "--gradient_accumulation_steps")) or 40
-    return ga * (_int(flag(argv, "--batch_size")) or 12) * (_int(flag(argv, "--block_size")) or 1024)
+    block_size over all processes (it divides gradient_accumulation_steps by the world
+    size, so the product is the same for any number). Its defaults are 40, 12, 1024;
+    None when a config file is given (``train.py config/x.py``: its values are not read)
+    and the command does not give all three."""
+    keys = ("--gradient_accumulation_steps", "--batch_size", "--block_size")
+    given = [_int(flag(argv, k)) for k in keys]
+    script = next((i for i, a in enumerate(argv) if a.endswith(".py")), None)
+    config = script is not None and any(a.endswith(".py") and not a.startswith("-") for a in argv[script + 1:])
+    if config and not all(given):
+        return None
+    ga, bs, block = (v or d for v, d in zip(given, (40, 12, 1024)))
+    return ga * bs * block
 
 
 def _nanogpt(data: dict) -> dict:
     command = (data.get("train") or {}).get("command")
     argv = _argv(command)
     out_dir = (flag(argv, "--out_dir") or "out").replace("{workdir}/", "").rstrip("/")
-    train: dict = {"checkpoint": {"path": f"{out_dir}/ckpt.pt", "every": "15m"},
+    # one out/ckpt.pt, rewritten in place by torch.save (no rename): finished once it has
+    # not changed for 5 s
+    train: dict = {"checkpoint": {"path": f"{out_dir}/ckpt.pt", "every": "15m", "settle": "5s"},
                    "resume_args": ["--init_from=resume"]}
-    train.update(_standby(command, ["torch", "numpy"]))
+    train.update(_standby(command, PRELOAD["nanogpt"]))
     if flag(argv, "--log_interval") is None:
         train["command"] = _append(command, ["--log_interval=1"])
     warm = _append(train.get("command", command), ["--max_iters=3", "--eval_interval=1000000",
                                                    "--always_save_checkpoint=False",
                                                    "--out_dir={workdir}/gpujob-warmup"])
-    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
+            "throughput": {"pause_pattern": NANOGPT_EVAL_PATTERN}}
+    if own_rate(data, "regex"):
+        return frag
+    tput = {"format": "regex", "pattern": NANOGPT_PATTERN, "pause_pattern": NANOGPT_EVAL_PATTERN}
+    if "tokens_per_step" not in (data.get("throughput") or {}):
+        tokens = nanogpt_tokens(argv)
+        if tokens is None:
+            raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe nanogpt: a config "
+                              "file is given and the command does not give all of --gradient_accumulation_steps, "
+                              "--batch_size and --block_size (its tokens per iteration)")
+        tput["tokens_per_step"] = tokens
+    return dict(frag, throughput=tput)
 
 
 # ---- torchtitan --------------------------------------------------------------
@@ -201,15 +264,19 @@ def _torchtitan(data: dict) -> dict:
     folder = flag(argv, "--job.dump_folder") or "outputs"
     ck = flag(argv, "--checkpoint.folder") or "checkpoint"
     rel = folder.replace("{workdir}/", "").rstrip("/")
-    train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*/.metadata", "every": "15m"},
+    # DCP writes a step-N directory; .metadata is its last file (the "finished" rule)
+    train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*", "done_file": ".metadata", "every": "15m"},
                    # torchtitan loads the newest step-N of its checkpoint folder by itself
                    "resume_args": ["--checkpoint.enable"]}
     if flag(argv, "--metrics.log_freq") is None:
         train["command"] = _append(command, ["--metrics.log_freq", "1"])
     warm = _append(train.get("command", command), ["--training.steps", "3", "--job.dump_folder",
                                                    "{workdir}/gpujob-warmup"])
-    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
-            "throughput": {"format": "torchtitan"}}
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    # every rank prints its own tps (tokens/s per device): the first rank's line is the
+    # sample, so min and a given baseline are per device (scope per_gpu scales it by the GPUs)
+    return frag if own_rate(data, "torchtitan") else dict(frag, throughput={"format": "torchtitan",
+                                                                             "ranks": "first"})
 
 
 # ---- Lightning ---------------------------------------------------------------
@@ -217,57 +284,47 @@ def _torchtitan(data: dict) -> dict:
 def _lightning(data: dict) -> dict:
     command = (data.get("train") or {}).get("command")
     argv = _argv(command)
-    tput = dict(data.get("throughput") or {})
-    if "tokens_per_step" not in tput:
+    rate = not own_rate(data, "tqdm")
+    if rate and "tokens_per_step" not in (data.get("throughput") or {}):
         raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe lightning: its "
                           "progress bar counts steps (it/s), and a LightningModule's batch is not read from "
                           "the command")
     root = (flag(argv, "--trainer.default_root_dir") or "lightning_logs").replace("{workdir}/", "").rstrip("/")
     path = f"{root}/version_*/checkpoints/*.ckpt" if root == "lightning_logs" else f"{root}/**/checkpoints/*.ckpt"
-    train: dict = {"checkpoint": {"path": path, "every": "15m"}, "resume_args": ["--ckpt_path", "last"]}
-    train.update(_standby(command, ["torch", "lightning"]))
+    # Each run logs into a new version_N, and `--ckpt_path last` looks only in the new
+    # run's own (empty) folder: the resumed run gets the file gpujob chose. A .ckpt is
+    # written in place (no rename): finished once it has not changed for 5 s.
+    train: dict = {"checkpoint": {"path": path, "every": "15m", "settle": "5s"},
+                   "resume_args": ["--ckpt_path", "{resume_from}"]}
+    train.update(_standby(command, PRELOAD["lightning"]))
     warm = _append(command, ["--trainer.max_steps", "3", "--trainer.enable_checkpointing", "false",
                              "--trainer.default_root_dir", "{workdir}/gpujob-warmup"])
-    return {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
-            "throughput": {"format": "tqdm"}}
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    return dict(frag, throughput={"format": "tqdm"}) if rate else frag
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("specforge", "specforge", 1, "specforge 0.2.0 (PyPI, Aug 2026)", NOT_PROVEN,
+    Recipe("specforge", "specforge", 2, "specforge 0.2.0 (PyPI, Aug 2026)", NOT_PROVEN,
            "`specforge train -c RUN.yaml` / `python -m specforge.cli train`: samples/s from the per-rank "
-           "`step N: {...}` line x tokens per sample, {run_id}-stepN checkpoints, training.resume_from",
-           _specforge, versions=("0.2.0",)),
-    Recipe("hf_trainer", "transformers", 1, "transformers 5.8.1 and 5.17 (Trainer)", NOT_PROVEN,
+           "`step N: {...}` line (the first rank's) x tokens per sample, {run_id}-stepN/ checkpoints finished "
+           "by training_state.pt, training.resume_from={resume_from}", _specforge, versions=("0.2.0",)),
+    Recipe("hf_trainer", "transformers", 2, "transformers 5.8.1 and 5.17 (Trainer)", NOT_PROVEN,
            "transformers.Trainer scripts: the tqdm bar's it/s x tokens per step (read from "
            "--per_device_train_batch_size, --max_seq_length, --gradient_accumulation_steps, "
-           "--nproc_per_node), checkpoint-N/ directories finished by trainer_state.json, resumed by the "
-           "script from the newest", _hf, versions=("5.8.1", "5.17")),
-    Recipe("nanogpt", "nanoGPT", 1, "nanoGPT train.py (karpathy/nanoGPT master, 2024)", NOT_PROVEN,
-           "nanoGPT's train.py: `iter N: ... time Y ms`, one out/ckpt.pt, --init_from=resume", _nanogpt),
-    Recipe("torchtitan", "torchtitan", 1, "torchtitan 0.2 (TOML config, `--section.key` overrides)", NOT_PROVEN,
-           "torchtitan via torchrun: `tps: N` per rank, DCP step-N/ checkpoints (finished with .metadata), "
-           "resumed from the newest by itself", _torchtitan, versions=("0.2",)),
-    Recipe("lightning", "lightning", 1, "lightning 2.5 (LightningCLI)", NOT_PROVEN,
-           "LightningCLI scripts: the progress bar's it/s x tokens_per_step, version_N/checkpoints/*.ckpt, "
-           "--ckpt_path last", _lightning, versions=("2.5",)),
+           "--nproc_per_node), an eval's {'eval_loss': ...} line pauses judging, checkpoint-N/ directories "
+           "finished by trainer_state.json, --resume_from_checkpoint {resume_from}", _hf,
+           versions=("5.8.1", "5.17")),
+    Recipe("nanogpt", "nanoGPT", 2, "nanoGPT train.py (karpathy/nanoGPT master, 2024)", NOT_PROVEN,
+           "nanoGPT's train.py: tokens per iteration (from --gradient_accumulation_steps, --batch_size, "
+           "--block_size) / `iter N: ... time Y ms`, its eval line pauses judging, one out/ckpt.pt "
+           "(settled 5 s), --init_from=resume", _nanogpt),
+    Recipe("torchtitan", "torchtitan", 2, "torchtitan 0.2 (TOML config, `--section.key` overrides)", NOT_PROVEN,
+           "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
+           ".metadata, resumed from the newest by itself", _torchtitan, versions=("0.2",)),
+    Recipe("lightning", "lightning", 2, "lightning 2.5 (LightningCLI)", NOT_PROVEN,
+           "LightningCLI scripts: the progress bar's it/s x tokens_per_step, version_N/checkpoints/*.ckpt "
+           "(settled 5 s), --ckpt_path {resume_from}", _lightning, versions=("2.5",)),
 )}
-
-#: Keys each recipe should also set once other branches add them (CONTRACT.md);
-#: the integrator moves them into the recipes above after the merge.
-RECIPE_PENDING_KEYS: dict[str, dict] = {
-    "specforge": {"throughput.ranks": "first", "train.checkpoint.done_file": "training_state.pt",
-                  "train.resume_args": ["training.resume_from={resume_from}"]},
-    "hf_trainer": {"train.checkpoint.done_file": "trainer_state.json",
-                   "train.checkpoint.path": "OUT/checkpoint-* (the directory, with done_file)",
-                   "train.resume_args": ["--resume_from_checkpoint", "{resume_from}"],
-                   "throughput.pause_pattern": r"^\{'eval_loss'"},
-    "nanogpt": {"throughput.format": "regex",
-                "throughput.pattern": r"^iter (?P<step>\d+): loss [0-9.]+, time (?P<ms>[0-9.]+)ms",
-                "throughput.tokens_per_step": "nanogpt_tokens(argv)",
-                "train.checkpoint.settle": "5s"},
-    "torchtitan": {"throughput.ranks": "first", "train.checkpoint.done_file": ".metadata"},
-    "lightning": {"train.checkpoint.settle": "5s", "train.resume_args": ["--ckpt_path", "{resume_from}"]},
-}
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -306,7 +363,7 @@ def apply(data: dict) -> tuple[dict, dict]:
             and isinstance(tput, (dict, type(None)))):
         return data, {}  # a malformed train or throughput: validation says what is wrong, in one line
     spec_own = {k: True for k in leaves(data)}
-    frag = recipe.derive(data)
+    frag = _yield_tied(recipe.derive(data), train)
     # The recipe's train.command (the log interval appended) only when the spec's own
     # command is what it was derived from; every other recipe key yields to the spec.
     merged = merge(frag, data)
@@ -319,15 +376,32 @@ def apply(data: dict) -> tuple[dict, dict]:
     return merged, came
 
 
+def _yield_tied(frag: dict, train: dict) -> dict:
+    """Keys of a recipe that only hold with another of its keys yield with it: its
+    "finished" rule (done_file, settle) belongs to its checkpoint path, and resume_args
+    with {resume_from} need a checkpoint (a spec's ``checkpoint: null`` drops them)."""
+    ft = frag.get("train") or {}
+    ck = train.get("checkpoint", {})
+    if isinstance(ck, dict) and "path" in ck and isinstance(ft.get("checkpoint"), dict):
+        ft["checkpoint"] = {k: v for k, v in ft["checkpoint"].items() if k not in ("done_file", "settle")}
+    if ck is None and any("{resume_from}" in a for a in ft.get("resume_args") or []):
+        del ft["resume_args"]
+    return frag
+
+
 def describe(name: str, sample_command=None) -> dict:
     """What a recipe sets, for `gpujob recipes`: its info and the keys of its fragment
-    for a sample command (tokens per step given, so nothing is required)."""
+    for a sample command (tokens per step given only where the recipe requires it)."""
     recipe = RECIPES[name]
-    sample: dict[str, dict[str, Any]] = {"train": {"command": sample_command or SAMPLE_COMMANDS[name]},
-              "throughput": {"tokens_per_step": 4096}}
-    frag = recipe.derive(sample)
+    sample: dict[str, dict[str, Any]] = {"train": {"command": sample_command or SAMPLE_COMMANDS[name]}}
+    try:
+        frag = recipe.derive(sample)
+    except RecipeError:
+        sample["throughput"] = {"tokens_per_step": 4096}
+        frag = recipe.derive(sample)
     return {**recipe.info(), "summary": recipe.summary, "sample_command": sample["train"]["command"],
-            "sets": leaves(frag), "pending_keys": RECIPE_PENDING_KEYS.get(name, {})}
+            "sets": leaves(frag), **({"given": leaves({"throughput": sample["throughput"]})}
+                                     if "throughput" in sample else {})}
 
 
 SAMPLE_COMMANDS = {

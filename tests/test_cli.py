@@ -4,12 +4,16 @@ the README's DFlash plan validates."""
 from __future__ import annotations
 
 import json
+import shlex
+from pathlib import Path
 import shutil
 import os
 
 import pytest
 
 from helpers import cli, local_env
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -88,7 +92,22 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
     assert "training.max_steps=3 training.save_interval=0 training.eval_interval=0 " \
            "output_dir=/root/dflash/gpujob-warmup run_id=gpujob-warmup" in out
     assert "--no-deps specforge==0.2.0" in out and "sglang" not in out.split("--no-deps")[0].split("uv pip")[-1]
-    assert "from recipe specforge: train.resume_args = [\"training.resume_from=outputs\"]" in out
+    assert "from recipe specforge: train.resume_args = [\"training.resume_from={resume_from}\"]" in out
+    assert "'\"'\"'training.resume_from=<newest finished checkpoint of this job>'\"'\"'" in out
+    assert 'from recipe specforge: train.checkpoint.path = "outputs/dflash-step*"' in out
+    assert 'from recipe specforge: train.checkpoint.done_file = "training_state.pt"' in out
+    assert 'from recipe specforge: throughput.ranks = "first"' in out
+    assert "from recipe specforge: train.checkpoint.every" not in out  # the spec's own
+    # the one-GPU run of the spec's head: its --set items, the overrides where SpecForge reads them
+    head = [ln for ln in (REPO / "jobs" / "dflash.yaml").read_text().splitlines() if "--set" in ln]
+    sets = [a for ln in head for a in shlex.split(ln.lstrip("# ").rstrip(" \\"))[1:] if a != "--set"]
+    one = cli(["submit", "jobs/dflash.yaml", "--plan", *[x for a in sets for x in ("--set", a)]], env)
+    assert one.returncode == 0, one.stderr.decode()
+    text = one.stdout.decode()
+    assert "python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs run_id=dflash " \
+           "deployment.trainer.nproc_per_node=1 data.hidden_states_path=/tmp/tiny/features " \
+           "model.target_model_path=/tmp/tiny/target training.log_interval=10'" in text
+    assert "--set throughput.tokens_per_step = 64" in text
     p = cli(["submit", "jobs/dflash.yaml", "--plan", "--profile", "cu130"], env)
     assert "whl/cu130 torch==2.11.0+cu130" in p.stdout.decode()
 

@@ -156,3 +156,34 @@ def test_saves_as_often_as_a_pause_lasts_stop_pausing_the_run():
     assert q.active_at(11.0) is None  # the pause in progress ended at the second save
     q.on_ckpt_events([{"t": 20.0, "ckpt": "outputs/tiny-step6/training_state.pt", "op": "new", "size": 1}])
     assert q.count == 1 and q.active_at(20.5) is None
+
+
+def test_lightning_saves_and_rewrites_in_place_are_told_apart_from_one_long_save():
+    """Lightning names a save by its step under a numbered version_N/ (the step names the
+    save, not the version); a file rewritten in place (nanoGPT's out/ckpt.pt, last.ckpt)
+    is saved anew when it changes after a quiet spell; one long write stays one save."""
+    from gpujob.agent.judge.pauses import QUIET, Pauses, save_key
+    ck = "lightning_logs/version_0/checkpoints"
+    assert save_key(f"{ck}/epoch=0-step=12.ckpt") == "epoch=0-step=12.ckpt"
+    assert save_key("run_3/w.pt") == "run_3" and save_key("out/step_7/model-00001-of-00002.safetensors") == "step_7"
+    lt = Pauses(5.0)  # every_n_train_steps: a new file each save, the previous one deleted (save_top_k=1)
+    lt.on_ckpt_events([{"t": 10.0, "ckpt": f"{ck}/epoch=0-step=2.ckpt", "op": "new", "size": 1}])
+    assert lt.ckpt and lt.count == 1
+    lt.on_ckpt_events([{"t": 15.0, "ckpt": f"{ck}/epoch=0-step=12.ckpt", "op": "new", "size": 1},
+                       {"t": 15.0, "ckpt": f"{ck}/epoch=0-step=2.ckpt", "op": "gone", "size": 0}])
+    assert not lt.ckpt and "5.0s apart" in lt.rhythm and lt.active_at(15.5) is None
+    last = Pauses(5.0)  # save_last=True: the step file and last.ckpt of one save are one save
+    for t in (10.0, 40.0):
+        last.on_ckpt_events([{"t": t, "ckpt": f"{ck}/epoch=0-step={int(t)}.ckpt", "op": "new", "size": 1},
+                             {"t": t + 0.2, "ckpt": f"{ck}/last.ckpt", "op": "new" if t == 10.0 else "changed",
+                              "size": 1}])
+    assert last.ckpt and last.rhythm is None and last.count == 2
+    ng = Pauses(5.0)  # nanoGPT: out/ckpt.pt rewritten in place every 5 s
+    ng.on_ckpt_events([{"t": 10.0, "ckpt": "out/ckpt.pt", "op": "new", "size": 1}])
+    ng.on_ckpt_events([{"t": 15.0, "ckpt": "out/ckpt.pt", "op": "changed", "size": 2}])
+    assert not ng.ckpt and ng.rhythm and ng.active_at(16.0) is None
+    big = Pauses(5.0)  # one file written for 20 s, a change seen every 0.5 s: one save, paused throughout
+    big.on_ckpt_events([{"t": 10.0 + 0.5 * i, "ckpt": "out/ckpt.pt", "op": "new" if i == 0 else "changed",
+                         "size": i + 1} for i in range(41)])
+    assert big.ckpt and big.rhythm is None and big.count == 1 and big.active_at(29.0) is not None
+    assert QUIET > 0.5  # longer than the register's polls (a write in progress is seen every poll)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gpujob.errors import InputError, SpecError
-from gpujob.recipes import RECIPE_PENDING_KEYS, RECIPES, apply, merge
+from gpujob.recipes import RECIPES, apply, merge
 from gpujob.recipe_init import job_name
 from gpujob.spec import load_spec
 from helpers import cli, gpujob_argv, local_env
@@ -35,6 +35,7 @@ def test_every_key_the_spec_sets_wins_over_the_recipe(tmp_path):
         throughput={"tokens_per_step": 900, "min_ratio": 0.8, "pattern": "(?P<value>\\d+) s/s"}))
     assert spec.train.resume_args == ["x=1"]
     assert spec.train.checkpoint.path == "mine/*.pt" and spec.train.checkpoint.every == 300
+    assert spec.train.checkpoint.done_file is None  # the recipe's "finished" rule went with its path
     assert spec.throughput.pattern == "(?P<value>\\d+) s/s" and spec.throughput.format == "regex"
     assert spec.train.command.endswith("training.log_interval=10")  # the short log interval
     assert spec.train.standby is None  # a console script: the standby cannot run it
@@ -49,8 +50,9 @@ def test_specforge_recipe_with_python_m_gets_a_standby_and_its_paths(tmp_path):
         "command": "python -m specforge.cli train -c run.yaml output_dir={workdir}/o run_id=r "
                    "training.log_interval=5"}, throughput={"tokens_per_step": 512, "min_ratio": 0.8}))
     assert spec.train.command.endswith("training.log_interval=5")  # given: not appended again
-    assert spec.train.checkpoint.path == "o/r-step*/training_state.pt"
-    assert spec.train.resume_args == ["training.resume_from=o"]
+    assert spec.train.checkpoint.path == "o/r-step*" and spec.train.checkpoint.done_file == "training_state.pt"
+    assert spec.train.resume_args == ["training.resume_from={resume_from}"]
+    assert spec.throughput.ranks == "first"
     assert "specforge.cli" in spec.train.standby.preload
     from gpujob.agent.judge.throughput import make_parser
     parse = make_parser("regex", pattern=spec.throughput.pattern, tokens_per_step=512)
@@ -74,7 +76,9 @@ def test_hf_tokens_per_step_read_from_the_command(tmp_path):
                    "--per_device_train_batch_size 8 --max_seq_length 1024 --gradient_accumulation_steps 2"},
         throughput={"min_ratio": 0.8}))
     assert spec.throughput.tokens_per_step == 8 * 1024 * 2 * 4 and spec.throughput.format == "tqdm"
-    assert spec.train.checkpoint.path == "o/checkpoint-*/trainer_state.json"
+    assert spec.train.checkpoint.path == "o/checkpoint-*" and spec.train.checkpoint.done_file == "trainer_state.json"
+    assert spec.train.resume_args == ["--resume_from_checkpoint", "{resume_from}"]
+    assert spec.throughput.pause_pattern == r"^\{'eval_loss'"
     with pytest.raises(SpecError, match="per_device_train_batch_size"):
         load_spec(write(tmp_path, recipe="hf_trainer", train={"command": "python t.py"}))
 
@@ -85,15 +89,17 @@ def test_unknown_recipe_is_one_line_with_a_suggestion(tmp_path):
     assert e.value.field == "recipe" and "did you mean 'specforge'" in str(e.value)
 
 
-def test_every_recipe_says_what_it_was_read_from_and_pending_keys_name_recipes():
+def test_every_recipe_says_what_it_was_read_from():
     for r in RECIPES.values():
         assert r.read_from and r.proven_on and r.revision >= 1
-    assert set(RECIPE_PENDING_KEYS) <= set(RECIPES)
     assert apply({"name": "x"}) == ({"name": "x"}, {})
+    import gpujob.recipes
+    assert not hasattr(gpujob.recipes, "RECIPE_PENDING_KEYS")  # every key a recipe should set, it sets
 
 
 def test_job_json_spec_records_the_recipe_version(tmp_path):
-    spec = load_spec(write(tmp_path, recipe="nanogpt", train={"command": "python train.py"}))
+    spec = load_spec(write(tmp_path, recipe="nanogpt", train={"command": "python train.py"},
+                           throughput={"min_ratio": 0.8}))
     info = spec.to_agent_dict()["recipe_info"]
     assert info["name"] == "nanogpt" and info["revision"] == RECIPES["nanogpt"].revision
     assert info["proven_on"] == RECIPES["nanogpt"].proven_on
@@ -117,12 +123,12 @@ def test_set_replaces_values_before_the_recipe_and_errors_name_the_set(tmp_path)
 
 def test_plan_marks_recipe_keys_and_sets(tmp_path):
     env = local_env(tmp_path)
-    path = write(tmp_path, recipe="nanogpt", train={"command": "python train.py"})
+    path = write(tmp_path, recipe="nanogpt", train={"command": "python train.py"}, throughput={"min_ratio": 0.8})
     p = cli(["submit", str(path), "--plan", "--json", "--set", "train.grace=5s"], env, check=True)
     steps = json.loads(p.stdout)["steps"]
     whats = [s["what"] for s in steps if s["kind"] in ("recipe", "set")]
     assert '--set train.grace = "5s"' in whats
-    assert any(w.startswith("recipe nanogpt (revision 1") for w in whats)
+    assert any(w.startswith(f"recipe nanogpt (revision {RECIPES['nanogpt'].revision};") for w in whats)
     assert 'from recipe nanogpt: train.resume_args = ["--init_from=resume"]' in whats
     bad = cli(["submit", str(path), "--plan", "--set", "train.grace=-"], env)
     assert bad.returncode == 2 and bad.stderr.decode().count("\n") == 1 and "--set train.grace" in \
@@ -134,7 +140,12 @@ def test_recipes_json_lists_each_and_what_it_sets(tmp_path):
     items = {r["name"]: r for r in json.loads(p.stdout)["recipes"]}
     assert set(items) == set(RECIPES)
     assert items["specforge"]["sets"]["throughput.format"] == "regex"
-    assert items["nanogpt"]["pending_keys"]["throughput.format"] == "regex"
+    assert items["nanogpt"]["sets"]["throughput.format"] == "regex"
+    assert items["nanogpt"]["sets"]["throughput.tokens_per_step"] == 12 * 1024 * 40  # read, not given
+    assert "given" not in items["nanogpt"] and items["lightning"]["given"] == {"throughput.tokens_per_step": 4096}
+    assert not any("pending_keys" in r for r in items.values())
+    human = cli(["recipes"], local_env(tmp_path), check=True).stdout.decode()
+    assert "(later)" not in human and 'train.resume_args: ["--ckpt_path", "{resume_from}"]' in human
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -187,9 +198,10 @@ def test_no_deps_requirement_is_its_own_install_step_in_the_plan(tmp_path):
 
 
 def test_a_spec_null_removes_a_recipe_section_and_the_plan_does_not_claim_it(tmp_path):
-    spec = load_spec(write(tmp_path, recipe="nanogpt", warmup=None, train={"command": "python train.py"}))
-    assert spec.warmup is None
-    assert not any(k.startswith("warmup") for k in spec._layers["recipe"])
+    spec = load_spec(write(tmp_path, recipe="nanogpt", warmup=None, train={"command": "python train.py"},
+                           throughput=None))
+    assert spec.warmup is None and spec.throughput is None
+    assert not any(k.startswith(("warmup", "throughput")) for k in spec._layers["recipe"])
 
 
 def test_doctor_spec_warns_on_another_trainer_version(tmp_path):

@@ -140,6 +140,11 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
     said = []
+    if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
+        from gpujob.recipes import RECIPES
+        r = RECIPES[spec.recipe]
+        err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
+                             "dim"), soft_wrap=True)
 
     def progress(message: str) -> None:
         said.append(message)

@@ -26,11 +26,10 @@ def recipes_cmd(as_json: bool = typer.Option(False, "--json", help="every recipe
         out.print(render.lit(f"{r['name']}  ({r['trainer']}, revision {r['revision']}; read from "
                              f"{r['read_from']}; proven on: {r['proven_on']})"), soft_wrap=True)
         out.print(render.lit(f"  {r['summary']}"), soft_wrap=True)
-        out.print(render.lit(f"  for: {r['sample_command']}"), soft_wrap=True)
+        given = "".join(f", {k}: {v}" for k, v in (r.get("given") or {}).items())
+        out.print(render.lit(f"  for: {r['sample_command']}{given}"), soft_wrap=True)
         for key, value in r["sets"].items():
             out.print(render.lit(f"    {key}: {json.dumps(value)}"), soft_wrap=True)
-        for key, value in r["pending_keys"].items():
-            out.print(render.lit(f"    (later) {key}: {json.dumps(value)}"), soft_wrap=True)
 
 
 @app.command("init", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -14,7 +14,10 @@ Saves are pauses only while they are rare: a trainer that checkpoints more often
 every ``2 × (LEAD + pause_tail)`` seconds (``train.checkpoint.every``) would be paused
 for good and never judged (jobs/dflash-mini.yaml saves every 5 s: found on the H200),
 so its saves are its pace and only ``pause_pattern`` lines pause it
-(:func:`checkpoints_pause`).
+(:func:`checkpoints_pause`). One save is told from the next by its name (the path part
+that names a step: ``checkpoint-1133/``, ``epoch=0-step=12.ckpt``) or, for a file
+rewritten in place (nanoGPT's ``out/ckpt.pt``, Lightning's ``last.ckpt``), by a change
+after ``QUIET`` seconds without one (:meth:`Pauses.starts_save`).
 """
 
 from __future__ import annotations
@@ -24,18 +27,24 @@ from typing import List, Optional, Sequence, Tuple
 
 LEAD = 2.0  # seconds before a pause's first event that still belong to it
 KEEP = 2000  # pauses kept per run (the oldest dropped first)
+QUIET = 2.0  # a file that changes again after this long without a change is saved anew (polls: 0.2-0.5 s)
 
 
 _NUMBERED = re.compile(r"\d")
+_STEP_NAMED = re.compile(r"(?:step|checkpoint|ckpt|iter|epoch)\D{0,2}\d", re.I)
 
 
 def save_key(path: str) -> str:
-    """Which save a checkpoint file belongs to (pure): its first path component holding a
-    number (``checkpoint-1133/model.safetensors`` -> ``checkpoint-1133``, ``ckpt/step_12.pt``
-    -> ``step_12.pt``), else the path itself (``out/ckpt.pt``, rewritten in place)."""
-    for part in str(path).split("/"):
-        if _NUMBERED.search(part):
-            return part
+    """Which save a checkpoint file belongs to (pure): its first path component that names
+    a step (``checkpoint-1133/model.safetensors`` -> ``checkpoint-1133``,
+    ``lightning_logs/version_0/checkpoints/epoch=0-step=12.ckpt`` -> ``epoch=0-step=12.ckpt``),
+    else its first holding a number (``run_3/w.pt`` -> ``run_3``), else the path itself
+    (``out/ckpt.pt``, rewritten in place)."""
+    parts = str(path).split("/")
+    for rx in (_STEP_NAMED, _NUMBERED):
+        for part in parts:
+            if rx.search(part):
+                return part
     return str(path)
 
 
@@ -50,7 +59,7 @@ class Pauses:
     def __init__(self, tail: float, lead: float = LEAD, ckpt_every=None):
         self.tail, self.lead = float(tail), float(lead)
         self.ckpt = checkpoints_pause(ckpt_every, self.tail, self.lead)  # saves pause judging
-        self.last_save = None  # (time, save_key) of the last new checkpoint seen
+        self.save = None  # the save in progress or last seen: {key, start, files: {path: last event}}
         self.rhythm = None  # why saves stopped pausing (they came as often as a pause lasts)
         self.intervals: List[List] = []  # [start, end, why]
         self.count = 0  # pauses opened (a merged extension does not count)
@@ -77,23 +86,40 @@ class Pauses:
         for ev in events:
             if ev.get("op") in ("new", "changed") and isinstance(ev.get("t"), (int, float)):
                 t = float(ev["t"])
-                if ev["op"] == "new" and self.saves_are_the_pace(t, save_key(ev.get("ckpt") or "")):
+                last = self.save["start"] if self.save else None
+                if self.starts_save(t, str(ev.get("ckpt") or ""), ev["op"]) and self.saves_are_the_pace(t, last):
                     return opened
                 got = self.mark(t, f"checkpoint {ev.get('ckpt')}")
                 if got is not None:
                     opened.append(got)
         return opened
 
-    def saves_are_the_pace(self, t: float, key: str) -> bool:
-        """A new save seen at ``t``: when it comes sooner after the last one than a pause
-        lasts (2 × (lead + tail)), the trainer saves as often as it trains: saves stop
-        pausing for the rest of the run, and the pause in progress ends now."""
-        last, self.last_save = self.last_save, (t, key) if self.last_save is None or \
-            self.last_save[1] != key else self.last_save
-        if last is None or last[1] == key or t - last[0] >= 2 * (self.lead + self.tail):
+    def starts_save(self, t: float, path: str, op: str) -> bool:
+        """Whether a file event at ``t`` starts another save rather than going on with the
+        one in progress: a file of another step (its :func:`save_key` names one), a file
+        of no step name after ``QUIET`` s without checkpoint events, or a file of this save
+        written again after ``QUIET`` s without a change (a rewrite in place)."""
+        key, cur = save_key(path), self.save
+        if cur is None:
+            new = True
+        elif key != cur["key"]:
+            new = bool(_STEP_NAMED.search(key)) or t - max(cur["files"].values()) >= QUIET
+        else:
+            new = op == "changed" and path in cur["files"] and t - cur["files"][path] >= QUIET
+        if new:
+            self.save = cur = {"key": key, "start": t, "files": {}}
+        cur["files"][path] = t
+        return new
+
+    def saves_are_the_pace(self, t: float, last) -> bool:
+        """A save starting at ``t``: when it comes sooner after the last one's start
+        (``last``; None: the first) than a pause lasts (2 × (lead + tail)), the trainer
+        saves as often as it trains: saves stop pausing for the rest of the run, and the
+        pause in progress ends now."""
+        if last is None or t - last >= 2 * (self.lead + self.tail):
             return False
         self.ckpt = False
-        self.rhythm = f"two saves {t - last[0]:.1f}s apart: saves are this trainer's pace, not pauses"
+        self.rhythm = f"two saves {t - last:.1f}s apart: saves are this trainer's pace, not pauses"
         if self.intervals and self.intervals[-1][1] > t:
             self.intervals[-1][1] = max(self.intervals[-1][0], t)
         return True

@@ -10,6 +10,8 @@ import re
 import sys
 import time
 
+import pydantic  # noqa: F401 - stands for the trainer's heavy imports (torch): what a standby preloads
+
 style, args = sys.argv[1], sys.argv[2:]
 
 
@@ -25,7 +27,7 @@ def opt(*names, default=None):
 
 
 steps = int(opt("training.max_steps", "--max_steps", "--max_iters", "--training.steps", "--trainer.max_steps",
-                default="60"))
+                default=os.environ.get("STANDIN_STEPS", "60")))
 slow = os.environ.get("SLOW") == "1"
 interval = 0.5 if slow else 0.05
 start = 0
@@ -35,9 +37,11 @@ if style == "specforge":
     resume = opt("training.resume_from")
     save_every = int(opt("training.save_interval", default="5"))
     log_every = int(opt("training.log_interval", default="50"))
-    if resume:
-        latest = os.path.join(resume, f"{run_id}-latest")
-        start = int(re.search(r"step(\d+)$", os.path.realpath(latest)).group(1))
+    if resume:  # a checkpoint directory, its training_state.pt, or a run root (its {run_id}-latest)
+        resume = os.path.dirname(resume) if resume.endswith("training_state.pt") else resume
+        found = resume if os.path.isfile(os.path.join(resume, "training_state.pt")) else \
+            os.path.join(resume, f"{run_id}-latest")
+        start = int(re.search(r"step(\d+)$", os.path.realpath(found)).group(1))
         print(f"resumed from checkpoint at step {start}", flush=True)
 
     def tick(step, dt):
@@ -48,15 +52,23 @@ if style == "specforge":
         if save_every and step % save_every == 0:
             d = os.path.join(out, f"{run_id}-step{step}")
             os.makedirs(d, exist_ok=True)
-            with open(os.path.join(d, "training_state.pt"), "w") as f:
-                f.write(str(step))
+            for name in ("training_state_rank0.pt", "training_state.pt"):  # rank files, then the shared one
+                with open(os.path.join(d, name + ".tmp"), "w") as f:
+                    f.write(str(step))
+                os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
             link = os.path.join(out, f"{run_id}-latest")
             if os.path.lexists(link):
                 os.unlink(link)
             os.symlink(os.path.basename(d), link)
 elif style == "hf":
     out = opt("--output_dir", default="output")
-    if opt("--save_strategy") != "no":
+    given = opt("--resume_from_checkpoint")
+    eval_steps = int(opt("--eval_steps", default="0"))  # eval_strategy steps (HF's default: no evaluation)
+    if given:  # trainer.train(resume_from_checkpoint=...): that directory's trainer_state.json
+        with open(os.path.join(given, "trainer_state.json")) as f:
+            start = int(re.search(r'"global_step": (\d+)', f.read()).group(1))
+        print(f"resumed from checkpoint at step {start}", flush=True)
+    elif opt("--save_strategy") != "no":
         done = sorted(glob.glob(os.path.join(out, "checkpoint-*", "trainer_state.json")),
                       key=lambda p: int(p.split("checkpoint-")[1].split("/")[0]))
         if done:  # HF's example scripts: the newest finished checkpoint-N of --output_dir
@@ -66,6 +78,10 @@ elif style == "hf":
     def tick(step, dt):
         sys.stdout.write(f"\r{100 * step // steps:3d}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s]")
         sys.stdout.flush()
+        if eval_steps and step % eval_steps == 0:  # the eval bar, then tqdm.write of the metrics (bar cleared)
+            sys.stdout.write(f"\r 50%|##  | 1/2 [00:00<00:00, {40.0 / dt:.2f}it/s]\r{' ' * 20}\r"
+                             "{'eval_loss': 1.25, 'eval_runtime': 0.1, 'epoch': 0.5}\n")
+            sys.stdout.flush()
         if opt("--save_strategy") != "no" and step % 2 == 0:
             d = os.path.join(out, f"checkpoint-{step}")
             os.makedirs(d, exist_ok=True)
@@ -79,13 +95,22 @@ elif style == "nanogpt":
             start = int(f.read())
         print(f"resumed from checkpoint at step {start}", flush=True)
 
+    eval_every = int(opt("--eval_interval", default="10"))
+    state = {"extra": 0.0}
+
     def tick(step, dt):
-        if step % log_every == 0:
-            print(f"iter {step}: loss 2.0000, time {dt * 1000:.2f}ms, mfu 12.00%", flush=True)
-        if step % 10 == 2 and opt("--always_save_checkpoint") != "False":  # at its eval interval
-            os.makedirs(out, exist_ok=True)
-            with open(os.path.join(out, "ckpt.pt"), "w") as f:
-                f.write(str(step))
+        if step % log_every == 0:  # dt is the whole iteration: an eval and save before it included
+            print(f"iter {step}: loss 2.0000, time {(dt + state['extra']) * 1000:.2f}ms, mfu 12.00%", flush=True)
+        state["extra"] = 0.0
+        if step % eval_every == 2:  # at its eval interval: the losses, then ckpt.pt rewritten in place
+            print(f"step {step}: train loss 2.0000, val loss 2.1000", flush=True)
+            if opt("--always_save_checkpoint") != "False":
+                print(f"saving checkpoint to {out}", flush=True)
+                os.makedirs(out, exist_ok=True)
+                with open(os.path.join(out, "ckpt.pt"), "w") as f:
+                    f.write(str(step))
+            time.sleep(dt)
+            state["extra"] = dt
 elif style == "torchtitan":
     folder = os.path.join(opt("--job.dump_folder", default="outputs"), opt("--checkpoint.folder",
                                                                            default="checkpoint"))
@@ -107,21 +132,35 @@ elif style == "torchtitan":
             open(os.path.join(d, "__0_0.distcp"), "w").write("w")
             open(os.path.join(d, ".metadata"), "w").write("m")
 elif style == "lightning":
-    root = opt("--trainer.default_root_dir", default="lightning_logs")
-    ck = os.path.join(root, "version_0", "checkpoints")
-    if opt("--ckpt_path") == "last":
-        with open(os.path.join(ck, "last.ckpt")) as f:
+    logs = os.path.join(opt("--trainer.default_root_dir", default="."), "lightning_logs")
+    version = len(glob.glob(os.path.join(logs, "version_*")))  # the logger's next version
+    ck = os.path.join(logs, f"version_{version}", "checkpoints")
+    enabled = opt("--trainer.enable_checkpointing") != "false"
+    if enabled:
+        os.makedirs(ck, exist_ok=True)
+    path = opt("--ckpt_path")
+    if path == "last":  # ModelCheckpoint looks in its own dirpath: this run's new version_N/checkpoints
+        path = None
+        print('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint will '
+              "be loaded.", flush=True)
+    if path:
+        with open(path) as f:
             start = int(f.read())
+        print(f"Restoring states from the checkpoint path at {path}", flush=True)
         print(f"resumed from checkpoint at step {start}", flush=True)
+    saved = []
 
     def tick(step, dt):
         sys.stdout.write(f"\rEpoch 0:  {100 * step // steps}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s, "
-                         "v_num=0]")
+                         f"v_num={version}]")
         sys.stdout.flush()
-        if opt("--trainer.enable_checkpointing") != "false" and step % 10 == 2:  # every_n_train_steps
-            os.makedirs(ck, exist_ok=True)
-            with open(os.path.join(ck, "last.ckpt"), "w") as f:
+        if enabled and step % 16 == 2:  # every_n_train_steps (16), written in place, the previous one removed
+            name = os.path.join(ck, f"epoch=0-step={step}.ckpt")
+            with open(name, "w") as f:
                 f.write(str(step))
+            for old in saved:
+                os.unlink(old)
+            saved[:] = [name]
 else:
     sys.exit(f"unknown style {style}")
 
