@@ -58,8 +58,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if resume_from is not None:
             raise InputError("--resume-from: not for a multi-node job (yet)")
         clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
-        fleet_cmds.submit(spec, spec_path, target=target, profile=_profile(spec, profile), plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
-                          as_json=as_json, force=force)
+        fleet_cmds.submit(spec, spec_path, target=target, profile=_profile(spec, profile), plan=plan,
+                          follow=follow, clear=clear, job_id=job_id_opt, as_json=as_json, force=force)
         return
     target_name = target or spec.target
     if not target_name:
