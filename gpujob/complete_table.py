@@ -2,7 +2,8 @@
 gpujob/complete.py answers a Tab from, without importing typer."""
 
 # flake8: noqa
-TABLE = {
+# each command path: its options, args and subcommands (a dict per node)
+TABLE: dict[str, dict] = {
     'completion': {'options': [[['--json'], False, False, '{shell, script} as one JSON object', None], [['--hosts'], True, False, 'inventory file (else $GPUJOB_HOSTS, ./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)', None], [['--accept-new'], False, False, "trust and record an unknown host key (like OpenSSH's accept-new); a changed key is always refused", None], [['--help'], False, False, 'Show this message and exit.', None]], 'args': [[1, ['choice', 'bash', 'zsh', 'fish']]], 'commands': []},
     'exec': {'options': [[['--timeout'], True, False, 'end the command after this many seconds', None], [['--no-stdin', '-n'], False, False, 'do not read stdin (like ssh -n): the command gets an empty one', None], [['--json'], False, False, 'JSON Lines: {stream, data} per chunk of output, then {exit_code, timed_out}', None], [['--hosts'], True, False, 'inventory file (else $GPUJOB_HOSTS, ./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)', None], [['--accept-new'], False, False, "trust and record an unknown host key (like OpenSSH's accept-new); a changed key is always refused", None], [['--help'], False, False, 'Show this message and exit.', None]], 'args': [[1, ['target']], [-1, None]], 'commands': []},
     'disconnect': {'options': [[['--all'], False, False, "every kept connection of this user's (other installs, terminals, state dirs)", None], [['--hosts'], True, False, 'inventory file (else $GPUJOB_HOSTS, ./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)', None], [['--accept-new'], False, False, "trust and record an unknown host key (like OpenSSH's accept-new); a changed key is always refused", None], [['--help'], False, False, 'Show this message and exit.', None]], 'args': [], 'commands': []},

@@ -89,11 +89,13 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
         src = (spec.spec_dir / Path(entry.src).expanduser()).resolve()
         if strict and not src.exists():
             raise InputError(f"{spec.source_path}: sync[{i}].src: no such file or directory: {src}")
+        dest = entry.dest
+        if dest is None:  # Sync's validator sets it at load; only a Sync built around it has none
+            raise TypeError(f"sync[{i}].dest: not set")
         if src.is_file():  # a single file lands at dest: its directory, and its name there
-            out.append(Source(src, os.path.dirname(entry.dest) or ".", list(entry.exclude),
-                              os.path.basename(entry.dest)))
+            out.append(Source(src, os.path.dirname(dest) or ".", list(entry.exclude), os.path.basename(dest)))
         else:
-            out.append(Source(src, entry.dest, list(entry.exclude), None))
+            out.append(Source(src, dest, list(entry.exclude), None))
     return out
 
 
@@ -220,16 +222,18 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                       f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "
                       "env, the cache variables, the venv first on PATH"))
     values = planshare.template_values(req["spec"], job_id=job_id, profile=profile, workdir=workdir, fleet=fleet)
-    for gpu in planshare.warmup_gpus(req["spec"]):
-        visible = planshare.warmup_env(gpu).get("CUDA_VISIBLE_DEVICES")
-        steps.append(Step("warmup", "supervisor",
-                          "warmup" + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
-                          command_argv(req["spec"]["warmup"]["command"],
-                                       planshare.template_values(req["spec"], job_id=job_id, profile=profile,
-                                                                 workdir=workdir, fleet=fleet, gpu=gpu)),
-                          when={"cold": "unless a warmup of this command and profile succeeded "
-                                        "before (marker in the profile's cache)",
-                                "never": "never", "always": ""}[spec.warmup.when]))
+    warmup = spec.warmup
+    if warmup is not None:  # (warmup_gpus is [] without one)
+        for gpu in planshare.warmup_gpus(req["spec"]):
+            visible = planshare.warmup_env(gpu).get("CUDA_VISIBLE_DEVICES")
+            steps.append(Step("warmup", "supervisor",
+                              "warmup" + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
+                              command_argv(req["spec"]["warmup"]["command"],
+                                           planshare.template_values(req["spec"], job_id=job_id, profile=profile,
+                                                                     workdir=workdir, fleet=fleet, gpu=gpu)),
+                              when={"cold": "unless a warmup of this command and profile succeeded "
+                                            "before (marker in the profile's cache)",
+                                    "never": "never", "always": ""}[warmup.when]))
     hang_note = ""
     if spec.throughput is not None and spec.throughput.start_timeout is not None:
         hang_note = (f"; no throughput sample within {spec.throughput.start_timeout:g}s of its start is a "
@@ -245,10 +249,13 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     if spec.train.standby is not None:
         from gpujob.agent.base.placeholders import command_script
         preload = ", ".join(spec.train.standby.preload) or "nothing"
+        script = command_script(spec.train.command)
+        if script is None:  # Train's validator refuses a standby whose command is not `python SCRIPT`
+            raise TypeError("train.standby: train.command is not a python script")
         steps.append(Step("standby", "supervisor",
                           f"while training on a profile a rollback would leave: an interpreter of the "
                           f"known-good rollback target, in its venv, imports {preload} and waits; a rollback "
-                          f"runs the trainer in it as `python {shlex.join(command_script(spec.train.command))}` "
+                          f"runs the trainer in it as `python {shlex.join(script)}` "
                           "(+ resume_args)",
                           ["<rollback target's venv>/bin/python", "-c", "<standby: preload, wait on "
                            "standby.fifo, run the script as __main__>"],
@@ -268,9 +275,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
 def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args: list) -> list[Step]:
     """What the plan says about checkpoints: the register, earlier jobs' files, and
     the argv of a resumed trainer ({resume_from} filled with this job's checkpoint)."""
-    if where is None:
-        return []
     ck = spec.train.checkpoint
+    if where is None or ck is None:  # where is None exactly when ck is (checkpoint_where)
+        return []
     done = f"its file {ck.done_file} exists in it" if ck.done_file else f"it has not changed for {ck.settle:g}s"
     steps = [Step("checkpoints", "supervisor", f"watch {where} (glob + stat, every 0.5s) and record in the "
                   "checkpoint register which checkpoints each trainer run wrote; one is finished when "

@@ -245,7 +245,7 @@ def _nanogpt(data: dict) -> dict:
             "throughput": {"pause_pattern": NANOGPT_EVAL_PATTERN}}
     if own_rate(data, "regex"):
         return frag
-    tput = {"format": "regex", "pattern": NANOGPT_PATTERN, "pause_pattern": NANOGPT_EVAL_PATTERN}
+    tput: dict = {"format": "regex", "pattern": NANOGPT_PATTERN, "pause_pattern": NANOGPT_EVAL_PATTERN}
     if "tokens_per_step" not in (data.get("throughput") or {}):
         tokens = nanogpt_tokens(argv)
         if tokens is None:

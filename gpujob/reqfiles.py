@@ -69,10 +69,18 @@ def no_deps(spec) -> list[str]:
     return [e["package"] for e in spec.requirements if isinstance(e, dict) and "package" in e]
 
 
+def _pin_name(pin: str) -> str:
+    """The package name a profile's pin starts with (spec_types checks every pin at load)."""
+    m = _NAME.match(pin)
+    if m is None:
+        raise ValueError(f"{pin!r}: not a pinned requirement")
+    return m.group(0)
+
+
 def expand(spec, strict: bool) -> tuple[list[str], list[str]]:
     """(the requirement strings every venv gets, notes for the plan). ``strict``
     (submit): a missing or unusable file is a SpecError with its line."""
-    pinned = {norm(_NAME.match(p).group(0)) for prof in spec.profiles for p in prof.packages}
+    pinned = {norm(_pin_name(p)) for prof in spec.profiles for p in prof.packages}
     out, notes = [], []
     for i, entry in enumerate(spec.requirements):
         if isinstance(entry, str):

@@ -79,6 +79,8 @@ def _read(spec: JobSpec, loc: tuple, ref: SecretRef) -> str:
         if value is None:
             raise fail(f"from_env: ${ref.from_env} is not set in this shell")
         return value
+    if ref.from_file is None:  # a SecretRef holds exactly one of the two (spec_types)
+        raise TypeError("secret reference: neither from_env nor from_file")
     path = Path(ref.from_file).expanduser()
     if not path.is_absolute():
         path = spec.spec_dir / path

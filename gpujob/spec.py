@@ -242,10 +242,13 @@ class JobSpec(Strict):
                 if signal in listed:
                     raise At(("train", "restarts", "on", i), f"'{signal}' is also in {where}")
         for i, entry in enumerate(self.sync):
-            if entry.dest == ".." or entry.dest.startswith("../"):
-                where = remote_dest(self.workdir, entry.dest) if self.workdir and self.workdir.startswith("/") \
-                    else f"<workdir>/{entry.dest}"
-                raise At(("sync", i, "dest"), f"{describe(entry.dest)} resolves to {shorten(where)}, outside "
+            dest = entry.dest
+            if dest is None:  # Sync's validator has set it
+                raise TypeError(f"sync[{i}].dest: not set")
+            if dest == ".." or dest.startswith("../"):
+                where = remote_dest(self.workdir, dest) if self.workdir and self.workdir.startswith("/") \
+                    else f"<workdir>/{dest}"
+                raise At(("sync", i, "dest"), f"{describe(dest)} resolves to {shorten(where)}, outside "
                          "the workdir; give an absolute path to write outside it")
         self._check_group(("warmup", "per_gpu"), self.warmup.per_gpu if self.warmup else None)
         self._check_group(("throughput", "scope_group"), self.throughput.scope_group if self.throughput else None)

@@ -113,7 +113,9 @@ def _env_value(value: Any) -> Any:
             raise At((key,), f"a path cannot hold a control character (found {control_char(ref)})")
         if key == "from_env" and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ref):
             raise At((key,), "expected a variable name matching [A-Za-z_][A-Za-z0-9_]*")
-        return SecretRef.model_construct(**{key: ref})
+        if key == "from_env":
+            return SecretRef.model_construct(from_env=ref)
+        return SecretRef.model_construct(from_file=ref)
     raise ValueError(f"expected a string, number or boolean, got {kind_of(value)}")
 
 

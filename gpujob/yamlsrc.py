@@ -330,7 +330,7 @@ def _check_bounds(name: str, text: str) -> None:
                 fail(event, f"more than {MAX_ALIASES} aliases")
             if any(open_[3] == event.anchor for open_ in stack):
                 fail(event, f"alias *{shorten(event.anchor or '', 40)} refers to a value that contains it")
-            add(event, sizes.get(event.anchor, 1))
+            add(event, sizes.get(event.anchor or "", 1))  # (an anchor is never "")
 
 
 def load_yaml(path: str | Path) -> Source:

@@ -24,7 +24,8 @@ import typer
 try:  # typer vendors click
     from typer._click import exceptions as cx
 except ImportError:  # pragma: no cover - older typer on the real click
-    from click import exceptions as cx
+    # this venv's typer vendors click, so mypy finds no click (and sees the name twice)
+    from click import exceptions as cx  # type: ignore[import-not-found,no-redef]
 
 PROG = "gpujob"
 COMPLETE_VAR = "_GPUJOB_COMPLETE"

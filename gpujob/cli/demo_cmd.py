@@ -10,7 +10,7 @@ import typer
 from gpujob.agent.base.protocol import JobState
 from gpujob.cli import render
 from gpujob.errors import InputError, JobError
-from gpujob.cli.jobs_cmds import _start
+from gpujob.cli.jobs_cmds import _profile, _start
 from gpujob.cli.app import app, ctx, out, _fresh_id, _follow, _print_final, _status
 
 
@@ -25,14 +25,17 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
     from gpujob.spec import load_spec
     spec = load_spec(spec_path or work_copy())
     spec_path = spec.source_path if spec_path is None else spec_path
-    if spec.multi_node:
+    if spec_path is None:  # load_spec records where it read the spec
+        raise TypeError("spec.source_path: not set")
+    if isinstance(spec.target, list):  # multi_node
         raise InputError(f"{spec_path}: the demo runs on one container; this spec's target is a list "
                          "(a multi-node job: gpujob submit it)")
     build_demo_wheels(spec)
     t = ctx.target(target or spec.target or "demo")
     good = next(p.name for p in spec.profiles if p.name != spec.profile)
+    switched = _profile(spec, None)
     acts = [(good, f"Act 1: the {good} wheel build trains and becomes known-good"),
-            (spec.profile, f"Act 2: someone switched to the {spec.profile} build: gpujob notices, "
+            (switched, f"Act 2: someone switched to the {switched} build: gpujob notices, "
                            f"rolls back to {good} and resumes from the checkpoint")]
     final = {}
     for profile, title in acts:

@@ -13,6 +13,7 @@ from gpujob.cli import bodies, fanout, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
     from gpujob.target import Target
+    from gpujob.spec import JobSpec
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
 
@@ -50,21 +51,20 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
             raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
                              f"got {job_id_opt[:70]!r}")
-    if spec.multi_node:  # a list of containers: one job over several nodes
+    if isinstance(spec.target, list):  # multi_node: a list of containers, one job over several nodes
         from gpujob.cli import fleet_cmds
         if as_json and (plan or follow):
             raise InputError("--json: not with --plan or --follow for a multi-node job (yet)")
         if resume_from is not None:
             raise InputError("--resume-from: not for a multi-node job (yet)")
         clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
-        fleet_cmds.submit(spec, spec_path, target=target, profile=spec.profile_by_name(profile).name if profile
-                          else spec.profile, plan=plan, follow=follow, clear=clear, job_id=job_id_opt,
-                          as_json=as_json, force=force)
+        fleet_cmds.submit(spec, spec_path, target=target, profile=_profile(spec, profile), plan=plan,
+                          follow=follow, clear=clear, job_id=job_id_opt, as_json=as_json, force=force)
         return
     target_name = target or spec.target
     if not target_name:
         raise SpecError(str(spec_path), 1, "target", "missing (required), or pass --target")
-    profile = spec.profile_by_name(profile).name if profile else spec.profile
+    profile = _profile(spec, profile)
     try:
         t = ctx.target(target_name)
     except InputError as e:  # an unknown target named by the spec: say where
@@ -128,6 +128,15 @@ def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
     what = f"is {st}" if st else "may be running (it could not be asked)"
     return (f"interrupted after the supervisor was asked to start: job {job_id} {what} on {t.label} and goes on; "
             f"follow it: gpujob logs -f {job_id}    end it: gpujob stop {job_id}")
+
+
+def _profile(spec: JobSpec, name: str | None) -> str:
+    """The profile a submit starts on: the one named (an unknown name refused), else the
+    spec's (its validator sets it: the first profile when the spec names none)."""
+    chosen = spec.profile_by_name(name).name if name else spec.profile
+    if chosen is None:
+        raise TypeError("spec.profile: not set")
+    return chosen
 
 
 def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False,

@@ -55,9 +55,12 @@ def _wants_json(argv: list) -> bool:
 
 def _reader_gone() -> None:
     """Quiet from here on: stdout to /dev/null, so no flush at exit complains."""
+    stdout = sys.__stdout__
+    if stdout is None:  # no stdout to quiet (pythonw, a closed fd 1)
+        return
     try:
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, sys.__stdout__.fileno())
+        os.dup2(null, stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass
 

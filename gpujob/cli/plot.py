@@ -175,21 +175,20 @@ def write_file(s: dict, path: Path) -> None:
     try:
         suffix = path.suffix.lower()
         if suffix == ".html":
-            buf = io.StringIO()
-            fig.savefig(buf, format="svg")
-            svg = buf.getvalue()
+            text = io.StringIO()
+            fig.savefig(text, format="svg")
+            svg = text.getvalue()
             svg = svg[svg.index("<svg"):]  # no XML declaration or DOCTYPE inside HTML
             title = html.escape(f"gpujob plot: {s['job']} on {s.get('target', '?')}")
-            data = _atomic(path, (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-                                  f"<title>{title}</title></head>\n<body>\n<h1 style=\"font: 16px sans-serif\">"
-                                  f"{title}</h1>\n{svg}\n</body></html>\n").encode())
+            _atomic(path, (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+                           f"<title>{title}</title></head>\n<body>\n<h1 style=\"font: 16px sans-serif\">"
+                           f"{title}</h1>\n{svg}\n</body></html>\n").encode())
         else:
             buf = io.BytesIO()
             fig.savefig(buf, format=suffix[1:])
-            data = _atomic(path, buf.getvalue())
+            _atomic(path, buf.getvalue())
     finally:
         plt.close(fig)
-    return data
 
 
 def _atomic(path: Path, data: bytes) -> None:

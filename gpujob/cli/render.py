@@ -191,7 +191,7 @@ def disk(d: dict) -> str:
     return " / ".join(size(d.get(k)) for k in ("own", "real", "apparent"))
 
 
-def size(n: int | None) -> str:
+def size(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

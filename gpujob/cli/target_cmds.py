@@ -7,7 +7,7 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -63,13 +63,14 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
     from gpujob import doctor as doc
     cudas: list[str] = []
     workdir = None
+    named: str | list[str] | None = target  # a spec's target may be a list (multi-node)
     if spec is not None:
         from gpujob.spec import load_spec
         s = load_spec(spec)
         cudas = sorted({p.cuda for p in s.profiles if p.cuda})
         workdir = s.workdir
-        target = target or s.target
-    names = (target if isinstance(target, list) else [target]) if target else \
+        named = target or s.target
+    names = (named if isinstance(named, list) else [named]) if named else \
         [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]  # a list: every node of a multi-node spec
     report = {}
     failed = False
@@ -119,7 +120,7 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
     def one(host_name: str) -> list[dict]:
         rows = []
         for cname in inv.hosts[host_name].containers:
-            row = {"host": host_name, "container": cname, "kind": inv.hosts[host_name].kind}
+            row: dict[str, Any] = {"host": host_name, "container": cname, "kind": inv.hosts[host_name].kind}
             try:
                 t = targets.open(f"{host_name}/{cname}")
                 row["vmid"] = t.vmid

@@ -63,8 +63,8 @@ class KeptTransport(Transport):
         return PctStatus(r.exit_code, r.text.strip(), r.tail())
 
     def status(self) -> str:
-        from gpujob.transport.pct import PctTransport
-        return PctTransport.status(self)  # its reading of status_result, over ours
+        from gpujob.transport.pct import status_text
+        return status_text(self.status_result(), self.vmid)  # PctTransport's reading, over ours
 
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:

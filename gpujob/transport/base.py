@@ -18,7 +18,16 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Protocol, Sequence, Union
 
-Stdin = Union[bytes, BinaryIO, None]
+
+
+class Readable(Protocol):
+    """What a transport reads a command's stdin from: a file, or any object with ``read``
+    (RawStdin, tarstream.Concat, the daemon's frame queues)."""
+
+    def read(self, n: int = ..., /) -> bytes: ...
+
+
+Stdin = Union[bytes, BinaryIO, Readable, None]
 OnData = Callable[[bytes], None]
 
 #: Exit code of a command ended by its timeout (the coreutils ``timeout`` convention).

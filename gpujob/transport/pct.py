@@ -63,12 +63,16 @@ class PctTransport(Stacked):
 
     def status(self) -> str:
         """``running``, ``stopped``, or what ``pct status`` said when it failed."""
-        st = self.status_result()
-        if st.exit_code == 0 and st.out.startswith("status:"):
-            return st.out.split(":", 1)[1].strip()
-        if _NO_CONFIG.search(st.err or ""):  # pct's raw config-file line said in gpujob's words
-            return f"no such vmid {self.vmid} on the host (check hosts.yaml; `pct list` lists them)"
-        return st.err or f"pct status exited {st.exit_code}"
+        return status_text(self.status_result(), self.vmid)
+
+
+def status_text(st: PctStatus, vmid: int) -> str:
+    """PctTransport.status's reading of a ``pct status VMID`` result (KeptTransport's too)."""
+    if st.exit_code == 0 and st.out.startswith("status:"):
+        return st.out.split(":", 1)[1].strip()
+    if _NO_CONFIG.search(st.err or ""):  # pct's raw config-file line said in gpujob's words
+        return f"no such vmid {vmid} on the host (check hosts.yaml; `pct list` lists them)"
+    return st.err or f"pct status exited {st.exit_code}"
 
 
 class PctStatus(NamedTuple):

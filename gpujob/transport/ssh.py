@@ -19,11 +19,14 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gpujob import lazyimport
 
-paramiko = lazyimport.paramiko()  # its invoke (Match exec only) loads when used
+if TYPE_CHECKING:  # the checker reads paramiko's stubs; at run time it is the same module, loaded below
+    import paramiko
+else:
+    paramiko = lazyimport.paramiko()  # its invoke (Match exec only) loads when used
 
 
 from gpujob.errors import ConnectError, ConnectionLost, HostKeyError
