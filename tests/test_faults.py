@@ -95,6 +95,18 @@ def journal_is_sound(d: Path) -> list:
     return records
 
 
+def submit_training(tmp_path, env, wheelhouse) -> str:
+    """A long trainer on fast (no throughput judging, no warmup), submitted and seen in its
+    train phase: the job id."""
+    urls = wheelhouse[1]
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
+    job_id = submit(spec, env)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 60,
+             what="the trainer")
+    return job_id
+
+
 def group_alive(pgid: int) -> bool:
     """Any live (non-zombie) process left in the group."""
     return bool(group_pids(pgid))
@@ -277,12 +289,7 @@ def test_a_supervisor_dying_between_starting_the_trainer_and_writing_it_down(tmp
     """The narrowest window: the trainer runs but state.json does not name it yet (only
     `child_starting`). The next supervisor finds it by its keeper and adopts it: never a
     second trainer."""
-    urls = wheelhouse[1]
-    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
-    job_id = submit(spec, env)
-    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 60,
-             what="the trainer")
+    job_id = submit_training(tmp_path, env, wheelhouse)
     wait_for(lambda: trainers_of(tmp_path), 10, what="the trainer process")
     st = state_of(tmp_path, job_id)
     os.kill(st["supervisor_pid"], signal.SIGKILL)

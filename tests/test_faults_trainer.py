@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from helpers import cli, job_id_of, wait_for, write_spec
-from test_faults import env, jdir, state_of, submit, wheelhouse  # noqa: F401 (fixtures and helpers)
+from test_faults import env, jdir, state_of, submit, submit_training, wheelhouse  # noqa: F401 (fixtures and helpers)
 from test_jobs_local import trainers_of
 
 
@@ -89,12 +89,7 @@ def test_restarts_on_the_same_profile_then_a_crash_loop_ends_the_job(tmp_path, e
 
 
 def test_a_killed_trainer_is_classified_and_the_job_can_be_restarted_by_hand(tmp_path, env, wheelhouse):
-    urls = wheelhouse[1]
-    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
-    job_id = submit(spec, env)
-    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 60,
-             what="the trainer")
+    job_id = submit_training(tmp_path, env, wheelhouse)
     os.killpg(state_of(tmp_path, job_id)["child"]["pgid"], signal.SIGKILL)
     wait_for(lambda: state_of(tmp_path, job_id).get("state") == "failed", 30, what="the failure")
     st = state_of(tmp_path, job_id)
