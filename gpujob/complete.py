@@ -138,7 +138,14 @@ def targets(explicit: str | None = None) -> list[str]:
             return []
     names = [c for _, c in pairs]
     bare = [c for c in dict.fromkeys(names) if names.count(c) == 1]
-    return [str(v) for v in bare + [f"{h}/{c}" for h, c in pairs]]
+    return offerable([str(v) for v in bare + [f"{h}/{c}" for h, c in pairs]])
+
+
+def offerable(values: list) -> list[str]:
+    """The values a shell may be offered: a name from hosts.yaml or the index is read here
+    without the inventory's checks, so one holding a control character or white space (which
+    the inventory refuses, and which would end or split a completion line) is left out."""
+    return [v for v in values if isinstance(v, str) and v and v.isprintable() and not any(c.isspace() for c in v)]
 
 
 def job_ids() -> list[str]:
@@ -150,7 +157,7 @@ def job_ids() -> list[str]:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
         try:
-            return [r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY submitted_at DESC LIMIT 200")]
+            return offerable([r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY submitted_at DESC LIMIT 200")])
         finally:
             con.close()
     except sqlite3.Error:

@@ -102,3 +102,16 @@ def test_a_broken_inventory_or_index_offers_nothing_and_never_a_traceback(lab, t
     for words in ("gpujob exec ", "gpujob logs "):
         p = run_complete("bash", words, env)
         assert (p.returncode, p.stdout, p.stderr) == (0, b"\n", b""), words
+
+
+def test_a_name_with_a_control_character_or_space_is_never_offered(lab, tmp_path):
+    """hosts.yaml is read here without the inventory's checks: a container name that would end
+    or split a completion line (which the inventory refuses anyway) is left out."""
+    (tmp_path / "hosts.yaml").write_text('hosts:\n  lab:\n    kind: local\n    root: /tmp/x\n    containers:\n'
+                                         '      "ok1": {}\n      "bad\\nname": {}\n      "two words": {}\n'
+                                         '      "esc\\e[31m": {}\n')
+    env = dict(lab, GPUJOB_HOSTS=str(tmp_path / "hosts.yaml"))
+    p = run_complete("bash", "gpujob exec ", env)
+    offered = p.stdout.decode().split()
+    assert p.returncode == 0 and "ok1" in offered and "lab/ok1" in offered, offered
+    assert not any("bad" in v or "two" in v or "words" in v or "esc" in v for v in offered), offered
