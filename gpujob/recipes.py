@@ -281,6 +281,12 @@ def _torchtitan(data: dict) -> dict:
 
 # ---- Lightning ---------------------------------------------------------------
 
+#: LightningCLI's progress bar that prints while it runs without a terminal: with rich
+#: installed (gpujob's own dependency, and in the CUDA images) Lightning picks its
+#: RichProgressBar, which draws nothing into a pipe until the run ends.
+LIGHTNING_BAR = "--trainer.callbacks+=TQDMProgressBar"
+
+
 def _lightning(data: dict) -> dict:
     command = (data.get("train") or {}).get("command")
     argv = _argv(command)
@@ -296,9 +302,13 @@ def _lightning(data: dict) -> dict:
     # written in place (no rename): finished once it has not changed for 5 s.
     train: dict = {"checkpoint": {"path": path, "every": "15m", "settle": "5s"},
                    "resume_args": ["--ckpt_path", "{resume_from}"]}
+    if rate and not any("ProgressBar" in a for a in argv):
+        train["command"] = _append(command, [LIGHTNING_BAR])
     train.update(_standby(command, PRELOAD["lightning"]))
-    warm = _append(command, ["--trainer.max_steps", "3", "--trainer.enable_checkpointing", "false",
-                             "--trainer.default_root_dir", "{workdir}/gpujob-warmup"])
+    # No --trainer.enable_checkpointing false: Lightning refuses it beside a configured
+    # ModelCheckpoint (how a run saves every N steps); the warmup's own root dir keeps its saves apart.
+    warm = _append(train.get("command", command), ["--trainer.max_steps", "3", "--trainer.default_root_dir",
+                                                   "{workdir}/gpujob-warmup"])
     frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
     return dict(frag, throughput={"format": "tqdm"}) if rate else frag
 
@@ -321,9 +331,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("torchtitan", "torchtitan", 2, "torchtitan 0.2 (TOML config, `--section.key` overrides)", NOT_PROVEN,
            "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
            ".metadata, resumed from the newest by itself", _torchtitan, versions=("0.2",)),
-    Recipe("lightning", "lightning", 2, "lightning 2.5 (LightningCLI)", NOT_PROVEN,
-           "LightningCLI scripts: the progress bar's it/s x tokens_per_step, version_N/checkpoints/*.ckpt "
-           "(settled 5 s), --ckpt_path {resume_from}", _lightning, versions=("2.5",)),
+    Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)", NOT_PROVEN,
+           "LightningCLI scripts: the TQDM progress bar's it/s x tokens_per_step (the bar added: Lightning's "
+           "rich bar prints nothing into a pipe), version_N/checkpoints/*.ckpt (settled 5 s), "
+           "--ckpt_path {resume_from}", _lightning, versions=("2.5", "2.6")),
 )}
 
 

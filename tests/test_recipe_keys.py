@@ -53,7 +53,8 @@ SETS = {
         "throughput.ranks": "first", "train.checkpoint.path": "out/checkpoint/step-*",
         "train.checkpoint.done_file": ".metadata"}),
     "lightning": ("python main.py fit", 1000, {
-        "train.checkpoint.settle": "5s", "train.resume_args": ["--ckpt_path", "{resume_from}"]}),
+        "train.checkpoint.settle": "5s", "train.resume_args": ["--ckpt_path", "{resume_from}"],
+        "train.command": "python main.py fit --trainer.callbacks+=TQDMProgressBar"}),
 }
 
 
@@ -196,3 +197,17 @@ def test_a_recipes_keys_never_change_within_a_revision():
         assert revs[str(r.revision)] == fingerprint(name), \
             f"recipe {name}'s keys changed within revision {r.revision}: bump its revision"
         assert len(set(revs.values())) == len(revs)  # each revision changed something
+
+
+def test_lightning_gets_a_bar_that_prints_into_a_pipe_and_a_warmup_lightning_accepts(tmp_path):
+    """Found running Lightning 2.6.6: with rich installed its default bar draws nothing into
+    a pipe until the run ends (no samples), and `--trainer.enable_checkpointing false` is
+    refused beside a configured ModelCheckpoint (the warmup died before its first step)."""
+    cmd = "python main.py fit --trainer.callbacks+=ModelCheckpoint --trainer.callbacks.every_n_train_steps=50"
+    spec, _ = agent_spec(tmp_path, "lightning", cmd, throughput={"tokens_per_step": 10})
+    assert spec.train.command == cmd + " --trainer.callbacks+=TQDMProgressBar"
+    assert "enable_checkpointing" not in spec.warmup.command
+    assert spec.warmup.command.startswith(spec.train.command)  # the warmup draws the same bar
+    own = "python main.py fit --trainer.callbacks+=RichProgressBar"  # a bar of the user's own: left alone
+    spec, _ = agent_spec(tmp_path, "lightning", own, throughput={"tokens_per_step": 10})
+    assert spec.train.command == own

@@ -132,10 +132,21 @@ elif style == "torchtitan":
             open(os.path.join(d, "__0_0.distcp"), "w").write("w")
             open(os.path.join(d, ".metadata"), "w").write("m")
 elif style == "lightning":
+    # as Lightning 2.6: a ModelCheckpoint is what the run's own arguments configure
+    # (--trainer.callbacks+=ModelCheckpoint --trainer.callbacks.every_n_train_steps=N), and
+    # enable_checkpointing false beside one is refused; the bar is the TQDM one only when
+    # asked for (with rich installed Lightning picks its rich bar, which draws nothing into a
+    # pipe until the run ends)
     logs = os.path.join(opt("--trainer.default_root_dir", default="."), "lightning_logs")
     version = len(glob.glob(os.path.join(logs, "version_*")))  # the logger's next version
     ck = os.path.join(logs, f"version_{version}", "checkpoints")
-    enabled = opt("--trainer.enable_checkpointing") != "false"
+    callbacks = [a.split("+=", 1)[1] for a in args if a.startswith("--trainer.callbacks+=")]
+    every = int(opt("--trainer.callbacks.every_n_train_steps", default="0"))
+    if opt("--trainer.enable_checkpointing") == "false" and "ModelCheckpoint" in callbacks:
+        sys.exit("lightning.fabric.utilities.exceptions.MisconfigurationException: Trainer was configured with "
+                 "`enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list.")
+    enabled = "ModelCheckpoint" in callbacks and every > 0
+    tqdm_bar = "TQDMProgressBar" in callbacks
     if enabled:
         os.makedirs(ck, exist_ok=True)
     path = opt("--ckpt_path")
@@ -151,10 +162,14 @@ elif style == "lightning":
     saved = []
 
     def tick(step, dt):
-        sys.stdout.write(f"\rEpoch 0:  {100 * step // steps}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s, "
-                         f"v_num={version}]")
-        sys.stdout.flush()
-        if enabled and step % 16 == 2:  # every_n_train_steps (16), written in place, the previous one removed
+        if tqdm_bar:
+            sys.stdout.write(f"\rEpoch 0:  {100 * step // steps}%|####| {step}/{steps} [00:01<00:01, "
+                             f"{1.0 / dt:.2f}it/s, v_num={version}]")
+            sys.stdout.flush()
+        elif step == steps:  # the rich bar: one drawing when the run ends
+            print(f"Epoch 0/-2 ━━━━━━━━━━ {step}/{steps} 0:00:01 • 0:00:00 {1.0 / dt:.2f}it/s v_num: {version}",
+                  flush=True)
+        if enabled and step % every == 2 % every:  # written in place, the previous one removed
             name = os.path.join(ck, f"epoch=0-step={step}.ckpt")
             with open(name, "w") as f:
                 f.write(str(step))
