@@ -4,6 +4,11 @@ forward + backward, all released at once by a barrier, as jobs/dflash_mini's
 drafter threads would. Point TORCHINDUCTOR_CACHE_DIR (and TRITON_CACHE_DIR) at an
 empty folder for a cold cache, or at one a ``--threads 1`` run filled for a warm one.
 
+``--serial-first``: each thread's first call (where dynamo traces and inductor
+compiles) runs under one lock, one thread after another, then all threads run the
+remaining steps at once (a second barrier): the trainer-side way out that
+jobs/dflash_mini takes (its first step runs the drafters one after another).
+
 Prints one line per thread (``thread i: ok in X s`` or ``thread i: FAILED: ...``
 with its traceback) and ``race: threads=N ok=K failed=M``; exit 0 when all
 succeeded, 1 otherwise. A hang prints nothing more: the recorder's SIGABRT then
@@ -29,7 +34,10 @@ def dflash_mask(block):
     return mask_mod
 
 
-def work(i, a, barrier, results):
+FIRST = threading.Lock()
+
+
+def work(i, a, barrier, results, after_first):
     try:
         barrier.wait()
         t = time.time()
@@ -41,10 +49,18 @@ def work(i, a, barrier, results):
         shape = (a.batch, a.heads, a.seq, a.dim)
         dtype = torch.bfloat16 if dev == "cuda" else torch.float32
         q, k, v = (torch.randn(shape, device=dev, dtype=dtype, requires_grad=dev == "cuda") for _ in range(3))
-        for _ in range(a.steps):
+        def step():
             out = fn(q, k, v, block_mask=mask)
             if dev == "cuda":
                 out.float().sum().backward()
+        if a.serial_first:
+            with FIRST:
+                step()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+            after_first.wait()  # then the rest, every thread at once
+        for _ in range(a.steps - (1 if a.serial_first else 0)):
+            step()
         if dev == "cuda":
             torch.cuda.synchronize()
         results[i] = ("ok", time.time() - t)
@@ -66,16 +82,17 @@ def main():
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--serial-first", action="store_true", help="first call per thread under one lock")
     a = p.parse_args()
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "(default)")
     n_files = sum(len(f) for _d, _s, f in os.walk(cache)) if os.path.isdir(cache) else 0
     print(f"compile_race: torch {torch.__version__}, threads {a.threads}, inductor cache {cache} "
-          f"({n_files} files at start)", flush=True)
+          f"({n_files} files at start), serial first {a.serial_first}", flush=True)
     if a.device == "cuda":
         torch.zeros(1, device="cuda")  # CUDA context before the threads
-    barrier = threading.Barrier(a.threads)
+    barrier, after_first = threading.Barrier(a.threads), threading.Barrier(a.threads)
     results = [None] * a.threads
-    threads = [threading.Thread(target=work, args=(i, a, barrier, results), name=f"drafter_{i}")
+    threads = [threading.Thread(target=work, args=(i, a, barrier, results, after_first), name=f"drafter_{i}")
                for i in range(a.threads)]
     for t in threads:
         t.start()

@@ -7,8 +7,13 @@ Like nanoGPT's train.py: ``--key=value`` arguments, ``iter N: loss X, time Y ms,
 mfu Z%`` every ``log_interval`` iterations (the time of that one iteration), an
 eval (``step N: train loss X, val loss Y``) and then ``saving checkpoint to out``
 which rewrites the ONE file ``out/ckpt.pt`` in place; ``--init_from=resume``
-loads it. Ours adds ``--eval_interval_s`` (seconds between evals) and
-``--time_limit`` (seconds of training after the first iteration, which compiles).
+loads it; ``--eval_interval`` (iterations, as nanoGPT: an eval at every multiple,
+iteration 0 included, a save after it from iteration 1 on when the val loss improved
+or ``--always_save_checkpoint=True``) and ``--gradient_accumulation_steps`` (micro-steps
+of ``--batch_size`` per iteration) as nanoGPT has them. Ours adds ``--eval_interval_s``
+(seconds between evals, when ``--eval_interval=0``) and ``--time_limit`` (seconds of
+training after the first iteration, which compiles; 0: none). ``BENCH_STEP_DELAY``
+(seconds) sleeps after each iteration: only for a CPU rehearsal of the device driver.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 cfg = dict(out_dir="out", init_from="scratch", batch_size=16, block_size=1024, n_layer=8, n_head=8,
            n_embd=512, vocab_size=8192, learning_rate=6e-4, log_interval=10, eval_interval_s=15.0,
-           eval_iters=10, time_limit=90.0, max_iters=10 ** 9, compile=True, attn="flex",
+           eval_iters=10, time_limit=90.0, eval_interval=0, always_save_checkpoint=True,
+           gradient_accumulation_steps=1, max_iters=10 ** 9, compile=True, attn="flex",
            device="cuda", dtype="bfloat16", peak_flops=989e12)
 for arg in sys.argv[1:]:
     key, _, val = arg.lstrip("-").partition("=")
@@ -99,7 +105,8 @@ def main():
     model = GPT().to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=C.learning_rate, fused=device == "cuda")
     print(f"number of parameters: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M", flush=True)
-    print(f"tokens per iteration will be: {C.batch_size * C.block_size:,}", flush=True)
+    print(f"tokens per iteration will be: {C.gradient_accumulation_steps * C.batch_size * C.block_size:,}",
+          flush=True)
     if C.init_from == "resume":
         print(f"Resuming training from {C.out_dir}", flush=True)
         ck = torch.load(ckpt_path, map_location=device)
@@ -136,20 +143,38 @@ def main():
     X, Y = get_batch()
     t0 = time.time()
     local_iter, running_mfu = 0, -1.0
+    delay = float(os.environ.get("BENCH_STEP_DELAY") or 0)
+
+    def save():
+        print(f"saving checkpoint to {C.out_dir}", flush=True)
+        os.makedirs(C.out_dir, exist_ok=True)
+        torch.save({"model": raw.state_dict(), "optimizer": opt.state_dict(), "iter_num": iter_num,
+                    "best_val_loss": best_val, "config": cfg}, ckpt_path)
+
     while iter_num < C.max_iters:
-        with ctx:
-            loss = model(X, Y, mask)
-        X, Y = get_batch()
-        loss.backward()
+        if C.eval_interval and iter_num % C.eval_interval == 0:
+            losses = estimate_loss()
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+            if iter_num > 0 and (losses["val"] < best_val or C.always_save_checkpoint):
+                best_val = min(best_val, losses["val"])
+                save()
+            t0 = time.time()
+        for _ in range(C.gradient_accumulation_steps):
+            with ctx:
+                loss = model(X, Y, mask) / C.gradient_accumulation_steps
+            X, Y = get_batch()
+            loss.backward()
+        if delay:
+            time.sleep(delay)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         t1 = time.time()
         dt, t0 = t1 - t0, t1
         if iter_num % C.log_interval == 0:
-            lossf = loss.item()
+            lossf = loss.item() * C.gradient_accumulation_steps
             if local_iter >= 5:
-                mfu = raw.estimate_mfu(C.batch_size, dt)
+                mfu = raw.estimate_mfu(C.batch_size * C.gradient_accumulation_steps, dt)
                 running_mfu = mfu if running_mfu == -1.0 else 0.9 * running_mfu + 0.1 * mfu
             print(f"iter {iter_num}: loss {lossf:.4f}, time {dt * 1000:.2f}ms, mfu {running_mfu * 100:.2f}%",
                   flush=True)
@@ -158,14 +183,11 @@ def main():
         now = time.time()
         if local_iter == 1:  # the first iteration compiles: the clocks start after it
             last_eval = start = now
-        if C.eval_interval_s and now - last_eval >= C.eval_interval_s:
+        if not C.eval_interval and C.eval_interval_s and now - last_eval >= C.eval_interval_s:
             losses = estimate_loss()
             print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
             best_val = min(best_val, losses["val"])
-            print(f"saving checkpoint to {C.out_dir}", flush=True)
-            os.makedirs(C.out_dir, exist_ok=True)
-            torch.save({"model": raw.state_dict(), "optimizer": opt.state_dict(), "iter_num": iter_num,
-                        "best_val_loss": best_val, "config": cfg}, ckpt_path)
+            save()
             last_eval = time.time()
             t0 = time.time()
         if C.time_limit and now - start >= C.time_limit:

@@ -1,0 +1,122 @@
+"""The lanes of bench/recipes_gpu/run.py: per trainer, the spec (``recipe: NAME`` and
+the trainer's own command line, nothing the recipe fixes) and its tiny, download-free
+model. On ``--device cpu`` (the rehearsal) the sizes shrink, attention is SDPA and
+``broken`` sleeps after each step instead (a CPU has no compiled/eager gap to show).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+TRAINERS = HERE / "trainers"
+
+# what every lane's judging uses: short windows for a run of minutes
+THROUGHPUT = {"window": 5, "min_ratio": 0.7, "failure_limit": 2, "initial_delay": "5s",
+              "no_data_timeout": "150s", "good_after": "20s", "settle": {"timeout": "60s"}}
+
+
+def profiles(python: str, cpu: bool) -> list:
+    broken_env = {"TORCHDYNAMO_DISABLE": "1"}
+    if cpu:
+        broken_env["BENCH_STEP_DELAY"] = "0.3"
+    return [{"name": "compiled", "system_site_packages": True, "python": python},
+            {"name": "broken", "system_site_packages": True, "python": python, "env": broken_env}]
+
+
+def own_spec(lane: "Lane", where: Path, args, command: str, files: list, **extra) -> tuple:
+    code = where / "code"
+    code.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy(f, code / Path(f).name)
+    spec = {"recipe": lane.recipe, "name": f"r-{lane.name}", "target": f"lab/{lane.name}",
+            "sync": [{"src": str(code), "dest": ".", "exclude": ["__pycache__"]}],
+            "env": {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+            "profiles": profiles(args.python, args.device == "cpu"), "profile": "compiled",
+            "train": {"command": command, "grace": "20s", "checkpoint": {"every": "30s"}},
+            "throughput": dict(THROUGHPUT, **extra.pop("throughput", {})),
+            "rollback": {"fallback": ["compiled"], "wait_for_checkpoint": True}}
+    spec.update(extra)
+    path = where / "job.yaml"
+    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
+    return path, []
+
+
+def version_of(module: str) -> Callable:
+    def probe(python: str) -> str | None:
+        p = subprocess.run([python, "-c", f"import {module} as m; print(m.__version__)"], capture_output=True,
+                           text=True, timeout=120)
+        return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
+    return probe
+
+
+@dataclass
+class Lane:
+    name: str
+    recipe: str
+    trainer: str
+    build: Callable = field(repr=False)  # (lane, where, args) -> (spec path, --set list)
+    version: Callable = field(repr=False)
+    between: Callable | None = field(default=None, repr=False)
+
+    def spec(self, where: Path, args) -> tuple:
+        where.mkdir(parents=True, exist_ok=True)
+        return self.build(self, where, args)
+
+    def between_acts(self, root: Path) -> None:
+        if self.between:
+            self.between(root)
+
+
+def _hf(lane, where, args):
+    cpu = args.device == "cpu"
+    size = ("--hidden_size 64 --num_layers 2 --num_heads 2 --vocab_size 256 --max_seq_length 64 "
+            "--per_device_train_batch_size 2 --attn sdpa --use_cpu --save_steps 20"
+            if cpu else "--hidden_size 384 --num_layers 6 --num_heads 6 --vocab_size 4096 --max_seq_length 1024 "
+            "--per_device_train_batch_size 16 --bf16 --save_steps 200 --dataloader_num_workers 2")
+    command = (f"python hf_train.py --output_dir out {size} --max_steps 1000000 --save_total_limit 2 "
+               "--logging_steps 50 --report_to none")
+    return own_spec(lane, where, args, command, [TRAINERS / "hf_train.py"])
+
+
+def _nanogpt(lane, where, args):
+    cpu = args.device == "cpu"
+    size = ("--device=cpu --attn=sdpa --compile=False --batch_size=2 --block_size=64 --n_layer=2 --n_head=2 "
+            "--n_embd=64 --vocab_size=256 --eval_interval_s=8 --eval_iters=2"
+            if cpu else "--batch_size=16 --block_size=1024 --n_layer=6 --n_head=6 --n_embd=384 "
+            "--vocab_size=4096 --eval_interval_s=12 --eval_iters=5")
+    # evals (and the in-place save of out/ckpt.pt after each) by the clock, the same on both
+    # profiles: by iterations, broken (7x slower) would save its first only minutes in
+    command = (f"python nanogpt_trainer.py --compile=True {size} --eval_interval=0 --gradient_accumulation_steps=1 "
+               "--time_limit=0")
+    if cpu:
+        command = command.replace("--compile=True ", "")
+    return own_spec(lane, where, args, command, [REPO / "bench" / "traces" / "nanogpt_trainer.py"])
+
+
+def _lightning(lane, where, args):
+    cpu = args.device == "cpu"
+    size = ("--trainer.accelerator cpu --model.dim 64 --model.layers 2 --model.heads 2 --model.seq 64 "
+            "--model.vocab 256 --model.attn sdpa --model.compile false --data.batch_size 2 "
+            "--trainer.callbacks.every_n_train_steps=20"
+            if cpu else "--trainer.accelerator gpu --trainer.devices 1 --trainer.precision bf16-mixed "
+            "--model.dim 384 --model.layers 6 --model.heads 6 --model.seq 1024 --model.vocab 4096 "
+            "--data.batch_size 16 --trainer.callbacks.every_n_train_steps=200")
+    command = (f"python lightning_train.py fit --trainer.max_steps 1000000 --trainer.enable_model_summary false "
+               f"--trainer.callbacks+=ModelCheckpoint {size}")
+    tokens = 2 * 64 if cpu else 16 * 1024
+    return own_spec(lane, where, args, command, [TRAINERS / "lightning_train.py"],
+                    throughput={"tokens_per_step": tokens})
+
+
+LANES = {lane.name: lane for lane in (
+    Lane("hf", "hf_trainer", "transformers", _hf, version_of("transformers")),
+    Lane("nanogpt", "nanogpt", "nanoGPT-style (ours)", _nanogpt, version_of("torch")),
+    Lane("lightning", "lightning", "lightning", _lightning, version_of("lightning")),
+)}
