@@ -89,6 +89,11 @@ def test_wait_for_checkpoint_holds_the_rollback_and_resumes_from_it(tmp_path, in
     assert kinds.index("rollback_held") < kinds.index("rollback_released") < kinds.index("rollback")
     released = next(e for e in ev if e["type"] == "rollback_released")
     assert released["why"] == "a checkpoint exists" and released["waited"] > 0.1
+    # while held, each sample's verdict is still rollback: journalled once (the H200's nanoGPT
+    # run wrote 51 such lines in 12 s)
+    held = [e for e in ev if e["type"] == "decision" and e["verdict"] == "rollback"
+            and e["t"] <= released["t"]]
+    assert len(held) == 1, len(held)
     [rb] = st["rollbacks"]
     assert rb["resumed"].startswith("resumed from ") and "checkpoint.json (age" in rb["resumed"]
     assert "resumed from checkpoint at step 12" in log

@@ -190,8 +190,14 @@ def test_no_recovery_with_continue_stays_on_the_target_judging_suspended(tmp_pat
     job_id = job_id_of(p.stdout)
     st = status(job_id, env)
     assert p.returncode == 0 and st["state"] == "succeeded" and st["profile"] == "fast", st.get("reason")
-    kinds = [e["type"] for e in events(journal(tmp_path, job_id))]
+    ev = events(journal(tmp_path, job_id))
+    kinds = [e["type"] for e in ev]
     assert "no_recovery" in kinds and "judging_suspended" in kinds and kinds.count("rollback") == 1
+    # the target's trainer kept running: a restart on the same wheels would only lose its progress
+    trains = [e["profile"] for e in ev if e["type"] == "phase" and e["phase"] == "train"]
+    assert trains == ["slow", "fast"], trains
+    [held] = [e for e in ev if e["type"] == "judging_suspended"]
+    assert held["restarted"] is False and held["profile"] == "fast"
     assert all(v["status"] != "bad" for v in st["ledger"].values()), st["ledger"]
     assert "no recovery on fast: not the profile" in (journal(tmp_path, job_id) / "job.log").read_text()
 
@@ -215,3 +221,30 @@ def test_a_min_ratio_only_job_whose_ledger_had_a_known_good_promotes_nothing_wit
     p = cli(["submit", str(spec), "--follow", "--accept-baseline"], env, timeout=120)
     assert p.returncode == 0
     assert status(job_id_of(p.stdout), env)["ledger"]["slow"]["status"] == "good"
+
+
+def test_a_supervisor_killed_after_no_recovery_leaves_the_target_running_once(tmp_path, env, index_urls):
+    """keep_running (no recovery, on_no_recovery: continue) with the supervisor SIGKILLed
+    between its journal lines and its state write: the next supervisor re-adopts the same
+    trainer, comes to the same verdict, and still restarts nothing."""
+    marker = tmp_path / "died"
+    env = dict(env, GPUJOB_TEST_DIE_AT=f"kept_running@{marker}")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
+                      slow_url=index_urls["slow"], trainer_args="--steps 120 --interval 0.05",
+                      rollback={"fallback": ["fast"]}, warmup=False,
+                      profiles=[{"name": "fast", "index_url": index_urls["slow"],
+                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
+                                {"name": "slow", "index_url": index_urls["slow"],
+                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]}])
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    wait_for(marker.exists, 90, what="the supervisor to die in keep_running")
+    cli(["status", job_id], env, check=True)  # a new supervisor takes the job over
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed", "stopped"), 120, what="the job's end")
+    st = status(job_id, env)
+    assert st["state"] == "succeeded" and st["profile"] == "fast", st.get("reason")
+    ev = events(journal(tmp_path, job_id))
+    trains = [e["profile"] for e in ev if e["type"] == "phase" and e["phase"] == "train"]
+    assert trains == ["slow", "fast"], trains  # fast's trainer ran once, through the death
+    assert [e["type"] for e in ev].count("rollback") == 1
+    assert any(e["type"] in ("supervisor_revived", "supervisor_restarted", "readopted") for e in ev)
+    assert all(v["status"] != "bad" for v in st["ledger"].values()), st["ledger"]

@@ -105,7 +105,10 @@ def _lightning(lane, where, args):
     size = ("--trainer.accelerator cpu --model.dim 64 --model.layers 2 --model.heads 2 --model.seq 64 "
             "--model.vocab 256 --model.attn sdpa --model.compile false --data.batch_size 2 "
             "--trainer.callbacks.every_n_train_steps=20"
+            # LightningEnvironment: without it Lightning imports mpi4py to detect an MPI cluster, and on
+            # the device image (mpi4py, no MPI daemon) MPI_Init aborts the run before its first step
             if cpu else "--trainer.accelerator gpu --trainer.devices 1 --trainer.precision bf16-mixed "
+            "--trainer.plugins=LightningEnvironment "
             "--model.dim 384 --model.layers 6 --model.heads 6 --model.seq 1024 --model.vocab 4096 "
             "--data.batch_size 16 --trainer.callbacks.every_n_train_steps=200")
     command = (f"python lightning_train.py fit --trainer.max_steps 1000000 --trainer.enable_model_summary false "

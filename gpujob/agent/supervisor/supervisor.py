@@ -292,12 +292,16 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
             if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
                 return False
-        action = decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
-                                    self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
-                                    DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
+        action = self.next_action(out, profile)
         if action.do != decide.Do.ROLLBACK or out.request:  # a rollback's first durable write is its
             self.journal.sync()  # spawn's (switch): what it does before that only writes state.json
         return self.carry_out(action, out, profile)
+
+    def next_action(self, out: Outcome, profile: str) -> decide.Action:
+        """What to do after ``out`` on ``profile``: decide.next_action over what this job knows."""
+        return decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
+                                  self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
+                                  DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
 
     def auto_rollbacks(self) -> list:
         return [r for r in self.rollbacks if r.get("signal") != "manual"]

@@ -15,6 +15,7 @@ from gpujob.agent.judge import decide, policy, throughput
 from gpujob.agent.base import defaults
 from gpujob.agent.judge.decide import Do
 from gpujob.agent.base.fsio import now
+from gpujob.agent.base.proc import die_here
 from gpujob.agent.base.protocol import JobState, Verdict
 from gpujob.agent.base.stages import Stage
 
@@ -67,6 +68,31 @@ class Verdicts:
             return False
         self.journal.set_state(suspect=None)
         self.finish(JobState.FAILED, a.reason, signal=a.signal, exit_code=out.exit_code)
+        return True
+
+    def keep_running(self, run, out) -> bool:
+        """A throughput verdict whose action is CONTINUE (no recovery on the rollback target,
+        or nowhere to roll back to, with on_no_recovery: continue) changes only the judging:
+        the trainer keeps running. Stopping it to start the same wheels again would throw
+        away its progress since the last checkpoint and prove nothing (seen on the H200: a
+        resumed known-good nanoGPT run dipped under the floor while the GPU was shared and
+        was restarted, 11 s of its progress lost). True when it was handled so."""
+        if run.phase != "train" or self.fleet is not None:  # a fleet decides together (the leader)
+            return False
+        a = self.next_action(out, run.profile)
+        if a.do != Do.CONTINUE:
+            return False
+        for kind, fields in a.events:
+            self.journal.event(kind, **fields)
+        if a.verdict == "no_recovery":
+            self.notifier.emit("no_recovery", f"{run.profile}.{len(self.rollbacks)}", to=run.profile,
+                               reason=a.reason, profile=run.profile)
+        held = {"since": now(), "profile": run.profile, "reason": a.reason}
+        self.journal.event("judging_suspended", restarted=False, **held)
+        die_here("kept_running")  # a new supervisor re-adopts the trainer and judges again: the same again
+        self.say(f"{a.reason}; the trainer keeps running")
+        self.journal.set_state(suspect=None, judging_suspended=held)
+        run.suspect, run.suspended = None, held
         return True
 
     def suspect_at_exit(self, profile: str, suspect) -> None:

@@ -329,7 +329,9 @@ class PhaseWatch(PauseWatch):
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
             self.sample_marks.append((t, at))
         run.minute.append(value)
-        if d.verdict != run.last_verdict or d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
+        # every breach is journalled (its count), a rollback once while it is held for a checkpoint
+        if d.verdict != run.last_verdict or d.verdict == Verdict.BREACH or \
+                (d.verdict == Verdict.ROLLBACK and getattr(run, "held", None) is None):
             self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
             self.trace_decision(d, t)
             run.last_verdict = d.verdict
@@ -343,7 +345,8 @@ class PhaseWatch(PauseWatch):
                 self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
                 self.journal.set_state(rollbacks=self.rollbacks)
         if d.verdict == Verdict.ROLLBACK:
-            return Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
+            out = Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
+            return None if self.keep_running(run, out) else out
         if not run.good_known:
             base = self.known_good_now(run, t)
             if base is not None and not self.refuse_promotion(run):
