@@ -146,3 +146,41 @@ def test_a_status_answer_with_mistyped_values_still_renders():
                             "exit_code": "3", "rollbacks": ["x"], "started_at": "t", "ledger": []}, "box")
     assert v["window_median"] is None and v["trend"] == [] and v["rollbacks"] == [] and v["exit"] == ""
     assert v["uptime_s"] is None and v["ledger"] == {}
+
+
+WRITES = {"write_json", "write_bytes", "replace", "rename"}
+WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"}
+
+
+def _writes(call: ast.Call, name: str) -> bool:
+    if name in WRITES:
+        return True
+    if name != "open":
+        return False
+    mode = [a for a in call.args[1:2] if isinstance(a, ast.Constant)] + \
+        [k.value for k in call.keywords if k.arg == "mode" and isinstance(k.value, ast.Constant)]
+    flags = {c.attr for a in call.args[1:] for c in ast.walk(a) if isinstance(c, ast.Attribute)}
+    return any(set(str(m.value)) & set("wax+") for m in mode) or bool(flags & WRITE_FLAGS)
+
+
+def state_json_writers(source: str) -> list:
+    """Lines of ``source`` that write a file with "state.json" in the path they are given."""
+    out = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Call):
+            f = n.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name and _writes(n, name) and any(isinstance(c, ast.Constant) and c.value == "state.json"
+                                                 for a in n.args for c in ast.walk(a)):
+                out.append(n.lineno)
+    return out
+
+
+def test_only_the_journal_writes_state_json():
+    found = {str(p.relative_to(ROOT)): state_json_writers(p.read_text()) for p in sorted((ROOT / "gpujob").rglob("*.py"))}
+    assert {k: v for k, v in found.items() if v} == {"gpujob/agent/home/journal.py": found["gpujob/agent/home/journal.py"]}
+    assert len(found["gpujob/agent/home/journal.py"]) == 1  # set_state's write_json (sync only fsyncs it)
+    for planted in ('write_json(os.path.join(d, "state.json"), st)', 'open(j.path("state.json"), "w")',
+                    'os.open(p("state.json"), os.O_WRONLY | os.O_CREAT)'):
+        assert state_json_writers(planted + "\n"), planted  # the scan sees a planted writer
+    assert not state_json_writers('open(j.path("state.json"))\n')  # a reader is no writer
