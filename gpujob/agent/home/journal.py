@@ -84,8 +84,9 @@ class Journal:
 
     def set_state(self, durable: bool = True, **changes) -> dict:
         """Update state.json durably: the one function every write of it goes through; each
-        change must be a key of ``staterec.StateRecord``, of its type. A writer whose lock generation is older than
-        the one that last wrote the state is refused (``Fenced``). ``durable=False``
+        change must be a key of ``staterec.StateRecord``, of its type (``staterec.check``).
+        A writer whose lock generation is older than the one that last wrote the state is
+        refused (``Fenced``). ``durable=False``
         replaces it atomically without the fsyncs: a process that dies keeps it (the
         rename is done), only a machine crash may lose it. It is for a step that a
         durable write follows before the next act (a spawn, a kill, a ledger mark, a
