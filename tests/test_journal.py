@@ -90,7 +90,7 @@ def test_a_stale_writer_is_fenced_off(tmp_path):
     with pytest.raises(Fenced):
         Journal(home, "j", generation=1).set_state(step="train")  # a late write of the old holder
     assert Journal(home, "j").state()["step"] == "rollback"
-    Journal(home, "j").set_state(note="readers and lock-free writes are not fenced")
+    Journal(home, "j").set_state(reason="readers and lock-free writes are not fenced")
     assert Journal(home, "j").state()["generation"] == 2
 
 
@@ -135,7 +135,7 @@ def test_events_stay_whole_records_when_the_disk_fills(tiny_fs):
     records, skipped = j.events()
     assert skipped == 0 and len(records) == n and records[-1]["value"] == n - 1
     with pytest.raises(OSError):  # a state write that cannot fit leaves the old state whole
-        j.set_state(big="y" * 100_000)
+        j.set_state(reason="y" * 100_000)
     assert j.state()["state"] == "training"
     assert not [p for p in os.listdir(j.dir) if ".tmp" in p]
 

@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from gpujob.agent.judge.replay import replay_trace
+from gpujob.agent.base import trace
+from gpujob.agent.judge.replay import replay_records
+
+
+def replay_trace(path: str, spec: dict, **kw) -> tuple:
+    """The file read here (judge/replay.py takes parsed records)."""
+    return replay_records(trace.read_records(path), spec, **kw)
 
 TRACES = Path(__file__).parent / "data" / "traces"
 SUMMARY = {json.loads(ln)["name"]: json.loads(ln) for f in ("summary.jsonl", "summary_2lanes.jsonl")

@@ -5,10 +5,22 @@ import gzip
 import json
 
 from gpujob.agent.base import trace
-from gpujob.agent.judge.replay import replay_samples, replay_trace, summary_line
+from pathlib import Path
+
+from gpujob.agent.base.fsio import json_objects
+from gpujob.agent.judge.replay import replay_records, replay_sample_records, summary_line
 
 SPEC = {"throughput": {"format": "ktok", "min_ratio": 0.8, "window": "10s", "failure_limit": "30s",
                        "pause_tail": 3.0, "good_after": 20}}
+
+
+def replay_trace(path: str, spec: dict, **kw) -> tuple:
+    """The file read at the edge, as cli/replay_cmds.py does (judge/replay.py takes records)."""
+    return replay_records(trace.read_records(path), spec, **kw)
+
+
+def replay_samples(path: str, spec: dict, **kw) -> tuple:
+    return replay_sample_records(json_objects(Path(path).read_bytes()), spec, **kw)
 
 
 def write_trace(tmp_path, segments):
@@ -97,7 +109,6 @@ def test_trace_rotates_at_its_limit(tmp_path):
 
 
 def test_cli_replay_samples_json(tmp_path):
-    from pathlib import Path
     from typer.testing import CliRunner
     from gpujob.cli.main import app
     p = tmp_path / "samples.jsonl"
@@ -111,6 +122,23 @@ def test_cli_replay_samples_json(tmp_path):
     assert all({"t", "value", "verdict", "reason"} <= set(d) for d in recs[:-1])
     r = CliRunner().invoke(app, ["replay", str(p)])
     assert r.exit_code != 0 and "--spec" in str(r.exception)  # main() prints it in one line
+
+
+def test_cli_replay_reads_a_trace_file_at_the_edge(tmp_path):
+    from typer.testing import CliRunner
+    from gpujob.cli.main import app
+    path = write_trace(tmp_path, [good_segment(1000.0), slow_segment(2000.0)])
+    spec = Path(__file__).resolve().parents[1] / "jobs" / "fleet-torch.yaml"
+    r = CliRunner().invoke(app, ["replay", path, "--spec", str(spec), "--json"])
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in r.output.splitlines() if x.strip()]
+    assert recs[-1]["summary"]["segments"] == 2
+    assert recs[-1]["summary"] == replay_trace(path, _spec_of(spec))[1]
+
+
+def _spec_of(path) -> dict:
+    from gpujob.spec import load_spec
+    return load_spec(path).to_agent_dict()
 
 
 def test_plot_shows_pauses():

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from gpujob.agent.judge import timings
 from gpujob.agent.base.protocol import ENDED, JobState
+from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge.throughput import fmt_rate, sparkline
 
 S = JobState
@@ -89,45 +90,52 @@ def duration(s: float | None) -> str:
     return (f"{d}d{h}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-def uptime(st: dict) -> float | None:
+def uptime(rec: StateRecord, answer: dict) -> float | None:
     """How long the job has run, on the container's clock (the agent says)."""
-    if st.get("uptime_s") is not None:
-        return st["uptime_s"]
-    if not st.get("started_at") or not st.get("now"):
+    up, clock = answer.get("uptime_s"), answer.get("now")
+    if isinstance(up, (int, float)):
+        return up
+    if not rec.started_at or not isinstance(clock, (int, float)):
         return None
-    return max(0.0, (st.get("finished_at") or st["now"]) - st["started_at"])
+    return max(0.0, (rec.finished_at or clock) - rec.started_at)
 
 
-def exit_info(st: dict) -> str:
-    if st.get("state") in ENDED:
+def exit_info(rec: StateRecord) -> str:
+    if rec.state in ENDED:
         bits = []
-        if st.get("exit_code") is not None:
-            bits.append(f"exit {st['exit_code']}")
-        if st.get("signal"):
-            bits.append(st["signal"])
-        if st.get("reason"):
-            bits.append(st["reason"])
+        if rec.exit_code is not None:
+            bits.append(f"exit {rec.exit_code}")
+        if rec.signal:
+            bits.append(rec.signal)
+        if rec.reason:
+            bits.append(rec.reason)
         return "; ".join(bits)
     return ""
 
 
 def status_view(st: dict, target: str) -> dict:
-    """The status of one job as plain data (what --json prints, and what the table shows)."""
-    window = st.get("window") or {}
+    """The status of one job as plain data (what --json prints, and what the table shows).
+    state.json's keys are read through the agent's own record (``StateRecord``: a value of
+    another type is left out, never a crash); the status answer's own keys (by, ledger,
+    metrics, notify, uptime_s, now) from the answer."""
+    rec = StateRecord.from_dict(st)
+    window = rec.window or {}
+    recent = [v for v in rec.tps_recent or () if isinstance(v, (int, float))]
+    ledger = st.get("ledger")
     return {
-        "job": st.get("job_id"), "name": st.get("name"), "target": target, "by": st.get("by"),
-        "state": st.get("state"), "phase": st.get("phase"), "profile": st.get("profile"),
-        "tok_s": st.get("tps"), "window_median": window.get("median"),
+        "job": rec.job_id, "name": rec.name, "target": target, "by": st.get("by"),
+        "state": rec.state, "phase": rec.phase, "profile": rec.profile,
+        "tok_s": rec.tps, "window_median": window.get("median"),
         "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
         "consecutive_breaches": window.get("consecutive_breaches"),
-        "failure_limit": window.get("failure_limit"), "verdict": st.get("verdict"),
-        "pauses": st.get("pauses") or [],  # [start, end] of the latest pauses (saves, evals)
-        "baseline": st.get("baseline"), "trend": st.get("tps_recent") or [],
-        "sparkline": sparkline(st.get("tps_recent") or [], 40) if st.get("tps_recent") else "",
-        "uptime_s": uptime(st), "exit": exit_info(st), "reason": st.get("reason"),
-        "exit_code": st.get("exit_code"), "signal": st.get("signal"),
-        "rollbacks": st.get("rollbacks") or [],
-        "ledger": (st.get("ledger") or {}).get("profiles", {}),
+        "failure_limit": window.get("failure_limit"), "verdict": rec.verdict,
+        "pauses": rec.pauses or [],  # [start, end] of the latest pauses (saves, evals)
+        "baseline": rec.baseline, "trend": recent,
+        "sparkline": sparkline(recent, 40) if recent else "",
+        "uptime_s": uptime(rec, st), "exit": exit_info(rec), "reason": rec.reason,
+        "exit_code": rec.exit_code, "signal": rec.signal,
+        "rollbacks": rec.rollback_list,
+        "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
         "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
     }

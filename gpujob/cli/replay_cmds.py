@@ -4,7 +4,6 @@ the trace fetch behind it and ``gpujob logs JOB --trace -o FILE``."""
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -57,23 +56,24 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
            as_json: bool = typer.Option(False, "--json", help="JSON Lines: each decision, then "
                                         "{\"summary\": {...}}")):
     """Run the rollback policy offline over a recorded run and print each decision it takes."""
+    from gpujob.agent.base import trace
+    from gpujob.agent.base.fsio import json_objects
     from gpujob.agent.judge import replay as rp
     spec_d = _spec_dict(spec)
     path = Path(source)
-    if path.is_file():
+    if path.is_file():  # the file is read here, at the edge: judge/replay.py takes records
         if spec_d is None:
             raise InputError("--spec: needed to replay a file (a job id brings its own spec)")
-        head = path.read_bytes()[:2]
-        fn = rp.replay_trace if head == b"\x1f\x8b" else rp.replay_samples
-        decisions, summary = fn(str(path), spec_d, profile, baseline)
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            decisions, summary = rp.replay_records(trace.parse(data), spec_d, profile, baseline)
+        else:
+            decisions, summary = rp.replay_sample_records(json_objects(data), spec_d, profile, baseline)
     else:
         job_id, t = job_target(source, target)
         if spec_d is None:
             spec_d = json.loads(fetch_file(job_id, t, "job.json"))["spec"]
-        with tempfile.NamedTemporaryFile(suffix=".jsonl.gz") as f:
-            f.write(fetch_trace(job_id, t))
-            f.flush()
-            decisions, summary = rp.replay_trace(f.name, spec_d, profile, baseline)
+        decisions, summary = rp.replay_records(trace.parse(fetch_trace(job_id, t)), spec_d, profile, baseline)
     for d in decisions:
         if as_json:
             out.print(render.lit(json.dumps(d, sort_keys=True)), soft_wrap=True)

@@ -88,10 +88,14 @@ class TraceWriter:
 
 
 def read_records(path: str) -> list:
-    """Every record of a trace file (header included); a cut last block or line is
-    dropped. Several gzip members (one per writer) read as one stream."""
+    """Every record of a trace file (header included): ``parse`` of its bytes."""
     with open(path, "rb") as f:
-        data = f.read()
+        return parse(f.read())
+
+
+def parse(data: bytes) -> list:
+    """Every record of a trace's bytes (header included); a cut last block or line is
+    dropped. Several gzip members (one per writer) read as one stream."""
     d = zlib.decompressobj(zlib.MAX_WBITS | 16)
     text = b""
     while data:

@@ -15,6 +15,8 @@ import os
 import time
 
 from gpujob.agent.base.fsio import append_record, fsync_dir, now, pid_alive, read_json, read_records, write_json
+from gpujob.agent.base import staterec
+from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
 
 
@@ -76,9 +78,15 @@ class Journal:
         deferred = self._deferred  # replaced, never changed in place: safe from another thread
         return dict(st, **deferred) if deferred else st
 
+    def record(self) -> StateRecord:
+        """``state()`` as the typed record (what it cannot read as declared is in ``extra``)."""
+        return StateRecord.from_dict(self.state())
+
     def set_state(self, durable: bool = True, **changes) -> dict:
-        """Update state.json durably. A writer whose lock generation is older than
-        the one that last wrote the state is refused (``Fenced``). ``durable=False``
+        """Update state.json durably: the one function every write of it goes through; each
+        change must be a key of ``staterec.StateRecord``, of its type (``staterec.check``).
+        A writer whose lock generation is older than the one that last wrote the state is
+        refused (``Fenced``). ``durable=False``
         replaces it atomically without the fsyncs: a process that dies keeps it (the
         rename is done), only a machine crash may lose it. It is for a step that a
         durable write follows before the next act (a spawn, a kill, a ledger mark, a
@@ -94,6 +102,9 @@ class Journal:
                 raise Fenced(f"job {self.job_id}: state written by lock generation "
                              f"{st.get('generation')}, ours is {self.generation}")
             st["generation"] = self.generation
+        bad = staterec.check(changes)  # every key declared, of its type (raises in strict mode)
+        if bad is not None:  # production: written as asked, and said
+            self.internal_error(bad)
         if "step" in changes and changes["step"] != st.get("step"):
             from gpujob.agent.base import stages
             refused = stages.check(st.get("step"), changes["step"])  # raises in strict mode

@@ -1,5 +1,5 @@
-"""``gpujob replay``'s engine (stdlib only, pure over records: no clock, and the only
-I/O is :func:`replay_trace` / :func:`replay_samples` reading their file). It runs the
+"""``gpujob replay``'s engine (stdlib only, pure over parsed records: no clock, no I/O;
+the file is read at the edge, cli/replay_cmds.py, with base/trace.py's parser). It runs the
 supervisor's own pieces over a recorded run: ``sources.line_source`` reads the
 lines, ``pauses.Pauses`` takes the checkpoint events and pause_pattern lines, and
 ``policy.decide`` / ``policy.known_good`` judge after every sample with the same
@@ -14,11 +14,10 @@ what the live supervisor recorded is set beside it ("recorded: at …").
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 
 from gpujob.agent.judge import policy, sources
-from gpujob.agent.base import defaults, trace
+from gpujob.agent.base import defaults
 from gpujob.agent.judge.pauses import Pauses
 from gpujob.agent.base.protocol import Verdict
 
@@ -146,30 +145,21 @@ def _finish(segs) -> tuple:
     return decisions, summary
 
 
-def replay_trace(path: str, spec: dict, profile=None, baseline=None) -> tuple:
-    """``(decisions, summary)`` for a trace file (``*.jsonl.gz``)."""
-    return replay_records(trace.read_records(path), spec, profile, baseline)
-
-
-def replay_samples(path: str, spec: dict, profile=None, baseline=None) -> tuple:
-    """``(decisions, summary)`` for a plain samples.jsonl ({t, value, [step], [profile]}),
-    judged as ``profile``, without pause information."""
+def replay_sample_records(records, spec: dict, profile=None, baseline=None) -> tuple:
+    """``(decisions, summary)`` over a plain samples.jsonl's records ({t, value, [step],
+    [profile]}), judged as ``profile``, without pause information; records of another
+    shape are passed over."""
     tp = throughput_section(spec)
     seg = None
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                rec = json.loads(raw)
-            except ValueError:
-                continue
-            if not isinstance(rec, dict) or not isinstance(rec.get("t"), (int, float)) or \
-                    not isinstance(rec.get("value"), (int, float)):
-                continue
-            if profile and rec.get("profile") not in (None, profile):
-                continue
-            if seg is None:
-                seg = Segment(tp, float(rec["t"]), profile or rec.get("profile"), baseline, False)
-            seg.sample(float(rec["t"]), float(rec["value"]), rec.get("step"))
+    for rec in records:
+        if not isinstance(rec, dict) or not isinstance(rec.get("t"), (int, float)) or \
+                not isinstance(rec.get("value"), (int, float)):
+            continue
+        if profile and rec.get("profile") not in (None, profile):
+            continue
+        if seg is None:
+            seg = Segment(tp, float(rec["t"]), profile or rec.get("profile"), baseline, False)
+        seg.sample(float(rec["t"]), float(rec["value"]), rec.get("step"))
     return _finish([seg] if seg else [])
 
 
