@@ -9,11 +9,12 @@
 # be rolled back to `compiled` by gpujob itself and resume from SpecForge's own {run_id}-stepN
 # checkpoint; stopped 20 s after the rollback's timing is recorded. What it leaves: $OUT.
 set -u
-PY=${PY:-python3}
+PY=$(command -v "${PY:-python3}") || { echo "no ${PY:-python3}"; exit 3; }
+case $PY in /*) ;; *) PY=$PWD/$PY ;; esac  # absolute (not resolved: a venv's python is a link): the job's PATH is the login one
 DEVICE=${DEVICE:-cuda}
 OUT=${OUT:-/tmp/sfout}
 W=${W:-/tmp/sfw}
-ACT1_S=${ACT1_S:-150}   # at most this long for act 1 to reach known-good
+ACT1_S=${ACT1_S:-240}   # at most this long for act 1 to reach known-good
 ACT2_S=${ACT2_S:-240}   # at most this long for act 2's rollback
 BROKEN_ENV=${BROKEN_ENV:-"{TORCHDYNAMO_DISABLE: '1'}"}  # on CPU (nothing compiles) add OMP_NUM_THREADS: '1'
 mkdir -p "$OUT" "$W"
@@ -53,7 +54,7 @@ sets() {  # $1: the job's workdir, $2: the profile it starts on
     --set "throughput.tokens_per_step=$TPS" \
     --set 'requirements=[]' --set "env.PYTHONPATH=$SITE" \
     --set "profiles=$PROFILES" --set 'rollback.fallback=[compiled]' \
-    --set throughput.initial_delay=15s --set throughput.good_after=20s \
+    --set throughput.initial_delay=15s --set throughput.good_after=20s --set throughput.settle.timeout=30s \
     --set throughput.no_data_timeout=120s --set train.checkpoint.every=10s
 }
 job_of() { sed -n 's/^submitted \([^ ]*\) .*/\1/p' "$1" | head -1; }

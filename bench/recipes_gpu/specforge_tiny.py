@@ -19,7 +19,8 @@ The device call (one H200; from the repo root; carry [".whl"], 3.2 MiB: specforg
 
   bash bench/recipes_gpu/specforge_device.sh     # OUT=/tmp/sfout by default; e.g. OUT=$OUT/sf
 
-which runs, in order (PY=python3, W=/tmp/sfw):
+which runs, in order (W=/tmp/sfw; python3 below stands for its absolute path, as the script
+writes it into the profiles: the job's PATH is the container's login one):
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
   python3 bench/recipes_gpu/specforge_tiny.py --out /tmp/sfw/tiny --device cuda   # -> TPS
@@ -32,14 +33,14 @@ which runs, in order (PY=python3, W=/tmp/sfw):
     --set "profiles=[{name: compiled, system_site_packages: true, python: python3},
                      {name: broken, system_site_packages: true, python: python3, env: {TORCHDYNAMO_DISABLE: '1'}}]" \
     --set 'rollback.fallback=[compiled]' \
-    --set throughput.initial_delay=15s --set throughput.good_after=20s \
+    --set throughput.initial_delay=15s --set throughput.good_after=20s --set throughput.settle.timeout=30s \
     --set throughput.no_data_timeout=120s --set train.checkpoint.every=10s
   # act 1 (above): wait for the known_good event, gpujob stop; act 2: the same with
   #   --set workdir=/tmp/sfw/job2 --set profile=broken: gpujob rolls it back to compiled by itself
   #   and resumes from outputs/dflash-stepN; stopped 20 s after its rollback_timing event.
 --set takes a YAML value, so `profiles=[...]` replaces the whole list (lists replace); the spec's
-own `profile: cu128` must be --set too (--profile alone is checked against the spec's list after
-the sets, and cu128 is then no profile). env.PYTHONPATH is needed: the job's environment is the
+own `profile: cu128` must be --set too: with --profile compiled and no --set profile, submit
+refuses ("profile: 'cu128' is not a profile"), the spec's key being checked against the new list. env.PYTHONPATH is needed: the job's environment is the
 container's login environment, not the controller's.
 """
 from __future__ import annotations
