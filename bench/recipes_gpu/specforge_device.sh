@@ -63,6 +63,7 @@ wait_event() {  # job, event type, seconds
   until grep -q "\"type\": *\"$2\"" "$W/root/jobs/$1/events.jsonl" 2>/dev/null; do
     sleep 1; t=$((t + 1)); [ "$t" -ge "$3" ] && return 1
   done
+  return 0  # (the loop's own status is its body's last test's)
 }
 collect() {  # job, act
   gj status "$1" --json > "$OUT/$2-status.json" 2>&1
