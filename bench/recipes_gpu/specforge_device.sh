@@ -10,7 +10,7 @@
 # checkpoint; stopped 20 s after the rollback's timing is recorded. What it leaves: $OUT (on the
 # device the run tool's own $OUT: figures come back). Exit 0: both acts done; 3-5 setup, 6 act 1
 # never known-good, 7 act 2 never rolled back. On this 2-core CPU (DEVICE=cpu, broken = 1 thread)
-# it took 3.3 min: act 1 95 s, act 2 96 s; on the H200 add the cold flex_attention compile of
+# it took 3.3 and 4.7 min in two runs (act 1 95 and 80 s, act 2 96 and 202 s: a noisy shared CPU); on the H200 add the cold flex_attention compile of
 # act 1's warmup. Worst case ACT1_S + ACT2_S + ~60 s, under the device's 600 s a call.
 set -u
 PY=$(command -v "${PY:-python3}") || { echo "no ${PY:-python3}"; exit 3; }
