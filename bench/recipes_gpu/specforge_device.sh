@@ -24,7 +24,7 @@ BROKEN_ENV=${BROKEN_ENV:-"{TORCHDYNAMO_DISABLE: '1'}"}  # on CPU (nothing compil
 mkdir -p "$OUT" "$W"
 say() { echo "[specforge_device $(date -u +%H:%M:%S)] $*"; }
 
-SITE=
+SITE=${SITE:-}  # with SKIP_WHEELS: where they were installed already (the jobs get it as PYTHONPATH)
 if [ -z "${SKIP_WHEELS:-}" ]; then  # pydantic & co, typing-extensions>=4.16, specforge --no-deps
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site .whl/*.whl || { say "wheel install failed"; exit 3; }
@@ -71,8 +71,8 @@ wait_event() {  # job, event type, seconds
 }
 collect() {  # job, act
   gj status "$1" --json > "$OUT/$2-status.json" 2>&1
-  cp "$W/root/jobs/$1/"{events.jsonl,samples.jsonl,job.log,train.log,warmup.log} "$OUT/" 2>/dev/null
-  for f in events.jsonl samples.jsonl job.log train.log warmup.log; do
+  cp "$W/root/jobs/$1/"{events.jsonl,samples.jsonl,job.log,train.log,warmup.log,trace.jsonl.gz,job.json} "$OUT/" 2>/dev/null
+  for f in events.jsonl samples.jsonl job.log train.log warmup.log trace.jsonl.gz job.json; do
     [ -f "$OUT/$f" ] && mv "$OUT/$f" "$OUT/$2-$f"; done
 }
 
