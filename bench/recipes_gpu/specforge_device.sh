@@ -60,6 +60,7 @@ sets() {  # $1: the job's workdir, $2: the profile it starts on
     --set "profiles=$PROFILES" --set 'rollback.fallback=[compiled]' \
     --set throughput.initial_delay=15s --set throughput.good_after=20s --set throughput.settle.timeout=30s \
     --set throughput.no_data_timeout=120s --set train.checkpoint.every=10s
+  [ -n "${NO_STANDBY:-}" ] && printf '%s\0' --set train.standby=null  # act 2's rollback onto a fresh interpreter
 }
 job_of() { sed -n 's/^submitted \([^ ]*\) .*/\1/p' "$1" | head -1; }
 wait_event() {  # job, event type, seconds

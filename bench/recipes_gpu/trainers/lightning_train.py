@@ -1,6 +1,6 @@
 """A tiny, download-free LightningCLI script (``python lightning_train.py fit ...``):
 a small GPT whose attention is flex_attention under a causal block mask, compiled
-with ``torch.compile`` in ``configure_model`` (under TORCHDYNAMO_DISABLE=1 that is a
+in place (``nn.Module.compile``) in ``configure_model`` (under TORCHDYNAMO_DISABLE=1 that is a
 no-op and flex_attention runs eagerly: really slower), random tokens made in code.
 Everything else is Lightning's own: the CLI's ``--trainer.*`` / ``--model.*`` /
 ``--data.*`` flags, the TQDM progress bar's it/s, a ``ModelCheckpoint`` given as
@@ -62,8 +62,13 @@ class TinyGPT(L.LightningModule):
         self.delay = float(os.environ.get("BENCH_STEP_DELAY") or 0)
 
     def configure_model(self):
+        # nn.Module.compile() compiles in place: the state_dict keys stay the same whatever the
+        # profile (torch.compile(block) would wrap them as _orig_mod.*, and under TORCHDYNAMO_DISABLE=1
+        # it does not wrap: a checkpoint of one profile would not load under the other; seen on the
+        # H200, the rollback's resume died in load_state_dict)
         if self.hparams.compile:
-            self.blocks = nn.ModuleList(torch.compile(b) for b in self.blocks)
+            for b in self.blocks:
+                b.compile()
 
     def forward(self, idx):
         if self.mask is None and self.hparams.attn == "flex":
