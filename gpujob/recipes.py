@@ -144,8 +144,12 @@ def _specforge(data: dict) -> dict:
     run_id = dotted(argv, "run_id") or "specforge-run"
     rel = out_dir.replace("{workdir}/", "").rstrip("/")
     # A checkpoint is the directory {run_id}-stepN; rank 0 writes training_state.pt into it
-    # last (after the per-rank files, by rename): its presence is the "finished" rule, and
-    # training.resume_from takes the directory gpujob chose (this job's newest finished).
+    # after its own training_state_rank0.pt (each by rename): its presence is the "finished"
+    # rule, and training.resume_from takes the directory gpujob chose (this job's newest
+    # finished). With more than one rank the other ranks' files are renamed in during the
+    # same collective save, with no barrier before rank 0's: the rule can fire that moment
+    # early (SpecForge repoints {run_id}-latest only after every rank succeeded). Proven on
+    # one GPU only.
     train: dict = {"checkpoint": {"path": f"{rel}/{run_id}-step*", "done_file": "training_state.pt",
                                   "every": "15m"},
                    "resume_args": ["training.resume_from={resume_from}"]}

@@ -4,10 +4,20 @@ the GPUs are absent (and, for gpu_idle, mocked). The lifecycle is test_jobs_loca
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 
 from helpers import cli, events, job_id_of, wait_for, write_spec
 from test_jobs_local import env, journal, status, submit  # noqa: F401 (env: a fixture)
+
+
+def whole_gzip(path) -> bool:
+    try:
+        gzip.decompress(path.read_bytes())
+        return True
+    except (EOFError, OSError, zlib.error):
+        return False
 
 
 def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_urls):
@@ -198,6 +208,9 @@ def test_no_recovery_with_continue_stays_on_the_target_judging_suspended(tmp_pat
     assert trains == ["slow", "fast"], trains
     [held] = [e for e in ev if e["type"] == "judging_suspended"]
     assert held["restarted"] is False and held["profile"] == "fast"
+    # the supervisor ends the trace's gzip stream when the job ends (every trace that came back from
+    # the H200 was cut: zcat and gzip.open refused it)
+    wait_for(lambda: whole_gzip(journal(tmp_path, job_id) / "trace.jsonl.gz"), 20, what="a whole trace file")
     assert all(v["status"] != "bad" for v in st["ledger"].values()), st["ledger"]
     assert "no recovery on fast: not the profile" in (journal(tmp_path, job_id) / "job.log").read_text()
 

@@ -123,3 +123,30 @@ def test_the_supervisors_own_trace_from_the_gpu_replays_to_the_rollback_it_took(
     assert slow["rollback_at"] is not None and abs(slow["rollback_at"] - slow["recorded_rollback_at"]) < 0.5
     assert fast["rollback_at"] is None and fast["known_good"] > 0.7 * 910000.0
     assert any(d["verdict"] == "note" and "recorded: at" in d["reason"] for d in decisions)
+
+
+# The supervisors' own traces of act 2 of bench/recipes_gpu on the H200 (2026-12-02): each
+# recipe's real trainer through gpujob, broken (TORCHDYNAMO_DISABLE=1) rolled back to compiled,
+# with act 1's known-good baseline (BENCHMARKS.md, "Each recipe's real trainer through gpujob").
+GPU_ACT2 = {
+    "gpujob_hf_act2": 313262.08,             # HF Trainer script, transformers 5.17.0
+    "gpujob_nanogpt_act2": 1299286.28,       # nanoGPT-style, before keep_running: the dip restarted it
+    "gpujob_nanogpt_act2_kept": 1234664.66,  # the same after it: the dip kept the trainer running
+    "gpujob_lightning_act2": 719421.44,      # LightningCLI, lightning 2.6.6
+    "gpujob_specforge_act2": 8166.84,        # SpecForge 0.2.0 offline DFlash, the shipped jobs/dflash.yaml
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPU_ACT2))
+def test_each_recipes_own_gpu_trace_replays_to_the_rollback_it_took(name):
+    spec = json.loads((TRACES / f"{name}.spec.json").read_text())
+    _, summary = replay_trace(str(TRACES / f"{name}.jsonl.gz"), spec, baseline=GPU_ACT2[name])
+    segs = [s for s in summary["per_segment"] if s["samples"] and s["profile"]]  # (the warmup's: no profile)
+    broken, resumed = segs[0], segs[1]
+    assert (broken["profile"], resumed["profile"]) == ("broken", "compiled")
+    assert broken["rollback_at"] is not None and abs(broken["rollback_at"] - broken["recorded_rollback_at"]) < 0.5
+    assert summary["time_to_decide"] <= 60.0  # caught within a minute of its first sample
+    if name.startswith("gpujob_nanogpt"):  # the resumed run's dip under a GPU shared with 3 more lanes
+        assert resumed["rollback_at"] is not None and resumed["rollback_at"] == resumed["recorded_rollback_at"]
+    else:  # the known-good profile it resumed on was never judged a failure
+        assert resumed["rollback_at"] is None and resumed["recorded_rollback_at"] is None

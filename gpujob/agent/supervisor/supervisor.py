@@ -148,6 +148,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             if self.held:
                 self.held.release()
             if not fenced:  # the job's last messages go out before the supervisor does (the
+                self.close_trace()
                 self.notifier.close()  # container is free meanwhile: its pid in state keeps revive off)
         return 0
 

@@ -35,6 +35,15 @@ class PauseWatch:
                 "meta": {"throughput": self.spec.get("throughput")}}, limit=int(jcfg["keep_log"]))
         return self._trace
 
+    def close_trace(self) -> None:
+        """The trace's gzip stream ended (the job's end): a whole file for any gzip reader."""
+        tw, self._trace = getattr(self, "_trace", None), None
+        if tw is not None:
+            try:
+                tw.close()
+            except OSError:
+                pass  # a full disk: the stream stays cut, which read_records tolerates
+
     def decide_now(self, run, t: float):
         """The policy's decision for ``run`` at ``t``: the same call replay makes."""
         return policy.decide(self.policy, run.samples, t, run.start, run.baseline, run.pauses.spans(), run.memo)
