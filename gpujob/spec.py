@@ -372,8 +372,9 @@ def spec_hash(spec: JobSpec) -> str:
     return _sha256(spec.model_dump(mode="json", by_alias=True))[:16]
 
 
-def load_spec(path: str | Path, sets: list | tuple = ()) -> JobSpec:
+def load_spec(path: str | Path, sets: list | tuple = (), profile: str | None = None) -> JobSpec:
     """Load and validate a job spec; SpecError (path:line: field: message) when it is wrong.
-    ``sets``: `--set KEY=VALUE` items applied first, then the spec's recipe (speclayers.py)."""
+    ``sets``: `--set KEY=VALUE` items applied first, then the spec's recipe (speclayers.py);
+    ``profile``: the one submit --profile names, in place of the spec's own."""
     from gpujob.speclayers import load
-    return load(JobSpec, Path(path), list(sets))
+    return load(JobSpec, Path(path), list(sets), profile)

@@ -99,10 +99,21 @@ def from_set(error: SpecError, sets: list) -> InputError | None:
     return None
 
 
-def load(model, path, sets: list):
-    """spec.load_spec's body: the file, its --set items, its recipe, then the model."""
+def load(model, path, sets: list, profile: str | None = None):
+    """spec.load_spec's body: the file, its --set items, its recipe, then the model.
+    ``profile`` (submit --profile) replaces the spec's own ``profile`` when it names one
+    of its profiles, so a spec whose profiles a --set replaced is not refused for the
+    name it had; one it does not name is refused in one line."""
     source = load_yaml(path)
     done = apply_sets(source, sets)
+    if profile is not None and isinstance(source.data, dict) and isinstance(source.data.get("profiles"), list):
+        names = [p.get("name") for p in source.data["profiles"] if isinstance(p, dict)]
+        if profile not in names:  # as spec.profile_by_name says it, before the spec's own name is judged
+            shown = [n if isinstance(n, str) and n.isprintable() and " " not in n else describe(n) for n in names]
+            plain = [n for n in names if isinstance(n, str)]
+            raise InputError(f"unknown profile {describe(profile)}; profiles: {', '.join(shown)}"
+                             f"{suggest(profile, plain)}")
+        source.data["profile"] = profile
     try:
         came = apply_recipe(source)
         spec = source.validate(model, context={"spec_dir": path.parent})

@@ -224,3 +224,19 @@ def test_doctor_spec_warns_on_another_trainer_version(tmp_path):
     p = cli(["doctor", "--spec", str(path), "--json"], env)
     checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
     assert checks["recipe base"]["status"] == "warn" and "4.57.1" in checks["recipe base"]["detail"]
+
+
+def test_profile_names_a_profile_that_a_set_brought_in_place_of_the_specs_own(tmp_path):
+    """Running the shipped jobs/dflash.yaml on other wheels by --set alone (the H200 run):
+    with its profiles replaced, its own `profile: cu128` names none of them; --profile
+    names one, and the spec is not refused for the name it had."""
+    env = local_env(tmp_path)
+    spec = Path(__file__).resolve().parent.parent / "jobs" / "dflash.yaml"
+    sets = ["--set", "profiles=[{name: compiled, system_site_packages: true}, {name: broken, "
+            "system_site_packages: true, env: {TORCHDYNAMO_DISABLE: '1'}}]", "--set", "rollback.fallback=[compiled]",
+            "--set", "requirements=[]"]
+    p = cli(["submit", str(spec), "-t", "box", "--plan", "--profile", "broken", *sets], env)
+    assert p.returncode == 0, p.stderr.decode()
+    assert "profile broken" in p.stdout.decode()
+    p = cli(["submit", str(spec), "-t", "box", "--plan", "--profile", "nope", *sets], env)
+    assert p.returncode != 0 and "nope" in p.stderr.decode() and "Traceback" not in p.stderr.decode()

@@ -45,7 +45,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     """Ship the code and start the job under a detached supervisor in the container."""
     from gpujob import jobs
     from gpujob.spec import load_spec
-    spec = load_spec(spec_path, sets or [])
+    spec = load_spec(spec_path, sets or [], profile)
     if job_id_opt is not None:
         import re
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
