@@ -318,24 +318,29 @@ def _lightning(data: dict) -> dict:
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("specforge", "specforge", 2, "specforge 0.2.0 (PyPI, Aug 2026)", NOT_PROVEN,
+    Recipe("specforge", "specforge", 2, "specforge 0.2.0 (PyPI, Aug 2026)",
+           "specforge 0.2.0, offline DFlash, 1 process, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
            "`specforge train -c RUN.yaml` / `python -m specforge.cli train`: samples/s from the per-rank "
            "`step N: {...}` line (the first rank's) x tokens per sample, {run_id}-stepN/ checkpoints finished "
            "by training_state.pt, training.resume_from={resume_from}", _specforge, versions=("0.2.0",)),
-    Recipe("hf_trainer", "transformers", 2, "transformers 5.8.1 and 5.17 (Trainer)", NOT_PROVEN,
+    Recipe("hf_trainer", "transformers", 2, "transformers 5.8.1 and 5.17 (Trainer)",
+           "transformers 5.17.0, a run_clm-style script, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
            "transformers.Trainer scripts: the tqdm bar's it/s x tokens per step (read from "
            "--per_device_train_batch_size, --max_seq_length, --gradient_accumulation_steps, "
            "--nproc_per_node), an eval's {'eval_loss': ...} line pauses judging, checkpoint-N/ directories "
            "finished by trainer_state.json, --resume_from_checkpoint {resume_from}", _hf,
            versions=("5.8.1", "5.17")),
-    Recipe("nanogpt", "nanoGPT", 2, "nanoGPT train.py (karpathy/nanoGPT master, 2024)", NOT_PROVEN,
+    Recipe("nanogpt", "nanoGPT", 2, "nanoGPT train.py (karpathy/nanoGPT master, 2024)",
+           "a trainer of ours with nanoGPT's flags, lines and out/ckpt.pt, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
            "nanoGPT's train.py: tokens per iteration (from --gradient_accumulation_steps, --batch_size, "
            "--block_size) / `iter N: ... time Y ms`, its eval line pauses judging, one out/ckpt.pt "
            "(settled 5 s), --init_from=resume", _nanogpt),
-    Recipe("torchtitan", "torchtitan", 2, "torchtitan 0.2 (TOML config, `--section.key` overrides)", NOT_PROVEN,
+    Recipe("torchtitan", "torchtitan", 2, "torchtitan 0.2 (TOML config, `--section.key` overrides)",
+           NOT_PROVEN + " (its torchdata, tyro, tokenizer and dataset did not travel to the device)",
            "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
            ".metadata, resumed from the newest by itself", _torchtitan, versions=("0.2",)),
-    Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)", NOT_PROVEN,
+    Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)",
+           "lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
            "LightningCLI scripts: the TQDM progress bar's it/s x tokens_per_step (the bar added: Lightning's "
            "rich bar prints nothing into a pipe), version_N/checkpoints/*.ckpt (settled 5 s), "
            "--ckpt_path {resume_from}", _lightning, versions=("2.5", "2.6")),
