@@ -29,7 +29,7 @@ from rich.console import Console
 from gpujob.cli import bodies, render
 from gpujob.conn import paths, proto
 from gpujob.daemon.pool import Entry, Fallback, Pool
-from gpujob.errors import GpujobError
+from gpujob.errors import ConnectionLost, GpujobError
 
 
 def log(msg: str) -> None:
@@ -43,6 +43,7 @@ class FdSink:
 
     def __init__(self, fd: int):
         self.fd = fd
+        self.failed = False  # a write to the client's descriptor failed (its reader is gone)
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
@@ -52,6 +53,9 @@ class FdSink:
             except BlockingIOError:
                 select.select([], [self.fd], [])
                 continue
+            except OSError:
+                self.failed = True
+                raise
             view = view[n:]
         return len(data)
 
@@ -240,6 +244,10 @@ class Server:
         finally:
             for fd in fds:
                 os.close(fd)
+            try:  # the client reads its end now: a close alone waits for the thread still
+                conn.shutdown(socket.SHUT_RDWR)  # blocked reading this socket (watch)
+            except OSError:
+                pass
             conn.close()
             with self.lock:
                 self.active -= 1
@@ -276,12 +284,13 @@ class Server:
         entry = None
         ctx = None
         code = 1
+        sinks = (FdSink(fds[1]), FdSink(fds[2]))
         try:
             try:
                 threading.Thread(target=watch, daemon=True).start()
                 entry = self.pool.acquire(req.get("inventory"))
                 ctx = Ctx(entry, go)
-                code = self.dispatch(ctx, req, fds, out, err, done)
+                code = self.dispatch(ctx, req, fds, sinks, out, err, done)
             finally:
                 with ilock:
                     armed[0] = False
@@ -299,8 +308,19 @@ class Server:
         except KeyboardInterrupt:
             err.print("\ninterrupted")
             code = 130
-        except BrokenPipeError:
-            code = 120  # what Python reports when flushing stdout to a closed pipe
+        except OSError as e:
+            if any(sink.failed for sink in sinks):
+                code = 120  # what Python reports when flushing stdout to a closed pipe
+            else:  # from below the daemon (a pipe or socket to the host): said, never dropped
+                err.print(render.lit(f"gpujob: lost the connection to {req.get('target')} while running "
+                                     f"{(req.get('argv') or ['?'])[0]}: {e}"), soft_wrap=True)
+                code = ConnectionLost.exit_code
+        except Exception as e:  # a bug: its traceback in conn.log, one line to the client
+            import traceback
+            traceback.print_exc()
+            err.print(render.lit(f"gpujob: the connection daemon failed: {type(e).__name__}: {e}"),
+                      soft_wrap=True)
+            code = 1
         finally:
             if ctx is not None:
                 ctx.close()
@@ -308,13 +328,13 @@ class Server:
                 self.pool.release(entry)
         conn.sendall(proto.pack_json(b"x", {"code": code}))
 
-    def dispatch(self, ctx: Ctx, req: dict, fds: list[int], out, err, done) -> int:
+    def dispatch(self, ctx: Ctx, req: dict, fds: list[int], sinks, out, err, done) -> int:
         if req["op"] == "exec":
             t = ctx.target(req["target"])
             ctx.going()
             stdin = PolledStdin(fds[0], done) if req.get("stdin") else None
-            return bodies.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), FdSink(fds[1]),
-                                     FdSink(fds[2]), err)
+            so, se = sinks
+            return bodies.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), so, se, err)
         if req["op"] == "status":
             if not req.get("target") and bodies.multi_node(ctx, req.get("job")):
                 raise Fallback()  # a multi-node job: the full CLI's fleet view
