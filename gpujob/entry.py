@@ -110,7 +110,14 @@ def main() -> None:
         try:
             req["inventory"] = paths.find_inventory(req.pop("hosts"))
             if req["inventory"] is not None:  # the built-in inventory is this machine only
-                sys.exit(request(req))
+                try:
+                    sys.exit(request(req))
+                except Fallback:
+                    if req["op"] != "exec":
+                        raise
+                # no daemon yet: the daemon's own handler runs it here (not the full CLI)
+                from gpujob.daemon import oneshot
+                sys.exit(oneshot.run(req))
         except (Fallback, paths.NoDaemon):
             pass
     from gpujob.cli.main import main as full

@@ -79,6 +79,11 @@ def test_daemon_killed_mid_command(env, testbed):
     remote = testbed.container_path(marker).read_text().strip()
     wait_for(lambda: not testbed.container_path(f"/proc/{remote}").exists(), 30, what="the command to end")
     testbed.container_exec("rm", "-f", marker)
+    # the retry works: no daemon answers there now, so it runs directly (and starts one)
+    q = cli(["exec", "tb/ct200", "--", "echo", "again"], env)
+    assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
+    assert started(env) != pid
+    testbed.container_exec("rm", "-f", marker)
     q = cli(["exec", "tb/ct200", "--", "echo", "again"], env)
     assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
 

@@ -24,9 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from rich.console import Console
-
-from gpujob.cli import bodies, render
+from gpujob.cli import bodies
 from gpujob.conn import paths, proto
 from gpujob.daemon.pool import Entry, Fallback, Pool
 from gpujob.errors import ConnectionLost, GpujobError
@@ -100,15 +98,32 @@ def _dims(env: dict, fds: list[int], terminal: bool) -> tuple[int, int]:
     return (w_env or width or 80), (h_env or height or 25)
 
 
-def client_console(fd: int, encoding: str, env: dict, fds: list[int]) -> Console:
+def client_console(fd: int, encoding: str, env: dict, fds: list[int]):
     """render.console() as the client's own process would build it: on its descriptor,
     under its environment (piped: soft-wrapped at gpujob's piped width, unless $COLUMNS)."""
+    from rich.console import Console
+
+    from gpujob.cli import render
     text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
     settings = render.console_settings(os.isatty(fd), env)
     c = Console(file=text, _environ=env, **settings)
     width, c.height = _dims(env, fds, c.is_terminal)
     c.width = settings.get("width", width)
     return c
+
+
+class LazyConsole:
+    """client_console(...) made on first use: an ``exec`` that has nothing of gpujob's own
+    to say (the usual case) never imports rich, which a cold one (oneshot.py) then saves."""
+
+    def __init__(self, *args):
+        self._args = args
+        self._console = None
+
+    def __getattr__(self, name):
+        if self._console is None:
+            self._console = client_console(*self._args)
+        return getattr(self._console, name)
 
 
 # ---- one request ---------------------------------------------------------------------
@@ -256,8 +271,9 @@ class Server:
     def run(self, conn: socket.socket, reader: proto.Reader, req: dict, fds: list[int]) -> None:
         env = req.get("term") or {}
         enc = req.get("encoding") or ["utf-8", "utf-8"]
-        out = client_console(fds[1], enc[0], env, fds)
-        err = client_console(fds[2], enc[1], env, fds)
+        make = LazyConsole if req.get("op") == "exec" else client_console
+        out = make(fds[1], enc[0], env, fds)
+        err = make(fds[2], enc[1], env, fds)
         done = threading.Event()
         armed = [True]
         ilock = threading.Lock()
@@ -301,6 +317,7 @@ class Server:
                 return
             code = 1
         except GpujobError as e:
+            from gpujob.cli import render
             err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
             if e.hint:
                 err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
@@ -312,12 +329,14 @@ class Server:
             if any(sink.failed for sink in sinks):
                 code = 120  # what Python reports when flushing stdout to a closed pipe
             else:  # from below the daemon (a pipe or socket to the host): said, never dropped
+                from gpujob.cli import render
                 err.print(render.lit(f"gpujob: lost the connection to {req.get('target')} while running "
                                      f"{(req.get('argv') or ['?'])[0]}: {e}"), soft_wrap=True)
                 code = ConnectionLost.exit_code
         except Exception as e:  # a bug: its traceback in conn.log, one line to the client
             import traceback
             traceback.print_exc()
+            from gpujob.cli import render
             err.print(render.lit(f"gpujob: the connection daemon failed: {type(e).__name__}: {e}"),
                       soft_wrap=True)
             code = 1
