@@ -116,8 +116,13 @@ def main() -> None:
                     if req["op"] != "exec":
                         raise
                 # no daemon yet: the daemon's own handler runs it here (not the full CLI)
-                from gpujob.daemon import oneshot
-                sys.exit(oneshot.run(req))
+                try:
+                    from gpujob.daemon import oneshot
+                    code = oneshot.run(req)
+                except KeyboardInterrupt:  # before its Ctrl-C goes to the command: as the full CLI says it
+                    sys.stderr.write("\ninterrupted\n")
+                    code = 130
+                sys.exit(code)
         except (Fallback, paths.NoDaemon):
             pass
     from gpujob.cli.main import main as full
