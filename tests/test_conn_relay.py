@@ -150,8 +150,7 @@ def test_frames_in_the_same_read_as_going_are_all_delivered(monkeypatch):
                 assert proto.Reader(theirs).frame()[0] == b"R"
                 theirs.sendall(proto.pack(b"G") + proto.pack(b"o", b"a" * 70_000) + proto.pack(b"e", b"b")
                                + proto.pack_json(b"x", {"code": 3, "timed_out": False, "duration": 0.1}))
-        threading.Thread(target=serve, daemon=True).start()
-        time.sleep(0.2)  # all of it is in the socket before the client's first read
+        threading.Thread(target=serve, daemon=True).start()  # one write: G and what follows it
         return ours
 
     monkeypatch.setattr(client, "connect", connect)
