@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -69,6 +71,9 @@ class FakePool:
 
     def release(self, entry):
         self.users -= 1
+
+    def close(self):
+        pass
 
 
 #: how long a test's client waits for a frame (the CLI itself waits for ever)
@@ -335,3 +340,30 @@ def test_whatever_ends_a_request_the_client_sees_its_end_at_once(monkeypatch):
         socket.send_fds(s, [proto.pack_json(b"R", {"op": "exec", "stamp": paths.code_stamp(),
                                                   "env": paths.env_view()})], [0, 1, 2])
         assert proto.Reader(s).frame() is None
+
+
+def test_a_cold_exec_keeps_the_handlers_traceback_out_of_the_terminal(monkeypatch, capfd):
+    """The cold exec runs the daemon's handler in the command itself (oneshot.py): a bug
+    there is one line on the command's stderr, its traceback in conn.log, as in a daemon."""
+    from gpujob.daemon import oneshot
+
+    runtime = tempfile.mkdtemp(prefix="gj-os-", dir="/tmp")  # short: a socket path is < 108 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+
+    def bug(argv, on_stdout, on_stderr, stdin):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(oneshot, "_OwnPool", lambda: FakePool(Scripted(bug)))
+    asked = []
+    monkeypatch.setattr(client, "start_soon", asked.append)  # (no daemon started by a test)
+    req = {"op": "exec", "target": "tb/ct200", "argv": ["true"], "timeout": None, "stdin": False,
+           "inventory": "/x/hosts.yaml"}
+    try:
+        code = oneshot.run(req)
+        out, err = capfd.readouterr()
+        assert (code, out, err) == (1, "", "gpujob: the connection daemon failed: RuntimeError: boom\n")
+        log = (Path(runtime) / "gpujob" / "conn.log").read_text()
+        assert "Traceback" in log and "RuntimeError: boom" in log
+        assert asked and asked[0].startswith(runtime)  # it went ahead: the daemon is asked for
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -17,11 +17,13 @@ for the commands that follow, as the full CLI's first command on an SSH host doe
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from pathlib import Path
 
 from gpujob.conn import client, paths
+from gpujob.daemon import logs
 from gpujob.daemon.pool import Entry, Fallback, Pool
 from gpujob.errors import GpujobError, InputError
 
@@ -54,6 +56,7 @@ def run(req: dict) -> int:
     from gpujob.daemon.server import Server
 
     path = paths.socket_path(create=True)
+    logs.to = _conn_log(path)  # the handler's own lines (a bug's traceback) to conn.log, not to us
     server = Server(Path(path), idle=0)
     server.pool = _OwnPool()
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -66,3 +69,16 @@ def run(req: dict) -> int:
     finally:
         handler.join(5)
         server.pool.close()
+        logs.to.close()
+        logs.to = None
+
+
+def _conn_log(path: str):
+    """conn.log beside the socket (the daemon's own log), 0600 like the daemon makes it;
+    /dev/null when it cannot be opened (the command runs all the same)."""
+    try:
+        fd = os.open(os.path.join(os.path.dirname(path), "conn.log"),
+                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")

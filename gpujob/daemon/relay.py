@@ -19,6 +19,7 @@ import queue
 import threading
 
 from gpujob.conn import proto
+from gpujob.daemon import logs
 from gpujob.daemon.pool import Fallback
 from gpujob.errors import ConnectionLost, GpujobError
 
@@ -116,8 +117,7 @@ def serve_run(pool, conn, reader, req: dict) -> None:
                                             f"{req['argv'][0]} in {req['target']}: {e}")))
             return
         except Exception as e:  # a bug: its traceback in conn.log, one line to the client
-            import traceback
-            traceback.print_exc()
+            logs.exception()
             send(b"!", _said(GpujobError(f"the connection daemon failed: {type(e).__name__}: {e}")))
             return
         send(b"x", proto.json_bytes({"code": r.exit_code, "timed_out": r.timed_out, "duration": r.duration}))

@@ -19,19 +19,18 @@ import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
 from gpujob.cli import bodies
 from gpujob.conn import paths, proto
+from gpujob.daemon import logs
 from gpujob.daemon.pool import Entry, Fallback, Pool
 from gpujob.errors import ConnectionLost, GpujobError
 
 
-def log(msg: str) -> None:
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} gpujob-conn[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+log = logs.log
 
 
 # ---- the client's console, shaped like its own -------------------------------------
@@ -334,8 +333,7 @@ class Server:
                                      f"{(req.get('argv') or ['?'])[0]}: {e}"), soft_wrap=True)
                 code = ConnectionLost.exit_code
         except Exception as e:  # a bug: its traceback in conn.log, one line to the client
-            import traceback
-            traceback.print_exc()
+            logs.exception()
             from gpujob.cli import render
             err.print(render.lit(f"gpujob: the connection daemon failed: {type(e).__name__}: {e}"),
                       soft_wrap=True)
