@@ -110,7 +110,19 @@ def main() -> None:
         try:
             req["inventory"] = paths.find_inventory(req.pop("hosts"))
             if req["inventory"] is not None:  # the built-in inventory is this machine only
-                sys.exit(request(req))
+                try:
+                    sys.exit(request(req))
+                except Fallback:
+                    if req["op"] != "exec":
+                        raise
+                # no daemon yet: the daemon's own handler runs it here (not the full CLI)
+                try:
+                    from gpujob.daemon import oneshot
+                    code = oneshot.run(req)
+                except KeyboardInterrupt:  # before its Ctrl-C goes to the command: as the full CLI says it
+                    sys.stderr.write("\ninterrupted\n")
+                    code = 130
+                sys.exit(code)
         except (Fallback, paths.NoDaemon):
             pass
     from gpujob.cli.main import main as full

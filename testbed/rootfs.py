@@ -96,17 +96,17 @@ def ensure_rootfs() -> tuple[Path, float]:
         t0 = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=CACHE_DIR))
         target = tmp / "rootfs"
-        log = tmp / "debootstrap.log"
+        build_log = tmp / "debootstrap.log"
         argv = ["debootstrap", "--variant=minbase", "--include=" + ",".join(INCLUDE),
                 SUITE, str(target), MIRROR]
         log(f"building the container rootfs (first run, ~1 min): {' '.join(argv)}")
         try:
-            with open(log, "w") as lf:
+            with open(build_log, "w") as lf:
                 r = subprocess.run(argv, stdout=lf, stderr=subprocess.STDOUT,
                                    env=dict(os.environ, PATH=HOST_PATH,
                                             DEBIAN_FRONTEND="noninteractive"))
             if r.returncode != 0 or not (target / "usr/bin/python3").exists():
-                tail = log.read_text(errors="replace")[-3000:]
+                tail = build_log.read_text(errors="replace")[-3000:]
                 raise TestBedError(f"debootstrap failed (exit {r.returncode}):\n{tail}")
             if mounts_under(target):
                 raise TestBedError(f"debootstrap left mounts under {target}")

@@ -79,13 +79,22 @@ def test_daemon_killed_mid_command(env, testbed):
     remote = testbed.container_path(marker).read_text().strip()
     wait_for(lambda: not testbed.container_path(f"/proc/{remote}").exists(), 30, what="the command to end")
     testbed.container_exec("rm", "-f", marker)
+    # the retry works: no daemon answers there now, so it runs directly (and starts one)
+    q = cli(["exec", "tb/ct200", "--", "echo", "again"], env)
+    assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
+    assert started(env) != pid
+    testbed.container_exec("rm", "-f", marker)
     q = cli(["exec", "tb/ct200", "--", "echo", "again"], env)
     assert (q.returncode, q.stdout, q.stderr) == (0, b"again\n", b"")
 
 
-def test_ctrl_c_ends_the_remote_command(env, testbed):
+@pytest.mark.parametrize("how", ["warm", "cold"])
+def test_ctrl_c_ends_the_remote_command(env, testbed, how):
+    """Warm: through the daemon. Cold (no daemon yet): through the daemon's handler run in
+    the command itself (gpujob/daemon/oneshot.py); the same line, code and end."""
     marker = "/tmp/conn-int-" + str(os.getpid())
-    warm(env)
+    if how == "warm":
+        warm(env)
     p = subprocess.Popen([*gpujob_argv(), "exec", "tb/ct200", "--", "sh", "-c",
                           f"echo $$ > {marker}; sleep 60"], env=env, cwd=str(REPO),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
@@ -96,7 +105,8 @@ def test_ctrl_c_ends_the_remote_command(env, testbed):
     remote = testbed.container_path(marker).read_text().strip()
     wait_for(lambda: not testbed.container_path(f"/proc/{remote}").exists(), 30, what="the command to end")
     testbed.container_exec("rm", "-f", marker)
-    assert daemon_pid(env) is not None  # the daemon itself carries on
+    if how == "warm":
+        assert daemon_pid(env) is not None  # the daemon itself carries on
 
 
 def test_changed_hosts_yaml_or_known_hosts_never_rides_the_old_connection(env, testbed, tmp_path):

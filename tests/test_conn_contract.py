@@ -12,7 +12,8 @@ import os
 import pytest
 import yaml
 
-from connkit import LIVE, daemon_pid, daemons_of, end_daemons, pty_run, same, started
+from connkit import (LIVE, daemon_pid, daemons_of, end_daemons, env, pty_run,  # noqa: F401
+                     same, started, traced_run)
 from gpujob.wheelhouse import build_indexes, serve
 from helpers import cli, cli_direct, gpujob_argv, job_id_of, wait_for, write_spec
 
@@ -176,3 +177,41 @@ def test_a_fresh_home_first_commands_through_the_console_script(testbed, tmp_pat
         end_daemons(env)
 
 
+
+
+def no_daemon(env) -> None:
+    """None of env's daemons left: the one the last command asked for (it starts as that
+    command exits) is let start, then asked to end."""
+    if daemons_of(env):
+        started(env)
+    cli(["disconnect"], env)
+    wait_for(lambda: not daemons_of(env), 20, what="no daemon")
+
+
+def test_a_cold_exec_is_the_full_clis_bytes_without_typer_or_rich(env):
+    """No daemon yet: the fast path's exec runs the daemon's own request handler in this
+    process (gpujob/daemon/oneshot.py), not the full CLI. Each exec case, piped and on a
+    terminal, is the full CLI's bytes; the cold one imports neither typer nor rich, and
+    asks for the daemon that serves the next command."""
+    env = dict(env)
+    env.pop("COLUMNS", None)
+    try:
+        for args, stdin in EXEC:
+            no_daemon(env)
+            same(cli(args, env, input=stdin), cli_direct(args, env, input=stdin))
+        tty = dict(env, TERM="xterm-256color")
+        args = ON_A_TTY[-1]
+        no_daemon(env)
+        a = pty_run(gpujob_argv() + args, tty)
+        assert a == pty_run(gpujob_argv() + args, dict(tty, GPUJOB_NO_DAEMON="1")), args
+        no_daemon(env)
+        traced = traced_run(EXEC[0][0], env, extra=("-X", "importtime"))
+        assert traced.returncode == 7 and traced.stdout == b"out\nx\0y"
+        loaded = {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines()
+                  if ln.startswith("import time:")}
+        assert "gpujob.daemon.oneshot" in loaded
+        assert not {m.split(".")[0] for m in loaded} & {"typer", "rich"}, sorted(loaded)
+        pid = started(env)  # the daemon it asked for serves the next command
+        assert cli(["exec", "tb/ct200", "--", "true"], env).returncode == 0 and daemon_pid(env) == pid
+    finally:
+        end_daemons(env)

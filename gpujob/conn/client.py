@@ -73,11 +73,11 @@ def connect(start: bool = True) -> socket.socket | None:
     path = paths.socket_path(create=start)
     s = _connect(path)
     if s is None and start:
-        _start_soon(path)
+        start_soon(path)
     return s
 
 
-def _start_soon(path: str) -> None:
+def start_soon(path: str) -> None:
     """Start the daemon once this command has done its own connecting: when it exits, or
     START_AFTER seconds from now if it still runs (``logs -f``). A daemon starting at
     once (its imports, its own SSH handshake) would take the CPU that this command's
@@ -138,14 +138,17 @@ class Fallback(Exception):
     """The daemon declined (or died before starting the work): run the full CLI."""
 
 
-def request(req: dict) -> int:
+def request(req: dict, sock: socket.socket | None = None, on_going=None) -> int:
     """Send ``req`` to the daemon with our stdio; its exit code. Raises Fallback when
-    the full CLI should run instead (nothing was done or printed)."""
-    try:
-        s = connect(start=False)
-    except (paths.NoDaemon, OSError):
-        s = None
-    if s is None:  # the full CLI runs it; its first command on an SSH host starts the daemon
+    the full CLI should run instead (nothing was done or printed). ``sock``: a handler
+    of our own instead (gpujob/daemon/oneshot.py), ``on_going`` called once it goes ahead."""
+    s: socket.socket | None = sock
+    if s is None:
+        try:
+            s = connect(start=False)
+        except (paths.NoDaemon, OSError):
+            s = None
+    if s is None:  # no daemon yet: this command runs itself (oneshot.py, else the full CLI)
         raise Fallback()
     req = dict(req, stamp=paths.code_stamp(), env=paths.env_view(), cwd=os.getcwd(),
                term={k: os.environ[k] for k in paths.TERM_KEYS if k in os.environ},
@@ -182,6 +185,8 @@ def request(req: dict) -> int:
             kind, payload = got
             if kind == b"G":
                 going = True
+                if on_going is not None:
+                    on_going()
             elif kind == b"F":
                 raise Fallback()
             elif kind == b"x":

@@ -69,14 +69,17 @@ class KeptTransport(Transport):
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
         if not self.use_direct:
-            s = self._open(argv, stdin, timeout)
-            if s is not None:
-                return self._relay(s, list(argv), stdin, on_stdout, on_stderr)
+            opened = self._open(argv, stdin, timeout)
+            if opened is not None:
+                s, reader = opened
+                return self._relay(s, reader, list(argv), stdin, on_stdout, on_stderr)
             self.use_direct = True
         return self.direct.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr)
 
     def _open(self, argv, stdin, timeout):
-        """A socket on which the daemon said it is going ahead, or None: run directly."""
+        """(socket, its reader) once the daemon said it is going ahead, or None: run
+        directly. The reader is the one that read G: what came with G in the same read
+        (the output and exit of a quick command, on a loaded machine) is in its buffer."""
         try:
             s = client.connect()  # none answering: one starts for the next command
         except (paths.NoDaemon, OSError):
@@ -86,25 +89,25 @@ class KeptTransport(Transport):
         req = {"op": "run", "inventory": self.inventory, "target": self.target, "where": self.where,
                "argv": list(argv), "timeout": timeout, "stdin": stdin is not None,
                "stamp": paths.code_stamp(), "env": paths.env_view()}
+        reader = proto.Reader(s)
         try:
             socket.send_fds(s, [proto.pack_json(b"R", req)], [])
-            got = proto.Reader(s).frame()
+            got = reader.frame()
         except (OSError, ValueError):
             got = None
         if got is not None and got[0] == b"G":
-            return s
+            return s, reader
         s.close()
         if got is not None and got[0] == b"!":
             raise _error(json.loads(got[1]))
         return None
 
-    def _relay(self, s, argv, stdin, on_stdout, on_stderr) -> Result:
+    def _relay(self, s, reader: proto.Reader, argv, stdin, on_stdout, on_stderr) -> Result:
         started = time.monotonic()
         out, err = bytearray(), bytearray()
         sinks = {b"o": (on_stdout, out), b"e": (on_stderr, err)}
         if stdin is not None:
             threading.Thread(target=self._feed, args=(s, stdin), daemon=True).start()
-        reader = proto.Reader(s)
         try:
             while True:
                 try:

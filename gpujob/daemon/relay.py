@@ -5,6 +5,12 @@ Unlike ``exec``, output comes back as frames (``o``, ``e``) because the caller h
 it (``agent_json`` parses it; ``logs`` writes it); stdin arrives as ``I`` frames, ``E``
 at its end. The end is ``x`` (code, timed_out, duration) or ``!`` (a GpujobError by
 class name, message and hint); the client going away ends the command as Ctrl-C does.
+
+Only the client's own socket failing (a send to it, or its end read by ``watch``) means
+that nobody is left to tell. Any other OSError comes from below the daemon (paramiko's
+socket, the pipe to the host) and is the client's ConnectionLost, as the direct
+transport says it; anything else is a bug, logged with its traceback and said to the
+client in one line. Neither ends with no end frame.
 """
 
 from __future__ import annotations
@@ -13,8 +19,9 @@ import queue
 import threading
 
 from gpujob.conn import proto
+from gpujob.daemon import logs
 from gpujob.daemon.pool import Fallback
-from gpujob.errors import GpujobError
+from gpujob.errors import ConnectionLost, GpujobError
 
 
 class QueueStdin:
@@ -33,12 +40,21 @@ class QueueStdin:
         return chunk
 
 
+def _said(e: GpujobError) -> bytes:
+    return proto.json_bytes({"cls": type(e).__name__, "message": e.message, "hint": e.hint})
+
+
 def serve_run(pool, conn, reader, req: dict) -> None:
     send_lock = threading.Lock()
+    gone = threading.Event()  # the client went away: its socket failed, or it sent its end
 
     def send(kind: bytes, payload: bytes = b"") -> None:
         with send_lock:
-            conn.sendall(proto.pack(kind, payload))
+            try:
+                conn.sendall(proto.pack(kind, payload))
+            except OSError:
+                gone.set()
+                raise
 
     try:
         entry = pool.acquire(req.get("inventory"))
@@ -52,7 +68,7 @@ def serve_run(pool, conn, reader, req: dict) -> None:
             send(b"F")
             return
         except GpujobError as e:
-            send(b"!", proto.json_bytes({"cls": type(e).__name__, "message": e.message, "hint": e.hint}))
+            send(b"!", _said(e))
             return
         stdin = QueueStdin() if req.get("stdin") else None
         done = threading.Event()
@@ -72,6 +88,7 @@ def serve_run(pool, conn, reader, req: dict) -> None:
                     continue
                 if stdin is not None:
                     stdin.q.put(b"")
+                gone.set()
                 if done.is_set():
                     return
                 with ilock:
@@ -91,10 +108,18 @@ def serve_run(pool, conn, reader, req: dict) -> None:
                     armed[0] = False
                 done.set()
         except GpujobError as e:
-            send(b"!", proto.json_bytes({"cls": type(e).__name__, "message": e.message, "hint": e.hint}))
+            send(b"!", _said(e))
             return
-        except (KeyboardInterrupt, OSError):
-            return  # the client went away (or its socket broke): the command was ended
+        except (KeyboardInterrupt, OSError) as e:
+            if gone.is_set() or isinstance(e, KeyboardInterrupt):
+                return  # the client went away (or its socket broke): the command was ended
+            send(b"!", _said(ConnectionLost(f"lost the connection to {transport.describe()} while running "
+                                            f"{req['argv'][0]} in {req['target']}: {e}")))
+            return
+        except Exception as e:  # a bug: its traceback in conn.log, one line to the client
+            logs.exception()
+            send(b"!", _said(GpujobError(f"the connection daemon failed: {type(e).__name__}: {e}")))
+            return
         send(b"x", proto.json_bytes({"code": r.exit_code, "timed_out": r.timed_out, "duration": r.duration}))
     finally:
         pool.release(entry)

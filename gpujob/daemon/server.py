@@ -19,21 +19,18 @@ import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
-from rich.console import Console
-
-from gpujob.cli import bodies, render
+from gpujob.cli import bodies
 from gpujob.conn import paths, proto
+from gpujob.daemon import logs
 from gpujob.daemon.pool import Entry, Fallback, Pool
-from gpujob.errors import GpujobError
+from gpujob.errors import ConnectionLost, GpujobError
 
 
-def log(msg: str) -> None:
-    print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} gpujob-conn[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
+log = logs.log
 
 
 # ---- the client's console, shaped like its own -------------------------------------
@@ -43,6 +40,7 @@ class FdSink:
 
     def __init__(self, fd: int):
         self.fd = fd
+        self.failed = False  # a write to the client's descriptor failed (its reader is gone)
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
@@ -52,6 +50,9 @@ class FdSink:
             except BlockingIOError:
                 select.select([], [self.fd], [])
                 continue
+            except OSError:
+                self.failed = True
+                raise
             view = view[n:]
         return len(data)
 
@@ -96,15 +97,32 @@ def _dims(env: dict, fds: list[int], terminal: bool) -> tuple[int, int]:
     return (w_env or width or 80), (h_env or height or 25)
 
 
-def client_console(fd: int, encoding: str, env: dict, fds: list[int]) -> Console:
+def client_console(fd: int, encoding: str, env: dict, fds: list[int]):
     """render.console() as the client's own process would build it: on its descriptor,
     under its environment (piped: soft-wrapped at gpujob's piped width, unless $COLUMNS)."""
+    from rich.console import Console
+
+    from gpujob.cli import render
     text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
     settings = render.console_settings(os.isatty(fd), env)
     c = Console(file=text, _environ=env, **settings)
     width, c.height = _dims(env, fds, c.is_terminal)
     c.width = settings.get("width", width)
     return c
+
+
+class LazyConsole:
+    """client_console(...) made on first use: an ``exec`` that has nothing of gpujob's own
+    to say (the usual case) never imports rich, which a cold one (oneshot.py) then saves."""
+
+    def __init__(self, *args):
+        self._args = args
+        self._console = None
+
+    def __getattr__(self, name):
+        if self._console is None:
+            self._console = client_console(*self._args)
+        return getattr(self._console, name)
 
 
 # ---- one request ---------------------------------------------------------------------
@@ -240,6 +258,10 @@ class Server:
         finally:
             for fd in fds:
                 os.close(fd)
+            try:  # the client reads its end now: a close alone waits for the thread still
+                conn.shutdown(socket.SHUT_RDWR)  # blocked reading this socket (watch)
+            except OSError:
+                pass
             conn.close()
             with self.lock:
                 self.active -= 1
@@ -248,8 +270,9 @@ class Server:
     def run(self, conn: socket.socket, reader: proto.Reader, req: dict, fds: list[int]) -> None:
         env = req.get("term") or {}
         enc = req.get("encoding") or ["utf-8", "utf-8"]
-        out = client_console(fds[1], enc[0], env, fds)
-        err = client_console(fds[2], enc[1], env, fds)
+        make = LazyConsole if req.get("op") == "exec" else client_console
+        out = make(fds[1], enc[0], env, fds)
+        err = make(fds[2], enc[1], env, fds)
         done = threading.Event()
         armed = [True]
         ilock = threading.Lock()
@@ -276,12 +299,13 @@ class Server:
         entry = None
         ctx = None
         code = 1
+        sinks = (FdSink(fds[1]), FdSink(fds[2]))
         try:
             try:
                 threading.Thread(target=watch, daemon=True).start()
                 entry = self.pool.acquire(req.get("inventory"))
                 ctx = Ctx(entry, go)
-                code = self.dispatch(ctx, req, fds, out, err, done)
+                code = self.dispatch(ctx, req, fds, sinks, out, err, done)
             finally:
                 with ilock:
                     armed[0] = False
@@ -292,6 +316,7 @@ class Server:
                 return
             code = 1
         except GpujobError as e:
+            from gpujob.cli import render
             err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
             if e.hint:
                 err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
@@ -299,8 +324,20 @@ class Server:
         except KeyboardInterrupt:
             err.print("\ninterrupted")
             code = 130
-        except BrokenPipeError:
-            code = 120  # what Python reports when flushing stdout to a closed pipe
+        except OSError as e:
+            if any(sink.failed for sink in sinks):
+                code = 120  # what Python reports when flushing stdout to a closed pipe
+            else:  # from below the daemon (a pipe or socket to the host): said, never dropped
+                from gpujob.cli import render
+                err.print(render.lit(f"gpujob: lost the connection to {req.get('target')} while running "
+                                     f"{(req.get('argv') or ['?'])[0]}: {e}"), soft_wrap=True)
+                code = ConnectionLost.exit_code
+        except Exception as e:  # a bug: its traceback in conn.log, one line to the client
+            logs.exception()
+            from gpujob.cli import render
+            err.print(render.lit(f"gpujob: the connection daemon failed: {type(e).__name__}: {e}"),
+                      soft_wrap=True)
+            code = 1
         finally:
             if ctx is not None:
                 ctx.close()
@@ -308,13 +345,13 @@ class Server:
                 self.pool.release(entry)
         conn.sendall(proto.pack_json(b"x", {"code": code}))
 
-    def dispatch(self, ctx: Ctx, req: dict, fds: list[int], out, err, done) -> int:
+    def dispatch(self, ctx: Ctx, req: dict, fds: list[int], sinks, out, err, done) -> int:
         if req["op"] == "exec":
             t = ctx.target(req["target"])
             ctx.going()
             stdin = PolledStdin(fds[0], done) if req.get("stdin") else None
-            return bodies.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), FdSink(fds[1]),
-                                     FdSink(fds[2]), err)
+            so, se = sinks
+            return bodies.run_exec(t, list(req["argv"]), stdin, req.get("timeout"), so, se, err)
         if req["op"] == "status":
             if not req.get("target") and bodies.multi_node(ctx, req.get("job")):
                 raise Fallback()  # a multi-node job: the full CLI's fleet view
