@@ -211,10 +211,8 @@ class PhaseWatch(PauseWatch):
                     lines += split.feed(rest)
                 lines += split.flush()  # a last line without a newline counts too
                 outcome = self.poll_source(run, t)  # a metrics file's last records
-            for line in lines:
-                if outcome:  # a decision already taken (from the file's last records) stands
-                    break
-                outcome = self.on_line(run, line, t)
+            if not outcome:  # a decision already taken (from the file's last records) stands
+                outcome = self.on_lines(run, lines, t)
             if outcome is None and t - run.last_check >= 0.2:
                 run.last_check = t
                 outcome = self.poll_source(run, t) or self.check(run, t)

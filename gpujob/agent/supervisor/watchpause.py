@@ -1,13 +1,14 @@
 """The watch loop's pause and trace side (stdlib only; a mixin of the supervisor,
 like PhaseWatch): checkpoint file events and ``throughput.pause_pattern`` lines open
 pauses (agent/judge/pauses.py, pure), the policy is asked with them, and the run's
-trace (agent/base/trace.py) gets every output line and checkpoint event."""
+trace (agent/base/trace.py) gets every output line and checkpoint event. The lines of
+one read are taken together (``on_lines``) when none can hit a signature or a pause."""
 
 from __future__ import annotations
 
 import re
 
-from gpujob.agent.judge import policy
+from gpujob.agent.judge import policy, signals
 from gpujob.agent.base import defaults, trace
 from gpujob.agent.judge.pauses import Pauses
 
@@ -48,6 +49,38 @@ class PauseWatch:
         self.trace_writer().out(t, line)
         if self._pause_rx is not None and self._pause_rx.search(line):
             self._paused(run, run.pauses.mark(t, "pause_pattern"), t)
+
+    def on_lines(self, run, lines: list, t: float):
+        """The lines of one read, taken as ``on_line`` takes them one by one (same order,
+        the same first outcome, no line after it), at a cost per read rather than per
+        line when no line can hit a signature or a pause: only the lines that may hold a
+        sample are parsed, each judged after the lines before it went into the tail and
+        the trace (a decision's trace record follows its line)."""
+        if not lines:
+            return None
+        if self._pause_rx is not None or signals.may_hit("\n".join(lines), self.signatures):
+            for line in lines:
+                outcome = self.on_line(run, line, t)
+                if outcome:
+                    return outcome
+            return None
+        src = run.source if run.watch_tps else None
+        done = 0
+        for i in src.candidates(lines) if src is not None else ():
+            got = src.from_line(lines[i])
+            if got is None:
+                continue
+            self._took(run, lines[done:i + 1], t)
+            done = i + 1
+            outcome = self.on_sample(run, got[0], got[1], t)
+            if outcome:
+                return outcome
+        self._took(run, lines[done:] if done else lines, t)
+        return None
+
+    def _took(self, run, lines: list, t: float) -> None:
+        run.tail.extend(lines)
+        self.trace_writer().out_lines(t, lines)
 
     def on_ckpt_events(self, run, events, t: float) -> None:
         """Checkpoint file events (CONTRACT: {t, ckpt, op, size}) from the live watcher:
