@@ -161,3 +161,25 @@ def test_on_lines_takes_a_read_as_on_line_takes_its_lines(tmp_path, signatures, 
         assert one.seen == batch.seen
         assert (list(r1.tail), r1.hits, r1.hit_at) == (list(r2.tail), r2.hits, r2.hit_at)
         assert b"".join(one._trace._buf) == b"".join(batch._trace._buf)
+
+
+@pytest.mark.parametrize("version", [(3, 11), (3, 9)])
+def test_the_policy_finds_the_first_sample_at_or_after_a_time(monkeypatch, version):
+    """Each decision's searches (bisect's key on 3.10+, the loop before it) find what a scan finds."""
+    from gpujob.agent.judge import policy
+    monkeypatch.setattr(policy, "sys", SimpleNamespace(version_info=version))
+    rng = random.Random(4)
+    for _ in range(300):
+        ts = sorted(rng.choice([0.0, 1.0, 1.5, 2.0, 3.0]) for _ in range(rng.randrange(0, 9)))
+        samples = [policy.Sample(t, 1.0) for t in ts]
+        t, lo = rng.choice([-1.0, 0.0, 1.0, 1.2, 2.0, 5.0]), rng.randrange(0, len(ts) + 1)
+        want = next((i for i in range(lo, len(ts)) if ts[i] >= t), len(ts))
+        assert policy._first_at_or_after(samples, t, lo) == want
+
+
+def test_a_policy_reads_its_window_and_limit_once():
+    from gpujob.agent.judge.policy import PolicyConfig
+    cfg = PolicyConfig(window="30s", failure_limit=3)
+    assert (cfg.window_n, cfg.window_s, cfg.limit_n, cfg.limit_s, cfg.needed_span()) == (None, 30.0, 3, None, 60.0)
+    assert {"window_n", "window_s", "limit_n", "limit_s"} <= set(vars(cfg))
+    assert cfg == PolicyConfig(window="30s", failure_limit=3)  # the cached values are no fields

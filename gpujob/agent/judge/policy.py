@@ -5,7 +5,11 @@ and a failure limit of consecutive breaching windows before acting."""
 
 from __future__ import annotations
 
+import sys
+from bisect import bisect_left
 from dataclasses import dataclass, field, fields
+from functools import cached_property
+from operator import attrgetter
 from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -78,10 +82,11 @@ class PolicyConfig:
                       settle_timeout=full["timeout"])
         return cls(**kw)
 
-    window_n = property(lambda self: span(self.window)[0])  # a count window, else None
-    window_s = property(lambda self: span(self.window)[1])  # a time window (seconds), else None
-    limit_n = property(lambda self: span(self.failure_limit)[0])
-    limit_s = property(lambda self: span(self.failure_limit)[1])
+    # read on every decision: worked out once (cached_property fills a frozen instance's __dict__)
+    window_n = cached_property(lambda self: span(self.window)[0])  # a count window, else None
+    window_s = cached_property(lambda self: span(self.window)[1])  # a time window (seconds), else None
+    limit_n = cached_property(lambda self: span(self.failure_limit)[0])
+    limit_s = cached_property(lambda self: span(self.failure_limit)[1])
 
     def needed_span(self) -> Optional[float]:
         """Seconds (active time) a breach must last before a rollback, None when the
@@ -137,15 +142,17 @@ def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[fl
     return None, "no threshold configured"
 
 
+_T = attrgetter("t")
+
+
 def _first_at_or_after(samples: Sequence[Sample], t: float, lo: int = 0) -> int:
     """Index of the first sample with ``.t >= t`` (samples are in time order)."""
+    if sys.version_info >= (3, 10):  # bisect's key (C) on each decision's two searches
+        return bisect_left(samples, t, lo, key=_T)
     hi = len(samples)
     while lo < hi:
         mid = (lo + hi) // 2
-        if samples[mid].t < t:
-            lo = mid + 1
-        else:
-            hi = mid
+        lo, hi = (mid + 1, hi) if samples[mid].t < t else (lo, mid)
     return lo
 
 
@@ -255,7 +262,7 @@ def decide(
         "last_step": last.step if last is not None else None,
         "samples_considered": 0,
     }
-    last_pause_end = max((b for a, b in clock.pauses if b <= now), default=None)
+    last_pause_end = max((b for a, b in clock.pauses if b <= now), default=None) if clock.pauses else None
     if last is None:
         ref = max(phase_start + cfg.initial_delay, last_pause_end or 0)
         quiet = now - ref
@@ -266,7 +273,7 @@ def decide(
         if now < phase_start + cfg.initial_delay:
             return Decision(Verdict.WARMING_UP, "waiting for the first sample (initial delay)", ev)
         return Decision(Verdict.INCONCLUSIVE, "no throughput sample yet", ev)
-    p = clock.paused(now)
+    p = clock.paused(now) if clock.pauses else None
     if p is not None:
         ev["pause"] = [p[0], p[1]]
         return Decision(Verdict.PAUSED, f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, "
@@ -294,7 +301,10 @@ def _windows(cfg, samples, t0, clock, thr, src, ev) -> Decision:
     else:
         reach = (span_needed or 0) + (ws or 0)
         lo = max(start, _first_at_or_after(samples, t_last - reach - 1e-9))
-    act = [(clock.tau(s.t), s.value) for s in samples[lo:] if clock.paused(s.t) is None]
+    if clock.pauses:
+        act = [(clock.tau(s.t), s.value) for s in samples[lo:] if clock.paused(s.t) is None]
+    else:  # no pause: active time is wall time
+        act = [(s.t, s.value) for s in samples[lo:]]
     n_all = len(samples) - start - (len(samples) - lo - len(act))  # paused ones in the tail left out
     ev["samples_considered"] = n_all
     if thr is None:

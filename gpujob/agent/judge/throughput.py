@@ -10,6 +10,7 @@ every sample.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Callable, List, Optional, Sequence
@@ -353,12 +354,17 @@ def _short(x: float) -> str:
     return s[:-2] if s.endswith(".0") else s
 
 
+@functools.lru_cache(maxsize=1024)  # a decision's reason formats its threshold every time
 def fmt_rate(v: float) -> str:
     """12800 → '12.8K', 4300 → '4.3K', 1_200_000 → '1.2M', 950 → '950'."""
     if not math.isfinite(v):
         return str(v)
     sign, a = ("-" if v < 0 else ""), abs(v)
-    i = max((k for k, (div, _) in enumerate(_UNITS) if a >= div), default=0)
+    i = 0
+    for k in range(len(_UNITS) - 1, 0, -1):  # the largest unit not above it
+        if a >= _UNITS[k][0]:
+            i = k
+            break
     s = _short(a / _UNITS[i][0])
     if float(s) >= 1000 and i + 1 < len(_UNITS):  # 999_960 → '1M', not '1000K'
         i += 1
