@@ -183,3 +183,13 @@ def test_a_policy_reads_its_window_and_limit_once():
     assert (cfg.window_n, cfg.window_s, cfg.limit_n, cfg.limit_s, cfg.needed_span()) == (None, 30.0, 3, None, 60.0)
     assert {"window_n", "window_s", "limit_n", "limit_s"} <= set(vars(cfg))
     assert cfg == PolicyConfig(window="30s", failure_limit=3)  # the cached values are no fields
+
+
+def test_a_policy_remembers_its_thresholds_by_baseline():
+    from gpujob.agent.judge import policy
+    cfg = policy.PolicyConfig(min=100.0, min_ratio=0.9, window=3, failure_limit=2)
+    other = policy.PolicyConfig(min=5.0, window=3, failure_limit=2)
+    for base in [None, 50.0, 1000.0, 0.0, 50.0] + [float(b) for b in range(100)]:
+        assert policy.threshold(cfg, base) == policy._threshold(cfg, base)
+        assert policy.threshold(other, base) == (5.0, "min")
+    assert policy.threshold(cfg, 1000.0)[0] == 900.0 and len(cfg.thresholds) == 64  # bounded

@@ -18,11 +18,6 @@ from gpujob.agent.judge.pauses import Clock
 from gpujob.agent.base.protocol import Verdict
 from gpujob.agent.judge.throughput import fmt_rate
 
-# --------------------------------------------------------------------------
-# Policy
-# --------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Sample:
     t: float
@@ -87,6 +82,7 @@ class PolicyConfig:
     window_s = cached_property(lambda self: span(self.window)[1])  # a time window (seconds), else None
     limit_n = cached_property(lambda self: span(self.failure_limit)[0])
     limit_s = cached_property(lambda self: span(self.failure_limit)[1])
+    thresholds = cached_property(lambda self: {})  # threshold()'s answers by baseline
 
     def needed_span(self) -> Optional[float]:
         """Seconds (active time) a breach must last before a rollback, None when the
@@ -130,6 +126,13 @@ def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[fl
     With only ``min_ratio`` and no baseline yet → ``(None, 'no baseline yet …')``;
     with nothing configured → ``(None, 'no threshold configured')``.
     """
+    known = cfg.thresholds.get(baseline)  # asked on every decision: a pure function of both
+    if known is None and len(cfg.thresholds) < 64:
+        known = cfg.thresholds[baseline] = _threshold(cfg, baseline)
+    return known or _threshold(cfg, baseline)
+
+
+def _threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[float], str]:
     cands: List[Tuple[float, str]] = []
     if cfg.min is not None:
         cands.append((float(cfg.min), "min"))
@@ -143,17 +146,14 @@ def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[fl
 
 
 _T = attrgetter("t")
+_NO_PAUSES = Clock(())  # never changed
 
 
 def _first_at_or_after(samples: Sequence[Sample], t: float, lo: int = 0) -> int:
     """Index of the first sample with ``.t >= t`` (samples are in time order)."""
-    if sys.version_info >= (3, 10):  # bisect's key (C) on each decision's two searches
-        return bisect_left(samples, t, lo, key=_T)
-    hi = len(samples)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if samples[mid].t < t else (lo, mid)
-    return lo
+    if sys.version_info < (3, 10):  # no key= before 3.10: a list of the times
+        return bisect_left([s.t for s in samples], t, lo)
+    return bisect_left(samples, t, lo, key=_T)  # (C, each decision searches twice)
 
 
 def judging_start(cfg: PolicyConfig, samples: Sequence[Sample], now: float, clock: Clock,
@@ -251,7 +251,7 @@ def decide(
     n = len(samples)
     last = samples[-1] if n > i0 else None
     thr, src = threshold(cfg, baseline)
-    clock = Clock(pauses)
+    clock = Clock(pauses) if pauses else _NO_PAUSES
     ev: Dict = {
         "threshold": thr,
         "threshold_source": src,
