@@ -193,3 +193,21 @@ def test_a_policy_remembers_its_thresholds_by_baseline():
         assert policy.threshold(cfg, base) == policy._threshold(cfg, base)
         assert policy.threshold(other, base) == (5.0, "min")
     assert policy.threshold(cfg, 1000.0)[0] == 900.0 and len(cfg.thresholds) == 64  # bounded
+
+
+def test_the_relay_cursor_and_a_sample_record_keep_their_bytes(tmp_path):
+    """Written before every append / for every sample: formatted without a new JSON encoder
+    each time, the same bytes as json.dumps(…, sort_keys=True)."""
+    from gpujob.agent.home import relay
+    from gpujob.agent.home.journal import Home, Journal
+    for cur in ({"src": "train.log", "off": 0, "len": 1, "dst": 0},
+                {"src": 'odd "name"\\é.log', "off": 1 << 40, "len": 5000, "dst": 123456789}):
+        assert relay._encode(cur) == json.dumps(cur, sort_keys=True).encode()
+    home = Home(str(tmp_path))
+    (tmp_path / "jobs" / "j").mkdir(parents=True)
+    j = Journal(home, "j")
+    rec = dict(t=1732890000.123, value=12811.25, step=None, verdict="ok", median=float("nan"), profile="fast")
+    assert j.sample(**rec) == 0
+    line = (tmp_path / "jobs" / "j" / "samples.jsonl").read_bytes()
+    assert line == (json.dumps(dict(rec, type="sample"), sort_keys=True) + "\n").encode()
+    assert j.sample(**rec) == len(line)

@@ -22,6 +22,13 @@ CHUNK = 1 << 20
 CURSOR_SIZE = 512  # relay.json's fixed size (one pwrite, inside one page)
 
 
+def _encode(cur: dict) -> bytes:
+    """``json.dumps(cur, sort_keys=True)`` of a cursor (int offsets, a str name), formatted
+    directly: it is written before every append."""
+    return b'{"dst": %d, "len": %d, "off": %d, "src": %s}' % (
+        cur["dst"], cur["len"], cur["off"], json.encoder.encode_basestring_ascii(cur["src"]).encode())
+
+
 class JobLog:
     """job.log: the relay's appends and gpujob's own banner lines, which always start
     on a line of their own."""
@@ -79,7 +86,7 @@ class Relay:
         time. A process dies between system calls, never inside one, so a reader finds
         the old record or the new one whole; a longer record (an odd phase log name)
         takes the atomic rename as before."""
-        data = json.dumps(cur, sort_keys=True).encode()
+        data = _encode(cur)
         if len(data) >= CURSOR_SIZE:
             self._close_cursor()
             write_json(self.cursor_path, cur, durable=False)
