@@ -54,8 +54,10 @@ class PauseWatch:
         """The lines of one read, taken as ``on_line`` takes them one by one (same order,
         the same first outcome, no line after it), at a cost per read rather than per
         line when no line can hit a signature or a pause: only the lines that may hold a
-        sample are parsed, each judged after the lines before it went into the tail and
-        the trace (a decision's trace record follows its line)."""
+        sample are parsed. The tail and the trace get the lines up to a sample's before
+        anything else is written into the trace (a decision's record follows its line);
+        nothing an ``on_sample`` reads depends on them, so they get them in one piece
+        otherwise."""
         if not lines:
             return None
         if self._pause_rx is not None or signals.may_hit("\n".join(lines), self.signatures):
@@ -65,22 +67,34 @@ class PauseWatch:
                     return outcome
             return None
         src = run.source if run.watch_tps else None
-        done = 0
-        for i in src.candidates(lines) if src is not None else ():
-            got = src.from_line(lines[i])
-            if got is None:
-                continue
-            self._took(run, lines[done:i + 1], t)
-            done = i + 1
-            outcome = self.on_sample(run, got[0], got[1], t)
-            if outcome:
-                return outcome
-        self._took(run, lines[done:] if done else lines, t)
-        return None
+        owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
+        try:
+            for i in src.candidates(lines) if src is not None else ():
+                got = src.from_line(lines[i])
+                if got is None:
+                    continue
+                owed[3] = i + 1
+                outcome = self.on_sample(run, got[0], got[1], t)
+                if outcome:
+                    return outcome
+            owed[3] = len(lines)
+            return None
+        finally:
+            self._pay()
+            self._owed = None
 
-    def _took(self, run, lines: list, t: float) -> None:
-        run.tail.extend(lines)
-        self.trace_writer().out_lines(t, lines)
+    _owed = None
+
+    def _pay(self) -> None:
+        """The lines ``on_lines`` owes the tail and the trace so far."""
+        owed = self._owed
+        if owed is None or owed[2] >= owed[3]:
+            return
+        run, lines, given, upto, t = owed
+        piece = lines if given == 0 and upto == len(lines) else lines[given:upto]
+        run.tail.extend(piece)
+        self.trace_writer().out_lines(t, piece)
+        owed[2] = upto
 
     def on_ckpt_events(self, run, events, t: float) -> None:
         """Checkpoint file events (CONTRACT: {t, ckpt, op, size}) from the live watcher:
@@ -99,6 +113,7 @@ class PauseWatch:
         self.journal.set_state(pauses=[[round(a, 3), round(b, 3)] for a, b in run.pauses.spans()[-20:]])
 
     def trace_decision(self, d, t: float) -> None:
+        self._pay()
         self.trace_writer().write({"t": round(t, 3), "recorded": {"verdict": str(d.verdict), "reason": d.reason}})
 
     def trace_end(self, code, t: float) -> None:
