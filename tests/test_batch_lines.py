@@ -212,3 +212,91 @@ def test_the_relay_cursor_and_a_sample_record_keep_their_bytes(tmp_path):
     line = (tmp_path / "jobs" / "j" / "samples.jsonl").read_bytes()
     assert line == (json.dumps(dict(rec, type="sample"), sort_keys=True) + "\n").encode()
     assert j.sample(**rec) == len(line)
+
+
+class _Proc:
+    """A phase command that prints its last line and exits between two looks: the relay
+    has that line once ``running`` first answered; every later answer is False."""
+
+    def __init__(self, relay):
+        self.relay, self.asked, self.returncode, self.pgid = relay, 0, 0, 1
+
+    def running(self):
+        self.asked += 1
+        if self.asked == 1:
+            self.relay.pending.append(b"the last line\n")
+            return True
+        return False
+
+
+class _Relay:
+    def __init__(self):
+        self.pending, self.copied = [], []
+
+    def poll(self):
+        data = b"".join(self.pending)
+        self.pending.clear()
+        self.copied.append(data)
+        return data
+
+    def drain(self):
+        while True:
+            data = self.poll()
+            if not data:
+                return
+            yield data
+
+
+class _Loop(PhaseWatch):
+    """PhaseWatch.watch with everything around the loop stubbed out."""
+
+    def __init__(self, tmp):
+        self.workdir, self.relay, self.seen = str(tmp), _Relay(), []
+        self.journal = SimpleNamespace(set_state=lambda **k: None, event=lambda *a, **k: None)
+        self.trace_writer = lambda: SimpleNamespace(tick=lambda t: None)
+
+    def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
+        return SimpleNamespace(phase="warmup", cold_cache=False, ckwatch=None, last_check=0.0, samples=[], start=0.0)
+
+    def start_phase(self, argv, env, cwd, logname, extra, started=None):
+        return _Proc(self.relay)
+
+    def on_lines(self, run, lines, t):
+        self.seen += lines
+
+    def check(self, run, t):
+        return None
+
+    def poll_source(self, run, t):
+        return None
+
+    def gate(self, run, outcome, t):
+        return outcome
+
+    def nap(self, proc, seconds):
+        pass
+
+    def keep_small(self, run, t):
+        pass
+
+    def summarise(self, run, t):
+        pass
+
+    def close_checkpoints(self, run, code):
+        pass
+
+    def trace_end(self, code, t):
+        pass
+
+    def end_phase(self, durable=True):
+        pass
+
+
+def test_a_command_that_ends_between_two_looks_has_its_last_output_read(tmp_path):
+    """The loop asked ``running`` twice per quiet turn: a command that printed and ended
+    between the two asks left the loop without its last output read (not relayed into
+    job.log, not parsed). It asks once per turn now."""
+    loop = _Loop(tmp_path)
+    out = loop.watch(["x"], {}, "warmup.log", "a", timeout=None, watch_tps=False)
+    assert out.kind == "done"
+    assert loop.seen == ["the last line"] and b"the last line\n" in loop.relay.copied

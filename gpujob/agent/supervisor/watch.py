@@ -206,7 +206,10 @@ class PhaseWatch(PauseWatch):
             chunk = self.relay.poll()
             t = now()
             lines = split.feed(chunk) if chunk else []
-            if not chunk and not proc.running():
+            # asked once a turn: a command that printed and ended between two asks left the
+            # loop with its last output neither relayed nor read
+            alive = bool(chunk) or proc.running()
+            if not alive:
                 for rest in self.relay.drain():
                     lines += split.feed(rest)
                 lines += split.flush()  # a last line without a newline counts too
@@ -219,7 +222,7 @@ class PhaseWatch(PauseWatch):
                 self.keep_small(run, t)
                 self.trace_writer().tick(t)
             outcome = self.gate(run, outcome, t)
-            if outcome is not None or (not chunk and not proc.running()):
+            if outcome is not None or not alive:
                 break
             if not chunk:
                 self.nap(proc, POLL)
