@@ -67,7 +67,7 @@ class Relay:
         self.cursor_path = os.path.join(job_dir, "relay.json")
         self.src = None  # name of the phase log being relayed
         self.offset = 0
-        self._f = None  # the source, kept open between polls
+        self._fd = None  # the source, kept open between polls
         self._cur_fd = None  # relay.json, kept open for the in-place cursor writes
 
     def _cursor(self) -> dict | None:
@@ -131,19 +131,18 @@ class Relay:
         self.close()
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def poll(self, limit: int = CHUNK) -> bytes:
         """Copy what is new in the source (at most ``limit`` bytes); return it."""
         if self.src is None:
             return b""
         try:
-            if self._f is None:
-                self._f = open(os.path.join(self.dir, self.src), "rb")
-            self._f.seek(self.offset)
-            data = self._f.read(limit)
+            if self._fd is None:
+                self._fd = os.open(os.path.join(self.dir, self.src), os.O_RDONLY | os.O_CLOEXEC)
+            data = os.pread(self._fd, limit, self.offset)  # one call, not a seek and a read
         except OSError:
             self.close()
             return b""
