@@ -151,6 +151,8 @@ _NO_PAUSES = Clock(())  # never changed
 
 def _first_at_or_after(samples: Sequence[Sample], t: float, lo: int = 0) -> int:
     """Index of the first sample with ``.t >= t`` (samples are in time order)."""
+    if lo < len(samples) and samples[lo].t >= t:  # the run's first sample, usually: no search
+        return lo
     if sys.version_info < (3, 10):  # no key= before 3.10: a list of the times
         return bisect_left([s.t for s in samples], t, lo)
     return bisect_left(samples, t, lo, key=_T)  # (C, each decision searches twice)
