@@ -21,6 +21,7 @@ import zlib
 from gpujob.agent.base.fsio import json_objects
 
 NAME, OLD = "trace.jsonl.gz", "trace.1.jsonl.gz"
+_quote = json.encoder.encode_basestring_ascii  # what json.dumps(a str) returns
 FLUSH = 1.0
 
 
@@ -66,6 +67,17 @@ class TraceWriter:
             self._open()
         # the bytes json.dumps({"t": …, "out": line}, separators=(",", ":")) gives, without its dict walk
         self._add(('{"t":' + repr(round(t, 3)) + ',"out":' + json.dumps(line) + "}\n").encode("utf-8", "replace"))
+
+    def out_lines(self, t: float, lines) -> None:
+        """``out(t, line)`` for each of ``lines``, the same bytes, built as one string (the
+        watch loop's lines of one read share their ``t``)."""
+        if not lines:
+            return
+        if self.gz is None:
+            self._open()
+        head = '{"t":' + repr(round(t, 3)) + ',"out":'
+        # json.dumps(str) is encode_basestring_ascii(str): ASCII, so the encode cannot fail
+        self._add((head + ("}\n" + head).join(map(_quote, lines)) + "}\n").encode("ascii"))
 
     def tick(self, t: float) -> None:
         """From the watch loop: a sync flush at most every FLUSH seconds; rotation."""

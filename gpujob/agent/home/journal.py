@@ -19,6 +19,8 @@ from gpujob.agent.base import staterec
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
 
+_SORTED = json.JSONEncoder(sort_keys=True)  # json.dumps(…, sort_keys=True) without a new encoder each sample
+
 
 class Home:
     """Paths under the gpujob home in the container."""
@@ -161,8 +163,8 @@ class Journal:
         if self._samples is None:
             self._samples = os.open(self.path("samples.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                     | os.O_CLOEXEC, 0o644)
-        rec = dict(rec, type="sample")
-        return append_record(self._samples, (json.dumps(rec, sort_keys=True) + "\n").encode())
+        rec["type"] = "sample"  # (rec is this call's own dict)
+        return append_record(self._samples, (_SORTED.encode(rec) + "\n").encode())
 
     def events(self) -> tuple:
         """(records, skipped lines) of events.jsonl."""

@@ -22,6 +22,13 @@ CHUNK = 1 << 20
 CURSOR_SIZE = 512  # relay.json's fixed size (one pwrite, inside one page)
 
 
+def _encode(cur: dict) -> bytes:
+    """``json.dumps(cur, sort_keys=True)`` of a cursor (int offsets, a str name), formatted
+    directly: it is written before every append."""
+    return b'{"dst": %d, "len": %d, "off": %d, "src": %s}' % (
+        cur["dst"], cur["len"], cur["off"], json.encoder.encode_basestring_ascii(cur["src"]).encode())
+
+
 class JobLog:
     """job.log: the relay's appends and gpujob's own banner lines, which always start
     on a line of their own."""
@@ -60,7 +67,7 @@ class Relay:
         self.cursor_path = os.path.join(job_dir, "relay.json")
         self.src = None  # name of the phase log being relayed
         self.offset = 0
-        self._f = None  # the source, kept open between polls
+        self._fd = None  # the source, kept open between polls
         self._cur_fd = None  # relay.json, kept open for the in-place cursor writes
 
     def _cursor(self) -> dict | None:
@@ -79,7 +86,7 @@ class Relay:
         time. A process dies between system calls, never inside one, so a reader finds
         the old record or the new one whole; a longer record (an odd phase log name)
         takes the atomic rename as before."""
-        data = json.dumps(cur, sort_keys=True).encode()
+        data = _encode(cur)
         if len(data) >= CURSOR_SIZE:
             self._close_cursor()
             write_json(self.cursor_path, cur, durable=False)
@@ -124,19 +131,18 @@ class Relay:
         self.close()
 
     def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-            self._f = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def poll(self, limit: int = CHUNK) -> bytes:
         """Copy what is new in the source (at most ``limit`` bytes); return it."""
         if self.src is None:
             return b""
         try:
-            if self._f is None:
-                self._f = open(os.path.join(self.dir, self.src), "rb")
-            self._f.seek(self.offset)
-            data = self._f.read(limit)
+            if self._fd is None:
+                self._fd = os.open(os.path.join(self.dir, self.src), os.O_RDONLY | os.O_CLOEXEC)
+            data = os.pread(self._fd, limit, self.offset)  # one call, not a seek and a read
         except OSError:
             self.close()
             return b""

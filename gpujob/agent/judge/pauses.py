@@ -158,10 +158,14 @@ class Clock:
         return lo - 1  # the last pause starting at or before t
 
     def paused(self, t: float) -> Optional[Tuple[float, float]]:
+        if not self.pauses:
+            return None
         i = self._index(t)
         return self.pauses[i] if i >= 0 and t < self.pauses[i][1] else None
 
     def tau(self, t: float) -> float:
+        if not self.pauses:
+            return t
         i = self._index(t)
         if i < 0:
             return t

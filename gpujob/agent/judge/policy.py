@@ -5,7 +5,11 @@ and a failure limit of consecutive breaching windows before acting."""
 
 from __future__ import annotations
 
+import sys
+from bisect import bisect_left
 from dataclasses import dataclass, field, fields
+from functools import cached_property
+from operator import attrgetter
 from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -13,11 +17,6 @@ from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.judge.pauses import Clock
 from gpujob.agent.base.protocol import Verdict
 from gpujob.agent.judge.throughput import fmt_rate
-
-# --------------------------------------------------------------------------
-# Policy
-# --------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -78,10 +77,12 @@ class PolicyConfig:
                       settle_timeout=full["timeout"])
         return cls(**kw)
 
-    window_n = property(lambda self: span(self.window)[0])  # a count window, else None
-    window_s = property(lambda self: span(self.window)[1])  # a time window (seconds), else None
-    limit_n = property(lambda self: span(self.failure_limit)[0])
-    limit_s = property(lambda self: span(self.failure_limit)[1])
+    # read on every decision: worked out once (cached_property fills a frozen instance's __dict__)
+    window_n = cached_property(lambda self: span(self.window)[0])  # a count window, else None
+    window_s = cached_property(lambda self: span(self.window)[1])  # a time window (seconds), else None
+    limit_n = cached_property(lambda self: span(self.failure_limit)[0])
+    limit_s = cached_property(lambda self: span(self.failure_limit)[1])
+    thresholds = cached_property(lambda self: {})  # threshold()'s answers by baseline
 
     def needed_span(self) -> Optional[float]:
         """Seconds (active time) a breach must last before a rollback, None when the
@@ -125,6 +126,13 @@ def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[fl
     With only ``min_ratio`` and no baseline yet → ``(None, 'no baseline yet …')``;
     with nothing configured → ``(None, 'no threshold configured')``.
     """
+    known = cfg.thresholds.get(baseline)  # asked on every decision: a pure function of both
+    if known is None and len(cfg.thresholds) < 64:
+        known = cfg.thresholds[baseline] = _threshold(cfg, baseline)
+    return known or _threshold(cfg, baseline)
+
+
+def _threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[float], str]:
     cands: List[Tuple[float, str]] = []
     if cfg.min is not None:
         cands.append((float(cfg.min), "min"))
@@ -137,16 +145,17 @@ def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[fl
     return None, "no threshold configured"
 
 
+_T = attrgetter("t")
+_NO_PAUSES = Clock(())  # never changed
+
+
 def _first_at_or_after(samples: Sequence[Sample], t: float, lo: int = 0) -> int:
     """Index of the first sample with ``.t >= t`` (samples are in time order)."""
-    hi = len(samples)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if samples[mid].t < t:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    if lo < len(samples) and samples[lo].t >= t:  # the run's first sample, usually: no search
+        return lo
+    if sys.version_info < (3, 10):  # no key= before 3.10: a list of the times
+        return bisect_left([s.t for s in samples], t, lo)
+    return bisect_left(samples, t, lo, key=_T)  # (C, each decision searches twice)
 
 
 def judging_start(cfg: PolicyConfig, samples: Sequence[Sample], now: float, clock: Clock,
@@ -244,7 +253,7 @@ def decide(
     n = len(samples)
     last = samples[-1] if n > i0 else None
     thr, src = threshold(cfg, baseline)
-    clock = Clock(pauses)
+    clock = Clock(pauses) if pauses else _NO_PAUSES
     ev: Dict = {
         "threshold": thr,
         "threshold_source": src,
@@ -255,7 +264,7 @@ def decide(
         "last_step": last.step if last is not None else None,
         "samples_considered": 0,
     }
-    last_pause_end = max((b for a, b in clock.pauses if b <= now), default=None)
+    last_pause_end = max((b for a, b in clock.pauses if b <= now), default=None) if clock.pauses else None
     if last is None:
         ref = max(phase_start + cfg.initial_delay, last_pause_end or 0)
         quiet = now - ref
@@ -266,7 +275,7 @@ def decide(
         if now < phase_start + cfg.initial_delay:
             return Decision(Verdict.WARMING_UP, "waiting for the first sample (initial delay)", ev)
         return Decision(Verdict.INCONCLUSIVE, "no throughput sample yet", ev)
-    p = clock.paused(now)
+    p = clock.paused(now) if clock.pauses else None
     if p is not None:
         ev["pause"] = [p[0], p[1]]
         return Decision(Verdict.PAUSED, f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, "
@@ -294,7 +303,10 @@ def _windows(cfg, samples, t0, clock, thr, src, ev) -> Decision:
     else:
         reach = (span_needed or 0) + (ws or 0)
         lo = max(start, _first_at_or_after(samples, t_last - reach - 1e-9))
-    act = [(clock.tau(s.t), s.value) for s in samples[lo:] if clock.paused(s.t) is None]
+    if clock.pauses:
+        act = [(clock.tau(s.t), s.value) for s in samples[lo:] if clock.paused(s.t) is None]
+    else:  # no pause: active time is wall time
+        act = [(s.t, s.value) for s in samples[lo:]]
     n_all = len(samples) - start - (len(samples) - lo - len(act))  # paused ones in the tail left out
     ev["samples_considered"] = n_all
     if thr is None:

@@ -62,6 +62,18 @@ def scan_line(line: str, error_signatures: Sequence[str]) -> Optional[str]:
     return None
 
 
+def may_hit(text: str, error_signatures: Sequence[str]) -> bool:
+    """False when :func:`scan_line` finds nothing in any line of ``text`` (lines joined
+    by newlines): each line is a piece of ``text``, and without an escape sequence
+    stripping leaves a line as it is, so a word absent from ``text`` is in no line.
+    True means "maybe": scan the lines one by one. One pass over a whole read instead of
+    one call per line."""
+    if "\x1b" in text or "\x9b" in text or "emory" in text or "symbolically trace" in text \
+            or "is_fx_symbolic_tracing()" in text:
+        return True
+    return any(pattern and pattern in text for pattern in error_signatures)
+
+
 def _signal_name(n: int) -> str:
     try:
         return _signal.Signals(n).name

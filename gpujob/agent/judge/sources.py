@@ -59,6 +59,26 @@ class LineSource:
             return None
         return self.merge.add(rank, value, self.parse_step(text) if self.parse_step else None)
 
+    def candidates(self, lines) -> list:
+        """The indices of ``lines`` that ``from_line`` may take a sample from, in order: every
+        other line gives None and leaves the rank merge as it was, so skipping it changes
+        nothing. One test per line (the parser's ``hints``) instead of the rank split and
+        the parse; a line with an escape sequence (stripped before parsing) always counts."""
+        hints = getattr(self.parse_tps, "hints", None)
+        if hints is None:
+            return list(range(len(lines)))
+        text = "\n".join(lines)
+        if "\x1b" in text or "\x9b" in text:
+            return list(range(len(lines)))
+        lower, needles = hints
+        whole = text.lower() if lower else text
+        if not any(n in whole for n in needles):
+            return []
+        if len(needles) == 1:
+            n = needles[0]
+            return [i for i, line in enumerate(lines) if n in (line.lower() if lower else line)]
+        return [i for i, line in enumerate(lines) if any(n in (line.lower() if lower else line) for n in needles)]
+
     def poll(self) -> list:
         return []
 

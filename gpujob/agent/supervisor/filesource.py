@@ -22,6 +22,9 @@ class FileSource:
     def from_line(self, line: str):
         return None
 
+    def candidates(self, lines) -> list:
+        return []  # no output line holds a sample
+
     def poll(self) -> list:
         try:
             size = os.path.getsize(self.path)

@@ -206,22 +206,23 @@ class PhaseWatch(PauseWatch):
             chunk = self.relay.poll()
             t = now()
             lines = split.feed(chunk) if chunk else []
-            if not chunk and not proc.running():
+            # asked once a turn: a command that printed and ended between two asks left the
+            # loop with its last output neither relayed nor read
+            alive = bool(chunk) or proc.running()
+            if not alive:
                 for rest in self.relay.drain():
                     lines += split.feed(rest)
                 lines += split.flush()  # a last line without a newline counts too
                 outcome = self.poll_source(run, t)  # a metrics file's last records
-            for line in lines:
-                if outcome:  # a decision already taken (from the file's last records) stands
-                    break
-                outcome = self.on_line(run, line, t)
+            if not outcome:  # a decision already taken (from the file's last records) stands
+                outcome = self.on_lines(run, lines, t)
             if outcome is None and t - run.last_check >= 0.2:
                 run.last_check = t
                 outcome = self.poll_source(run, t) or self.check(run, t)
                 self.keep_small(run, t)
                 self.trace_writer().tick(t)
             outcome = self.gate(run, outcome, t)
-            if outcome is not None or (not chunk and not proc.running()):
+            if outcome is not None or not alive:
                 break
             if not chunk:
                 self.nap(proc, POLL)

@@ -1,13 +1,14 @@
 """The watch loop's pause and trace side (stdlib only; a mixin of the supervisor,
 like PhaseWatch): checkpoint file events and ``throughput.pause_pattern`` lines open
 pauses (agent/judge/pauses.py, pure), the policy is asked with them, and the run's
-trace (agent/base/trace.py) gets every output line and checkpoint event."""
+trace (agent/base/trace.py) gets every output line and checkpoint event. The lines of
+one read are taken together (``on_lines``) when none can hit a signature or a pause."""
 
 from __future__ import annotations
 
 import re
 
-from gpujob.agent.judge import policy
+from gpujob.agent.judge import policy, signals
 from gpujob.agent.base import defaults, trace
 from gpujob.agent.judge.pauses import Pauses
 
@@ -58,6 +59,52 @@ class PauseWatch:
         if self._pause_rx is not None and self._pause_rx.search(line):
             self._paused(run, run.pauses.mark(t, "pause_pattern"), t)
 
+    def on_lines(self, run, lines: list, t: float):
+        """The lines of one read, taken as ``on_line`` takes them one by one (same order,
+        the same first outcome, no line after it), at a cost per read rather than per
+        line when no line can hit a signature or a pause: only the lines that may hold a
+        sample are parsed. The tail and the trace get the lines up to a sample's before
+        anything else is written into the trace (a decision's record follows its line);
+        nothing an ``on_sample`` reads depends on them, so they get them in one piece
+        otherwise."""
+        if not lines:
+            return None
+        if self._pause_rx is not None or signals.may_hit("\n".join(lines), self.signatures):
+            for line in lines:
+                outcome = self.on_line(run, line, t)
+                if outcome:
+                    return outcome
+            return None
+        src = run.source if run.watch_tps else None
+        owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
+        try:
+            for i in src.candidates(lines) if src is not None else ():
+                got = src.from_line(lines[i])
+                if got is None:
+                    continue
+                owed[3] = i + 1
+                outcome = self.on_sample(run, got[0], got[1], t)
+                if outcome:
+                    return outcome
+            owed[3] = len(lines)
+            return None
+        finally:
+            self._pay()
+            self._owed = None
+
+    _owed = None
+
+    def _pay(self) -> None:
+        """The lines ``on_lines`` owes the tail and the trace so far."""
+        owed = self._owed
+        if owed is None or owed[2] >= owed[3]:
+            return
+        run, lines, given, upto, t = owed
+        piece = lines if given == 0 and upto == len(lines) else lines[given:upto]
+        run.tail.extend(piece)
+        self.trace_writer().out_lines(t, piece)
+        owed[2] = upto
+
     def on_ckpt_events(self, run, events, t: float) -> None:
         """Checkpoint file events (CONTRACT: {t, ckpt, op, size}) from the live watcher:
         into the trace, and a save in progress is a pause."""
@@ -75,6 +122,7 @@ class PauseWatch:
         self.journal.set_state(pauses=[[round(a, 3), round(b, 3)] for a, b in run.pauses.spans()[-20:]])
 
     def trace_decision(self, d, t: float) -> None:
+        self._pay()
         self.trace_writer().write({"t": round(t, 3), "recorded": {"verdict": str(d.verdict), "reason": d.reason}})
 
     def trace_end(self, code, t: float) -> None:
