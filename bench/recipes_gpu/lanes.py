@@ -118,8 +118,31 @@ def _lightning(lane, where, args):
                     throughput={"tokens_per_step": tokens})
 
 
+def _torchtitan(lane, where, args):
+    """torchtitan 0.2.2 through torchrun (its module, torch.distributed.run, under the
+    profile's python: a system-site-packages venv has no torchrun script of its own, and
+    the one on PATH would start the base interpreter). Its tiny job (train.toml,
+    tokenizer, data) is written into the job's code by torchtitan_tiny.py. On the CPU
+    the entry is trainers/titan_cpu.py (torchtitan assumes CUDA) and nothing compiles."""
+    from bench.recipes_gpu.torchtitan_tiny import build
+
+    cpu = args.device == "cpu"
+    code = where / "code"
+    build(code, "cpu" if cpu else "cuda")
+    entry = "titan_cpu" if cpu else "torchtitan.train"
+    command = (f"python -m torch.distributed.run --nproc_per_node 1 -m {entry} --job.config_file train.toml"
+               + ("" if cpu else " --compile.enable"))
+    path, sets = own_spec(lane, where, args, command, [TRAINERS / "titan_cpu.py"] if cpu else [])
+    spec = json.loads(path.read_text())
+    # datasets' json builder reads the local data/; nothing may reach for a hub
+    spec["env"].update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    path.write_text(json.dumps(spec, indent=1))
+    return path, sets
+
+
 LANES = {lane.name: lane for lane in (
     Lane("hf", "hf_trainer", "transformers", _hf, version_of("transformers")),
     Lane("nanogpt", "nanogpt", "nanoGPT-style (ours)", _nanogpt, version_of("torch")),
     Lane("lightning", "lightning", "lightning", _lightning, version_of("lightning")),
+    Lane("torchtitan", "torchtitan", "torchtitan", _torchtitan, version_of("torchtitan")),
 )}
