@@ -7,6 +7,7 @@ model. On ``--device cpu`` (the rehearsal) the sizes shrink, attention is SDPA a
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -124,11 +125,18 @@ def _torchtitan(lane, where, args):
     the one on PATH would start the base interpreter). Its tiny job (train.toml,
     tokenizer, data) is written into the job's code by torchtitan_tiny.py. On the CPU
     the entry is trainers/titan_cpu.py (torchtitan assumes CUDA) and nothing compiles."""
+    from bench.gpu import BenchError
     from bench.recipes_gpu.torchtitan_tiny import build
 
     cpu = args.device == "cpu"
+    # what torchtitan.train imports (torchdata, datasets, tyro, ...), in one line if it cannot
+    p = subprocess.run([args.python, "-c", "import torchtitan.train"], capture_output=True, text=True, timeout=300)
+    if p.returncode:
+        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BenchError(f"torchtitan: `import torchtitan.train` failed under {args.python}: {last}")
     code = where / "code"
-    build(code, "cpu" if cpu else "cuda")
+    # TITAN_FLAVOR=debugmodel: SDPA in place of flex attention (no max-autotune of flex in the warmup)
+    build(code, "cpu" if cpu else "cuda", flavor=os.environ.get("TITAN_FLAVOR"))
     entry = "titan_cpu" if cpu else "torchtitan.train"
     command = (f"python -m torch.distributed.run --nproc_per_node 1 -m {entry} --job.config_file train.toml"
                + ("" if cpu else " --compile.enable"))

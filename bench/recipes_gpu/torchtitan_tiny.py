@@ -57,8 +57,9 @@ def documents(count: int = 1500, seed: int = 0) -> list:
 SIZES = {"cuda": ("debugmodel_flex_attn", 8, 2048, 100), "cpu": ("debugmodel", 2, 256, 10)}
 
 
-def toml(device: str) -> str:
-    flavor, batch, seq, every = SIZES[device]
+def toml(device: str, flavor: str | None = None) -> str:
+    own, batch, seq, every = SIZES[device]
+    flavor = flavor or own
     return f"""# torchtitan 0.2.2 job config of bench/recipes_gpu (torchtitan_tiny.py wrote it)
 [job]
 dump_folder = "outputs"
@@ -98,7 +99,7 @@ enable = false
 """
 
 
-def build(out: Path, device: str = "cuda") -> dict:
+def build(out: Path, device: str = "cuda", flavor: str | None = None) -> dict:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     out = Path(out)
@@ -121,17 +122,18 @@ def build(out: Path, device: str = "cuda") -> dict:
     # torchtitan's HuggingFaceTokenizer finds its BOS/EOS here and adds them itself
     (assets / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": BOS, "eos_token": EOS, "add_bos_token": True, "add_eos_token": True}, indent=1))
-    (out / "train.toml").write_text(toml(device))
+    (out / "train.toml").write_text(toml(device, flavor))
     return {"dir": str(out), "config": "train.toml", "vocab": tok.get_vocab_size(), "documents": len(docs),
-            "flavor": SIZES[device][0]}
+            "flavor": flavor or SIZES[device][0]}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.recipes_gpu.torchtitan_tiny", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the directory to write (the job's working directory)")
     p.add_argument("--device", choices=sorted(SIZES), default="cuda")
+    p.add_argument("--flavor", default=None, help="llama3 flavor (default: per device, see SIZES)")
     args = p.parse_args(argv)
-    print(json.dumps(build(Path(args.out), args.device)))
+    print(json.dumps(build(Path(args.out), args.device, args.flavor)))
     return 0
 
 
