@@ -265,17 +265,27 @@ def _nanogpt(data: dict) -> dict:
 def _torchtitan(data: dict) -> dict:
     command = (data.get("train") or {}).get("command")
     argv = _argv(command)
-    folder = flag(argv, "--job.dump_folder") or "outputs"
+    # 0.2 (--job.config_file X.toml) names its dump folder --job.dump_folder; 0.3 (--module M
+    # --config F, a Python config registry) --dump_folder, and refuses the other
+    dump = "--dump_folder" if flag(argv, "--job.config_file") is None and (
+        flag(argv, "--module", "--dump_folder") is not None) else "--job.dump_folder"
+    folder = flag(argv, dump) or "outputs"
     ck = flag(argv, "--checkpoint.folder") or "checkpoint"
     rel = folder.replace("{workdir}/", "").rstrip("/")
     # DCP writes a step-N directory; .metadata is its last file (the "finished" rule)
     train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*", "done_file": ".metadata", "every": "15m"},
                    # torchtitan loads the newest step-N of its checkpoint folder by itself
                    "resume_args": ["--checkpoint.enable"]}
-    if flag(argv, "--metrics.log_freq") is None:
-        train["command"] = _append(command, ["--metrics.log_freq", "1"])
-    warm = _append(train.get("command", command), ["--training.steps", "3", "--job.dump_folder",
-                                                   "{workdir}/gpujob-warmup"])
+    # it saves only with checkpoint.enable (off by default): on, or there is nothing to resume from
+    add = [] if {"--checkpoint.enable", "--checkpoint.no-enable", "--checkpoint.no_enable"} & set(argv) \
+        else ["--checkpoint.enable"]
+    add += [] if flag(argv, "--metrics.log_freq") is not None else ["--metrics.log_freq", "1"]
+    if add:
+        train["command"] = _append(command, add)
+    # saving off in the warmup: with it on, a second warmup in the same folder loads the
+    # first one's step-3 and trains no step (and a big model's last-step save is slow)
+    warm = _append(train.get("command", command), ["--training.steps", "3", dump, "{workdir}/gpujob-warmup",
+                                                   "--checkpoint.no-enable"])
     frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
     # every rank prints its own tps (tokens/s per device): the first rank's line is the
     # sample, so min and a given baseline are per device (scope per_gpu scales it by the GPUs)
@@ -335,10 +345,11 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "nanoGPT's train.py: tokens per iteration (from --gradient_accumulation_steps, --batch_size, "
            "--block_size) / `iter N: ... time Y ms`, its eval line pauses judging, one out/ckpt.pt "
            "(settled 5 s), --init_from=resume", _nanogpt),
-    Recipe("torchtitan", "torchtitan", 2, "torchtitan 0.2 (TOML config, `--section.key` overrides)",
-           NOT_PROVEN + " (its torchdata, tyro, tokenizer and dataset did not travel to the device)",
+    Recipe("torchtitan", "torchtitan", 3, "torchtitan 0.2.2 (TOML config) and 0.3.0 (--module/--config)",
+           NOT_PROVEN + " (0.2.2 ran through gpujob on CPU, torch 2.11.0; 0.3.0 needs a torch with "
+           "torch.distributed.set_timeout, newer than 2.13)",
            "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
-           ".metadata, resumed from the newest by itself", _torchtitan, versions=("0.2",)),
+           ".metadata (saving on), resumed from the newest by itself", _torchtitan, versions=("0.2", "0.3")),
     Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)",
            "lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
            "LightningCLI scripts: the TQDM progress bar's it/s x tokens_per_step (the bar added: Lightning's "

@@ -240,3 +240,32 @@ def test_profile_names_a_profile_that_a_set_brought_in_place_of_the_specs_own(tm
     assert "profile broken" in p.stdout.decode()
     p = cli(["submit", str(spec), "-t", "box", "--plan", "--profile", "nope", *sets], env)
     assert p.returncode != 0 and "nope" in p.stderr.decode() and "Traceback" not in p.stderr.decode()
+
+
+def _titan(command: str) -> dict:
+    return RECIPES["torchtitan"].derive({"train": {"command": command}})
+
+
+def test_torchtitan_03_dump_folder_flag_and_a_warmup_its_parser_accepts():
+    """torchtitan 0.3 (--module/--config, no TOML) names the dump folder --dump_folder and
+    refuses --job.dump_folder: the checkpoint path is read from it and the warmup uses it."""
+    frag = _titan("torchrun --nproc_per_node 1 -m torchtitan.train --module llama3 --config llama3_debugmodel "
+                  "--dump_folder out")
+    assert frag["train"]["checkpoint"]["path"] == "out/checkpoint/step-*"
+    warm = frag["warmup"]["command"]
+    assert "--dump_folder {workdir}/gpujob-warmup" in warm and "--job." not in warm
+    old = _titan("torchrun -m torchtitan.train --job.config_file train.toml --job.dump_folder out")
+    assert old["train"]["checkpoint"]["path"] == "out/checkpoint/step-*"
+    assert "--job.dump_folder {workdir}/gpujob-warmup" in old["warmup"]["command"]
+
+
+def test_torchtitan_saves_and_its_warmup_does_not():
+    """torchtitan saves only with checkpoint.enable (off by default): the recipe turns it on,
+    or there is nothing to resume from; the warmup turns it off (tyro: the last flag wins),
+    or a second warmup in the same folder loads the first's step-3 and trains no step."""
+    frag = _titan("torchrun -m torchtitan.train --job.config_file train.toml")
+    assert frag["train"]["command"].split()[-3:] == ["--checkpoint.enable", "--metrics.log_freq", "1"]
+    assert frag["warmup"]["command"].endswith("--checkpoint.no-enable")
+    for own in ("--checkpoint.enable", "--checkpoint.no-enable"):
+        cmd = f"torchrun -m torchtitan.train --job.config_file train.toml {own} --metrics.log_freq 5"
+        assert "command" not in _titan(cmd)["train"]  # the spec's own choice stays as it is

@@ -7,6 +7,7 @@ model. On ``--device cpu`` (the rehearsal) the sizes shrink, attention is SDPA a
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -48,10 +49,15 @@ def own_spec(lane: "Lane", where: Path, args, command: str, files: list, **extra
     return path, []
 
 
-def version_of(module: str) -> Callable:
+def version_of(module: str, *beside: str) -> Callable:
+    """The module's version under a python; with ``beside``: "V (name V, ...)" of those too."""
+    code = ("import importlib, sys\nout = []\nfor n in sys.argv[1:]:\n    try:\n"
+            "        out.append(importlib.import_module(n).__version__)\n    except Exception:\n"
+            "        out.append('missing')\nif out[0] == 'missing':\n    sys.exit(1)\nprint(out[0] + (' (' + ', '.join(f'{n} {v}' for n, v in "
+            "zip(sys.argv[2:], out[1:])) + ')' if out[1:] else ''))")
+
     def probe(python: str) -> str | None:
-        p = subprocess.run([python, "-c", f"import {module} as m; print(m.__version__)"], capture_output=True,
-                           text=True, timeout=120)
+        p = subprocess.run([python, "-c", code, module, *beside], capture_output=True, text=True, timeout=120)
         return p.stdout.strip().splitlines()[-1] if p.returncode == 0 and p.stdout.strip() else None
     return probe
 
@@ -118,8 +124,43 @@ def _lightning(lane, where, args):
                     throughput={"tokens_per_step": tokens})
 
 
+def _torchtitan(lane, where, args):
+    """torchtitan 0.2.2 through torchrun (its module, torch.distributed.run, under the
+    profile's python: a system-site-packages venv has no torchrun script of its own, and
+    the one on PATH would start the base interpreter). Its tiny job (train.toml,
+    tokenizer, data) is written into the job's code by torchtitan_tiny.py. On the CPU
+    the entry is trainers/titan_cpu.py (torchtitan assumes CUDA) and nothing compiles."""
+    from bench.gpu import BenchError
+    from bench.recipes_gpu.torchtitan_tiny import build
+
+    cpu = args.device == "cpu"
+    code = where / "code"
+    # TITAN_FLAVOR=debugmodel: SDPA in place of flex attention (no max-autotune of flex in the warmup)
+    build(code, "cpu" if cpu else "cuda", flavor=os.environ.get("TITAN_FLAVOR"))
+    # what torchtitan.train imports (torchdata, datasets, tyro, ...) and its loader on the tiny data,
+    # under the base interpreter, in one line if either fails (else only the warmup's log would say)
+    probe = ("import sys, tempfile, torchtitan.train, datasets; "
+             "datasets.load_dataset(sys.argv[1], split='train', cache_dir=tempfile.mkdtemp())")
+    p = subprocess.run([args.python, "-c", probe, str(code / "data")], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"))
+    if p.returncode:
+        last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BenchError(f"torchtitan: importing torchtitan.train or loading its data failed under {args.python}: {last}")
+    entry = "titan_cpu" if cpu else "torchtitan.train"
+    command = (f"python -m torch.distributed.run --nproc_per_node 1 -m {entry} --job.config_file train.toml"
+               + ("" if cpu else " --compile.enable"))
+    path, sets = own_spec(lane, where, args, command, [TRAINERS / "titan_cpu.py"] if cpu else [])
+    spec = json.loads(path.read_text())
+    # datasets' json builder reads the local data/; nothing may reach for a hub
+    spec["env"].update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    path.write_text(json.dumps(spec, indent=1))
+    return path, sets
+
+
 LANES = {lane.name: lane for lane in (
     Lane("hf", "hf_trainer", "transformers", _hf, version_of("transformers")),
     Lane("nanogpt", "nanogpt", "nanoGPT-style (ours)", _nanogpt, version_of("torch")),
     Lane("lightning", "lightning", "lightning", _lightning, version_of("lightning")),
+    Lane("torchtitan", "torchtitan", "torchtitan", _torchtitan,
+         version_of("torchtitan", "datasets", "pyarrow", "fsspec", "tyro", "torchdata")),
 )}

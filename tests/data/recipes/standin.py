@@ -115,7 +115,9 @@ elif style == "torchtitan":
     folder = os.path.join(opt("--job.dump_folder", default="outputs"), opt("--checkpoint.folder",
                                                                            default="checkpoint"))
     log_every = int(opt("--metrics.log_freq", default="10"))
-    enabled = "--checkpoint.enable" in args
+    # a bool flag of tyro's: the last of --checkpoint.enable / --checkpoint.no-enable wins
+    toggles = [a for a in args if a in ("--checkpoint.enable", "--checkpoint.no-enable")]
+    enabled = bool(toggles) and toggles[-1] == "--checkpoint.enable"
     done = sorted(glob.glob(os.path.join(folder, "step-*", ".metadata")),
                   key=lambda p: int(p.split("step-")[1].split("/")[0]))
     if enabled and done:  # torchtitan loads the newest step-N by itself
