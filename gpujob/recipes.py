@@ -346,8 +346,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "--block_size) / `iter N: ... time Y ms`, its eval line pauses judging, one out/ckpt.pt "
            "(settled 5 s), --init_from=resume", _nanogpt),
     Recipe("torchtitan", "torchtitan", 3, "torchtitan 0.2.2 (TOML config) and 0.3.0 (--module/--config)",
-           NOT_PROVEN + " (0.2.2 ran through gpujob on CPU, torch 2.11.0; 0.3.0 needs a torch with "
-           "torch.distributed.set_timeout, newer than 2.13)",
+           "torchtitan 0.2.2 through torchrun, 1 process, on one H200 through gpujob, 2026-12-02 (torch "
+           "2.11.0+cu130; BENCHMARKS.md); 0.3.0 not run: it needs torch.distributed.set_timeout, newer than 2.13",
            "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
            ".metadata (saving on), resumed from the newest by itself", _torchtitan, versions=("0.2", "0.3")),
     Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)",

@@ -134,6 +134,7 @@ GPU_ACT2 = {
     "gpujob_nanogpt_act2_kept": 1234664.66,  # the same after it: the dip kept the trainer running
     "gpujob_lightning_act2": 719421.44,      # LightningCLI, lightning 2.6.6
     "gpujob_specforge_act2": 8166.84,        # SpecForge 0.2.0 offline DFlash, the shipped jobs/dflash.yaml
+    "gpujob_torchtitan_act2": 217443.0,      # torchtitan 0.2.2 through torchrun (its trace ended whole)
 }
 
 
