@@ -186,16 +186,20 @@ def test_no_throughput_lines_is_a_stall_not_low_throughput(tmp_path, env, index_
     assert [e["verdict"] for e in ev if e["type"] == "decision"][-1] == "stall"
 
 
+def both_slow_spec(tmp_path, index_urls, steps: int):
+    """Both profiles built from the slow wheels, fast the fallback, no warmup: after the rollback
+    the target is as slow (no recovery, on_no_recovery's default: continue)."""
+    slow = {"index_url": index_urls["slow"], "packages": ["gpujob-demo-kernels==1.0.0+slow"]}
+    return write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
+                      slow_url=index_urls["slow"], trainer_args=f"--steps {steps} --interval 0.05",
+                      rollback={"fallback": ["fast"]}, warmup=False,
+                      profiles=[dict(slow, name="fast"), dict(slow, name="slow")])
+
+
 def test_no_recovery_with_continue_stays_on_the_target_judging_suspended(tmp_path, env, index_urls):
     # both builds slow: after the rollback the target is as slow; the default on_no_recovery
     # (continue) goes on there, judging suspended, and the job runs to its end
-    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
-                      slow_url=index_urls["slow"], trainer_args="--steps 60 --interval 0.05",
-                      rollback={"fallback": ["fast"]}, warmup=False,
-                      profiles=[{"name": "fast", "index_url": index_urls["slow"],
-                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
-                                {"name": "slow", "index_url": index_urls["slow"],
-                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]}])
+    spec = both_slow_spec(tmp_path, index_urls, steps=60)
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     job_id = job_id_of(p.stdout)
     st = status(job_id, env)
@@ -242,13 +246,7 @@ def test_a_supervisor_killed_after_no_recovery_leaves_the_target_running_once(tm
     trainer, comes to the same verdict, and still restarts nothing."""
     marker = tmp_path / "died"
     env = dict(env, GPUJOB_TEST_DIE_AT=f"kept_running@{marker}")
-    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["slow"],
-                      slow_url=index_urls["slow"], trainer_args="--steps 120 --interval 0.05",
-                      rollback={"fallback": ["fast"]}, warmup=False,
-                      profiles=[{"name": "fast", "index_url": index_urls["slow"],
-                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
-                                {"name": "slow", "index_url": index_urls["slow"],
-                                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]}])
+    spec = both_slow_spec(tmp_path, index_urls, steps=120)
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     wait_for(marker.exists, 90, what="the supervisor to die in keep_running")
     cli(["status", job_id], env, check=True)  # a new supervisor takes the job over

@@ -88,7 +88,7 @@ def _hf(lane, where, args):
             "--per_device_train_batch_size 16 --bf16 --save_steps 200 --dataloader_num_workers 2")
     command = (f"python hf_train.py --output_dir out {size} --max_steps 1000000 --save_total_limit 2 "
                "--logging_steps 50 --report_to none")
-    return own_spec(lane, where, args, command, [TRAINERS / "hf_train.py"])
+    return own_spec(lane, where, args, command, [TRAINERS / "hf_train.py", REPO / "bench" / "traces" / "hf_trainer.py"])
 
 
 def _nanogpt(lane, where, args):

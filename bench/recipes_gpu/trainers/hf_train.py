@@ -22,6 +22,8 @@ import torch
 from transformers import (HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback,
                           TrainingArguments)
 
+from hf_trainer import RandomTokens  # bench/traces/hf_trainer.py, synced beside this script
+
 
 @dataclass
 class DataArguments:
@@ -31,19 +33,6 @@ class DataArguments:
     num_layers: int = field(default=8)
     num_heads: int = field(default=8)
     attn: str = field(default="flex_attention")
-
-
-class RandomTokens(torch.utils.data.Dataset):
-    def __init__(self, n: int, seq: int, vocab: int):
-        self.n, self.seq, self.vocab = n, seq, vocab
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        ids = torch.randint(0, self.vocab, (self.seq,), generator=g)
-        return {"input_ids": ids, "labels": ids.clone()}
 
 
 class StepDelay(TrainerCallback):
