@@ -27,6 +27,9 @@ _DRIVER_MISMATCH = re.compile(r"Driver/library version mismatch|CUDA driver vers
 _COMPILE_RACE = re.compile(r"Detected that you are using FX to symbolically trace a dynamo-optimized function|"
                            r"is_fx_symbolic_tracing\(\) is True")
 _EXC_LINE = re.compile(r"\b\w*(?:Error|Exception|Interrupt)\b")
+# words every match of these holds: a line (or a whole read) without them cannot match
+_RACE_WORDS = ("symbolically trace", "is_fx_symbolic_tracing()")
+_OOM_WORD = "emory"  # in each of _CUDA_OOM's alternatives
 
 
 def find_signature(lines: Sequence[str], error_signatures: Sequence[str]) -> Optional[str]:
@@ -52,12 +55,12 @@ def scan_line(line: str, error_signatures: Sequence[str]) -> Optional[str]:
     Called for every line a trainer prints (1,000 a second is common), so it strips
     the line once and tries each regex only on lines that can match it."""
     text = strip_ansi(line)
-    if ("symbolically trace" in text or "is_fx_symbolic_tracing()" in text) and _COMPILE_RACE.search(text):
+    if any(w in text for w in _RACE_WORDS) and _COMPILE_RACE.search(text):
         return F.COMPILE_RACE
     for pattern in error_signatures:
         if pattern and pattern in text:
             return F.ERROR_SIGNATURE
-    if "emory" in text and _CUDA_OOM.search(text):  # each of its alternatives holds "emory"
+    if _OOM_WORD in text and _CUDA_OOM.search(text):
         return F.CUDA_OOM
     return None
 
@@ -68,8 +71,7 @@ def may_hit(text: str, error_signatures: Sequence[str]) -> bool:
     stripping leaves a line as it is, so a word absent from ``text`` is in no line.
     True means "maybe": scan the lines one by one. One pass over a whole read instead of
     one call per line."""
-    if "\x1b" in text or "\x9b" in text or "emory" in text or "symbolically trace" in text \
-            or "is_fx_symbolic_tracing()" in text:
+    if "\x1b" in text or "\x9b" in text or _OOM_WORD in text or any(w in text for w in _RACE_WORDS):
         return True
     return any(pattern and pattern in text for pattern in error_signatures)
 

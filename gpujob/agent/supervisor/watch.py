@@ -332,7 +332,7 @@ class PhaseWatch(PauseWatch):
         run.minute.append(value)
         # every breach is journalled (its count), a rollback once while it is held for a checkpoint
         if d.verdict != run.last_verdict or d.verdict == Verdict.BREACH or \
-                (d.verdict == Verdict.ROLLBACK and getattr(run, "held", None) is None):
+                (d.verdict == Verdict.ROLLBACK and run.held is None):
             self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
             self.trace_decision(d, t)
             run.last_verdict = d.verdict
