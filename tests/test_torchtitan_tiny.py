@@ -47,7 +47,9 @@ def test_documents_are_deterministic_and_long_enough_for_a_sequence():
 
 
 def test_build_writes_a_tokenizer_below_the_models_vocabulary(tmp_path):
-    # tokenizers: on the device image, and in the test extra (pyproject.toml) so this runs everywhere
+    # on the device image; not a test dependency: it brings huggingface-hub and click into the venv,
+    # which the suite's last clean-clone run did not have
+    pytest.importorskip("tokenizers")
     got = tiny.build(tmp_path, "cpu")
     from tokenizers import Tokenizer
 

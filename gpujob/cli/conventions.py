@@ -24,8 +24,9 @@ import typer
 try:  # typer vendors click
     from typer._click import exceptions as cx
 except ImportError:  # pragma: no cover - older typer on the real click
-    # this venv's typer vendors click, so mypy finds no click (and sees the name twice)
-    from click import exceptions as cx  # type: ignore[import-not-found,no-redef]
+    # typer vendors click: mypy may find no click (a venv without it), and sees the name twice; with
+    # click installed beside it (huggingface-hub brings it, with tokenizers) the first code is unused
+    from click import exceptions as cx  # type: ignore[import-not-found,no-redef,unused-ignore]
 
 PROG = "gpujob"
 COMPLETE_VAR = "_GPUJOB_COMPLETE"
