@@ -144,12 +144,13 @@ def _specforge(data: dict) -> dict:
     run_id = dotted(argv, "run_id") or "specforge-run"
     rel = out_dir.replace("{workdir}/", "").rstrip("/")
     # A checkpoint is the directory {run_id}-stepN; rank 0 writes training_state.pt into it
-    # after its own training_state_rank0.pt (each by rename): its presence is the "finished"
-    # rule, and training.resume_from takes the directory gpujob chose (this job's newest
-    # finished). With more than one rank the other ranks' files are renamed in during the
-    # same collective save, with no barrier before rank 0's: the rule can fire that moment
-    # early (SpecForge repoints {run_id}-latest only after every rank succeeded). Proven on
-    # one GPU only.
+    # after its own training_state_rank0.pt (each by rename), and training.resume_from takes
+    # the directory gpujob chose (this job's newest finished). With more than one rank the
+    # others' training_state_rank{r}.pt are renamed in during the same collective save, with
+    # no barrier before rank 0's done file: so a checkpoint is finished when the done file is
+    # there and nothing in the directory has changed for `settle` seconds (the register's
+    # rule for every done_file). Run on one GPU; the multi-rank order is from SpecForge
+    # 0.2.0's training/checkpoint.py.
     train: dict = {"checkpoint": {"path": f"{rel}/{run_id}-step*", "done_file": "training_state.pt",
                                   "every": "15m"},
                    "resume_args": ["training.resume_from={resume_from}"]}

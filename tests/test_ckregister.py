@@ -86,13 +86,38 @@ def test_a_directory_checkpoint_is_finished_by_its_done_file_and_a_torn_one_is_n
     w.poll(t + 5)  # quiet far longer than settle: with done_file set, only that file finishes it
     assert w.saving() and not w.just_finished
     (d / "trainer_state.json").write_text("{}")
-    w.poll(t + 6)
+    w.poll(t + 6)  # the done file is there, but the directory changed in this very look
+    assert w.saving() and not w.just_finished
+    w.poll(t + 6.1)  # quiet for less than settle
+    assert not w.just_finished
+    w.poll(t + 6.5)
     assert [e["path"] for e in w.just_finished] == [str(d)]
     e2 = tmp_path / "w" / "ck-20"
     e2.mkdir()
     (e2 / "model.bin").write_bytes(b"y")
     w.poll(t + 7)
     assert [e["path"] for e in w.close(t + 8, clean=False)] == [str(e2)]  # killed mid-save
+    assert ckregister.newest(ckregister.load(home, "j-1"))["path"] == str(d)
+
+
+def test_a_rank_file_landing_after_the_done_file_holds_the_checkpoint_unfinished(tmp_path):
+    # SpecForge with 2 ranks: rank 0 renames in training_state_rank0.pt, then the done file
+    # training_state.pt; rank 1's training_state_rank1.pt lands after it (no barrier between)
+    (tmp_path / "w").mkdir()
+    home, w = watch(tmp_path, settle=2.0, done_file="training_state.pt")
+    d = tmp_path / "w" / "ck-10"
+    d.mkdir()
+    (d / "training_state_rank0.pt").write_bytes(b"0" * 10)
+    (d / "training_state.pt").write_bytes(b"s" * 10)
+    t = time.time()
+    w.poll(t + 0.5)
+    w.poll(t + 1.0)
+    (d / "training_state_rank1.pt").write_bytes(b"1" * 10)  # the other rank, 1 s after the done file
+    w.poll(t + 1.5)
+    w.poll(t + 2.5)  # 2.5 s after the done file, but only ~1 s after the last rank's file
+    assert w.saving() and not w.just_finished and w.newest_own(t + 2.5)["file"] is None
+    w.poll(t + 3.5)  # 2 s quiet since the poll that saw rank 1's file
+    assert [e["path"] for e in w.just_finished] == [str(d)]
     assert ckregister.newest(ckregister.load(home, "j-1"))["path"] == str(d)
 
 

@@ -120,8 +120,10 @@ def test_a_directory_checkpoint_is_finished_by_its_done_file_and_resumed_by_path
     w.poll(t + 100, force=True)  # long settled, but its done_file is not there: not finished
     assert w.newest_own(t + 100)["file"] is None
     (work / step / ck["done_file"]).write_text("{}")
-    w.poll(t + 101, force=True)
-    assert w.newest_own(t + 101)["file"] == str(work / step)
+    w.poll(t + 101, force=True)  # the done file's own arrival: not yet quiet
+    assert w.newest_own(t + 101)["file"] is None
+    w.poll(t + 101 + ck["settle"], force=True)
+    assert w.newest_own(t + 101 + ck["settle"])["file"] == str(work / step)
     args = [substitute(a, {"resume_from": str(work / step)}) for a in job["train"]["resume_args"]]
     assert str(work / step) in " ".join(args) or recipe == "torchtitan"  # torchtitan finds its newest itself
 

@@ -19,8 +19,10 @@ Format 1::
 SIG is [kind, count, total size, newest mtime_ns] (kind "f" or "d"). A match counts as
 written by a run when it was not there at the run's start or its SIG has changed since;
 a file an earlier job left and nobody touched is never this job's. A checkpoint is
-finished when ``done_file`` exists in it (a directory checkpoint, when done_file is
-set), else when its SIG has not changed for ``settle`` seconds.
+finished when ``done_file`` exists in it and nothing in it has changed for ``settle``
+seconds (a directory checkpoint, when done_file is set: with more than one rank the
+others' files may land just after rank 0's done file, as SpecForge's do), else when its
+SIG has not changed for ``settle`` seconds.
 
 Writes are atomic (mkstemp in the same directory, fsync, rename, fsync of the
 directory) and happen only when something the register keeps changes (a checkpoint
@@ -167,10 +169,12 @@ def scan(pattern: str) -> dict:
 # ---- pure rules ----------------------------------------------------------------------
 
 def is_finished(entry: dict, t: float, settle: float, done_file, done_exists: bool) -> bool:
-    """A directory checkpoint with ``done_file`` set is finished when that file is in it;
-    any other one when it has not changed for ``settle`` seconds."""
-    if done_file and entry["sig"][0] == "d":
-        return done_exists
+    """A directory checkpoint with ``done_file`` set is finished when that file is in it
+    and nothing in it has changed for ``settle`` seconds (the ranks write their own files
+    with no barrier before rank 0's done file); any other one when it has not changed for
+    ``settle`` seconds."""
+    if done_file and entry["sig"][0] == "d" and not done_exists:
+        return False
     return t - entry["changed"] >= settle
 
 
@@ -293,7 +297,7 @@ class CkWatch:
             events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone", "size": 0})
         for path, entry in self._unfinished():
             done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
-            if (path not in moved or done) and is_finished(entry, t, self.settle, self.done_file, done):
+            if path not in moved and is_finished(entry, t, self.settle, self.done_file, done):
                 entry.update(finished=True, finished_at=t)
                 self.just_finished.append(dict(entry, path=path))
                 dirty = True
