@@ -9,10 +9,10 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
-from gpujob import kinds
+from gpujob import invcache, kinds
 from gpujob.errors import InputError
 from gpujob.spec_types import PathText
-from gpujob.yamlsrc import At, Strict, describe, load_yaml, suggest
+from gpujob.yamlsrc import At, Strict, describe, load_yaml
 
 DEFAULT_INVENTORY = {
     "hosts": {"local": {"kind": "local", "containers": {"demo": {"root": "~/.local/share/gpujob/demo"}}}},
@@ -102,24 +102,11 @@ class Inventory(Strict):
         return self._source
 
     def targets(self) -> list[tuple[str, str]]:
-        return [(h, c) for h, host in self.hosts.items() for c in host.containers]
+        return invcache.targets(self.hosts)
 
     def resolve(self, target: str) -> tuple[str, Host, str, Container]:
         """`name` or `host/name` -> (host name, host, container name, container)."""
-        targets = self.targets()
-        host_name, _, name = target.rpartition("/")
-        found = [(h, c) for h, c in targets if c == name and (not host_name or h == host_name)]
-        if len(found) > 1:
-            choices = " or ".join(f"{h}/{c}" for h, c in found)
-            raise InputError(f"target '{target}' is on several hosts; say {choices}")
-        if not found:
-            names = [c for _, c in targets]
-            known = [c if names.count(c) == 1 else f"{h}/{c}" for h, c in targets]
-            note = f" ({no_inventory_note()})" if self._source == "embedded default" else ""
-            raise InputError(f"unknown target '{target}'; known: {', '.join(known)}"
-                             + suggest(target, known + [f"{h}/{c}" for h, c in targets]) + note)
-        h, c = found[0]
-        return h, self.hosts[h], c, self.hosts[h].containers[c]
+        return invcache.resolve(self.hosts, self._source, target)
 
 
 def entry_of(inventory: Inventory, target: str) -> dict:
@@ -165,11 +152,12 @@ def no_inventory_note() -> str:
             "give --hosts FILE or set $GPUJOB_HOSTS")
 
 
-def load_inventory(path: Path | None) -> Inventory:
-    """The inventory in path (SpecError when invalid); None: the embedded default."""
+def load_inventory(path: Path | None, raw: bytes | None = None) -> Inventory:
+    """The inventory in path (SpecError when invalid); None: the embedded default.
+    ``raw``: path's bytes, read already (these are validated, not the file again)."""
     if path is None:
         return Inventory.model_validate(DEFAULT_INVENTORY)
-    inventory = load_yaml(path).validate(Inventory)
+    inventory = load_yaml(path, raw=raw).validate(Inventory)
     inventory._source = str(path)
     return inventory
 

@@ -17,13 +17,15 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gpujob import kinds
 from gpujob.agent.base import protocol
 from gpujob.errors import InputError, JobError, RemoteError
-from gpujob.inventory import Inventory
 from gpujob.transport.base import OnData, Result, Stdin, Transport
+
+if TYPE_CHECKING:  # (its pydantic models: a cold exec may run on a cached View, gpujob/invcache.py)
+    from gpujob.inventory import Inventory
 
 # every module of gpujob/agent/ and its wings ships (they are stdlib-only by rule): none can be
 # forgotten; each named by its path under gpujob/agent/ (``home/journal.py``)

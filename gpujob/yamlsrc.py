@@ -333,14 +333,16 @@ def _check_bounds(name: str, text: str) -> None:
             add(event, sizes.get(event.anchor or "", 1))  # (an anchor is never "")
 
 
-def load_yaml(path: str | Path) -> Source:
-    """Load a YAML file whose top level is a mapping; SpecError on any problem."""
+def load_yaml(path: str | Path, raw: bytes | None = None) -> Source:
+    """Load a YAML file whose top level is a mapping; SpecError on any problem.
+    ``raw``: its bytes (up to MAX_FILE_BYTES + 1), read already by the caller."""
     name = str(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise SpecError(name, None, None, f"cannot read: {exc.strerror or exc}") from None
+    if raw is None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise SpecError(name, None, None, f"cannot read: {exc.strerror or exc}") from None
     if len(raw) > MAX_FILE_BYTES:
         raise SpecError(name, 1, None, f"larger than {MAX_FILE_BYTES >> 20} MiB; expected a small YAML file")
     text = _decode(name, raw)

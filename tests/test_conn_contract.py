@@ -191,8 +191,9 @@ def no_daemon(env) -> None:
 def test_a_cold_exec_is_the_full_clis_bytes_without_typer_or_rich(env):
     """No daemon yet: the fast path's exec runs the daemon's own request handler in this
     process (gpujob/daemon/oneshot.py), not the full CLI. Each exec case, piped and on a
-    terminal, is the full CLI's bytes; the cold one imports neither typer nor rich, and
-    asks for the daemon that serves the next command."""
+    terminal, is the full CLI's bytes; the cold one imports neither typer nor rich (nor
+    pydantic and yaml once its hosts.yaml is cached), and asks for the daemon that serves
+    the next command."""
     env = dict(env)
     env.pop("COLUMNS", None)
     try:
@@ -210,7 +211,8 @@ def test_a_cold_exec_is_the_full_clis_bytes_without_typer_or_rich(env):
         loaded = {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines()
                   if ln.startswith("import time:")}
         assert "gpujob.daemon.oneshot" in loaded
-        assert not {m.split(".")[0] for m in loaded} & {"typer", "rich"}, sorted(loaded)
+        # nor, its hosts.yaml validated before by this gpujob (gpujob/invcache.py), pydantic or yaml
+        assert not {m.split(".")[0] for m in loaded} & {"typer", "rich", "pydantic", "yaml"}, sorted(loaded)
         pid = started(env)  # the daemon it asked for serves the next command
         assert cli(["exec", "tb/ct200", "--", "true"], env).returncode == 0 and daemon_pid(env) == pid
     finally:

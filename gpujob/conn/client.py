@@ -40,7 +40,7 @@ def _connect(path) -> socket.socket | None:
 #: minutes and serves other commands, so it carries none of this one's other variables
 #: (tokens a job spec takes from the environment, say)
 DAEMON_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "PYTHONPATH",
-              "SSH_AUTH_SOCK", "GPUJOB_CONN_IDLE", "GPUJOB_HOSTS")
+              "SSH_AUTH_SOCK", "GPUJOB_CONN_IDLE", "GPUJOB_CONN_DRAIN", "GPUJOB_HOSTS")
 
 
 def daemon_env() -> dict:

@@ -18,6 +18,9 @@ import sys
 
 #: seconds a daemon with nothing to do stays up (GPUJOB_CONN_IDLE overrides)
 DEFAULT_IDLE = 300.0
+#: seconds a daemon told to stop (``gpujob disconnect``, SIGTERM) waits for the commands
+#: still running through it before it cuts them (GPUJOB_CONN_DRAIN overrides, 0 to 60)
+DEFAULT_DRAIN = 5.0
 #: variables that change what a command does on the controller side: a daemon
 #: started under other values would act for another user, state dir, ssh-agent or
 #: inventory (each is part of the socket's key, and kept in the daemon's environment)
@@ -45,6 +48,13 @@ def disabled() -> bool:
 def kept() -> bool:
     """Whether the full CLI's commands go over the kept connection too."""
     return FROM_ENTRY and not disabled()
+
+
+def drain_seconds() -> float:
+    try:
+        return min(60.0, max(0.0, float(os.environ.get("GPUJOB_CONN_DRAIN", DEFAULT_DRAIN))))
+    except ValueError:
+        return DEFAULT_DRAIN
 
 
 def idle_seconds() -> float:

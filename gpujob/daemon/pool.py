@@ -13,7 +13,6 @@ from pathlib import Path
 
 from gpujob import kinds
 from gpujob.errors import GpujobError
-from gpujob.inventory import load_inventory
 from gpujob.target import Targets
 
 
@@ -35,7 +34,7 @@ class Entry:
     def __init__(self, path: str | None, digest: str):
         self.path = path
         self.digest = digest
-        self.inventory = load_inventory(Path(path) if path else None)
+        self.inventory = self.load(path)
         self.targets = Targets(self.inventory)
         self.opened: dict = {}
         self.users = 0
@@ -45,6 +44,10 @@ class Entry:
             {Path(h.known_hosts or "~/.ssh/known_hosts").expanduser()
              for h in self.inventory.hosts.values() if kinds.get(h.kind).kept_connection})
         self.stats = [_stat(p) for p in self.watched]
+
+    def load(self, path: str | None):
+        from gpujob.inventory import load_inventory
+        return load_inventory(Path(path) if path else None)
 
     def fresh(self, digest: str) -> bool:
         return digest == self.digest and [_stat(p) for p in self.watched] == self.stats

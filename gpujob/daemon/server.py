@@ -158,7 +158,12 @@ class Server:
         self.env = paths.env_view()
         self.active = 0
         self.last = time.monotonic()
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # disconnect or SIGTERM: drain, then end
+        self.stopped = threading.Event()  # drained and its connections closed
+        self.drain = paths.drain_seconds()
+        self.cutting = False  # the drain's time is up: what still runs is being cut
+        self.cut = 0  # how many commands were cut
+        self.stoppers = 0  # stop requests waiting for the drain (in active, never drained)
         self.lock = threading.Lock()
 
     # the listening socket
@@ -223,13 +228,47 @@ class Server:
                     self.path.unlink()
             except OSError:
                 pass
-            while not self.stopping.is_set() and self.active > 0:
-                time.sleep(0.2)  # idle or unreachable: nobody new comes; what runs here ends first
+            self.wait_for_commands()
             self.pool.close()
+            self.stopped.set()
+            self.settle(2.0)  # the cut commands' lines and the stop requests' answers go out
             log("stopped")
+
+    def busy(self) -> int:
+        with self.lock:
+            return self.active - self.stoppers
+
+    def wait_for_commands(self) -> None:
+        """Nobody new comes: what runs here ends first. Idle or unreachable, however long
+        that takes; once told to stop (disconnect, SIGTERM), for at most ``drain``
+        seconds, after which what still runs is cut (its connection closed: the exec
+        channel's server ends it in the container) and told so in one line, exit 3."""
+        deadline = None
+        while self.busy() > 0:
+            if self.stopping.is_set():
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.drain
+                    log(f"stopping: waiting up to {self.drain:g}s for {self.busy()} command(s) still running")
+                elif now >= deadline:
+                    with self.lock:
+                        self.cutting = True
+                        self.cut = self.active - self.stoppers
+                    log(f"stopping: cutting {self.cut} command(s) still running after {self.drain:g}s")
+                    return
+            time.sleep(0.05)
+
+    def settle(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            with self.lock:
+                if self.active == 0:
+                    return
+            time.sleep(0.02)
 
     def handle(self, conn: socket.socket) -> None:
         fds: list[int] = []
+        stopper = False
         try:
             reader = proto.Reader(conn)
             got = reader.frame()
@@ -237,9 +276,16 @@ class Server:
             if got is None or got[0] != b"R":
                 return
             req = json.loads(got[1])
-            if req.get("op") == "stop":
-                conn.sendall(proto.pack_json(b"x", {"code": 0}))
+            if req.get("op") == "stop":  # answered once drained (and its connections closed)
+                with self.lock:
+                    self.stoppers += 1
+                stopper = True
                 self.stopping.set()
+                self.stopped.wait(self.drain + 5)
+                conn.sendall(proto.pack_json(b"x", {"code": 0, "cut": self.cut}))
+                return
+            if self.stopping.is_set():  # it came during the drain: it runs directly
+                conn.sendall(proto.pack(b"F"))
                 return
             if req.get("stamp") != self.stamp or req.get("env") != self.env or \
                     len(fds) != (0 if req.get("op") == "run" else 3):
@@ -266,6 +312,7 @@ class Server:
             with self.lock:
                 self.active -= 1
                 self.last = time.monotonic()
+                self.stoppers -= stopper
 
     def run(self, conn: socket.socket, reader: proto.Reader, req: dict, fds: list[int]) -> None:
         env = req.get("term") or {}
@@ -317,16 +364,21 @@ class Server:
             code = 1
         except GpujobError as e:
             from gpujob.cli import render
-            err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
-            if e.hint:
-                err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
-            code = e.exit_code
+            if self.cutting:  # the drain's time was up (its connection closed under it)
+                code = self.say_cut(err, req)
+            else:
+                err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
+                if e.hint:
+                    err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
+                code = e.exit_code
         except KeyboardInterrupt:
             err.print("\ninterrupted")
             code = 130
         except OSError as e:
             if any(sink.failed for sink in sinks):
                 code = 120  # what Python reports when flushing stdout to a closed pipe
+            elif self.cutting:
+                code = self.say_cut(err, req)
             else:  # from below the daemon (a pipe or socket to the host): said, never dropped
                 from gpujob.cli import render
                 err.print(render.lit(f"gpujob: lost the connection to {req.get('target')} while running "
@@ -344,6 +396,14 @@ class Server:
             if entry is not None:
                 self.pool.release(entry)
         conn.sendall(proto.pack_json(b"x", {"code": code}))
+
+    def say_cut(self, err, req: dict) -> int:
+        from gpujob.cli import render
+        err.print(render.lit(f"gpujob: the kept connection was closed (gpujob disconnect, or its daemon was told "
+                             f"to stop) while {(req.get('argv') or [req.get('op')])[0]} still ran after "
+                             f"{self.drain:g}s of waiting for it; it was ended in {req.get('target')}"),
+                  soft_wrap=True)
+        return ConnectionLost.exit_code
 
     def dispatch(self, ctx: Ctx, req: dict, fds: list[int], sinks, out, err, done) -> int:
         if req["op"] == "exec":
