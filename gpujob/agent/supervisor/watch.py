@@ -13,6 +13,7 @@ import subprocess
 import time
 
 from gpujob.agent.supervisor import hang
+from gpujob.agent.base import logwait
 from gpujob.agent.home import ckregister, snapshots
 from gpujob.agent.judge import checkpoint, policy, signals, throughput, timings
 from gpujob.agent.supervisor.filesource import FileSource
@@ -224,8 +225,8 @@ class PhaseWatch(PauseWatch):
             outcome = self.gate(run, outcome, t)
             if outcome is not None or not alive:
                 break
-            if not chunk:
-                self.nap(proc, POLL)
+            if not chunk:  # quiet: until the log grows, the command ends or the checks are due
+                logwait.quiet(self.relay, proc.wait_fd(), POLL if run.held else run.last_check + 0.2 - now(), POLL)
             elif len(chunk) < COALESCE_BELOW:
                 self.nap(proc, COALESCE)
         if outcome is not None:
