@@ -77,9 +77,12 @@ def test_lazy_reasons_equal_eager_ones(monkeypatch, name, spec, baseline):
     eager, out_eager = _judged(monkeypatch, name, spec, baseline, eager=True)
     assert out_lazy == out_eager
     assert len(lazy) == len(eager) > 0
+    medians = [d.median for d in lazy]  # asked before anything is built
     unread = [d for d in lazy if d._make is not None]
     assert len(unread) > len(lazy) // 2  # most were never read during the replay: built only now
     assert all(d._make is None for d in eager)
+    assert medians == [d.evidence.get("median") for d in eager]
+    assert any(m is not None for m in medians) or baseline is None
     for a, b in zip(lazy, eager):  # read late: after every later sample was judged
         assert (a.verdict, a.reason, a.evidence) == (b.verdict, b.reason, b.evidence)
         assert json.dumps(a.evidence, sort_keys=True) == json.dumps(b.evidence, sort_keys=True)

@@ -54,6 +54,15 @@ class Decision:
             self._build()
         return self._evidence
 
+    @property
+    def median(self):
+        """``evidence.get("median")`` without building the evidence: what a caller that
+        reads only it per sample (the samples.jsonl record) should ask."""
+        make = self._make
+        if make is not None:
+            return make[4] if make[0] is windows else None  # (windows' arguments: ctx, considered, vals, med)
+        return self._evidence.get("median")
+
     def __setattr__(self, name, value):
         raise FrozenInstanceError(f"cannot assign to field {name!r}")
 
