@@ -100,4 +100,18 @@ def test_quiet_reads_where_the_relay_is(tmp_path, src):
         dir, offset = str(tmp_path), 0
     Relay.src = src
     (tmp_path / "train.log").write_bytes(b"x\n")  # unread: returns at once with a log, polls without
-    assert _timed(lambda: logwait.quiet(Relay, None, 10.0, 0.05)) < 5.0
+    assert _timed(lambda: logwait.after_read(Relay, None, False, 10.0, 0.05, 0.05)) < 5.0
+
+
+def test_output_that_keeps_coming_gathers_and_a_lone_line_waits_for_the_next(tmp_path, monkeypatch):
+    class Relay:
+        dir, src, offset = str(tmp_path), "train.log", 2
+    (tmp_path / "train.log").write_bytes(b"x\n")  # read: nothing new
+    monkeypatch.setattr(logwait, "_LAST_READ", [0.0])
+    # a lone line (no read with output for long): the log's next growth, or the checks
+    assert _timed(lambda: logwait.after_read(Relay, None, True, 0.3, 0.05, 0.05)) >= 0.25
+    # another read with output right after: the writer is fast, let its output gather for COALESCE
+    took = _timed(lambda: logwait.after_read(Relay, None, True, 10.0, 0.05, 0.2))
+    assert 0.15 <= took < 5.0
+    # a read without output: the log's growth (here: the timeout)
+    assert _timed(lambda: logwait.after_read(Relay, None, False, 0.3, 0.05, 0.05)) >= 0.25

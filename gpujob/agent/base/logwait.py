@@ -17,6 +17,7 @@ import errno
 import os
 import select
 import sys
+import time
 
 IN_MODIFY, IN_ATTRIB, IN_MOVE_SELF, IN_DELETE_SELF, IN_IGNORED = 0x2, 0x4, 0x800, 0x400, 0x8000
 MASK = IN_MODIFY | IN_ATTRIB | IN_MOVE_SELF | IN_DELETE_SELF
@@ -60,9 +61,10 @@ class _Inotify:
                 if not buf:
                     return
                 for at in range(0, len(buf) - 15, 16):  # (wd, mask, cookie, len): no names for a file
+                    wd = int.from_bytes(buf[at:at + 4], sys.byteorder, signed=True)
                     mask = int.from_bytes(buf[at + 4:at + 8], sys.byteorder)
-                    if mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
-                        self.watched = None
+                    if wd == self.wd and mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF):
+                        self.watched = None  # (not a watch this one removed itself when re-aimed)
         except BlockingIOError:
             pass
 
@@ -98,7 +100,8 @@ class LogWait:
                 ino.drain()  # events of bytes already read (and whether the file went)
                 st = os.stat(path)
                 if ino.aim(path, st.st_ino):  # a write from here on queues an event
-                    st = os.stat(path)  # (one before the watch began is in the size)
+                    ino.drain()  # (the end of the watch it replaced)
+                    st = os.stat(path)  # (a write before the watch began is in the size)
                 if st.st_size > offset:
                     return
                 select.select([ino.fd, *fds], [], [], timeout)
@@ -113,16 +116,30 @@ class LogWait:
         if fds:
             select.select(fds, [], [], timeout)
         elif timeout:
-            import time
             time.sleep(timeout)
 
 
 _WAIT = LogWait()
+_LAST_READ = [0.0]  # monotonic time of the last read that found output
 
 
-def quiet(relay, fd, timeout: float, poll: float) -> None:
-    """The watch loop's wait after a read that found nothing: until the log ``relay`` copies
-    (``dir``, ``src``, ``offset``: agent/home/relay.py) grows, ``fd`` (the command's pidfd, or
-    None) is readable, or ``timeout``; the process's one ``LogWait``."""
+def after_read(relay, fd, got: bool, timeout: float, poll: float, coalesce: float) -> None:
+    """The watch loop's wait after a read (``got``: it found output, less than a fast
+    writer's read): until the log ``relay`` copies (``dir``, ``src``, ``offset``:
+    agent/home/relay.py) grows, ``fd`` (the command's pidfd, or None) is readable, or
+    ``timeout`` (the checks are due). Output that keeps coming (two reads with output
+    within ``2 * coalesce``) is let gather for ``coalesce`` instead, as before: one
+    wakeup per ``coalesce`` for a trainer printing 1,000 lines a second, while one that
+    prints a line now and then wakes once a line, at once, and otherwise only for the
+    checks (was: every ``poll``)."""
+    t = time.monotonic()
+    if got:
+        last, _LAST_READ[0] = _LAST_READ[0], t
+        if t - last < 2 * coalesce:
+            if fd is not None:
+                select.select([fd], [], [], coalesce)
+            else:
+                time.sleep(coalesce)
+            return
     path = os.path.join(relay.dir, relay.src) if relay.src else None
     _WAIT.wait(path, relay.offset, [fd], timeout, poll)

@@ -225,10 +225,9 @@ class PhaseWatch(PauseWatch):
             outcome = self.gate(run, outcome, t)
             if outcome is not None or not alive:
                 break
-            if not chunk:  # quiet: until the log grows, the command ends or the checks are due
-                logwait.quiet(self.relay, proc.wait_fd(), POLL if run.held else run.last_check + 0.2 - now(), POLL)
-            elif len(chunk) < COALESCE_BELOW:
-                self.nap(proc, COALESCE)
+            if len(chunk) < COALESCE_BELOW:  # until the log grows (or COALESCE), it ends, or the checks are due
+                logwait.after_read(self.relay, proc.wait_fd(), bool(chunk), POLL if run.held else
+                                   run.last_check + 0.2 - now(), POLL, COALESCE)
         if outcome is not None:
             self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
             if outcome.kind == OutcomeKind.STOP:
