@@ -78,9 +78,9 @@ def test_lazy_reasons_equal_eager_ones(monkeypatch, name, spec, baseline):
     assert out_lazy == out_eager
     assert len(lazy) == len(eager) > 0
     medians = [d.median for d in lazy]  # asked before anything is built
-    unread = [d for d in lazy if d._make is not None]
+    unread = [d for d in lazy if d._reason is None]
     assert len(unread) > len(lazy) // 2  # most were never read during the replay: built only now
-    assert all(d._make is None for d in eager)
+    assert all(d.built for d in eager)
     assert medians == [d.evidence.get("median") for d in eager]
     assert any(m is not None for m in medians) or baseline is None
     for a, b in zip(lazy, eager):  # read late: after every later sample was judged
@@ -98,9 +98,11 @@ def test_a_decision_reads_as_the_frozen_dataclass_did():
     assert repr(d) == "Decision(verdict='ok', reason='x', evidence={'median': 1.0})"
     assert Decision("ok").evidence == {} and Decision("ok").reason == ""
     calls = []
-    lazy = Decision("breach", make=(lambda a: calls.append(a) or (f"r{a}", {"a": a}), 7))
-    assert calls == []
-    assert lazy.evidence == {"a": 7} and lazy.reason == "r7" and calls == [7]  # built once, kept
-    assert lazy.evidence is lazy.evidence
+    lazy = Decision("breach", make=(lambda a: calls.append(("r", a)) or f"r{a}",
+                                    lambda a: calls.append(("e", a)) or {"a": a}, 7))
+    assert calls == [] and not lazy.built
+    assert lazy.reason == "r7" and calls == [("r", 7)]  # each on its own first read
+    assert lazy.evidence == {"a": 7} and lazy.reason == "r7" and calls == [("r", 7), ("e", 7)]  # then kept
+    assert lazy.evidence is lazy.evidence and lazy.built
     with pytest.raises(AttributeError):
         lazy.verdict = "ok"

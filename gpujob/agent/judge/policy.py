@@ -257,20 +257,20 @@ def decide(
         ref = max(phase_start + cfg.initial_delay, last_pause_end or 0)
         quiet = now - ref
         if cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
-            return Decision(Verdict.STALL, make=(reasons.stall, ctx, quiet, "the initial delay ended"))
+            return Decision(Verdict.STALL, make=(*reasons.STALL, ctx, quiet, "the initial delay ended"))
         if now < phase_start + cfg.initial_delay:
-            return Decision(Verdict.WARMING_UP, make=(reasons.plain, ctx, "waiting for the first sample (initial delay)"))
-        return Decision(Verdict.INCONCLUSIVE, make=(reasons.plain, ctx, "no throughput sample yet"))
+            return Decision(Verdict.WARMING_UP, make=(*reasons.PLAIN, ctx, "waiting for the first sample (initial delay)"))
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no throughput sample yet"))
     p = clock.paused(now) if clock.pauses else None
     if p is not None:
-        return Decision(Verdict.PAUSED, make=(reasons.paused, ctx, p))
+        return Decision(Verdict.PAUSED, make=(*reasons.PAUSED, ctx, p))
     what, t0 = judging_start(cfg, samples, now, clock, memo, i0)
     ref = max(last.t, samples[i0].t + cfg.initial_delay, last_pause_end or 0)
     quiet = now - ref
     if what != Verdict.WARMING_UP and cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
-        return Decision(Verdict.STALL, make=(reasons.stall, ctx, quiet, "the last sample"))
+        return Decision(Verdict.STALL, make=(*reasons.STALL, ctx, quiet, "the last sample"))
     if what != "judge":
-        return Decision(what, make=(reasons.plain, ctx, t0))
+        return Decision(what, make=(*reasons.PLAIN, ctx, t0))
     return _windows(cfg, samples, t0, clock, thr, ctx)
 
 
@@ -291,9 +291,9 @@ def _windows(cfg, samples, t0, clock, thr, ctx) -> Decision:
         act = [(s.t, s.value) for s in samples[lo:]]
     n_all = len(samples) - start - (len(samples) - lo - len(act))  # paused ones in the tail left out
     if thr is None:
-        return Decision(Verdict.INCONCLUSIVE, make=(reasons.plain, ctx, ctx[2], n_all))
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, ctx[2], n_all))
     if not act:
-        return Decision(Verdict.INCONCLUSIVE, make=(reasons.plain, ctx, "no sample since judging started", n_all))
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no sample since judging started", n_all))
     tau_start = clock.tau(samples[start].t)
     taus = [a for a, _ in act]
     vals = [v for _, v in act]
@@ -317,7 +317,7 @@ def _windows(cfg, samples, t0, clock, thr, ctx) -> Decision:
     j = len(act) - 1
     first_vals, why = window(j)
     if first_vals is None:
-        return Decision(Verdict.INCONCLUSIVE, make=(reasons.plain, ctx, why, n_all))
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, why, n_all))
     newest = taus[j]
     step_s = ws / 4 if ws is not None else None
     step_n = 1 if cfg.limit_s is None else max(1, cfg.window_n // 4) if ws is None else None
@@ -349,7 +349,7 @@ def _windows(cfg, samples, t0, clock, thr, ctx) -> Decision:
         verdict = Verdict.BREACH if streak < cfg.limit_n else Verdict.ROLLBACK
     else:
         verdict = Verdict.BREACH if breach_for < span_needed else Verdict.ROLLBACK
-    return Decision(verdict, make=(reasons.windows, ctx, n_all, first_vals, medians[0], medians, streak, breach_for,
+    return Decision(verdict, make=(reasons.windows_reason, reasons.windows_evidence, ctx, n_all, first_vals, medians[0], medians, streak, breach_for,
                                    span_needed))
 
 

@@ -19,48 +19,56 @@ from typing import Dict, Optional
 from gpujob.agent.judge.throughput import fmt_rate
 
 EAGER = False  # True: build at once (tests/test_policy_lazy.py compares the two ways)
+_set = object.__setattr__
 
 
 class Decision:
-    """``verdict``, ``reason`` (one human line), ``evidence`` (JSON-able); frozen."""
+    """``verdict``, ``reason`` (one human line), ``evidence`` (JSON-able); frozen.
+    ``make``: ``(reason builder, evidence builder, *args)``: each is built on its own
+    first read (the samples.jsonl record reads the evidence's median every sample, the
+    reason is read when the verdict changes and once a second)."""
 
     __slots__ = ("verdict", "_reason", "_evidence", "_make")
 
     def __init__(self, verdict, reason: str = "", evidence: Optional[Dict] = None, make: Optional[tuple] = None):
-        setattr_ = object.__setattr__
-        setattr_(self, "verdict", verdict)
-        setattr_(self, "_make", make)  # (builder, *args) -> (reason, evidence)
-        setattr_(self, "_reason", reason)
-        setattr_(self, "_evidence", {} if evidence is None else evidence)
-        if make is not None and EAGER:
-            self._build()
-
-    def _build(self) -> None:
-        make = self._make
-        reason, evidence = make[0](*make[1:])
-        object.__setattr__(self, "_reason", reason)
-        object.__setattr__(self, "_evidence", evidence)
-        object.__setattr__(self, "_make", None)
+        _set(self, "verdict", verdict)
+        _set(self, "_make", make)
+        if make is None:
+            _set(self, "_reason", reason)
+            _set(self, "_evidence", {} if evidence is None else evidence)
+        elif EAGER:
+            _set(self, "_reason", make[0](*make[2:]))
+            _set(self, "_evidence", make[1](*make[2:]))
+        else:  # None: not built yet
+            _set(self, "_reason", None)
+            _set(self, "_evidence", None)
 
     @property
     def reason(self) -> str:
-        if self._make is not None:
-            self._build()
+        if self._reason is None:
+            make = self._make
+            _set(self, "_reason", make[0](*make[2:]))
         return self._reason
 
     @property
     def evidence(self) -> Dict:
-        if self._make is not None:
-            self._build()
+        if self._evidence is None:
+            make = self._make
+            _set(self, "_evidence", make[1](*make[2:]))
         return self._evidence
+
+    @property
+    def built(self) -> bool:
+        """Both the reason and the evidence are made (always, for a decision given them)."""
+        return self._reason is not None and self._evidence is not None
 
     @property
     def median(self):
         """``evidence.get("median")`` without building the evidence: what a caller that
         reads only it per sample (the samples.jsonl record) should ask."""
-        make = self._make
-        if make is not None:
-            return make[4] if make[0] is windows else None  # (windows' arguments: ctx, considered, vals, med)
+        if self._evidence is None:
+            make = self._make
+            return make[5] if make[1] is windows_evidence else None  # (ctx, considered, vals, med, ...)
         return self._evidence.get("median")
 
     def __setattr__(self, name, value):
@@ -94,44 +102,73 @@ def evidence(cfg, thr, src, baseline, now: float, last, considered: int = 0) -> 
     }
 
 
-def plain(ctx: tuple, reason: str, considered: int = 0) -> tuple:
-    """A reason already made (a constant, or judging_start's): the evidence only."""
-    return reason, evidence(*ctx, considered)
+# Each verdict's pair of builders over the same arguments; ``ctx`` is
+# (cfg, threshold, its source, baseline, now, the last sample), see policy.decide.
+
+def given_reason(ctx: tuple, reason: str, considered: int = 0) -> str:
+    return reason  # a constant, or judging_start's text
 
 
-def stall(ctx: tuple, quiet: float, since: str) -> tuple:
-    cfg = ctx[0]
+def given_evidence(ctx: tuple, reason: str, considered: int = 0) -> Dict:
+    return evidence(*ctx, considered)
+
+
+PLAIN = (given_reason, given_evidence)
+
+
+def stall_reason(ctx: tuple, quiet: float, since: str) -> str:
+    return f"no throughput sample for {quiet:.0f}s since {since} (no_data_timeout {ctx[0].no_data_timeout:g}s)"
+
+
+def stall_evidence(ctx: tuple, quiet: float, since: str) -> Dict:
     ev = evidence(*ctx)
-    ev.update(no_data_for=quiet, no_data_timeout=cfg.no_data_timeout)
-    return (f"no throughput sample for {quiet:.0f}s since {since} "
-            f"(no_data_timeout {cfg.no_data_timeout:g}s)"), ev
+    ev.update(no_data_for=quiet, no_data_timeout=ctx[0].no_data_timeout)
+    return ev
 
 
-def paused(ctx: tuple, p: tuple) -> tuple:
+STALL = (stall_reason, stall_evidence)
+
+
+def paused_reason(ctx: tuple, p: tuple) -> str:
     now = ctx[4]
+    return f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, judging again in {p[1] - now:.0f}s"
+
+
+def paused_evidence(ctx: tuple, p: tuple) -> Dict:
     ev = evidence(*ctx)
     ev["pause"] = [p[0], p[1]]
-    return (f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, "
-            f"judging again in {p[1] - now:.0f}s"), ev
+    return ev
 
 
-def windows(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
-            breach_for: float, span_needed) -> tuple:
+PAUSED = (paused_reason, paused_evidence)
+
+
+def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
+                   breach_for: float, span_needed) -> str:
     """The windows' verdict (ok, breach, rollback): the median, the threshold, the streak."""
     cfg, thr, src = ctx[0], ctx[1], ctx[2]
-    ev = evidence(*ctx, considered)
-    ev.update(window=first_vals[-50:], median=med, window_medians=medians[:20], consecutive_breaches=streak,
-              breach_for=round(breach_for, 3))
     ws = cfg.window_s
     size = f"last {cfg.window_n} samples" if ws is None else f"last {ws:g}s ({len(first_vals)} samples)"
     head = f"median {fmt_rate(med)} tok/s of {size}"
     limit_txt = f"{fmt_rate(thr)} tok/s ({src})"
     if streak == 0:
-        return f"{head} >= {limit_txt}", ev
+        return f"{head} >= {limit_txt}"
     if span_needed is None:
         if streak < cfg.limit_n:
-            return f"{head} < {limit_txt}: {streak} of {cfg.limit_n} consecutive windows", ev
-        return f"{head} < {limit_txt} for {streak} consecutive windows", ev
+            return f"{head} < {limit_txt}: {streak} of {cfg.limit_n} consecutive windows"
+        return f"{head} < {limit_txt} for {streak} consecutive windows"
     if breach_for < span_needed:
-        return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s of {span_needed:g}s", ev
-    return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s (failure_limit {span_needed:g}s)", ev
+        return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s of {span_needed:g}s"
+    return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s (failure_limit {span_needed:g}s)"
+
+
+def windows_evidence(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
+                     breach_for: float, span_needed) -> Dict:
+    cfg, thr, src, baseline, now, last = ctx  # (evidence()'s keys, then the windows': one literal, read per sample)
+    return {"threshold": thr, "threshold_source": src, "baseline": baseline, "window_size": cfg.window,
+            "failure_limit": cfg.failure_limit, "last_sample_age": now - last.t, "last_step": last.step,
+            "samples_considered": considered, "window": first_vals[-50:], "median": med,
+            "window_medians": medians[:20], "consecutive_breaches": streak, "breach_for": round(breach_for, 3)}
+
+
+WINDOWS = (windows_reason, windows_evidence)
