@@ -14,7 +14,7 @@ import sys
 
 # (cause, frames: "function (file" as py-spy writes a frame), first match wins
 CAUSES = (
-    ("per sample: decide's reason and evidence", ("(reasons.py",)),
+    ("per sample: decide's reason and evidence", ("(reasons.py",)),  # (after the split; inside decide before)
     ("per sample: policy.decide", ("decide (policy.py", "_windows (policy.py", "judging_start (policy.py",
                                    "threshold (policy.py", "_windows.<locals>")),
     ("per sample: policy.known_good", ("known_good (policy.py",)),
@@ -31,7 +31,7 @@ CAUSES = (
     ("per read: the relay into job.log", ("Relay.", "JobLog.")),
     ("every 0.2 s: checks, requests, trims", ("PhaseWatch.check (", "poll_source (", "keep_small (", "Trimmer.",
                                               "Supervisor.requests (", "poll_checkpoints (")),
-    ("the wait (select)", ("PhaseWatch.nap (", "wait_for (", "Waker.")),
+    ("the wait (select)", ("PhaseWatch.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
 )
 OTHER = "the loop itself, the rest"
 

@@ -57,13 +57,13 @@ def cpu_of(pid: int) -> float:
 
 
 def switches_of(pid: int) -> int:
-    """The process's context switches so far (voluntary + not): its wakeups, near enough."""
-    n = 0
+    """The process's voluntary context switches so far: its waits that slept, so its
+    wakeups (the preemptions, which grow with the machine's load, are not counted)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if "ctxt_switches:" in line:  # voluntary_ctxt_switches, nonvoluntary_ctxt_switches
-                n += int(line.split()[-1])
-    return n
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[-1])
+    return 0
 
 
 class Local:
