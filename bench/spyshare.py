@@ -1,17 +1,21 @@
 """Where a supervisor's time went, from py-spy's collapsed stacks (``--format raw``, as
 ``python -m bench.supervisor_cpu --pyspy PREFIX`` records them), grouped by cause.
 
-    python -m bench.spyshare /tmp/spy-this-*.txt -- /tmp/spy-other-*.txt
+    python -m bench.spyshare [--no-wait] /tmp/spy-this-*.txt -- /tmp/spy-other-*.txt
 
 Each sample counts once, for the first cause (in the order below) whose frame is in its
 stack; the shares are of the samples in which the supervisor ran Python. Several files
-before a ``--`` add up to one column; each ``--`` starts another column.
+before a ``--`` add up to one column; each ``--`` starts another column. ``--no-wait``
+leaves the wait out of the total: py-spy counts a thread as running from its wakeup on,
+also while it waits for a CPU, so on a loaded machine the wait's share says more about
+the load than about the supervisor.
 """
 
 from __future__ import annotations
 
 import sys
 
+WAIT = "the wait (select)"
 # (cause, frames: "function (file" as py-spy writes a frame), first match wins
 CAUSES = (
     ("per sample: decide's reason and evidence", ("(reasons.py",)),  # (after the split; inside decide before)
@@ -31,7 +35,7 @@ CAUSES = (
     ("per read: the relay into job.log", ("Relay.", "JobLog.")),
     ("every 0.2 s: checks, requests, trims", ("PhaseWatch.check (", "poll_source (", "keep_small (", "Trimmer.",
                                               "Supervisor.requests (", "poll_checkpoints (")),
-    ("the wait (select)", ("PhaseWatch.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
+    (WAIT, ("PhaseWatch.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
 )
 OTHER = "the loop itself, the rest"
 
@@ -43,7 +47,7 @@ def cause_of(stack: str) -> str:
     return OTHER
 
 
-def shares(paths: list) -> tuple:
+def shares(paths: list, no_wait: bool = False) -> tuple:
     """({cause: samples}, total) over the collapsed-stack files ``paths``."""
     got: dict = {}
     total = 0
@@ -53,13 +57,18 @@ def shares(paths: list) -> tuple:
                 stack, _, n = line.rstrip("\n").rpartition(" ")
                 if not n.isdigit() or "PhaseWatch.watch (" not in stack:  # the watch loop's time only
                     continue
-                got[cause_of(stack)] = got.get(cause_of(stack), 0) + int(n)
+                cause = cause_of(stack)
+                if no_wait and cause == WAIT:
+                    continue
+                got[cause] = got.get(cause, 0) + int(n)
                 total += int(n)
     return got, total
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    no_wait = "--no-wait" in argv
+    argv = [a for a in argv if a != "--no-wait"]
     cols, cur = [], []
     for a in argv:
         if a == "--":
@@ -71,7 +80,7 @@ def main(argv=None) -> int:
     if not any(cols):
         print("usage: python -m bench.spyshare FILE... [-- FILE...]", file=sys.stderr)
         return 2
-    results = [shares(c) for c in cols]
+    results = [shares(c, no_wait) for c in cols]
     names = [n for n, _ in CAUSES] + [OTHER]
     print("| cause | " + " | ".join(f"column {i + 1} ({t} samples)" for i, (_, t) in enumerate(results)) + " |")
     print("|---|" + "---|" * len(results))
