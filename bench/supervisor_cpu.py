@@ -10,6 +10,14 @@ does not) and prints the functions that cost most.
 
     python -m bench.supervisor_cpu --seconds 20 --reps 3
     python -m bench.supervisor_cpu --seconds 10 --profile 25
+    python -m bench.supervisor_cpu --reps 5 --against /tmp/old-tree --pyspy /tmp/spy
+
+``--against TREE`` alternates run by run between this tree and another checkout of gpujob
+(its CLI submits, so its agent runs): the two figures come from the same minutes. ``--pyspy
+PREFIX`` records each measured supervisor with py-spy (``PREFIX-<tree>-<rep>.txt``,
+collapsed stacks of the samples in which it runs) over the same window, without stopping it
+(``--nonblocking``: a stop at each sample would break its waits and its figure; a stack read
+while it runs may mix two moments, so read the shares ±2 points).
 """
 
 from __future__ import annotations
@@ -48,6 +56,16 @@ def cpu_of(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / CLK_TCK
 
 
+def switches_of(pid: int) -> int:
+    """The process's voluntary context switches so far: its waits that slept, so its
+    wakeups (the preemptions, which grow with the machine's load, are not counted)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[-1])
+    return 0
+
+
 class Local:
     def __init__(self, tmp: Path):
         self.tmp = tmp
@@ -66,10 +84,10 @@ class Local:
         self.server.shutdown()
         self.server.server_close()
 
-    def spec(self, rate: float, seconds: float) -> Path:
+    def spec(self, rate: float, seconds: float, repo: Path = REPO) -> Path:
         spec = {
             "name": "bench", "target": "lab/box",
-            "sync": [{"src": str(JOB_DIR), "dest": ".", "exclude": ["__pycache__", "checkpoint.json*"]}],
+            "sync": [{"src": str(repo / "bench" / "job"), "dest": ".", "exclude": ["__pycache__", "checkpoint.json*"]}],
             "gpus": {"target": [0, 1], "drafter": [2, 3]},
             "profiles": [{"name": "fast", "index_url": self.urls["fast"],
                           "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
@@ -83,9 +101,10 @@ class Local:
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         return path
 
-    def submit(self, spec: Path) -> str:
+    def submit(self, spec: Path, repo: Path = REPO) -> str:
         p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--force"],
-                           env=self.env, capture_output=True, cwd=str(REPO), timeout=300)
+                           env=dict(self.env, PYTHONPATH=str(repo)), capture_output=True, cwd=str(repo),
+                           timeout=300)
         m = re.search(rb"^submitted (\S+) ", p.stdout, re.M)
         if p.returncode or not m:
             raise RuntimeError(f"submit failed: {p.stdout[-1000:]!r} {p.stderr[-2000:]!r}")
@@ -103,8 +122,8 @@ class Local:
         except (OSError, ValueError, RuntimeError):
             return {}
 
-    def measure(self, rate: float, seconds: float) -> dict:
-        job = self.submit(self.spec(rate, seconds))
+    def measure(self, rate: float, seconds: float, repo: Path = REPO, spy: str | None = None) -> dict:
+        job = self.submit(self.spec(rate, seconds, repo), repo)
         end = time.monotonic() + 120
         while time.monotonic() < end:
             st = self.state(job)
@@ -116,9 +135,17 @@ class Local:
         pid = int(st["supervisor_pid"])
         t_train = time.monotonic()
         time.sleep(min(1.0, seconds / 4))
-        a = (time.monotonic(), cpu_of(pid))
-        time.sleep(max(0.5, t_train + seconds - 0.5 - time.monotonic()))
-        b = (time.monotonic(), cpu_of(pid))
+        a = (time.monotonic(), cpu_of(pid), switches_of(pid))
+        span = max(0.5, t_train + seconds - 0.5 - time.monotonic())
+        recorder = None
+        if spy:  # the same window, sampled (py-spy's own CPU is not the supervisor's)
+            recorder = subprocess.Popen([pyspy(), "record", "--pid", str(pid), "--nonblocking", "--rate", "1000",
+                                         "--format", "raw", "--duration", str(max(1, int(span))),
+                                         "--output", spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(span)
+        b = (time.monotonic(), cpu_of(pid), switches_of(pid))
+        if recorder is not None:
+            recorder.wait(timeout=60)
         end = time.monotonic() + 60
         while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed", "stopped"):
             time.sleep(0.1)
@@ -126,7 +153,7 @@ class Local:
         if st.get("state") != "succeeded":
             raise RuntimeError(f"job {job} ended {st.get('state')}: {st.get('reason')}")
         return {"job": job, "cpu_s": b[1] - a[1], "window_s": b[0] - a[0],
-                "pct": (b[1] - a[1]) / (b[0] - a[0]) * 100}
+                "pct": (b[1] - a[1]) / (b[0] - a[0]) * 100, "wakeups_s": (b[2] - a[2]) / (b[0] - a[0])}
 
     def profile(self, job: str, rate: float, seconds: float, top: int) -> str:
         """One more supervisor of ``job``'s spec, in this process, under cProfile (CPU clock)."""
@@ -162,24 +189,39 @@ class Local:
         return f"profiled supervisor: {took:.2f} CPU-s in all, ended {st.get('state')}\n" + out.getvalue()
 
 
+def pyspy() -> str:
+    """py-spy beside this interpreter (the venv's), else on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else (shutil.which("py-spy") or "py-spy")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.supervisor_cpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--profile", type=int, metavar="TOP", help="then profile one supervisor; show TOP rows")
+    ap.add_argument("--against", type=Path, metavar="TREE", help="alternate with this other checkout's code")
+    ap.add_argument("--pyspy", metavar="PREFIX", help="record each measured supervisor with py-spy")
     args = ap.parse_args(argv)
+    trees = [("this", REPO)] + ([("other", args.against.resolve())] if args.against else [])
     tmp = Path(tempfile.mkdtemp(prefix="gpujob-supcpu-"))
     loc = Local(tmp)
     try:
-        runs = []
-        for _ in range(args.reps):
-            r = loc.measure(args.rate, args.seconds)
-            runs.append(r)
-            print(f"supervisor CPU {r['pct']:.2f} % of a core ({r['cpu_s']:.2f} CPU-s in {r['window_s']:.1f} s), "
-                  f"load {os.getloadavg()[0]:.2f}", flush=True)
-        if args.reps > 1:
-            print(f"median {statistics.median(r['pct'] for r in runs):.2f} %")
+        runs: list = []
+        by: dict = {name: [] for name, _ in trees}
+        for rep in range(args.reps):
+            for name, repo in trees if rep % 2 == 0 else trees[::-1]:  # ABBA: neither always first
+                spy = f"{args.pyspy}-{name}-{rep}.txt" if args.pyspy else None
+                r = loc.measure(args.rate, args.seconds, repo, spy)
+                runs.append(r)
+                by[name].append(r["pct"])
+                print(f"{name if args.against else 'supervisor'} CPU {r['pct']:.2f} % of a core "
+                      f"({r['cpu_s']:.2f} CPU-s in {r['window_s']:.1f} s, {r['wakeups_s']:.0f} wakeups/s), load {os.getloadavg()[0]:.2f}", flush=True)
+        for name, got in by.items():
+            if len(got) > 1:
+                print(f"{name if args.against else ''} median {statistics.median(got):.2f} % "
+                      f"({min(got):.2f}-{max(got):.2f})".strip())
         if args.profile:
             print(loc.profile(runs[-1]["job"], args.rate, args.seconds, args.profile))
     finally:

@@ -228,8 +228,13 @@ class _Proc:
             return True
         return False
 
+    def wait_fd(self):
+        return None
+
 
 class _Relay:
+    dir, src, offset = "", None, 0  # (no log: the quiet wait polls)
+
     def __init__(self):
         self.pending, self.copied = [], []
 
@@ -256,7 +261,8 @@ class _Loop(PhaseWatch):
         self.trace_writer = lambda: SimpleNamespace(tick=lambda t: None)
 
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
-        return SimpleNamespace(phase="warmup", cold_cache=False, ckwatch=None, last_check=0.0, samples=[], start=0.0)
+        return SimpleNamespace(phase="warmup", cold_cache=False, ckwatch=None, last_check=0.0, samples=[], start=0.0,
+                               held=None)
 
     def start_phase(self, argv, env, cwd, logname, extra, started=None):
         return _Proc(self.relay)

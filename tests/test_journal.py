@@ -110,6 +110,21 @@ def test_state_writes_are_durable_and_atomic(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
+def test_state_json_is_one_compact_line_and_an_older_agents_indented_one_reads_on(tmp_path):
+    home = Home(str(tmp_path))
+    os.makedirs(home.job_dir("j1"))
+    j = Journal(home, "j1")
+    old = {"job_id": "j1", "state": "running", "phase": "train", "step": "train", "format": 1,
+           "tps_recent": [1.5, 2.0], "window": {"median": 2.0}}
+    (tmp_path / "jobs/j1/state.json").write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")  # older agents'
+    assert j.state() == old
+    st = j.set_state(durable=False, tps=2.0, verdict="ok")
+    text = (tmp_path / "jobs/j1/state.json").read_text()
+    assert text == json.dumps(st, sort_keys=True, separators=(",", ":")) + "\n"  # one line, no spaces
+    assert text.count("\n") == 1 and json.loads(text) == dict(old, tps=2.0, verdict="ok", updated_at=st["updated_at"])
+    assert j.state() == json.loads(text)
+
+
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 64 KiB tmpfs: a real disk that fills."""

@@ -24,13 +24,17 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_json(path: str, data, mode: int = 0o644, durable: bool = True) -> None:
+def write_json(path: str, data, mode: int = 0o644, durable: bool = True, compact: bool = False) -> None:
     """Atomic: readers see the old file or the new one, never half of one, and a
     failed write (disk full) leaves the old file as it was. Durable (the default):
     after a crash of the machine the rename has reached the disk with the data
     (fsync of the file, rename, fsync of the directory). ``durable=False`` is for
-    small files rewritten many times a second that only guard against process deaths."""
-    write_bytes(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode(), mode, durable)
+    small files rewritten many times a second that only guard against process deaths.
+    ``compact``: one line without spaces, for a file rewritten every second that only
+    programs read (state.json): ``indent`` makes json use its pure-Python encoder."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":")) if compact else \
+        json.dumps(data, indent=1, sort_keys=True)
+    write_bytes(path, (text + "\n").encode(), mode, durable)
 
 
 def temp_beside(path: str, mode: int) -> tuple:

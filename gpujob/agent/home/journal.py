@@ -119,7 +119,9 @@ class Journal:
             return st
         st["updated_at"] = now()
         st[FORMAT_KEY] = FORMAT  # an older format is re-adopted: what it had, it keeps
-        write_json(self.path("state.json"), st, durable=durable)
+        # compact: read by programs only (json), rewritten every second while samples stream in;
+        # an older agent's indented file reads the same
+        write_json(self.path("state.json"), st, durable=durable, compact=True)
         self._deferred = {}
         self.unsynced = not durable
         return st

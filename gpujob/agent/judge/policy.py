@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_left
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from functools import cached_property
 from operator import attrgetter
 from statistics import median
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from gpujob.agent.base.defaults import DEFAULTS
+from gpujob.agent.judge import reasons
 from gpujob.agent.judge.pauses import Clock
 from gpujob.agent.base.protocol import Verdict
+from gpujob.agent.judge.reasons import Decision
 from gpujob.agent.judge.throughput import fmt_rate
+
+__all__ = ["Decision", "PolicyConfig", "Sample", "decide", "known_good", "span", "threshold"]
 
 @dataclass(frozen=True)
 class Sample:
@@ -111,13 +115,6 @@ class PolicyConfig:
                 or self.settle_timeout <= 0:
             raise ValueError("min_samples >= 1, settle.samples >= 0, 0 < settle.tolerance < 1, "
                              "settle.timeout > 0")
-
-
-@dataclass(frozen=True)
-class Decision:
-    verdict: Verdict
-    reason: str  # one human line
-    evidence: Dict = field(default_factory=dict)  # JSON-able
 
 
 def threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[float], str]:
@@ -254,45 +251,30 @@ def decide(
     last = samples[-1] if n > i0 else None
     thr, src = threshold(cfg, baseline)
     clock = Clock(pauses) if pauses else _NO_PAUSES
-    ev: Dict = {
-        "threshold": thr,
-        "threshold_source": src,
-        "baseline": baseline,
-        "window_size": cfg.window,
-        "failure_limit": cfg.failure_limit,
-        "last_sample_age": (now - last.t) if last is not None else None,
-        "last_step": last.step if last is not None else None,
-        "samples_considered": 0,
-    }
+    ctx = (cfg, thr, src, baseline, now, last)  # the evidence's, built when read (agent/judge/reasons.py)
     last_pause_end = max((b for a, b in clock.pauses if b <= now), default=None) if clock.pauses else None
     if last is None:
         ref = max(phase_start + cfg.initial_delay, last_pause_end or 0)
         quiet = now - ref
         if cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
-            ev.update(no_data_for=quiet, no_data_timeout=cfg.no_data_timeout)
-            return Decision(Verdict.STALL, f"no throughput sample for {quiet:.0f}s since the initial delay "
-                            f"ended (no_data_timeout {cfg.no_data_timeout:g}s)", ev)
+            return Decision(Verdict.STALL, make=(*reasons.STALL, ctx, quiet, "the initial delay ended"))
         if now < phase_start + cfg.initial_delay:
-            return Decision(Verdict.WARMING_UP, "waiting for the first sample (initial delay)", ev)
-        return Decision(Verdict.INCONCLUSIVE, "no throughput sample yet", ev)
+            return Decision(Verdict.WARMING_UP, make=(*reasons.PLAIN, ctx, "waiting for the first sample (initial delay)"))
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no throughput sample yet"))
     p = clock.paused(now) if clock.pauses else None
     if p is not None:
-        ev["pause"] = [p[0], p[1]]
-        return Decision(Verdict.PAUSED, f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, "
-                        f"judging again in {p[1] - now:.0f}s", ev)
+        return Decision(Verdict.PAUSED, make=(*reasons.PAUSED, ctx, p))
     what, t0 = judging_start(cfg, samples, now, clock, memo, i0)
     ref = max(last.t, samples[i0].t + cfg.initial_delay, last_pause_end or 0)
     quiet = now - ref
     if what != Verdict.WARMING_UP and cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
-        ev.update(no_data_for=quiet, no_data_timeout=cfg.no_data_timeout)
-        return Decision(Verdict.STALL, f"no throughput sample for {quiet:.0f}s since the last sample "
-                        f"(no_data_timeout {cfg.no_data_timeout:g}s)", ev)
+        return Decision(Verdict.STALL, make=(*reasons.STALL, ctx, quiet, "the last sample"))
     if what != "judge":
-        return Decision(what, t0, ev)
-    return _windows(cfg, samples, t0, clock, thr, src, ev)
+        return Decision(what, make=(*reasons.PLAIN, ctx, t0))
+    return _windows(cfg, samples, t0, clock, thr, ctx)
 
 
-def _windows(cfg, samples, t0, clock, thr, src, ev) -> Decision:
+def _windows(cfg, samples, t0, clock, thr, ctx) -> Decision:
     start = _first_at_or_after(samples, t0)
     span_needed = cfg.needed_span()
     ws = cfg.window_s
@@ -308,11 +290,10 @@ def _windows(cfg, samples, t0, clock, thr, src, ev) -> Decision:
     else:  # no pause: active time is wall time
         act = [(s.t, s.value) for s in samples[lo:]]
     n_all = len(samples) - start - (len(samples) - lo - len(act))  # paused ones in the tail left out
-    ev["samples_considered"] = n_all
     if thr is None:
-        return Decision(Verdict.INCONCLUSIVE, src, ev)
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, ctx[2], n_all))
     if not act:
-        return Decision(Verdict.INCONCLUSIVE, "no sample since judging started", ev)
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no sample since judging started", n_all))
     tau_start = clock.tau(samples[start].t)
     taus = [a for a, _ in act]
     vals = [v for _, v in act]
@@ -336,7 +317,7 @@ def _windows(cfg, samples, t0, clock, thr, src, ev) -> Decision:
     j = len(act) - 1
     first_vals, why = window(j)
     if first_vals is None:
-        return Decision(Verdict.INCONCLUSIVE, why, ev)
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, why, n_all))
     newest = taus[j]
     step_s = ws / 4 if ws is not None else None
     step_n = 1 if cfg.limit_s is None else max(1, cfg.window_n // 4) if ws is None else None
@@ -361,24 +342,15 @@ def _windows(cfg, samples, t0, clock, thr, src, ev) -> Decision:
             goal = taus[j] - step_s
             while j >= 0 and taus[j] > goal:
                 j -= 1
-    med = medians[0]
     breach_for = newest - oldest if streak else 0.0
-    ev.update(window=first_vals[-50:], median=med, window_medians=medians[:20], consecutive_breaches=streak,
-              breach_for=round(breach_for, 3))
-    size = f"last {cfg.window_n} samples" if ws is None else f"last {ws:g}s ({len(first_vals)} samples)"
-    head = f"median {fmt_rate(med)} tok/s of {size}"
-    limit_txt = f"{fmt_rate(thr)} tok/s ({src})"
     if streak == 0:
-        return Decision(Verdict.OK, f"{head} >= {limit_txt}", ev)
-    if span_needed is None:
-        if streak < cfg.limit_n:
-            return Decision(Verdict.BREACH, f"{head} < {limit_txt}: {streak} of {cfg.limit_n} consecutive windows", ev)
-        return Decision(Verdict.ROLLBACK, f"{head} < {limit_txt} for {streak} consecutive windows", ev)
-    if breach_for < span_needed:
-        return Decision(Verdict.BREACH, f"{head} < {limit_txt}: breaching for {breach_for:.0f}s of "
-                        f"{span_needed:g}s", ev)
-    return Decision(Verdict.ROLLBACK, f"{head} < {limit_txt}: breaching for {breach_for:.0f}s "
-                    f"(failure_limit {span_needed:g}s)", ev)
+        verdict = Verdict.OK
+    elif span_needed is None:
+        verdict = Verdict.BREACH if streak < cfg.limit_n else Verdict.ROLLBACK
+    else:
+        verdict = Verdict.BREACH if breach_for < span_needed else Verdict.ROLLBACK
+    return Decision(verdict, make=(reasons.windows_reason, reasons.windows_evidence, ctx, n_all, first_vals, medians[0], medians, streak, breach_for,
+                                   span_needed))
 
 
 def known_good(

@@ -13,6 +13,7 @@ import subprocess
 import time
 
 from gpujob.agent.supervisor import hang
+from gpujob.agent.base import logwait
 from gpujob.agent.home import ckregister, snapshots
 from gpujob.agent.judge import checkpoint, policy, signals, throughput, timings
 from gpujob.agent.supervisor.filesource import FileSource
@@ -224,10 +225,9 @@ class PhaseWatch(PauseWatch):
             outcome = self.gate(run, outcome, t)
             if outcome is not None or not alive:
                 break
-            if not chunk:
-                self.nap(proc, POLL)
-            elif len(chunk) < COALESCE_BELOW:
-                self.nap(proc, COALESCE)
+            if len(chunk) < COALESCE_BELOW:  # until the log grows (or COALESCE), it ends, or the checks are due
+                logwait.after_read(self.relay, proc.wait_fd(), bool(chunk), POLL if run.held else
+                                   run.last_check + 0.2 - now(), POLL, COALESCE)
         if outcome is not None:
             self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
             if outcome.kind == OutcomeKind.STOP:
