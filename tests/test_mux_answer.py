@@ -80,6 +80,10 @@ def test_answer_prints_what_main_prints(home, capsys):
                ["status", *[f"j{i}" for i in range(agent_main.ANSWER_MAX_JOBS + 1)]]):
         assert agent_main.answer(["--home", str(home), *no]) is None  # the forked way
     assert capsys.readouterr() == ("", "")
+    fds = len(os.listdir("/proc/self/fd"))  # the server lives long: no descriptor left open an answer
+    for _ in range(50):
+        agent_main.answer(args)
+    assert len(os.listdir("/proc/self/fd")) == fds
 
 
 def test_a_job_whose_supervisor_died_goes_the_forked_way_and_is_revived(home, mux, tmp_path):
