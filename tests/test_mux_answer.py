@@ -20,6 +20,7 @@ from gpujob.errors import ConnectionLost
 from gpujob.target import BOOTSTRAP, agent_zip
 from gpujob.transport.local import LocalTransport
 from gpujob.transport.mux import SERVER_SOURCE, MuxClient
+from gpujob.transport import mux_server
 from gpujob.transport.stacked import Stacked
 
 pytestmark = pytest.mark.skipif(shutil.which("python3") is None, reason="the exec channel runs python3")
@@ -124,3 +125,11 @@ def test_the_server_killed_mid_answer_is_one_line_and_the_next_command_works(hom
         assert r.exit_code == 0 and json.loads(r.stdout)["jobs"][0]["state"] == "succeeded"
     finally:
         place.close()
+
+
+def test_an_answer_that_raises_even_systemexit_is_left_to_the_forked_way(monkeypatch):
+    for boom in (SystemExit(3), RuntimeError("x"), KeyboardInterrupt()):
+        def answer(argv, boom=boom):
+            raise boom
+        monkeypatch.setattr(agent_main, "answer", answer)
+        assert mux_server.Zygote.answer(["python3", "agent-x.pyz", "--home", "h", "status", "j"]) is None

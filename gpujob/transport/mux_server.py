@@ -93,8 +93,8 @@ class Zygote:
             return None
         try:
             said = fn(list(argv[cls.zip_at(argv) + 1:]))
-        except Exception:  # it only reads: the forked way answers (and says what went wrong)
-            return None
+        except BaseException:  # it only reads: the forked way answers (and says what went wrong);
+            return None        # a SystemExit in there must not end this server
         if said is None:
             return None
         code, out, err = said
