@@ -69,9 +69,9 @@ def say_revived(st: dict, err) -> None:
 
 def show_status(ctx, job_id: str, t, as_json: bool, out, err) -> None:
     """``gpujob status``: state, phase, profile, tok/s with its trend and threshold, rollbacks."""
-    from gpujob.cli import render  # (rich: exec's body, above, is run without it on a cold start)
+    from gpujob.cli import plainjson, render  # (rich: exec's body, above, is run without it on a cold start)
     st = fetch_status(ctx, job_id, t, err)
     if as_json:
-        out.print_json(json.dumps(render.status_view(st, t.label)))
+        plainjson.print_json(out, json.dumps(render.status_view(st, t.label)))
     else:
         render.print_status(out, render.status_view(st, t.label))

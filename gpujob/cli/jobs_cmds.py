@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import bodies, fanout, render
+from gpujob.cli import bodies, fanout, plainjson, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
     from gpujob.target import Target
@@ -345,7 +345,7 @@ def ps(target: Optional[str] = typer.Argument(None, help="only this container's 
         views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
     ctx.state().seen_states(seen)  # one commit, not one a row
     if as_json:
-        out.print_json(json.dumps(views))
+        plainjson.print_json(out, json.dumps(views))
         return
     out.print(render.ps_table(views))
 
@@ -361,7 +361,7 @@ def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
     mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
     views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
     if as_json:
-        out.print_json(json.dumps(views))
+        plainjson.print_json(out, json.dumps(views))
         return
     out.print(render.ps_table(views, by=True))
 

@@ -41,7 +41,8 @@ class Zygote:
     zip's bytecode), which saves a Python start and the agent's imports on every agent
     call. Only the short commands in COMMANDS are forked (a forked child shows the server's
     command line in ps, which nobody needs to read for them); one agent zip per server;
-    anything else is exec'd as usual."""
+    anything else is exec'd as usual. A ``status`` that only reads (the agent's ``answer``
+    says when) is not even forked: this process answers it with the loaded modules."""
 
     COMMANDS = ("status",)
     path = None  # the zip whose modules are loaded; "" after a failure: never again
@@ -80,6 +81,25 @@ class Zygote:
                 del sys.modules[name]
             cls.path = ""
             return False
+
+
+    @classmethod
+    def answer(cls, argv):
+        """The agent's own answer, computed in this process without a fork (its ``answer``:
+        a ``status`` that changes nothing): (code, stdout bytes, stderr bytes) as the forked
+        child would have written them, or None: fork."""
+        fn = getattr(sys.modules.get("gpujob.agent.main"), "answer", None)
+        if fn is None:
+            return None
+        try:
+            said = fn(list(argv[cls.zip_at(argv) + 1:]))
+        except BaseException:  # it only reads: the forked way answers (and says what went wrong);
+            return None        # a SystemExit in there must not end this server
+        if said is None:
+            return None
+        code, out, err = said
+        enc, errs = sys.stdout.encoding, sys.stdout.errors
+        return code & 0xFF, out.encode(enc, errs), err.encode(enc, "backslashreplace")
 
 
 class Forked:
@@ -209,6 +229,13 @@ def main():
     def start(cid, req):
         try:
             if hasattr(os, "waitstatus_to_exitcode") and Zygote.accepts(req["argv"]):
+                said = None if req.get("stdin") else Zygote.answer(req["argv"])
+                if said is not None:  # answered here: no child, no pipes
+                    for kind, data in ((b"o", said[1]), (b"e", said[2])):
+                        for at in range(0, len(data), CHUNK):
+                            send(kind, cid, data[at:at + CHUNK])
+                    send(b"x", cid, json.dumps({"code": said[0], "timed_out": False}).encode())
+                    return
                 proc = Forked(req["argv"], req.get("stdin"))
             else:
                 proc = subprocess.Popen(req["argv"], stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,

@@ -140,17 +140,31 @@ def settle_orphan(j: Journal, st: dict, by_job: str) -> None:
                 reason=f"its supervisor died; the container was taken over by job {by_job}")
 
 
+def _may_revive(j: Journal, st: dict) -> bool:
+    """Whether ``revive`` acts on this job (restarts its supervisor, or records that it may not)."""
+    over = st.get("state") in ENDED and not notify.waiting(j.dir)  # else: revived to send its messages
+    if not st or over or j.supervisor_alive(st):
+        return False
+    # a state without "step" was written by an older agent, whose trainer hung on its
+    # supervisor's pipe: nothing to re-adopt; `gpujob stop` or `rollback` finishes it
+    return "step" in st
+
+
+def would_revive(home: Home, job_id: str) -> bool:
+    """What ``revive`` would decide, only read (``status`` answered without a fork asks this
+    first: a job that needs its supervisor restarted goes the forked way)."""
+    j = Journal(home, job_id)
+    return _may_revive(j, j.state())
+
+
 def revive(home: Home, job_id: str) -> dict | None:
     """Restart the supervisor of a job whose supervisor died before the job ended,
     at most 3 times in 10 minutes; it re-adopts what still runs. Returns what was
     done (None: nothing needed or allowed)."""
     j = Journal(home, job_id)
     st = j.state()
-    over = st.get("state") in ENDED and not notify.waiting(j.dir)  # else: revived to send its messages
-    if not st or over or j.supervisor_alive(st):
+    if not _may_revive(j, st):
         return None
-    if "step" not in st:  # written by an older agent, whose trainer hung on its supervisor's pipe:
-        return None       # nothing to re-adopt; `gpujob stop` or `rollback` finishes it
     t = now()
     recent = [r for r in st.get("revivals") or [] if t - r < 600]
     if len(recent) >= 3:
