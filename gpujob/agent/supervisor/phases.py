@@ -7,67 +7,18 @@ of the Supervisor (supervisor.py), which holds the state these read.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 
-from gpujob.agent.base import defaults, envs, jobenv, planshare
-from gpujob.agent.base.placeholders import command_argv, fleet_env, placeholder_env
-from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.base import defaults, envs, planshare
+from gpujob.agent.base.placeholders import command_argv
+from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import JobState, OutcomeKind
-from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.judge.outcome import Outcome
-
-SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
 
 
 class Phases:
     """Mixin of Supervisor: what runs, in which environment."""
-
-    def child_env(self, profile: str, extra: dict | None = None) -> dict:
-        if self._login is None:  # once per supervisor: a login shell costs ~10 ms
-            self._login, source = jobenv.login_env()
-            passed = jobenv.passed_through(dict(os.environ), self.job.get("env_passthrough") or [])
-            self.journal.event("job_env", login=source, passthrough=sorted(passed))
-            self._passed = passed
-        secrets = self.secrets()
-        own = {"GPUJOB_HOME": self.home.root, **placeholder_env(self.values(profile))}  # GPUJOB_GPUS_*, _JOB_ID, ...
-        if self.job.get("fleet"):
-            own.update(fleet_env(self.job["fleet"]["values"]))
-        return jobenv.job_env(self._login, self._passed,
-                              [self.spec.get("env"), secrets.get("env"), self.profiles[profile].get("env"),
-                               (secrets.get("profiles") or {}).get(profile),
-                               envs.cache_env(self.home.root, self.cache_key(profile)), own],
-                              self.journal.path("venv"), extra)
-
-    def secrets(self) -> dict:
-        """The secret env values of the job (secrets.json, 0600), read once; {} without."""
-        if self._secrets is None:
-            self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
-            env_names = [n for n in self.job.get("secret_names") or [] if not n.startswith("notify[")]
-            if env_names and not (self._secrets.get("env") or self._secrets.get("profiles")):
-                raise EnvError("the job's secrets were removed from the container when it ended; "
-                               "submit it again to run it")
-        return self._secrets
-
-    def drop_secrets(self) -> None:
-        """The job has ended: its secrets leave the container (a webhook's stay until
-        the job's last messages are out: notify.py)."""
-        kept = self.notifier.kept_secrets()
-        if kept:
-            try:
-                write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
-                return
-            except OSError:  # a full disk: all of them go
-                pass
-        try:
-            os.unlink(self.journal.path(SECRETS_FILE))
-        except FileNotFoundError:
-            pass
-
-    def values(self, profile: str, gpu=None) -> dict:
-        return planshare.template_values(self.spec, job_id=self.job_id, profile=profile, workdir=self.workdir,
-                                         fleet=self.job.get("fleet"), gpu=gpu)
 
     # ---- phases ------------------------------------------------------------
     def warmup(self, profile: str, done: list) -> Outcome:

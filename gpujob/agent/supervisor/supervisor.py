@@ -12,7 +12,6 @@ import errno
 import os
 import signal
 import sys
-import time
 
 from gpujob.agent.fleet import nodes as fleet
 from gpujob.agent.judge import decide, policy, sources
@@ -33,7 +32,8 @@ from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Safeguards
 from gpujob.agent.supervisor.install import Installer
-from gpujob.agent.supervisor.phases import SECRETS_FILE, Phases
+from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, Report, Runner, StopFlag
+from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.supervisor.standby import StandbyKeeper
 from gpujob.agent.supervisor.verdicts import Verdicts
@@ -49,23 +49,18 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
     followed by a new one that re-adopts the running command and carries on."""
 
     def __init__(self, home: str, job_id: str, held: Held | None = None):
-        self.home = Home(home)
         self.held = held
-        self.journal = Journal(self.home, job_id, generation=held.generation if held else None)
-        self.job_id = job_id
-        self.job = self.journal.job()
-        self.spec = self.job["spec"]
+        self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
+        self.jobv = Job.of(self.journal.home, job_id, self.journal.job())  # the shared pieces (parts.py)
+        self.home, self.job_id, self.job, self.spec = self.journal.home, job_id, self.jobv.job, self.jobv.spec
+        self.profiles, self.workdir, self.rb = self.jobv.profiles, self.jobv.workdir, self.jobv.rb
+        self.per_profile_caches = self.jobv.per_profile_caches
         self.ledger = Ledger(self.home, planshare.ledger_name(self.job))  # per fleet shape
-        self.profiles = {p["name"]: p for p in self.spec["profiles"]}
-        self.workdir = self.home.workdir(self.spec)
-        self.stop_asked = False
+        self.stop = StopFlag()
         self._planned_at = None  # decided_at of the rollback this supervisor planned
-        self.rollbacks = list(self.journal.state().get("rollbacks") or [])
-        self.restarts = list(self.journal.state().get("restarts") or [])
-        self.joblog = self.relay = None
-        self.phase_proc: Phase | None = None
+        self.history = History(self.journal.state())
+        self.runner = Runner(self.journal)
         self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
-        self._secrets: dict | None = None
         tp = defaults.section(self.spec, "throughput")
         self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
         self.line_source = None
@@ -80,9 +75,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             self.policy = policy.PolicyConfig.from_spec(tp)
             self.base_policy = self.policy
             self.start_timeout = tp["start_timeout"]
-        self.rb = defaults.section(self.spec, "rollback")
         self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
-        self.per_profile_caches = defaults.section(self.spec, "caches")["per_profile"]
         self.signatures = list(self.rb["error_signatures"] or [])
         self.grace_after_signature = float(self.rb["signature_grace"])
         jcfg = defaults.section(self.spec, "journal")
@@ -90,25 +83,26 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         self.full_rate = float(jcfg["full_rate_samples"])
         self.trimmer = Trimmer(self.journal.dir)
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
-        self._login: dict | None = None
-        self._passed: dict = {}
         self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
         self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
         self.journal.on_internal_error = lambda line: self.notifier.emit(
             "internal_error", str(int(now() * 1000)), reason=line)
         self.metrics = MetricsFile(self.journal, self.job)
+        self.report = Report(self.journal, self.metrics, self.notifier)
+        self.env = ChildEnv(self.jobv, self.journal, self.notifier)
+        self.values, self.child_env, self.secrets = self.env.values, self.env.child_env, self.env.secrets
+        self.drop_secrets = self.env.drop_secrets
+        self.say, self.set_state = self.report.say, self.report.set_state
+        self.start_phase, self.end_phase, self.nap = self.runner.start_phase, self.runner.end_phase, self.runner.nap
 
-    # ---- journal helpers -------------------------------------------------
-    def say(self, text: str) -> None:
-        """A gpujob banner line in job.log (the combined log `gpujob logs` follows),
-        always on a line of its own."""
-        self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
-
-    def set_state(self, state: JobState, durable: bool = True, **kw) -> None:
-        self.journal.set_state(state=state, durable=durable, **kw)
-        self.journal.event("state", state=state, **{k: v for k, v in kw.items()
-                                                    if k in ("phase", "profile", "reason")})
-        self.metrics.write(force=True)
+    # ---- the shared pieces, as the roles not yet composed read them ----------
+    stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
+    rollbacks = property(lambda self: self.history.rollbacks)
+    restarts = property(lambda self: self.history.restarts)
+    phase_proc = property(lambda self: self.runner.proc, lambda self, v: setattr(self.runner, "proc", v))
+    spawned_at = property(lambda self: self.runner.spawned_at,
+                          lambda self, v: setattr(self.runner, "spawned_at", v))
+    relay = property(lambda self: self.runner.relay)
 
     # ---- entry -------------------------------------------------------------
     def main(self) -> int:
@@ -117,8 +111,8 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         os.makedirs(self.journal.dir, exist_ok=True)
         fenced = False
         try:
-            self.joblog = JobLog(self.journal.path("job.log"))
-            self.relay = Relay(self.journal.dir, self.joblog)
+            self.report.joblog = JobLog(self.journal.path("job.log"))
+            self.runner.relay = Relay(self.journal.dir, self.report.joblog)
             self.relay.recover()
             self.notifier.start()
             if self.journal.state().get("state") in ENDED:  # revived only to deliver its notifications
@@ -175,7 +169,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                                child=child, generation=self.journal.generation)
 
     def _on_sigterm(self, *_):
-        self.stop_asked = True
+        self.stop.asked = True
 
     def crashed(self, e: BaseException) -> None:
         try:
@@ -185,8 +179,8 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             pass
 
     def finish(self, state: JobState, reason: str, **kw) -> None:
-        if self.phase_proc is not None and self.phase_proc.running():
-            left = self.phase_proc.kill(5)
+        if self.runner.proc is not None and self.runner.proc.running():
+            left = self.runner.proc.kill(5)
             kw.setdefault("left", left)
         self.drop_standby()
         if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
@@ -333,7 +327,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id)
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
-            self.rollbacks.append(rec)
+            self.history.add_rollback(rec)
             # a previous supervisor that died in the switch may have said it already (the
             # record below is deferred when nothing else was done: see the write)
             again = p["decided_at"] != self._planned_at and any(

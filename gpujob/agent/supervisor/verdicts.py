@@ -50,7 +50,7 @@ class Verdicts:
             self.plan_rollback(profile, a.target, out, a.signal, mark_bad=a.mark_bad, suspect=a.suspect)
             return False
         if a.do == Do.RESTART:
-            self.restarts.append(a.restart)
+            self.history.add_restart(a.restart)
             self.journal.event("restart", **a.restart)
             self.say(f"RESTART on {profile} ({len(self.restarts)}): {a.reason}")
             if a.fields.get("warmup_again"):  # a compile race on a cold cache: the warmup fills it first

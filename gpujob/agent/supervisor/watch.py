@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import collections
 import os
-import select
 import subprocess
-import time
 
 from gpujob.agent.supervisor import hang
 from gpujob.agent.home import ckregister, snapshots
@@ -99,47 +97,6 @@ class PhaseWatch(PauseWatch):
     grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
     start_timeout = None  # throughput.start_timeout (the supervisor sets the spec's)
     fleet = None  # a multi-node job's leader or follower (agent/fleet/nodes.py)
-
-    def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
-        """Start a phase command (or take ``started``: (a Phase already running, where
-        its output starts in the log)); its record goes to state before anything else."""
-        log_path = self.journal.path(logname)
-        phase = logname[:-len(".log")]
-        rec = dict(phase=phase, log=logname, started_at=now(), boot=boot_identity(), **extra)
-        if started is not None:
-            proc, log_start = started
-        else:
-            log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-            exit_file = self.journal.path(f"{phase}.exit")
-            for stale in (exit_file, exit_file + ".tmp"):  # the last run's: one left here would read,
-                if os.path.exists(stale):  # to a supervisor dying before the start, as this one's end
-                    os.unlink(stale)
-            # written before the start: a supervisor dying right after it finds the command
-            # by its keeper's exit file (proc.keepers_of) instead of starting a second one
-            self.journal.set_state(child_starting=dict(rec, exit_file=exit_file, log_start=log_start))
-            die_here(f"{phase}_starting:{extra.get('profile')}")
-            proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path, exit_file=exit_file)
-            die_here(f"{phase}_started:{extra.get('profile')}")
-        self.spawned_at = now()  # (a standby's: when it took the argv)
-        self.phase_proc = proc
-        rec = dict(proc.record(), log_start=log_start, **rec)
-        self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid, child_starting=None)
-        self.relay.follow(logname, log_start)
-        return proc
-
-    def end_phase(self, durable: bool = True) -> None:
-        """The phase command is gone. From ``watch`` not fsynced: the supervisor's
-        ``handle`` makes it durable before it acts (a rollback: its spawn's write)."""
-        self.phase_proc = None
-        self.journal.set_state(child=None, child_pid=None, ending=None, durable=durable)
-
-    def nap(self, proc: Phase, seconds: float) -> None:
-        """Wait ``seconds``, or less if the command exits meanwhile."""
-        fd = proc.wait_fd()
-        if fd is not None:
-            select.select([fd], [], [], seconds)
-        else:
-            time.sleep(seconds)
 
     def samples_since(self, start: float) -> list:
         """The samples a previous supervisor recorded for this run (re-adoption)."""
