@@ -31,7 +31,7 @@ from gpujob.agent.base.proc import Phase, die_here, keepers_of, kill_group, star
 from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Safeguards
-from gpujob.agent.supervisor.install import Installer
+from gpujob.agent.supervisor.install import Envs
 from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, Report, Runner, StopFlag
 from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
+class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -94,6 +94,8 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         self.drop_secrets = self.env.drop_secrets
         self.say, self.set_state = self.report.say, self.report.set_state
         self.start_phase, self.end_phase, self.nap = self.runner.start_phase, self.runner.end_phase, self.runner.nap
+        self.envs = Envs(self.jobv, self.journal, self.report, self.runner, self.stop)
+        self.env_key, self.cache_key = self.jobv.env_key, self.jobv.cache_key
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
@@ -232,10 +234,10 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                         continue
                     if step == Stage.ENV:
                         self.set_state(JobState.PREPARING, phase="env", profile=profile)
-                        self.activate(profile)
+                        self.envs.activate(profile)
                         cold = bool(self.job.get("clear_caches") and not st.get("resume"))
                         if cold:
-                            self.clear_caches(profile)
+                            self.envs.clear_caches(profile)
                         self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
                         continue
                     if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
@@ -354,7 +356,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.drop_standby()
         # the venv pointed at, then this in the same write
-        self.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
+        self.envs.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
                       pending_rollback=None, cache_cold=False)
         die_here("rollback_switched")
 
