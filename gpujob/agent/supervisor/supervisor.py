@@ -17,7 +17,7 @@ from gpujob.agent.fleet import nodes as fleet
 from gpujob.agent.judge import decide, policy, sources
 from gpujob.agent.base import defaults, planshare
 from gpujob.agent.base.defaults import DEFAULTS
-from gpujob.agent.supervisor.cachekeep import CacheKeep
+from gpujob.agent.supervisor.cachekeep import Caches
 from gpujob.agent.supervisor.cksupervise import CheckpointKeep
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
+class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -96,6 +96,8 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CacheKeep, Checkpo
         self.start_phase, self.end_phase, self.nap = self.runner.start_phase, self.runner.end_phase, self.runner.nap
         self.envs = Envs(self.jobv, self.journal, self.report, self.runner, self.stop)
         self.env_key, self.cache_key = self.jobv.env_key, self.jobv.cache_key
+        self.caches = Caches(self.jobv, self.journal, self.ledger, self.envs, self.report)
+        self.mark_good, self.ensure_snapshot = self.caches.mark_good, self.caches.ensure_snapshot  # (mixins)
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
@@ -216,7 +218,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CacheKeep, Checkpo
                 self.find_started(st["child_starting"])
                 continue
             if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
-                self.take_snapshot(st["snapshot_due"])
+                self.caches.take_snapshot(st["snapshot_due"])
                 continue
             if child:
                 out = self.readopt(child, profile)
@@ -241,7 +243,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CacheKeep, Checkpo
                         self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
                         continue
                     if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
-                        self.cache_step(profile, bool(st.get("cache_cold")), step=Stage.WARMUP)
+                        self.caches.cache_step(profile, bool(st.get("cache_cold")), step=Stage.WARMUP)
                         continue
                     if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
                         out = Outcome(OutcomeKind.DONE, exit_code=0)
@@ -287,7 +289,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CacheKeep, Checkpo
                 except OSError:
                     pass
                 raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
-            if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
+            if self.caches.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
                 return False
         action = self.next_action(out, profile)
         if action.do != decide.Do.ROLLBACK or out.request:  # a rollback's first durable write is its
