@@ -30,7 +30,7 @@ from gpujob.agent.supervisor.notify import Notifier
 from gpujob.agent.base.proc import Phase, die_here, keepers_of, kill_group, start_ticks
 from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
-from gpujob.agent.supervisor.guard import Safeguards
+from gpujob.agent.supervisor.guard import Guard
 from gpujob.agent.supervisor.install import Envs
 from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, Report, Runner, StopFlag
 from gpujob.agent.supervisor.phases import Phases
@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, PhaseWatch):
+class Supervisor(Verdicts, Phases, StandbyKeeper, CheckpointKeep, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -98,6 +98,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, Ph
         self.env_key, self.cache_key = self.jobv.env_key, self.jobv.cache_key
         self.caches = Caches(self.jobv, self.journal, self.ledger, self.envs, self.report)
         self.mark_good, self.ensure_snapshot = self.caches.mark_good, self.caches.ensure_snapshot  # (mixins)
+        self.guard = Guard(self.jobv, self.journal, self.report, self.env, self.runner)
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
@@ -123,7 +124,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, Ph
                 self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()))
                 self.journal.event("notify_resumed", supervisor_pid=os.getpid())
                 return 0
-            self.make_reserve()
+            self.guard.make_reserve()
             self.announce()
             self.lifecycle()
         except Stop:
@@ -138,7 +139,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, Ph
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self.crashed(e)
                 raise
-            self.disk_full(e)
+            self.guard.disk_full(e)
         except Exception as e:  # never die silently: the journal says what happened
             self.crashed(e)
             raise
@@ -192,12 +193,12 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, Ph
                                profile=self.journal.state().get("profile"), signal=kw.get("signal"),
                                exit_code=kw.get("exit_code"), rollbacks=len(self.rollbacks))
         self.drop_secrets()
-        self.drop_boot_hook()
+        self.guard.drop_boot_hook()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
         for name, _req in self.journal.pending():  # nothing is left to act on them
             self.journal.done(name)
-        self.drop_reserve()
+        self.guard.drop_reserve()
         if self.fleet is not None:  # every node hears how it ended
             self.fleet.ended(state, reason)
 
@@ -283,7 +284,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, Safeguards, CheckpointKeep, Ph
             if over is not None:
                 return over
         if out.kind == OutcomeKind.SIGNAL:
-            if self.disk_is_full():
+            if self.guard.disk_is_full():
                 try:
                     self.journal.sync()
                 except OSError:
