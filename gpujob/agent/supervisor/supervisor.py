@@ -18,7 +18,7 @@ from gpujob.agent.judge import decide, policy, sources
 from gpujob.agent.base import defaults, planshare
 from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.supervisor.cachekeep import Caches
-from gpujob.agent.supervisor.cksupervise import CheckpointKeep
+from gpujob.agent.supervisor.cksupervise import Checkpoints
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger
@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, StandbyKeeper, CheckpointKeep, PhaseWatch):
+class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -99,6 +99,11 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, CheckpointKeep, PhaseWatch):
         self.caches = Caches(self.jobv, self.journal, self.ledger, self.envs, self.report)
         self.mark_good, self.ensure_snapshot = self.caches.mark_good, self.caches.ensure_snapshot  # (mixins)
         self.guard = Guard(self.jobv, self.journal, self.report, self.env, self.runner)
+        self.checkpoints = ck = Checkpoints(self.jobv, self.journal, self.runner, self.env, self.report,
+                                            after_events=self.on_ckpt_events)
+        self.checkpoint_watch, self.poll_checkpoints, self.close_checkpoints = (  # (the watch, a mixin yet)
+            ck.checkpoint_watch, ck.poll_checkpoints, ck.close_checkpoints)
+        self.gate, self.wait_for_save, self.resume_args = ck.gate, ck.wait_for_save, ck.resume_args
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
