@@ -77,9 +77,9 @@ class Phases:
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         self.resumed_policy(profile, resume)
-        started = self.take_standby(profile, extra)
+        started = self.standby.take_standby(profile, extra)
         if started is None:
-            self.keep_standby(profile)
+            self.standby.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
                           timeout=t["timeout"], watch_tps=self.watching,
                           grace=t["grace"], started=started, after_start=lambda: self.rollback_done(point))

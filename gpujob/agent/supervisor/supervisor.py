@@ -35,7 +35,7 @@ from gpujob.agent.supervisor.install import Envs
 from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, Report, Runner, StopFlag
 from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
-from gpujob.agent.supervisor.standby import StandbyKeeper
+from gpujob.agent.supervisor.standby import Standby
 from gpujob.agent.supervisor.verdicts import Verdicts
 from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.supervisor.watch import PhaseWatch
@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
+class Supervisor(Verdicts, Phases, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -60,7 +60,6 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
         self._planned_at = None  # decided_at of the rollback this supervisor planned
         self.history = History(self.journal.state())
         self.runner = Runner(self.journal)
-        self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
         tp = defaults.section(self.spec, "throughput")
         self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
         self.line_source = None
@@ -104,6 +103,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
         self.checkpoint_watch, self.poll_checkpoints, self.close_checkpoints = (  # (the watch, a mixin yet)
             ck.checkpoint_watch, ck.poll_checkpoints, ck.close_checkpoints)
         self.gate, self.wait_for_save, self.resume_args = ck.gate, ck.wait_for_save, ck.resume_args
+        self.standby = Standby(self.jobv, self.journal, self.ledger, self.envs, self.env, self.report)
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
@@ -171,8 +171,8 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
                 f"resuming at step {st['step']}"
             self.say(f"supervisor restarted (the previous one, pid {before}, was gone); {what}")
             if st.get("standby"):  # its FIFO's other end is gone with the old supervisor: start afresh
-                self.standby = Phase.adopt(st["standby"])
-                self.drop_standby()
+                self.standby.proc = Phase.adopt(st["standby"])
+                self.standby.drop_standby()
             for pid in keepers_of([self.journal.path("standby.exit")]).values():  # one not written down
                 kill_group(pid, 2)
             self.journal.event("supervisor_restarted", previous_pid=before, step=st.get("step"),
@@ -192,7 +192,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
         if self.runner.proc is not None and self.runner.proc.running():
             left = self.runner.proc.kill(5)
             kw.setdefault("left", left)
-        self.drop_standby()
+        self.standby.drop_standby()
         if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
             self.notifier.emit("success" if state == JobState.SUCCEEDED else "failure", "end", reason=reason,
                                profile=self.journal.state().get("profile"), signal=kw.get("signal"),
@@ -362,7 +362,7 @@ class Supervisor(Verdicts, Phases, StandbyKeeper, PhaseWatch):
                        pending_rollback=p, durable=False if acted else None)
         die_here("rollback_recorded")
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
-            self.drop_standby()
+            self.standby.drop_standby()
         # the venv pointed at, then this in the same write
         self.envs.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
                       pending_rollback=None, cache_cold=False)
