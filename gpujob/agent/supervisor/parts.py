@@ -81,6 +81,18 @@ class Report:
         self.metrics.write(force=True)
 
 
+class PolicyHolder:
+    """The throughput policy in force (None when throughput is not watched): the spec's,
+    or with a resumed known-good profile's short start-up delay (``Phases``)."""
+
+    def __init__(self, base):
+        self.base = self.now = base
+
+    def resumed(self, initial_delay: float | None) -> None:
+        """``initial_delay`` for this run (None: the spec's policy as it is)."""
+        self.now = self.base if initial_delay is None else dataclasses.replace(self.base, initial_delay=initial_delay)
+
+
 class StopFlag:
     """A stop was asked: set by SIGTERM and by a stop request, read by every loop."""
 

@@ -6,7 +6,6 @@ of the Supervisor (supervisor.py), which holds the state these read.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 
 from gpujob.agent.base import defaults, envs, planshare
@@ -104,7 +103,7 @@ class Phases:
         if self.watching:
             delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
             good = resume and delay is not None and self.ledger.status(profile) == "good"
-            self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy
+            self.policy_holder.resumed(delay if good else None)
 
     def readopt(self, child: dict, profile: str):
         """A phase command recorded in state by a supervisor that is gone: watch it

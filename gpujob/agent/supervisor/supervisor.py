@@ -32,7 +32,7 @@ from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Guard
 from gpujob.agent.supervisor.install import Envs
-from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, Report, Runner, StopFlag
+from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, PolicyHolder, Report, Runner, StopFlag
 from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.supervisor.standby import Standby
@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, PhaseWatch):
+class Supervisor(Phases, PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -71,9 +71,8 @@ class Supervisor(Verdicts, Phases, PhaseWatch):
                 self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
             if tp["source"] == "stdout":
                 self.line_source = sources.line_source(tp, self.tp_scale)
-            self.policy = policy.PolicyConfig.from_spec(tp)
-            self.base_policy = self.policy
             self.start_timeout = tp["start_timeout"]
+        self.policy_holder = PolicyHolder(policy.PolicyConfig.from_spec(tp) if tp else None)
         self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
         self.signatures = list(self.rb["error_signatures"] or [])
         self.grace_after_signature = float(self.rb["signature_grace"])
@@ -104,6 +103,9 @@ class Supervisor(Verdicts, Phases, PhaseWatch):
             ck.checkpoint_watch, ck.poll_checkpoints, ck.close_checkpoints)
         self.gate, self.wait_for_save, self.resume_args = ck.gate, ck.wait_for_save, ck.resume_args
         self.standby = Standby(self.jobv, self.journal, self.ledger, self.envs, self.env, self.report)
+        self.verdicts = v = Verdicts(self.jobv, self.journal, self.ledger, self.report, self.caches, self.history,
+                                     self.policy_holder, self.fleet, ends=self)
+        self.review, self.refuse_promotion, self.keep_running = v.review, v.refuse_promotion, v.keep_running
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
@@ -113,6 +115,7 @@ class Supervisor(Verdicts, Phases, PhaseWatch):
     spawned_at = property(lambda self: self.runner.spawned_at,
                           lambda self, v: setattr(self.runner, "spawned_at", v))
     relay = property(lambda self: self.runner.relay)
+    policy = property(lambda self: self.policy_holder.now)
 
     # ---- entry -------------------------------------------------------------
     def main(self) -> int:
@@ -300,7 +303,7 @@ class Supervisor(Verdicts, Phases, PhaseWatch):
         action = self.next_action(out, profile)
         if action.do != decide.Do.ROLLBACK or out.request:  # a rollback's first durable write is its
             self.journal.sync()  # spawn's (switch): what it does before that only writes state.json
-        return self.carry_out(action, out, profile)
+        return self.verdicts.carry_out(action, out, profile)
 
     def next_action(self, out: Outcome, profile: str) -> decide.Action:
         """What to do after ``out`` on ``profile``: decide.next_action over what this job knows."""
