@@ -43,7 +43,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Phases, PhaseWatch):
+class Supervisor(PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -106,6 +106,9 @@ class Supervisor(Phases, PhaseWatch):
         self.verdicts = v = Verdicts(self.jobv, self.journal, self.ledger, self.report, self.caches, self.history,
                                      self.policy_holder, self.fleet, ends=self)
         self.review, self.refuse_promotion, self.keep_running = v.review, v.refuse_promotion, v.keep_running
+        self.phases = Phases(self.jobv, self.journal, self.ledger, self.envs, self.standby, self.checkpoints,
+                             self.env, self.report, self.history, self.runner, self.policy_holder, self.fleet,
+                             watch=self.watch)
 
     # ---- the shared pieces, as the roles not yet composed read them ----------
     stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
@@ -230,7 +233,7 @@ class Supervisor(Phases, PhaseWatch):
                 self.caches.take_snapshot(st["snapshot_due"])
                 continue
             if child:
-                out = self.readopt(child, profile)
+                out = self.phases.readopt(child, profile)
                 if out is None:
                     continue
                 if child.get("phase") == "warmup" and out.kind == OutcomeKind.DONE:
@@ -257,14 +260,14 @@ class Supervisor(Phases, PhaseWatch):
                     if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
                         out = Outcome(OutcomeKind.DONE, exit_code=0)
                     elif step == Stage.WARMUP:
-                        out = self.warmup(profile, st.get("warmup_done") or [])
+                        out = self.phases.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == OutcomeKind.DONE:
                             if self.requests() is not None:  # the loop takes it (the trainer's start durable)
                                 self.journal.set_state(step=Stage.TRAIN, durable=False)
                                 continue
-                            out = self.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
+                            out = self.phases.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
                     else:
-                        out = self.train(profile, bool(st.get("resume")))
+                        out = self.phases.train(profile, bool(st.get("resume")))
             restarts_before = len(self.restarts)
             if self.handle(out, profile):
                 return
