@@ -158,7 +158,7 @@ class PhaseWatch(PauseWatch):
                 after_start()
         split = throughput.LineSplitter()
         # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
-        outcome = hang.predecessor_outcome(self, proc, Outcome) if adopt is not None else None
+        outcome = hang.predecessor_outcome(self.journal, proc, Outcome) if adopt is not None else None
         while outcome is None:
             chunk = self.relay.poll()
             t = now()
@@ -190,7 +190,7 @@ class PhaseWatch(PauseWatch):
             if outcome.kind == OutcomeKind.STOP:
                 self.set_state(JobState.STOPPING, phase=run.phase)
             if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
-                hang.end_hung(self, proc, run, outcome)  # its stacks first (journal, logs --stacks)
+                hang.end_hung(self.journal, self.env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
             else:  # a hung trainer finishes no save; any other first ends the save it is in
                 self.wait_for_save(run, proc, now())
             left = proc.kill(grace)
