@@ -1,5 +1,6 @@
-"""The supervisor's half that keeps a known-good profile's compile cache (stdlib
-only; a mixin like PhaseWatch: it uses the supervisor's journal, ledger and spec).
+"""The supervisor's role that keeps a known-good profile's compile cache (stdlib
+only): ``Caches``, built with the job (``parts.Job``), the journal, the ledger, the
+envs (``install.Envs``: the env and cache keys) and the report.
 
 - ``mark_good``: a profile becomes known-good → the ledger says how it was proven
   (``proof``: ``cold`` when its cache was empty when it started, else ``warm``) and
@@ -22,14 +23,19 @@ from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import FailureSignal, OutcomeKind
 
 
-class CacheKeep:
+class Caches:
+    """A known-good profile's cache snapshots, the restore step, the cold retry."""
+
+    def __init__(self, job, journal, ledger, envs, report):
+        self.job, self.journal, self.ledger, self.envs = job, journal, ledger, envs
+        self.env_key, self.cache_key, self.say = envs.env_key, envs.cache_key, report.say
 
     def snapshots_keep(self) -> int:
-        return int(defaults.section(self.spec, "caches")["snapshots_keep"])
+        return int(defaults.section(self.job.spec, "caches")["snapshots_keep"])
 
     def usable_snapshot(self, profile: str):
         """The newest snapshot of this profile's cache made from the same venv."""
-        for meta in snapshots.listing(self.home.root, self.cache_key(profile)):
+        for meta in snapshots.listing(self.job.home.root, self.cache_key(profile)):
             if meta.get("env_key") == self.env_key(profile):
                 return meta
         return None
@@ -43,7 +49,7 @@ class CacheKeep:
                                    before, self.env_key(profile))
         if self.snapshots_keep() > 0:
             self.journal.set_state(snapshot_due=profile)
-        self.ledger.mark(profile, "good", job=self.job_id, env_key=self.env_key(profile), proof=proof,
+        self.ledger.mark(profile, "good", job=self.job.job_id, env_key=self.env_key(profile), proof=proof,
                          cache_start=start.get("kind") if start.get("profile") == profile else None,
                          **data)
         if proof == "warm":
@@ -69,8 +75,8 @@ class CacheKeep:
             return
         key = self.cache_key(profile)
         try:
-            meta = snapshots.take(self.home.root, key, keep=self.snapshots_keep(), profile=profile,
-                                  env_key=self.env_key(profile), job=self.job_id)
+            meta = snapshots.take(self.job.home.root, key, keep=self.snapshots_keep(), profile=profile,
+                                  env_key=self.env_key(profile), job=self.job.job_id)
         except OSError as e:  # a full disk: no snapshot (nothing half made), the job goes on
             self.journal.event("warning", message=f"cache snapshot of {profile} failed: {e}")
             self.say(f"warning: cache snapshot of {profile} failed ({e}); the job goes on without one")
@@ -89,12 +95,12 @@ class CacheKeep:
         """The restore step (``then``: the state after it, written with its cache_start)."""
         st = self.journal.state()
         key = self.cache_key(profile)
-        for what in snapshots.recover(self.home.root, key):
+        for what in snapshots.recover(self.job.home.root, key):
             self.journal.event("cache_recovered", profile=profile, did=what)
         retry = st.get("cold_retry") or {}
         snap = self.usable_snapshot(profile)
-        live = snapshots.cache_files(self.home.root, key)  # compile files (the warm marker aside)
-        empty = envs.tree_stats(envs.cache_dir(self.home.root, key))["files"] == 0  # cleared
+        live = snapshots.cache_files(self.job.home.root, key)  # compile files (the warm marker aside)
+        empty = envs.tree_stats(envs.cache_dir(self.job.home.root, key))["files"] == 0  # cleared
         if retry.get("profile") == profile and not retry.get("restored"):
             why = f"one retry on the restored cache after a cold start failed: {retry.get('reason')}"
         else:
@@ -105,7 +111,7 @@ class CacheKeep:
         if why and snap is not None:
             self.journal.sync()  # a durable state before the restore
             try:
-                meta = snapshots.restore(self.home.root, key, snap)
+                meta = snapshots.restore(self.job.home.root, key, snap)
             except OSError as e:  # the old cache stays: restore removed its temp dir, swap undid itself
                 self.journal.event("warning", message=f"cache restore of {profile} failed: {e}")
                 self.say(f"warning: restoring {snapshots.describe(snap)} failed ({e}); starting without it")

@@ -1,4 +1,4 @@
-"""The supervisor's checkpoint side (stdlib only; a mixin of Supervisor): each trainer
+"""The supervisor's checkpoint side (stdlib only; ``Checkpoints``): each trainer
 run's watch of ``train.checkpoint.path`` (agent/home/ckregister.py keeps the register),
 where a resumed trainer starts from (only a checkpoint this job wrote, or the one
 ``submit --resume-from`` named), ``{resume_from}`` in ``resume_args``, and a stop or
@@ -17,18 +17,24 @@ from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import OutcomeKind
 
 
-class CheckpointKeep:
-    """Mixin of Supervisor: uses its spec, journal, home, relay, values and say."""
+class Checkpoints:
+    """Built with the job (``parts.Job``), the journal, the runner (its relay and nap,
+    while a save is waited for), the child env (the placeholder values), the report,
+    and ``after_events``: the watch's pause side of the checkpoint events."""
+
+    def __init__(self, job, journal, runner, child_env, report, after_events=None):
+        self.job, self.journal, self.runner, self.child_env = job, journal, runner, child_env
+        self.say, self.after_events = report.say, after_events
 
     def checkpoint_cfg(self):
         """train.checkpoint with its defaults (settle, done_file, save_wait), or None."""
-        return defaults.section(self.spec["train"], "checkpoint")
+        return defaults.section(self.job.spec["train"], "checkpoint")
 
     def checkpoint_pattern(self, profile: str) -> tuple:
         """(absolute glob, whether the spec's glob is relative to the workdir)."""
-        pattern = substitute(self.checkpoint_cfg()["path"], self.values(profile))
+        pattern = substitute(self.checkpoint_cfg()["path"], self.child_env.values(profile))
         rel = not os.path.isabs(pattern)
-        return (os.path.join(self.workdir, pattern) if rel else pattern), rel
+        return (os.path.join(self.job.workdir, pattern) if rel else pattern), rel
 
     def checkpoint_watch(self, profile: str, adopt: dict | None):
         """This trainer run's watch: a new run written into the register before the
@@ -37,19 +43,19 @@ class CheckpointKeep:
         if not ck:
             return None
         pattern, rel = self.checkpoint_pattern(profile)
-        args = dict(workdir=self.workdir, shown_relative=rel, settle=ck["settle"], done_file=ck.get("done_file"))
-        name = self.spec.get("name", "")
+        args = dict(workdir=self.job.workdir, shown_relative=rel, settle=ck["settle"], done_file=ck.get("done_file"))
+        name = self.job.spec.get("name", "")
         if adopt is not None and adopt.get("ck_run"):
-            w = ckregister.CkWatch.resume(self.home.root, self.job_id, name, adopt["ck_run"], pattern, **args)
+            w = ckregister.CkWatch.resume(self.job.home.root, self.job.job_id, name, adopt["ck_run"], pattern, **args)
             if w is not None:
                 return w
-        w = ckregister.CkWatch.begin(self.home.root, self.job_id, name, profile, pattern, t=now(), **args)
+        w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(), **args)
         left = ckregister.foreign(w.reg, w.reg["runs"][-1]["before"])
         if left and w.run == 1:
             self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
             self.say(f"{len(left)} checkpoint(s) under {ck['path']} were left by earlier jobs "
                      f"(e.g. {left[0][0]}): this job never resumes from them"
-                     + (" (submit --resume-from chose one)" if self.job.get("resume_from") else ""))
+                     + (" (submit --resume-from chose one)" if self.job.job.get("resume_from") else ""))
         return w
 
     def poll_checkpoints(self, run, t: float, force: bool = False) -> None:
@@ -79,14 +85,14 @@ class CheckpointKeep:
         until this run has written a finished checkpoint (at most checkpoint.hold_limit);
         anything else passes. A checkpoint this run did not write (an earlier job's
         ``out/ckpt.pt``, an earlier run's) never releases it."""
-        ck = self.spec["train"].get("checkpoint")
-        if not (ck and self.rb.get("wait_for_checkpoint") and run.phase == "train"):
+        ck = self.job.spec["train"].get("checkpoint")
+        if not (ck and self.job.rb.get("wait_for_checkpoint") and run.phase == "train"):
             return outcome
         if outcome is None:
             if run.held is None:
                 return None
             outcome = run.held
-        elif outcome.kind != OutcomeKind.SIGNAL or outcome.signal_name not in (self.rb.get("on") or []):
+        elif outcome.kind != OutcomeKind.SIGNAL or outcome.signal_name not in (self.job.rb.get("on") or []):
             return outcome
         own = {"file": None}
         if run.ckwatch is not None:
@@ -122,9 +128,8 @@ class CheckpointKeep:
             self.journal.event("checkpoint_finished", ckpt=entry["shown"], step=entry.get("step"),
                                size=entry.get("size"), run=run.ckwatch.run,
                                took=round(entry["finished_at"] - entry["first_seen"], 2))
-        after = getattr(super(), "on_ckpt_events", None)  # the pause side (PhaseWatch), when it has one
-        if after is not None:
-            after(run, events, t)
+        if self.after_events is not None:  # the pause side (the watch's)
+            self.after_events(run, events, t)
 
     def wait_for_save(self, run, proc, t: float) -> None:
         """A stop or rollback that finds this run's save in progress lets it finish
@@ -144,8 +149,8 @@ class CheckpointKeep:
         self.say(f"a checkpoint is being saved ({names}): waiting up to {limit:g}s for it to finish "
                  "before signalling the trainer")
         while proc.running() and now() - t < limit:
-            self.nap(proc, 0.2)
-            for _ in self.relay.drain():  # job.log keeps up meanwhile
+            self.runner.nap(proc, 0.2)
+            for _ in self.runner.relay.drain():  # job.log keeps up meanwhile
                 pass
             self.poll_checkpoints(run, now(), force=True)
             if not [e for e in run.ckwatch.saving() if e["path"] in waiting]:
@@ -165,9 +170,9 @@ class CheckpointKeep:
         if not ck:
             return None
         t = now()
-        reg = ckregister.load(self.home.root, self.job_id)
+        reg = ckregister.load(self.job.home.root, self.job.job_id)
         point = ckregister.point(ckregister.newest(reg), t)
-        given = self.job.get("resume_from")
+        given = self.job.job.get("resume_from")
         if point["file"] is None and given and os.path.lexists(given["path"]):
             point = {"file": given["path"], "age": round(max(0.0, t - os.lstat(given["path"]).st_mtime), 1),
                      "step": given.get("step"), "from_job": given.get("job")}
@@ -175,7 +180,7 @@ class CheckpointKeep:
 
     def resume_args(self, profile: str, resume: bool) -> tuple:
         """(the arguments added to the trainer's argv, the resume point or None)."""
-        spec_args = list(self.spec["train"].get("resume_args") or [])
+        spec_args = list(self.job.spec["train"].get("resume_args") or [])
         if not resume:
             return [], None
         point = self.resume_choice(profile)
@@ -185,7 +190,7 @@ class CheckpointKeep:
         if point["file"] is None:
             note = "no checkpoint of this job: restarted from scratch, without resume_args"
             spec_args = []
-        elif point.get("from_job") is not None or self.job.get("resume_from", {}).get("path") == point["file"]:
+        elif point.get("from_job") is not None or self.job.job.get("resume_from", {}).get("path") == point["file"]:
             note += f" (submit --resume-from{' ' + point['from_job'] if point.get('from_job') else ''})"
         self.journal.event("resume_point", note=note, **point)
         self.journal.set_state(resumed=note)

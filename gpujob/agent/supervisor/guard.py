@@ -1,6 +1,8 @@
 """The supervisor's safeguards at the end of a job (stdlib only): the space held
 back for writing the final state when the disk fills, and the boot hook of
-``resume_after_reboot`` jobs. A mixin of ``Supervisor``."""
+``resume_after_reboot`` jobs. ``Guard`` is built with the job (``parts.Job``), the
+journal, the report, the child env (the secrets it drops) and the runner (the phase
+process it ends)."""
 
 from __future__ import annotations
 
@@ -13,18 +15,21 @@ from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import JobState
 
 
-class Safeguards:
+class Guard:
+    def __init__(self, job, journal, report, child_env, runner):
+        self.job, self.journal, self.report, self.child_env, self.runner = job, journal, report, child_env, runner
+
     def drop_boot_hook(self) -> None:
         """The job's boot hook goes when no other job of this home needs it."""
-        if not (self.spec.get("resume_after_reboot") and self.job.get("boot_hook")):
+        if not (self.job.spec.get("resume_after_reboot") and self.job.job.get("boot_hook")):
             return
-        for other in self.home.job_ids():
-            j = Journal(self.home, other)
-            if other != self.job_id and (j.job().get("spec") or {}).get("resume_after_reboot") and \
+        for other in self.job.home.job_ids():
+            j = Journal(self.job.home, other)
+            if other != self.job.job_id and (j.job().get("spec") or {}).get("resume_after_reboot") and \
                     j.state().get("state") not in ENDED:
                 return
         try:
-            if boothook.remove(self.home.root):
+            if boothook.remove(self.job.home.root):
                 self.journal.event("boot_hook_removed", path=boothook.RC_LOCAL)
         except OSError as e:
             self.journal.event("warning", message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
@@ -59,19 +64,20 @@ class Safeguards:
     def disk_full(self, e: OSError) -> None:
         where = os.path.dirname(e.filename) if getattr(e, "filename", None) else self.journal.dir
         code = None
-        if self.phase_proc is not None and self.phase_proc.running():
-            self.phase_proc.kill(5)
-        if self.phase_proc is not None:
-            code = self.phase_proc.returncode
+        proc = self.runner.proc
+        if proc is not None and proc.running():
+            proc.kill(5)
+        if proc is not None:
+            code = proc.returncode
         self.drop_reserve()
         reason = f"no space left on device in {where}"
-        self.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)  # if it fits
-        self.drop_secrets()
+        self.report.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)  # if it fits
+        self.child_env.drop_secrets()
         self.journal.set_state(state=JobState.FAILED, phase="done", reason=reason, finished_at=now(),
                                child=None, exit_code=code, signal="disk_full")
         try:
             self.journal.event("state", state=JobState.FAILED, phase="done", reason=reason)
-            self.say(f"job failed: {reason}")
+            self.report.say(f"job failed: {reason}")
         except OSError:
             pass
 

@@ -35,37 +35,38 @@ def ending_of(state: dict, pgid: int):
     return ending if ending.get("pgid") == pgid else None
 
 
-def end_hung(sup, proc, run, outcome) -> None:
-    """Write the decision down, then save the hung trainer's stacks (once per decision)."""
-    st = sup.journal.state()
+def end_hung(journal, child_env, say, proc, run, outcome) -> None:
+    """Write the decision down, then save the hung trainer's stacks (once per decision);
+    ``child_env``: parts.ChildEnv (is the faulthandler on?), ``say``: Report.say."""
+    st = journal.state()
     prior = ending_of(st, proc.pgid)
     if prior is None:
         prior = {"pgid": proc.pgid, "kind": outcome.kind, "signal": outcome.signal_name,
                  "reason": outcome.reason, "evidence": outcome.evidence, "stacks_saved": False}
-        sup.journal.set_state(ending=prior)
+        journal.set_state(ending=prior)
     if prior.get("stacks_saved"):
         return
-    env = sup.child_env(run.profile)
+    env = child_env.child_env(run.profile)
     faulthandler = env.get("PYTHONFAULTHANDLER", "") not in ("", "0")
     try:
-        rec = stacks.capture(proc.pgid, sup.journal.path(f"{run.phase}.log"), sup.journal.path("venv"), faulthandler)
+        rec = stacks.capture(proc.pgid, journal.path(f"{run.phase}.log"), journal.path("venv"), faulthandler)
     except Exception as e:  # never let the bookkeeping of a hang crash the supervisor
         rec = {"method": "none", "stacks": [], "note": f"could not read the stacks: {type(e).__name__}: {e}"}
-    sup.journal.event("stacks", phase=run.phase, signal=outcome.signal_name, reason=outcome.reason, **rec)
-    sup.journal.set_state(ending=dict(prior, stacks_saved=True))
+    journal.event("stacks", phase=run.phase, signal=outcome.signal_name, reason=outcome.reason, **rec)
+    journal.set_state(ending=dict(prior, stacks_saved=True))
     n = len(rec["stacks"])
     if n:
-        sup.say(f"saved the Python stacks of {run.phase} ({rec['method']}, {n} process"
+        say(f"saved the Python stacks of {run.phase} ({rec['method']}, {n} process"
                 f"{'es' if n > 1 else ''}): gpujob logs --stacks")
     else:
-        sup.say(f"no Python stacks of {run.phase}: {rec.get('note')}")
+        say(f"no Python stacks of {run.phase}: {rec.get('note')}")
 
 
-def predecessor_outcome(sup, proc, make_outcome):
+def predecessor_outcome(journal, proc, make_outcome):
     """The outcome a dead supervisor had decided for this re-adopted run, or None."""
-    prior = ending_of(sup.journal.state(), proc.pgid)
+    prior = ending_of(journal.state(), proc.pgid)
     if prior is None:
         return None
-    sup.journal.event("ending_resumed", signal=prior.get("signal"), pgid=proc.pgid)
+    journal.event("ending_resumed", signal=prior.get("signal"), pgid=proc.pgid)
     return make_outcome(prior.get("kind") or OutcomeKind.SIGNAL, prior.get("signal") or "",
                         f"{prior.get('reason')} (decided before a supervisor restart)", prior.get("evidence") or {})

@@ -1,7 +1,8 @@
 """The supervisor's half that builds and activates profile venvs (stdlib only).
 
-A mixin of ``Supervisor``: it uses the supervisor's journal, relay and requests.
-An install step runs under the same keeper as any phase command, so a supervisor
+``Envs``: built by the Supervisor with the job (``parts.Job``), the journal, the
+report, the runner (which starts and ends the install steps, and relays their
+output) and the stop flag. An install step runs under the same keeper as any phase command, so a supervisor
 that dies mid-install leaves a recorded process group that the next one ends
 before installing again.
 """
@@ -20,18 +21,18 @@ from gpujob.agent.judge import throughput
 from gpujob.agent.base import envs, planshare
 from gpujob.agent.base.fsio import now, write_bytes, write_json
 from gpujob.agent.judge.outcome import EnvError
+from gpujob.agent.supervisor.parts import Job, Report, Runner, StopFlag
 from gpujob.agent.supervisor.watch import POLL
 from gpujob.agent.judge.outcome import Stop
 
 
-class Installer:
-    # ---- environments ------------------------------------------------------
-    def env_key(self, profile: str) -> str:
-        return self.job["env_keys"][profile]
+class Envs:
+    """The job's profile venvs: built, verified, pointed at; their caches cleared."""
 
-    def cache_key(self, profile: str) -> str:
-        """Caches are per profile (the venv's key) unless the spec shares them."""
-        return self.env_key(profile) if self.per_profile_caches else "shared"
+    def __init__(self, job: Job, journal, report: Report, runner: Runner, stop: StopFlag):
+        self.job, self.journal, self.report, self.runner, self.stop = job, journal, report, runner, stop
+        self.env_key, self.cache_key = job.env_key, job.cache_key
+        self.say = report.say
 
     def activate(self, profile: str, durable: bool = True, **then) -> None:
         """Make sure the profile's venv exists, then point the job at it atomically
@@ -42,23 +43,23 @@ class Installer:
         tmp = f"{link}.tmp{os.getpid()}"
         if os.path.lexists(tmp):
             os.unlink(tmp)
-        os.symlink(envs.env_dir(self.home.root, self.env_key(profile)), tmp)
+        os.symlink(envs.env_dir(self.job.home.root, self.env_key(profile)), tmp)
         os.replace(tmp, link)
-        gc.touch_used(envs.env_dir(self.home.root, self.env_key(profile)))  # for `gpujob gc`
+        gc.touch_used(envs.env_dir(self.job.home.root, self.env_key(profile)))  # for `gpujob gc`
         self.journal.set_state(profile=profile, env_key=self.env_key(profile), durable=durable, **then)
         self.journal.event("profile_active", profile=profile, env_key=self.env_key(profile))
     def ensure_env(self, profile: str) -> None:
         key = self.env_key(profile)
-        if envs.is_installed(self.home.root, key):
+        if envs.is_installed(self.job.home.root, key):
             self.journal.event("env_reused", profile=profile, env_key=key)
             self.say(f"profile {profile}: venv {key} already installed, reusing it")
             return
         self.journal.sync()  # a durable state before the build's acts
-        prof = self.profiles[profile]
-        venv = envs.env_dir(self.home.root, key)
+        prof = self.job.profiles[profile]
+        venv = envs.env_dir(self.job.home.root, key)
         envs.remove_tree(venv)  # an interrupted build left no marker: start over
         os.makedirs(os.path.dirname(venv), exist_ok=True)
-        uv = self.job.get("uv")
+        uv = self.job.job.get("uv")
         if not uv:
             self.journal.event("warning", message="uv not available in the container; using pip (slower)")
             self.say("warning: no uv in the container, installing with pip (slower)")
@@ -67,7 +68,7 @@ class Installer:
         self.say(f"profile {profile}: building venv {key} with {'uv' if uv else 'pip'}")
         os.makedirs(venv, exist_ok=True)  # so the side files below have a place; uv venv reuses it
         constraints, req_file = planshare.side_files(venv, prof)
-        cmds = planshare.env_build_commands(prof, venv, sys.executable, uv=uv, home=self.home.root, spec=self.spec)
+        cmds = planshare.env_build_commands(prof, venv, sys.executable, uv=uv, home=self.job.home.root, spec=self.job.spec)
         try:
             for i, argv in enumerate(cmds):
                 if i == 1:  # the venv exists now; side files go in
@@ -98,7 +99,7 @@ class Installer:
                  f"({', '.join(f'{k}=={v}' for k, v in report['packages'].items())})")
 
     def clear_caches(self, profile: str) -> None:
-        envs.remove_tree(envs.cache_dir(self.home.root, self.cache_key(profile)))
+        envs.remove_tree(envs.cache_dir(self.job.home.root, self.cache_key(profile)))
         self.journal.event("cache_cleared", profile=profile)
         self.say(f"profile {profile}: compile caches cleared")
 
@@ -115,18 +116,18 @@ class Installer:
         self.say("$ " + shlex.join(argv))
         tail = collections.deque(maxlen=5)
         split = throughput.LineSplitter()
-        proc = self.start_phase(argv, None, None, logname, {"profile": None})
+        proc = self.runner.start_phase(argv, None, None, logname, {"profile": None})
         deadline = now() + timeout
         last_check = 0.0
         while True:
-            chunk = self.relay.poll()
+            chunk = self.runner.relay.poll()
             tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
             if not chunk:
                 if not proc.running():
-                    for chunk in self.relay.drain():
+                    for chunk in self.runner.relay.drain():
                         tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
                     break
-                self.nap(proc, POLL)
+                self.runner.nap(proc, POLL)
             t = now()
             if t > deadline:
                 self.say(f"{os.path.basename(argv[0])} timed out after {timeout:g}s")
@@ -136,14 +137,14 @@ class Installer:
                 if self.requests_stop():
                     proc.kill(5)
         tail.extend(ln.strip() for ln in split.flush() if ln.strip())
-        self.end_phase()
-        if self.stop_asked:
+        self.runner.end_phase()
+        if self.stop.asked:
             raise Stop()
         code = proc.returncode
         return (code if code is not None else -1), " | ".join(tail)
 
     def requests_stop(self) -> bool:
-        if not self.stop_asked and any(req["kind"] == "stop" for _n, req in self.journal.pending()):
-            self.stop_asked = True
-        return self.stop_asked
+        if not self.stop.asked and any(req["kind"] == "stop" for _n, req in self.journal.pending()):
+            self.stop.asked = True
+        return self.stop.asked
 

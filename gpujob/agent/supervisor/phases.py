@@ -1,83 +1,43 @@
-"""The supervisor's phases (stdlib only): the job's environment and secrets, the
-placeholder values, the warmup (fanned out per GPU), the trainer, where a resumed
-trainer starts, and re-adopting a phase command a previous supervisor left. A mixin
-of the Supervisor (supervisor.py), which holds the state these read.
+"""The supervisor's phases (stdlib only): the warmup (fanned out per GPU), the
+trainer, and re-adopting a phase command a previous supervisor left. ``Phases`` is
+built with the job (``parts.Job``), the journal, the ledger, the envs, the standby,
+the checkpoints, the child env, the report, the history, the runner, the policy
+holder, the fleet (None on one node) and ``watch``: the watch loop's entry.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import shlex
 
-from gpujob.agent.base import defaults, envs, jobenv, planshare
-from gpujob.agent.base.placeholders import command_argv, fleet_env, placeholder_env
-from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.base import defaults, envs, planshare
+from gpujob.agent.base.placeholders import command_argv
+from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import JobState, OutcomeKind
-from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.judge.outcome import Outcome
-
-SECRETS_FILE = "secrets.json"  # in the job dir, 0600: env values the spec marks as secrets
 
 
 class Phases:
-    """Mixin of Supervisor: what runs, in which environment."""
+    """What runs, in which environment."""
 
-    def child_env(self, profile: str, extra: dict | None = None) -> dict:
-        if self._login is None:  # once per supervisor: a login shell costs ~10 ms
-            self._login, source = jobenv.login_env()
-            passed = jobenv.passed_through(dict(os.environ), self.job.get("env_passthrough") or [])
-            self.journal.event("job_env", login=source, passthrough=sorted(passed))
-            self._passed = passed
-        secrets = self.secrets()
-        own = {"GPUJOB_HOME": self.home.root, **placeholder_env(self.values(profile))}  # GPUJOB_GPUS_*, _JOB_ID, ...
-        if self.job.get("fleet"):
-            own.update(fleet_env(self.job["fleet"]["values"]))
-        return jobenv.job_env(self._login, self._passed,
-                              [self.spec.get("env"), secrets.get("env"), self.profiles[profile].get("env"),
-                               (secrets.get("profiles") or {}).get(profile),
-                               envs.cache_env(self.home.root, self.cache_key(profile)), own],
-                              self.journal.path("venv"), extra)
-
-    def secrets(self) -> dict:
-        """The secret env values of the job (secrets.json, 0600), read once; {} without."""
-        if self._secrets is None:
-            self._secrets = read_json(self.journal.path(SECRETS_FILE), {}) or {}
-            env_names = [n for n in self.job.get("secret_names") or [] if not n.startswith("notify[")]
-            if env_names and not (self._secrets.get("env") or self._secrets.get("profiles")):
-                raise EnvError("the job's secrets were removed from the container when it ended; "
-                               "submit it again to run it")
-        return self._secrets
-
-    def drop_secrets(self) -> None:
-        """The job has ended: its secrets leave the container (a webhook's stay until
-        the job's last messages are out: notify.py)."""
-        kept = self.notifier.kept_secrets()
-        if kept:
-            try:
-                write_json(self.journal.path(SECRETS_FILE), kept, mode=0o600)
-                return
-            except OSError:  # a full disk: all of them go
-                pass
-        try:
-            os.unlink(self.journal.path(SECRETS_FILE))
-        except FileNotFoundError:
-            pass
-
-    def values(self, profile: str, gpu=None) -> dict:
-        return planshare.template_values(self.spec, job_id=self.job_id, profile=profile, workdir=self.workdir,
-                                         fleet=self.job.get("fleet"), gpu=gpu)
+    def __init__(self, job, journal, ledger, envs, standby, checkpoints, child_env, report, history, runner,
+                 policy_holder, fleet, watch):
+        self.job, self.journal, self.ledger, self.envs, self.standby = job, journal, ledger, envs, standby
+        self.checkpoints, self.child_env, self.report, self.history = checkpoints, child_env, report, history
+        self.runner, self.policy_holder, self.fleet, self.watch = runner, policy_holder, fleet, watch
+        self.say, self.set_state, self.values = report.say, report.set_state, child_env.values
+        self.env_key, self.cache_key = envs.env_key, envs.cache_key
+        self.watching = policy_holder.base is not None
 
     # ---- phases ------------------------------------------------------------
     def warmup(self, profile: str, done: list) -> Outcome:
-        w = defaults.section(self.spec, "warmup")
+        w = defaults.section(self.job.spec, "warmup")
         if not w:
             return Outcome(OutcomeKind.DONE)
         when = w["when"]
-        gpus = planshare.warmup_gpus(self.spec)
-        digest = envs.warm_hash(w, gpus, self.profiles[profile], self.env_key(profile))
-        cache = envs.warm_state(self.home.root, self.cache_key(profile), digest)
+        gpus = planshare.warmup_gpus(self.job.spec)
+        digest = envs.warm_hash(w, gpus, self.job.profiles[profile], self.env_key(profile))
+        cache = envs.warm_state(self.job.home.root, self.cache_key(profile), digest)
         again = bool(self.journal.state().get("warmup_again"))  # after a compile race on a cold cache
         if not done and not again and (when == "never" or (when == "cold" and cache == "warm")):
             self.journal.event("warmup_skipped", profile=profile, cache=cache, when=when)
@@ -93,13 +53,13 @@ class Phases:
             where = f" on GPU {gpu}" if gpu is not None else ""
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
             self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
-            out = self.watch(argv, self.child_env(profile, extra), "warmup.log", profile,
+            out = self.watch(argv, self.child_env.child_env(profile, extra), "warmup.log", profile,
                              timeout=w["timeout"], watch_tps=False, gpu=gpu)
             if out.kind != OutcomeKind.DONE:
                 return out
             done = list(done) + [gpu]
             self.journal.set_state(warmup_done=done)
-        envs.mark_warm(self.home.root, self.cache_key(profile), digest, profile=profile, job=self.job_id,
+        envs.mark_warm(self.job.home.root, self.cache_key(profile), digest, profile=profile, job=self.job.job_id,
                        at=now(), was=cache)
         self.journal.event("warm_marked", profile=profile, hash=digest)
         if again:
@@ -115,20 +75,20 @@ class Phases:
             out = self.fleet.barrier(profile)
             if out is not None:
                 return out
-        t = defaults.section(self.spec, "train")
-        extra, point = self.resume_args(profile, resume)  # {resume_from}: the checkpoint chosen
+        t = defaults.section(self.job.spec, "train")
+        extra, point = self.checkpoints.resume_args(profile, resume)  # {resume_from}: the checkpoint chosen
         argv = command_argv(t["command"], self.values(profile), extra)
-        env = self.child_env(profile)
+        env = self.child_env.child_env(profile)
         # deferred to the trainer's start (child_starting, or the sync before the standby's
         # hand-over), which is durable; a death before it redoes this step
-        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.restarts),
+        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.history.restarts),
                        durable=None, **then)
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         self.resumed_policy(profile, resume)
-        started = self.take_standby(profile, extra)
+        started = self.standby.take_standby(profile, extra)
         if started is None:
-            self.keep_standby(profile)
+            self.standby.keep_standby(profile)
         return self.watch(argv, env, "train.log", profile,
                           timeout=t["timeout"], watch_tps=self.watching,
                           grace=t["grace"], started=started, after_start=lambda: self.rollback_done(point))
@@ -136,24 +96,24 @@ class Phases:
     def rollback_done(self, point) -> None:
         """The trainer of a rollback's target runs (just spawned, or handed to its
         standby): the rollback's record gets when, and how long from the decision."""
-        if self.rollbacks and "running_at" not in self.rollbacks[-1]:
-            rec = self.rollbacks[-1]
+        if self.history.rollbacks and "running_at" not in self.history.rollbacks[-1]:
+            rec = self.history.rollbacks[-1]
             if point is not None:
                 rec["resumed"] = point["note"]
-            rec["running_at"] = self.spawned_at
+            rec["running_at"] = self.runner.spawned_at
             rec["took"] = round(rec["running_at"] - rec["decided_at"], 3)
             rec["timings"] = {"trainer_start": rec["took"]}
             self.journal.event("rollback_done", **rec)
-            self.journal.set_state(rollbacks=self.rollbacks)
+            self.journal.set_state(rollbacks=self.history.rollbacks)
             die_here("rollback_done")
 
     def resumed_policy(self, profile: str, resume: bool) -> None:
         """A known-good profile resumed needs no long start-up grace
         (throughput.resume_initial_delay)."""
         if self.watching:
-            delay = (self.spec.get("throughput") or {}).get("resume_initial_delay")
+            delay = (self.job.spec.get("throughput") or {}).get("resume_initial_delay")
             good = resume and delay is not None and self.ledger.status(profile) == "good"
-            self.policy = dataclasses.replace(self.base_policy, initial_delay=delay) if good else self.base_policy
+            self.policy_holder.resumed(delay if good else None)
 
     def readopt(self, child: dict, profile: str):
         """A phase command recorded in state by a supervisor that is gone: watch it
@@ -166,18 +126,18 @@ class Phases:
                 self.say(f"ended the install left by the previous supervisor (process group "
                          f"{child['pgid']}{', survivors ' + str(left) if left else ''})")
                 self.journal.event("install_ended", pgid=child["pgid"], left=left)
-            for _ in self.relay.drain():
+            for _ in self.runner.relay.drain():
                 pass
             self.journal.set_state(child=None)
             return None
         logname = child.get("log") or f"{child.get('phase')}.log"
         if child.get("phase") == "train":
             self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
-            if self.rollbacks and "running_at" not in self.rollbacks[-1]:  # its supervisor died at the spawn:
-                self.spawned_at = child.get("started_at") or now()  # the start it wrote down
+            if self.history.rollbacks and "running_at" not in self.history.rollbacks[-1]:  # its supervisor died at the spawn:
+                self.runner.spawned_at = child.get("started_at") or now()  # the start it wrote down
                 self.rollback_done(None)
         watch_tps = bool(child.get("watch_tps"))
-        timeout = defaults.section(self.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
-            else defaults.section(self.spec, "train")["timeout"]
+        timeout = defaults.section(self.job.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
+            else defaults.section(self.job.spec, "train")["timeout"]
         return self.watch(None, None, logname, child.get("profile") or profile, timeout=timeout,
-                          watch_tps=watch_tps, grace=defaults.section(self.spec, "train")["grace"], adopt=child)
+                          watch_tps=watch_tps, grace=defaults.section(self.job.spec, "train")["grace"], adopt=child)

@@ -92,24 +92,30 @@ def go(fifo: str, message: dict) -> bool:
     return True
 
 
-class StandbyKeeper:
-    """The supervisor's half that keeps, hands over and ends the standby
-    interpreter (a mixin of ``Supervisor``)."""
+class Standby:
+    """The supervisor's role that keeps, hands over and ends the standby interpreter;
+    built with the job (``parts.Job``), the journal, the ledger, the envs (the env
+    keys), the child env and the report. It owns the standby's process (``proc``)."""
+
+    def __init__(self, job, journal, ledger, envs, child_env, report):
+        self.job, self.journal, self.ledger, self.envs, self.child_env = job, journal, ledger, envs, child_env
+        self.env_key, self.say = envs.env_key, report.say
+        self.proc: Phase | None = None  # an interpreter of the rollback target, preloaded
 
     # ---- the standby interpreter (train.standby) ----------------------------
     def keep_standby(self, profile: str) -> None:
         """While training on ``profile``, keep an interpreter of the profile a
         rollback would go to (known-good, installed) preloaded and waiting."""
-        cfg = self.spec["train"].get("standby")
-        if not cfg or command_script(self.spec["train"]["command"]) is None:
+        cfg = self.job.spec["train"].get("standby")
+        if not cfg or command_script(self.job.spec["train"]["command"]) is None:
             return
-        target = pick(self.ledger.read(), profile, self.profiles, self.rb.get("fallback"))
+        target = pick(self.ledger.read(), profile, self.job.profiles, self.job.rb.get("fallback"))
         if target is None or self.ledger.status(target) != "good" or \
-                not envs.is_installed(self.home.root, self.env_key(target)):
+                not envs.is_installed(self.job.home.root, self.env_key(target)):
             self.drop_standby()
             return
         rec = self.journal.state().get("standby") or {}
-        if rec.get("profile") == target and self.standby is not None and self.standby.running():
+        if rec.get("profile") == target and self.proc is not None and self.proc.running():
             return
         self.drop_standby()
         fifo, ready = self.journal.path("standby.fifo"), self.journal.path("standby.ready")
@@ -117,12 +123,12 @@ class StandbyKeeper:
             if os.path.exists(stale):
                 os.unlink(stale)
         make_fifo(fifo)
-        vpy = os.path.join(envs.env_dir(self.home.root, self.env_key(target)), "bin", "python")
+        vpy = os.path.join(envs.env_dir(self.job.home.root, self.env_key(target)), "bin", "python")
         proc = Phase.start(standby_argv(vpy, fifo, ready, list(cfg.get("preload") or [])),
-                           env=self.child_env(target), cwd=self.workdir,
+                           env=self.child_env.child_env(target), cwd=self.job.workdir,
                            log_path=self.journal.path("standby.log"),
                            exit_file=self.journal.path("standby.exit"))
-        self.standby = proc
+        self.proc = proc
         self.journal.set_state(standby=dict(proc.record(), profile=target, env_key=self.env_key(target),
                                             fifo=fifo, ready=ready, started_at=now()))
         self.journal.event("standby_started", profile=target, pgid=proc.pgid,
@@ -132,38 +138,38 @@ class StandbyKeeper:
         """(the standby, where its output starts in train.log) when a standby of
         ``profile`` is ready and took the trainer's argv; else None."""
         rec = self.journal.state().get("standby") or {}
-        if self.standby is None or rec.get("profile") != profile or rec.get("env_key") != self.env_key(profile):
+        if self.proc is None or rec.get("profile") != profile or rec.get("env_key") != self.env_key(profile):
             return None
-        if not (self.standby.running() and is_ready(rec["ready"])):
+        if not (self.proc.running() and is_ready(rec["ready"])):
             self.journal.event("standby_not_ready", profile=profile)
             self.drop_standby()
             return None
-        command = self.spec["train"]["command"]
+        command = self.job.spec["train"]["command"]
         if isinstance(command, str):  # quoted as for bash -c, then split as bash would
-            command = shlex.split(substitute(command, self.values(profile), shlex.quote))
+            command = shlex.split(substitute(command, self.child_env.values(profile), shlex.quote))
         else:
-            command = [substitute(str(a), self.values(profile)) for a in command]
+            command = [substitute(str(a), self.child_env.values(profile)) for a in command]
         script = script_argv(command)
         log = self.journal.path("train.log")
         log_start = os.path.getsize(log) if os.path.exists(log) else 0
         self.journal.sync()  # a durable state before the trainer starts in the standby
-        if script is None or not go(rec["fifo"], {"argv": script + list(extra), "cwd": self.workdir,
+        if script is None or not go(rec["fifo"], {"argv": script + list(extra), "cwd": self.job.workdir,
                                                           "log": log}):
             self.drop_standby()
             return None
-        proc, self.standby = self.standby, None
+        proc, self.proc = self.proc, None
         self.journal.set_state(standby=None)
         self.journal.event("standby_used", profile=profile, pgid=proc.pgid)
         self.say(f"train on {profile} started in its standby interpreter (preloaded: "
-                 f"{', '.join(self.spec['train']['standby'].get('preload') or []) or 'nothing'})")
+                 f"{', '.join(self.job.spec['train']['standby'].get('preload') or []) or 'nothing'})")
         return proc, log_start
 
     def drop_standby(self) -> None:
-        if self.standby is not None:
-            if self.standby.running():
+        if self.proc is not None:
+            if self.proc.running():
                 self.journal.sync()
-                self.standby.kill(2)
-            self.standby = None
+                self.proc.kill(2)
+            self.proc = None
             self.journal.event("standby_dropped")
         if self.journal.state().get("standby"):
             self.journal.set_state(standby=None)

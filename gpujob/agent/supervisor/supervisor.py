@@ -12,14 +12,13 @@ import errno
 import os
 import signal
 import sys
-import time
 
 from gpujob.agent.fleet import nodes as fleet
 from gpujob.agent.judge import decide, policy, sources
 from gpujob.agent.base import defaults, planshare
 from gpujob.agent.base.defaults import DEFAULTS
-from gpujob.agent.supervisor.cachekeep import CacheKeep
-from gpujob.agent.supervisor.cksupervise import CheckpointKeep
+from gpujob.agent.supervisor.cachekeep import Caches
+from gpujob.agent.supervisor.cksupervise import Checkpoints
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger
@@ -31,11 +30,12 @@ from gpujob.agent.supervisor.notify import Notifier
 from gpujob.agent.base.proc import Phase, die_here, keepers_of, kill_group, start_ticks
 from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
-from gpujob.agent.supervisor.guard import Safeguards
-from gpujob.agent.supervisor.install import Installer
-from gpujob.agent.supervisor.phases import SECRETS_FILE, Phases
+from gpujob.agent.supervisor.guard import Guard
+from gpujob.agent.supervisor.install import Envs
+from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, PolicyHolder, Report, Runner, StopFlag
+from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
-from gpujob.agent.supervisor.standby import StandbyKeeper
+from gpujob.agent.supervisor.standby import Standby
 from gpujob.agent.supervisor.verdicts import Verdicts
 from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.supervisor.watch import PhaseWatch
@@ -43,29 +43,23 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKeep, CheckpointKeep, PhaseWatch):
+class Supervisor(PhaseWatch):
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
 
     def __init__(self, home: str, job_id: str, held: Held | None = None):
-        self.home = Home(home)
         self.held = held
-        self.journal = Journal(self.home, job_id, generation=held.generation if held else None)
-        self.job_id = job_id
-        self.job = self.journal.job()
-        self.spec = self.job["spec"]
+        self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
+        self.jobv = Job.of(self.journal.home, job_id, self.journal.job())  # the shared pieces (parts.py)
+        self.home, self.job_id, self.job, self.spec = self.journal.home, job_id, self.jobv.job, self.jobv.spec
+        self.profiles, self.workdir, self.rb = self.jobv.profiles, self.jobv.workdir, self.jobv.rb
+        self.per_profile_caches = self.jobv.per_profile_caches
         self.ledger = Ledger(self.home, planshare.ledger_name(self.job))  # per fleet shape
-        self.profiles = {p["name"]: p for p in self.spec["profiles"]}
-        self.workdir = self.home.workdir(self.spec)
-        self.stop_asked = False
+        self.stop = StopFlag()
         self._planned_at = None  # decided_at of the rollback this supervisor planned
-        self.rollbacks = list(self.journal.state().get("rollbacks") or [])
-        self.restarts = list(self.journal.state().get("restarts") or [])
-        self.joblog = self.relay = None
-        self.phase_proc: Phase | None = None
-        self.standby: Phase | None = None  # an interpreter of the rollback target, preloaded
-        self._secrets: dict | None = None
+        self.history = History(self.journal.state())
+        self.runner = Runner(self.journal)
         tp = defaults.section(self.spec, "throughput")
         self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
         self.line_source = None
@@ -77,12 +71,9 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
             if tp["source"] == "stdout":
                 self.line_source = sources.line_source(tp, self.tp_scale)
-            self.policy = policy.PolicyConfig.from_spec(tp)
-            self.base_policy = self.policy
             self.start_timeout = tp["start_timeout"]
-        self.rb = defaults.section(self.spec, "rollback")
+        self.policy_holder = PolicyHolder(policy.PolicyConfig.from_spec(tp) if tp else None)
         self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
-        self.per_profile_caches = defaults.section(self.spec, "caches")["per_profile"]
         self.signatures = list(self.rb["error_signatures"] or [])
         self.grace_after_signature = float(self.rb["signature_grace"])
         jcfg = defaults.section(self.spec, "journal")
@@ -90,25 +81,44 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         self.full_rate = float(jcfg["full_rate_samples"])
         self.trimmer = Trimmer(self.journal.dir)
         self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
-        self._login: dict | None = None
-        self._passed: dict = {}
         self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
         self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
         self.journal.on_internal_error = lambda line: self.notifier.emit(
             "internal_error", str(int(now() * 1000)), reason=line)
         self.metrics = MetricsFile(self.journal, self.job)
+        self.report = Report(self.journal, self.metrics, self.notifier)
+        self.env = ChildEnv(self.jobv, self.journal, self.notifier)
+        self.values, self.child_env, self.secrets = self.env.values, self.env.child_env, self.env.secrets
+        self.drop_secrets = self.env.drop_secrets
+        self.say, self.set_state = self.report.say, self.report.set_state
+        self.start_phase, self.end_phase, self.nap = self.runner.start_phase, self.runner.end_phase, self.runner.nap
+        self.envs = Envs(self.jobv, self.journal, self.report, self.runner, self.stop)
+        self.env_key, self.cache_key = self.jobv.env_key, self.jobv.cache_key
+        self.caches = Caches(self.jobv, self.journal, self.ledger, self.envs, self.report)
+        self.mark_good, self.ensure_snapshot = self.caches.mark_good, self.caches.ensure_snapshot  # (mixins)
+        self.guard = Guard(self.jobv, self.journal, self.report, self.env, self.runner)
+        self.checkpoints = ck = Checkpoints(self.jobv, self.journal, self.runner, self.env, self.report,
+                                            after_events=self.on_ckpt_events)
+        self.checkpoint_watch, self.poll_checkpoints, self.close_checkpoints = (  # (the watch, a mixin yet)
+            ck.checkpoint_watch, ck.poll_checkpoints, ck.close_checkpoints)
+        self.gate, self.wait_for_save, self.resume_args = ck.gate, ck.wait_for_save, ck.resume_args
+        self.standby = Standby(self.jobv, self.journal, self.ledger, self.envs, self.env, self.report)
+        self.verdicts = v = Verdicts(self.jobv, self.journal, self.ledger, self.report, self.caches, self.history,
+                                     self.policy_holder, self.fleet, ends=self)
+        self.review, self.refuse_promotion, self.keep_running = v.review, v.refuse_promotion, v.keep_running
+        self.phases = Phases(self.jobv, self.journal, self.ledger, self.envs, self.standby, self.checkpoints,
+                             self.env, self.report, self.history, self.runner, self.policy_holder, self.fleet,
+                             watch=self.watch)
 
-    # ---- journal helpers -------------------------------------------------
-    def say(self, text: str) -> None:
-        """A gpujob banner line in job.log (the combined log `gpujob logs` follows),
-        always on a line of its own."""
-        self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
-
-    def set_state(self, state: JobState, durable: bool = True, **kw) -> None:
-        self.journal.set_state(state=state, durable=durable, **kw)
-        self.journal.event("state", state=state, **{k: v for k, v in kw.items()
-                                                    if k in ("phase", "profile", "reason")})
-        self.metrics.write(force=True)
+    # ---- the shared pieces, as the roles not yet composed read them ----------
+    stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
+    rollbacks = property(lambda self: self.history.rollbacks)
+    restarts = property(lambda self: self.history.restarts)
+    phase_proc = property(lambda self: self.runner.proc, lambda self, v: setattr(self.runner, "proc", v))
+    spawned_at = property(lambda self: self.runner.spawned_at,
+                          lambda self, v: setattr(self.runner, "spawned_at", v))
+    relay = property(lambda self: self.runner.relay)
+    policy = property(lambda self: self.policy_holder.now)
 
     # ---- entry -------------------------------------------------------------
     def main(self) -> int:
@@ -117,15 +127,15 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
         os.makedirs(self.journal.dir, exist_ok=True)
         fenced = False
         try:
-            self.joblog = JobLog(self.journal.path("job.log"))
-            self.relay = Relay(self.journal.dir, self.joblog)
+            self.report.joblog = JobLog(self.journal.path("job.log"))
+            self.runner.relay = Relay(self.journal.dir, self.report.joblog)
             self.relay.recover()
             self.notifier.start()
             if self.journal.state().get("state") in ENDED:  # revived only to deliver its notifications
                 self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()))
                 self.journal.event("notify_resumed", supervisor_pid=os.getpid())
                 return 0
-            self.make_reserve()
+            self.guard.make_reserve()
             self.announce()
             self.lifecycle()
         except Stop:
@@ -140,7 +150,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self.crashed(e)
                 raise
-            self.disk_full(e)
+            self.guard.disk_full(e)
         except Exception as e:  # never die silently: the journal says what happened
             self.crashed(e)
             raise
@@ -167,15 +177,15 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 f"resuming at step {st['step']}"
             self.say(f"supervisor restarted (the previous one, pid {before}, was gone); {what}")
             if st.get("standby"):  # its FIFO's other end is gone with the old supervisor: start afresh
-                self.standby = Phase.adopt(st["standby"])
-                self.drop_standby()
+                self.standby.proc = Phase.adopt(st["standby"])
+                self.standby.drop_standby()
             for pid in keepers_of([self.journal.path("standby.exit")]).values():  # one not written down
                 kill_group(pid, 2)
             self.journal.event("supervisor_restarted", previous_pid=before, step=st.get("step"),
                                child=child, generation=self.journal.generation)
 
     def _on_sigterm(self, *_):
-        self.stop_asked = True
+        self.stop.asked = True
 
     def crashed(self, e: BaseException) -> None:
         try:
@@ -185,21 +195,21 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             pass
 
     def finish(self, state: JobState, reason: str, **kw) -> None:
-        if self.phase_proc is not None and self.phase_proc.running():
-            left = self.phase_proc.kill(5)
+        if self.runner.proc is not None and self.runner.proc.running():
+            left = self.runner.proc.kill(5)
             kw.setdefault("left", left)
-        self.drop_standby()
+        self.standby.drop_standby()
         if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
             self.notifier.emit("success" if state == JobState.SUCCEEDED else "failure", "end", reason=reason,
                                profile=self.journal.state().get("profile"), signal=kw.get("signal"),
                                exit_code=kw.get("exit_code"), rollbacks=len(self.rollbacks))
         self.drop_secrets()
-        self.drop_boot_hook()
+        self.guard.drop_boot_hook()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
         for name, _req in self.journal.pending():  # nothing is left to act on them
             self.journal.done(name)
-        self.drop_reserve()
+        self.guard.drop_reserve()
         if self.fleet is not None:  # every node hears how it ended
             self.fleet.ended(state, reason)
 
@@ -220,10 +230,10 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 self.find_started(st["child_starting"])
                 continue
             if st.get("snapshot_due"):  # a known-good profile's snapshot, cut short by a death
-                self.take_snapshot(st["snapshot_due"])
+                self.caches.take_snapshot(st["snapshot_due"])
                 continue
             if child:
-                out = self.readopt(child, profile)
+                out = self.phases.readopt(child, profile)
                 if out is None:
                     continue
                 if child.get("phase") == "warmup" and out.kind == OutcomeKind.DONE:
@@ -238,26 +248,26 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                         continue
                     if step == Stage.ENV:
                         self.set_state(JobState.PREPARING, phase="env", profile=profile)
-                        self.activate(profile)
+                        self.envs.activate(profile)
                         cold = bool(self.job.get("clear_caches") and not st.get("resume"))
                         if cold:
-                            self.clear_caches(profile)
+                            self.envs.clear_caches(profile)
                         self.journal.set_state(step=Stage.RESTORE, warmup_done=[], cache_cold=cold)
                         continue
                     if step == Stage.RESTORE:  # a known-good profile's snapshot into an empty cache
-                        self.cache_step(profile, bool(st.get("cache_cold")), step=Stage.WARMUP)
+                        self.caches.cache_step(profile, bool(st.get("cache_cold")), step=Stage.WARMUP)
                         continue
                     if step == Stage.SUCCEEDED:  # the trainer exited 0 before a supervisor died
                         out = Outcome(OutcomeKind.DONE, exit_code=0)
                     elif step == Stage.WARMUP:
-                        out = self.warmup(profile, st.get("warmup_done") or [])
+                        out = self.phases.warmup(profile, st.get("warmup_done") or [])
                         if out.kind == OutcomeKind.DONE:
                             if self.requests() is not None:  # the loop takes it (the trainer's start durable)
                                 self.journal.set_state(step=Stage.TRAIN, durable=False)
                                 continue
-                            out = self.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
+                            out = self.phases.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
                     else:
-                        out = self.train(profile, bool(st.get("resume")))
+                        out = self.phases.train(profile, bool(st.get("resume")))
             restarts_before = len(self.restarts)
             if self.handle(out, profile):
                 return
@@ -285,18 +295,18 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
             if over is not None:
                 return over
         if out.kind == OutcomeKind.SIGNAL:
-            if self.disk_is_full():
+            if self.guard.disk_is_full():
                 try:
                     self.journal.sync()
                 except OSError:
                     pass
                 raise OSError(errno.ENOSPC, "no space left on device", self.journal.dir)
-            if self.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
+            if self.caches.cold_retry(out, profile):  # a failed cold start: once more on the snapshot
                 return False
         action = self.next_action(out, profile)
         if action.do != decide.Do.ROLLBACK or out.request:  # a rollback's first durable write is its
             self.journal.sync()  # spawn's (switch): what it does before that only writes state.json
-        return self.carry_out(action, out, profile)
+        return self.verdicts.carry_out(action, out, profile)
 
     def next_action(self, out: Outcome, profile: str) -> decide.Action:
         """What to do after ``out`` on ``profile``: decide.next_action over what this job knows."""
@@ -333,7 +343,7 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                 self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id)
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
-            self.rollbacks.append(rec)
+            self.history.add_rollback(rec)
             # a previous supervisor that died in the switch may have said it already (the
             # record below is deferred when nothing else was done: see the write)
             again = p["decided_at"] != self._planned_at and any(
@@ -358,9 +368,9 @@ class Supervisor(Verdicts, Phases, Installer, StandbyKeeper, Safeguards, CacheKe
                        pending_rollback=p, durable=False if acted else None)
         die_here("rollback_recorded")
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
-            self.drop_standby()
+            self.standby.drop_standby()
         # the venv pointed at, then this in the same write
-        self.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
+        self.envs.activate(p["to"], durable=None, step=Stage.RESTORE, resume=True, warmup_done=[],
                       pending_rollback=None, cache_cold=False)
         die_here("rollback_switched")
 

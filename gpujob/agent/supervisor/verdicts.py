@@ -1,5 +1,7 @@
-"""Carrying out ``decide.next_action`` and a rollback's confirmation (stdlib only; a
-mixin like PhaseWatch: it uses the supervisor's journal, ledger, notifier and policy).
+"""Carrying out ``decide.next_action`` and a rollback's confirmation (stdlib only).
+``Verdicts`` is built with the job (``parts.Job``), the journal, the ledger, the
+report, the caches (a profile marked good), the history, the policy holder, the fleet
+(None on one node) and ``ends``: the supervisor's ``Ends`` port, its one way back.
 
 - ``carry_out``: what ``Supervisor.handle`` does with an Action;
 - ``review``: each verdict on a training run's samples, called once from the watch
@@ -11,6 +13,8 @@ mixin like PhaseWatch: it uses the supervisor's journal, ledger, notifier and po
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from gpujob.agent.judge import decide, policy, throughput
 from gpujob.agent.base import defaults
 from gpujob.agent.judge.decide import Do
@@ -20,7 +24,21 @@ from gpujob.agent.base.protocol import JobState, Verdict
 from gpujob.agent.base.stages import Stage
 
 
+class Ends(Protocol):
+    """What a verdict asks of the supervisor (the port back to it)."""
+
+    def finish(self, state: JobState, reason: str, **kw) -> None: ...
+    def plan_rollback(self, frm: str, to: str, out, failure: str, mark_bad: bool,
+                      suspect: dict | None = None) -> None: ...
+    def next_action(self, out, profile: str) -> decide.Action: ...
+
+
 class Verdicts:
+    def __init__(self, job, journal, ledger, report, caches, history, policy_holder, fleet, ends: Ends):
+        self.job, self.journal, self.ledger, self.report, self.caches = job, journal, ledger, report, caches
+        self.history, self.policy_holder, self.fleet, self.ends = history, policy_holder, fleet, ends
+        self.say, self.notifier = report.say, report.notifier
+        self.watching = policy_holder.base is not None
     def carry_out(self, a, out, profile: str) -> bool:
         """Do what ``a`` (a decide.Action) says; True when the job is over."""
         from gpujob.agent.judge.outcome import Stop
@@ -28,17 +46,17 @@ class Verdicts:
             self.journal.event(kind, **fields)
         if a.verdict == "no_recovery":
             self.say(a.reason)
-            self.notifier.emit("no_recovery", f"{profile}.{len(self.rollbacks)}", to=profile, reason=a.reason,
+            self.notifier.emit("no_recovery", f"{profile}.{len(self.history.rollbacks)}", to=profile, reason=a.reason,
                                profile=profile)
         if a.do == Do.SUCCEED:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step=Stage.SUCCEEDED)
             self.suspect_at_exit(profile, a.suspect)
             if not self.watching and self.ledger.status(profile) != "good":
-                self.notifier.emit("known_good", f"{profile}.{len(self.rollbacks)}", profile=profile)
-                self.mark_good(profile, reason="job succeeded")
+                self.notifier.emit("known_good", f"{profile}.{len(self.history.rollbacks)}", profile=profile)
+                self.caches.mark_good(profile, reason="job succeeded")
             else:
-                self.ensure_snapshot(profile)
-            self.finish(JobState.SUCCEEDED, a.reason, exit_code=0)
+                self.caches.ensure_snapshot(profile)
+            self.ends.finish(JobState.SUCCEEDED, a.reason, exit_code=0)
             return True
         if a.do == Do.STOP:
             raise Stop()
@@ -47,18 +65,18 @@ class Verdicts:
             self.say(a.reason)
             return False
         if a.do == Do.ROLLBACK:
-            self.plan_rollback(profile, a.target, out, a.signal, mark_bad=a.mark_bad, suspect=a.suspect)
+            self.ends.plan_rollback(profile, a.target, out, a.signal, mark_bad=a.mark_bad, suspect=a.suspect)
             return False
         if a.do == Do.RESTART:
-            self.restarts.append(a.restart)
+            self.history.add_restart(a.restart)
             self.journal.event("restart", **a.restart)
-            self.say(f"RESTART on {profile} ({len(self.restarts)}): {a.reason}")
+            self.say(f"RESTART on {profile} ({len(self.history.restarts)}): {a.reason}")
             if a.fields.get("warmup_again"):  # a compile race on a cold cache: the warmup fills it first
                 self.say(f"the warmup runs again first: it compiles in one thread into {profile}'s cache")
-                self.journal.set_state(restarts=self.restarts, step=Stage.WARMUP, warmup_done=[],
+                self.journal.set_state(restarts=self.history.restarts, step=Stage.WARMUP, warmup_done=[],
                                        warmup_again=True, resume=True)
                 return False
-            self.journal.set_state(restarts=self.restarts, step=Stage.TRAIN, resume=True)
+            self.journal.set_state(restarts=self.history.restarts, step=Stage.TRAIN, resume=True)
             return False
         if a.do == Do.CONTINUE:
             held = {"since": now(), "profile": profile, "reason": a.reason}
@@ -67,7 +85,7 @@ class Verdicts:
             self.journal.set_state(step=Stage.TRAIN, resume=True, suspect=None, judging_suspended=held)
             return False
         self.journal.set_state(suspect=None)
-        self.finish(JobState.FAILED, a.reason, signal=a.signal, exit_code=out.exit_code)
+        self.ends.finish(JobState.FAILED, a.reason, signal=a.signal, exit_code=out.exit_code)
         return True
 
     def keep_running(self, run, out) -> bool:
@@ -79,13 +97,13 @@ class Verdicts:
         was restarted, 11 s of its progress lost). True when it was handled so."""
         if run.phase != "train" or self.fleet is not None:  # a fleet decides together (the leader)
             return False
-        a = self.next_action(out, run.profile)
+        a = self.ends.next_action(out, run.profile)
         if a.do != Do.CONTINUE:
             return False
         for kind, fields in a.events:
             self.journal.event(kind, **fields)
         if a.verdict == "no_recovery":
-            self.notifier.emit("no_recovery", f"{run.profile}.{len(self.rollbacks)}", to=run.profile,
+            self.notifier.emit("no_recovery", f"{run.profile}.{len(self.history.rollbacks)}", to=run.profile,
                                reason=a.reason, profile=run.profile)
         held = {"since": now(), "profile": run.profile, "reason": a.reason}
         self.journal.event("judging_suspended", restarted=False, **held)
@@ -115,7 +133,7 @@ class Verdicts:
         ev = dict(s.get("evidence") or {}, confirmed_by={"target": s["target"], "how": how,
                                                          "held_for": s.get("held_for"),
                                                          "at": s.get("confirmed_at")})
-        self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job_id)
+        self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job.job_id)
         self.journal.event("suspect_confirmed", suspect=s["profile"], target=s["target"], how=how)
         self.say(f"{s['profile']} marked bad: {s['target']} recovered ({how})")
         self.journal.set_state(suspect=None)
@@ -130,7 +148,7 @@ class Verdicts:
             run.suspect, run.suspended = st.get("suspect"), st.get("judging_suspended")
         s = run.suspect
         if s and s.get("target") == run.profile:
-            confirm = float(defaults.section(self.spec, "rollback")["confirm"])
+            confirm = float(defaults.section(self.job.spec, "rollback")["confirm"])
             status, s2 = decide.confirmation(s, d.verdict, t, confirm)
             if status == "confirmed":
                 run.suspect = None
@@ -140,7 +158,7 @@ class Verdicts:
                 run.suspect = s2
                 self.journal.set_state(suspect=s2)  # the clock survives a death
         if run.suspended and run.suspended.get("profile") == run.profile:
-            base = policy.known_good(self.policy, run.samples, t, max(run.start, run.suspended["since"]), None)
+            base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, run.suspended["since"]), None)
             if base is not None:
                 run.baseline, run.suspended = base, None
                 self.journal.event("judging_resumed", profile=run.profile, baseline=base)
@@ -153,10 +171,10 @@ class Verdicts:
 
     def refuse_promotion(self, run) -> bool:
         """True (and said once) when a profile that held steady may not become known-good."""
-        tp = self.spec.get("throughput") or {}
+        tp = self.job.spec.get("throughput") or {}
         led = self.ledger.read()
-        why = decide.promotion(self.policy.min is not None, run.baseline, tp.get("baseline"),
-                               bool(self.job.get("accept_baseline")), self.ledger.ever_good(led))
+        why = decide.promotion(self.policy_holder.now.min is not None, run.baseline, tp.get("baseline"),
+                               bool(self.job.job.get("accept_baseline")), self.ledger.ever_good(led))
         if why is None:
             return False
         run.good_known = True  # asked once per run

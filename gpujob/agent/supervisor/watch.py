@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import collections
 import os
-import select
 import subprocess
-import time
 
 from gpujob.agent.supervisor import hang
 from gpujob.agent.base import logwait
@@ -101,47 +99,6 @@ class PhaseWatch(PauseWatch):
     start_timeout = None  # throughput.start_timeout (the supervisor sets the spec's)
     fleet = None  # a multi-node job's leader or follower (agent/fleet/nodes.py)
 
-    def start_phase(self, argv, env, cwd, logname: str, extra: dict, started=None) -> Phase:
-        """Start a phase command (or take ``started``: (a Phase already running, where
-        its output starts in the log)); its record goes to state before anything else."""
-        log_path = self.journal.path(logname)
-        phase = logname[:-len(".log")]
-        rec = dict(phase=phase, log=logname, started_at=now(), boot=boot_identity(), **extra)
-        if started is not None:
-            proc, log_start = started
-        else:
-            log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-            exit_file = self.journal.path(f"{phase}.exit")
-            for stale in (exit_file, exit_file + ".tmp"):  # the last run's: one left here would read,
-                if os.path.exists(stale):  # to a supervisor dying before the start, as this one's end
-                    os.unlink(stale)
-            # written before the start: a supervisor dying right after it finds the command
-            # by its keeper's exit file (proc.keepers_of) instead of starting a second one
-            self.journal.set_state(child_starting=dict(rec, exit_file=exit_file, log_start=log_start))
-            die_here(f"{phase}_starting:{extra.get('profile')}")
-            proc = Phase.start(argv, env=env, cwd=cwd, log_path=log_path, exit_file=exit_file)
-            die_here(f"{phase}_started:{extra.get('profile')}")
-        self.spawned_at = now()  # (a standby's: when it took the argv)
-        self.phase_proc = proc
-        rec = dict(proc.record(), log_start=log_start, **rec)
-        self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid, child_starting=None)
-        self.relay.follow(logname, log_start)
-        return proc
-
-    def end_phase(self, durable: bool = True) -> None:
-        """The phase command is gone. From ``watch`` not fsynced: the supervisor's
-        ``handle`` makes it durable before it acts (a rollback: its spawn's write)."""
-        self.phase_proc = None
-        self.journal.set_state(child=None, child_pid=None, ending=None, durable=durable)
-
-    def nap(self, proc: Phase, seconds: float) -> None:
-        """Wait ``seconds``, or less if the command exits meanwhile."""
-        fd = proc.wait_fd()
-        if fd is not None:
-            select.select([fd], [], [], seconds)
-        else:
-            time.sleep(seconds)
-
     def samples_since(self, start: float) -> list:
         """The samples a previous supervisor recorded for this run (re-adoption)."""
         records = read_jsonl_from(self.journal.path("samples.jsonl"), self.trimmer.start_of("samples.jsonl"))
@@ -202,7 +159,7 @@ class PhaseWatch(PauseWatch):
                 after_start()
         split = throughput.LineSplitter()
         # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
-        outcome = hang.predecessor_outcome(self, proc, Outcome) if adopt is not None else None
+        outcome = hang.predecessor_outcome(self.journal, proc, Outcome) if adopt is not None else None
         while outcome is None:
             chunk = self.relay.poll()
             t = now()
@@ -233,7 +190,7 @@ class PhaseWatch(PauseWatch):
             if outcome.kind == OutcomeKind.STOP:
                 self.set_state(JobState.STOPPING, phase=run.phase)
             if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
-                hang.end_hung(self, proc, run, outcome)  # its stacks first (journal, logs --stacks)
+                hang.end_hung(self.journal, self.env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
             else:  # a hung trainer finishes no save; any other first ends the save it is in
                 self.wait_for_save(run, proc, now())
             left = proc.kill(grace)
