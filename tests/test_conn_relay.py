@@ -355,7 +355,7 @@ def test_a_cold_exec_keeps_the_handlers_traceback_out_of_the_terminal(monkeypatc
 
     monkeypatch.setattr(oneshot, "_OwnPool", lambda: FakePool(Scripted(bug)))
     asked = []
-    monkeypatch.setattr(client, "start_soon", asked.append)  # (no daemon started by a test)
+    monkeypatch.setattr(client, "start_soon", lambda *a: asked.append(a))  # (no daemon started by a test)
     req = {"op": "exec", "target": "tb/ct200", "argv": ["true"], "timeout": None, "stdin": False,
            "inventory": "/x/hosts.yaml"}
     try:
@@ -364,6 +364,7 @@ def test_a_cold_exec_keeps_the_handlers_traceback_out_of_the_terminal(monkeypatc
         assert (code, out, err) == (1, "", "gpujob: the connection daemon failed: RuntimeError: boom\n")
         log = (Path(runtime) / "gpujob" / "conn.log").read_text()
         assert "Traceback" in log and "RuntimeError: boom" in log
-        assert asked and asked[0].startswith(runtime)  # it went ahead: the daemon is asked for
+        assert asked and asked[0][0].startswith(runtime)  # it went ahead: the daemon is asked for,
+        assert asked[0][1] == ("/x/hosts.yaml", "tb/ct200")  # told to connect to this target ahead
     finally:
         shutil.rmtree(runtime, ignore_errors=True)

@@ -48,13 +48,18 @@ def daemon_env() -> dict:
             if k in DAEMON_ENV or k.startswith(("LC_", "XDG_"))}
 
 
-def _spawn(path: str):
-    """Start the daemon detached: its own session, no terminal, nothing inherited."""
+def _spawn(path: str, warm: tuple[str | None, str] | None = None):
+    """Start the daemon detached: its own session, no terminal, nothing inherited.
+    ``warm``: (inventory path or None, target) the command that starts it used, which
+    the daemon connects to at once, so that the next command finds it open."""
     import subprocess
     log = open(os.path.join(os.path.dirname(path), "conn.log"), "ab")
     os.chmod(log.name, 0o600)
+    argv = [sys.executable, "-m", "gpujob.daemon", "serve"]
+    if warm is not None:
+        argv += ["--warm", warm[0] or "", warm[1]]  # an argv list: no shell reads it
     try:
-        return subprocess.Popen([sys.executable, "-m", "gpujob.daemon", "serve"], stdin=subprocess.DEVNULL,
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True, close_fds=True,
                                 cwd="/", env=daemon_env())
     finally:
@@ -77,7 +82,7 @@ def connect(start: bool = True) -> socket.socket | None:
     return s
 
 
-def start_soon(path: str) -> None:
+def start_soon(path: str, warm: tuple[str | None, str] | None = None) -> None:
     """Start the daemon once this command has done its own connecting: when it exits, or
     START_AFTER seconds from now if it still runs (``logs -f``). A daemon starting at
     once (its imports, its own SSH handshake) would take the CPU that this command's
@@ -91,7 +96,7 @@ def start_soon(path: str) -> None:
     def go() -> None:
         if once.acquire(blocking=False):
             try:
-                _start(path)
+                _start(path, warm)
             except (OSError, paths.NoDaemon):
                 pass  # no daemon this time: the next command starts one
 
@@ -102,7 +107,7 @@ def start_soon(path: str) -> None:
     _soon.append(timer)
 
 
-def _start(path: str) -> None:
+def _start(path: str, warm: tuple[str | None, str] | None = None) -> None:
     """Start this environment's daemon unless one answers or is on its way (its
     ``conn-KEY.starting`` holds the pid of one spawned less than STARTING_FOR seconds
     ago). Spawners take one lock, so commands at once start one daemon; a socket nobody
@@ -129,7 +134,7 @@ def _start(path: str) -> None:
             os.unlink(path)  # stale: its daemon is gone
         except FileNotFoundError:
             pass
-        proc = _spawn(path)
+        proc = _spawn(path, warm)
         with open(marker, "w") as f:
             f.write(str(proc.pid))
 

@@ -73,7 +73,8 @@ def run(req: dict) -> int:
     handler = threading.Thread(target=server.handle, args=(theirs,), daemon=True, name="gpujob-oneshot")
     handler.start()
     try:
-        return client.request(req, sock=ours, on_going=lambda: client.start_soon(path))
+        warm = (req.get("inventory"), str(req["target"])) if req.get("target") else None
+        return client.request(req, sock=ours, on_going=lambda: client.start_soon(path, warm))
     finally:
         handler.join(5)
         server.pool.close()

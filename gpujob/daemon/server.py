@@ -197,9 +197,32 @@ class Server:
         except OSError:
             return False
 
-    def serve(self) -> None:
+    def prewarm(self, inventory: str | None, target: str) -> None:
+        """Open ``target``'s connection and its exec channel now (the command that started
+        this daemon just used it), as the first request for it would: the same checks (strict host keys);
+        a request for it meanwhile waits on the entry's lock instead of opening a second
+        one. Any failure is one conn.log line: the next request opens it as before."""
+        entry = None
+        try:
+            entry = self.pool.acquire(inventory)
+            opened = entry.target(target)
+            mux = getattr(opened.transport, "mux", None)  # the exec channel (no command is run)
+            if callable(mux):
+                mux()
+            log(f"connected ahead to {target}")
+        except Fallback:
+            pass  # not a kept-connection kind, or an inventory the CLI must name
+        except Exception as e:  # noqa: BLE001 (a daemon's side thread: logged, never fatal)
+            log(f"could not connect ahead to {target}: {type(e).__name__}: {e}")
+        finally:
+            if entry is not None:
+                self.pool.release(entry)
+
+    def serve(self, warm: tuple[str | None, str] | None = None) -> None:
         sock = self.bind()
         log(f"listening on {self.path}; idle time {self.idle:g}s")
+        if warm is not None:
+            threading.Thread(target=self.prewarm, args=warm, daemon=True, name="gpujob-prewarm").start()
         try:
             os.unlink(paths.starting_marker(str(self.path)))  # started: spawners need not wait
         except OSError:
@@ -422,11 +445,11 @@ class Server:
         raise Fallback()
 
 
-def serve() -> int:
+def serve(warm: tuple[str | None, str] | None = None) -> int:
     try:
         path = Path(paths.socket_path(create=True))
     except paths.NoDaemon as e:
         log(str(e))
         return 1
-    Server(path, paths.idle_seconds()).serve()
+    Server(path, paths.idle_seconds()).serve(warm)
     return 0
