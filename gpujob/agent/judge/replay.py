@@ -66,7 +66,7 @@ class Segment:
         if d.verdict != self.last or d.verdict in LOUD:
             self.decisions.append({"t": round(t, 3), "since_start": round(t - self.start, 3), "value": value,
                                    "step": step, "verdict": str(d.verdict), "reason": d.reason,
-                                   "profile": self.profile, "median": d.evidence.get("median")})
+                                   "profile": self.profile, "median": d.median})
             self.last = d.verdict
         if d.verdict == Verdict.ROLLBACK:
             self.rolled_back_at = t

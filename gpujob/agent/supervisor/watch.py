@@ -283,7 +283,7 @@ class PhaseWatch(PauseWatch):
         d = self.decide_now(run, t)
         d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
-                                 median=d.evidence.get("median"), profile=run.profile)
+                                 median=d.median, profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
             self.sample_marks.append((t, at))
         run.minute.append(value)
