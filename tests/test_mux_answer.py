@@ -19,9 +19,9 @@ from gpujob.agent.base import protocol
 from gpujob.errors import ConnectionLost
 from gpujob.target import BOOTSTRAP, agent_zip
 from gpujob.transport.local import LocalTransport
-from gpujob.transport.mux import SERVER_SOURCE, MuxClient
 from gpujob.transport import mux_server
 from gpujob.transport.stacked import Stacked
+from test_mux import mux  # noqa: F401 (the exec channel's server on a local pipe)
 
 pytestmark = pytest.mark.skipif(shutil.which("python3") is None, reason="the exec channel runs python3")
 
@@ -60,12 +60,6 @@ def home(tmp_path):
     return h
 
 
-@pytest.fixture
-def mux():
-    client = MuxClient(LocalTransport().open_stream([sys.executable, "-c", SERVER_SOURCE]), "test")
-    assert client.wait_ready(10)
-    yield client
-    client.close()
 
 
 def test_answer_prints_what_main_prints(home, capsys):
