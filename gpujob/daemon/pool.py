@@ -105,3 +105,26 @@ class Pool:
             for entry in list(self.entries.values()):
                 entry.close()
             self.entries.clear()
+
+
+def prewarm(pool, inventory: str | None, target: str) -> str | None:
+    """Open ``target``'s connection and its exec channel now (the command that started
+    the daemon just used it), as the first request for it would: the same checks (strict
+    host keys); a request for it meanwhile waits on the entry's lock instead of opening a
+    second one. The line for conn.log (None: nothing to open), never an exception: the
+    next request opens whatever failed here as before."""
+    entry = None
+    try:
+        entry = pool.acquire(inventory)
+        opened = entry.target(target)
+        mux = getattr(opened.transport, "mux", None)  # the exec channel (no command is run)
+        if callable(mux):
+            mux()
+        return f"connected ahead to {target}"
+    except Fallback:
+        return None  # not a kept-connection kind, or an inventory the CLI must name
+    except Exception as e:  # noqa: BLE001 (a daemon's side thread: logged, never fatal)
+        return f"could not connect ahead to {target}: {type(e).__name__}: {e}"
+    finally:
+        if entry is not None:
+            pool.release(entry)

@@ -26,7 +26,7 @@ from pathlib import Path
 from gpujob.cli import bodies
 from gpujob.conn import paths, proto
 from gpujob.daemon import logs
-from gpujob.daemon.pool import Entry, Fallback, Pool
+from gpujob.daemon.pool import Entry, Fallback, Pool, prewarm
 from gpujob.errors import ConnectionLost, GpujobError
 
 
@@ -198,25 +198,10 @@ class Server:
             return False
 
     def prewarm(self, inventory: str | None, target: str) -> None:
-        """Open ``target``'s connection and its exec channel now (the command that started
-        this daemon just used it), as the first request for it would: the same checks (strict host keys);
-        a request for it meanwhile waits on the entry's lock instead of opening a second
-        one. Any failure is one conn.log line: the next request opens it as before."""
-        entry = None
-        try:
-            entry = self.pool.acquire(inventory)
-            opened = entry.target(target)
-            mux = getattr(opened.transport, "mux", None)  # the exec channel (no command is run)
-            if callable(mux):
-                mux()
-            log(f"connected ahead to {target}")
-        except Fallback:
-            pass  # not a kept-connection kind, or an inventory the CLI must name
-        except Exception as e:  # noqa: BLE001 (a daemon's side thread: logged, never fatal)
-            log(f"could not connect ahead to {target}: {type(e).__name__}: {e}")
-        finally:
-            if entry is not None:
-                self.pool.release(entry)
+        """The target the command that started this daemon used, opened now (pool.prewarm)."""
+        said = prewarm(self.pool, inventory, target)
+        if said:
+            log(said)
 
     def serve(self, warm: tuple[str | None, str] | None = None) -> None:
         sock = self.bind()
