@@ -142,3 +142,23 @@ def test_on_the_bed_the_command_after_a_cold_one_finds_the_exec_channel_open(env
     p = cli(["exec", "tb/ct200", "--", "echo", "hi"], env)
     assert p.returncode == 0 and p.stdout == b"hi\n"
     assert set(mux_servers()) - before == ahead  # the second command ran on it: none opened
+
+
+def test_a_starting_marker_of_a_killed_daemon_or_another_process_is_not_a_daemon_on_its_way():
+    # the marker can outlive a fast daemon (written after the spawn, removed at bind); a
+    # daemon killed then is a zombie until init reaps it, and kill(pid, 0) still succeeds
+    daemon_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpujob.daemon", "serve"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert client._starting(daemon_like.pid)
+        assert not client._starting(other.pid)  # alive, but not a daemon (a reused pid)
+        daemon_like.kill()
+        wait_for(lambda: open(f"/proc/{daemon_like.pid}/stat").read().rsplit(") ", 1)[1][0] == "Z", 10,
+                 what="the zombie")  # (not reaped yet: we are its parent)
+        os.kill(daemon_like.pid, 0)  # what the old check asked: it still "lives"
+        assert not client._starting(daemon_like.pid)
+    finally:
+        for p in (daemon_like, other):
+            p.kill()
+            p.wait()
+    assert not client._starting(daemon_like.pid)  # reaped: gone

@@ -125,8 +125,7 @@ def _start(path: str, warm: tuple[str | None, str] | None = None) -> None:
         try:
             with open(marker) as f:
                 pid = int(f.read().strip() or 0)
-            if pid and time.time() - os.stat(marker).st_mtime < STARTING_FOR:
-                os.kill(pid, 0)
+            if pid and time.time() - os.stat(marker).st_mtime < STARTING_FOR and _starting(pid):
                 return  # it is starting
         except (OSError, ValueError):
             pass
@@ -137,6 +136,28 @@ def _start(path: str, warm: tuple[str | None, str] | None = None) -> None:
         proc = _spawn(path, warm)
         with open(marker, "w") as f:
             f.write(str(proc.pid))
+
+
+def _starting(pid: int) -> bool:
+    """Whether ``pid`` is a daemon on its way: alive, not a zombie (a daemon killed just now
+    stays one until init reaps it, ~1 s here, and ``kill(pid, 0)`` still succeeds on it),
+    and a gpujob daemon (not a process that took the pid over). The marker it was read
+    from may outlive a fast daemon: the spawner writes it after the spawn, and the daemon
+    removes it once bound."""
+    if not os.path.isdir("/proc"):  # (a laptop without procfs: alive is all it can tell)
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b") ", 1)[1][:1]
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except (OSError, IndexError):
+        return False
+    return state != b"Z" and b"gpujob.daemon\0serve" in cmd
 
 
 class Fallback(Exception):
