@@ -180,3 +180,8 @@ def status4(h: Harness) -> None:
 def ps_kept(h: Harness) -> None:
     from bench import psfan
     psfan.run(h, Figure, median, FINAL)
+
+
+def ps_cli(h: Harness) -> None:
+    from bench import psfan
+    psfan.cli_figures(h, Figure, median, FINAL)

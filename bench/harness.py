@@ -222,10 +222,13 @@ class Harness:
         return [str(exe)] if exe.exists() else [sys.executable, "-c",
                                                  "import sys; from gpujob.entry import main; sys.exit(main())"]
 
-    def user_cli(self, args: list[str], *, daemon: bool = True, check: bool = True) -> float:
+    def user_cli(self, args: list[str], *, daemon: bool = True, check: bool = True,
+                 env: dict | None = None, stdout: list | None = None) -> float:
         """Seconds one ``gpujob ARGS`` took as users run it: the console script, the kept
-        connection on (its daemon under this run's private XDG_RUNTIME_DIR), or off."""
-        env = dict(self.env, XDG_RUNTIME_DIR=str(self.runtime))
+        connection on (its daemon under this run's private XDG_RUNTIME_DIR), or off;
+        ``env``: variables set on top (another inventory or job index); ``stdout`` gets
+        what it printed appended."""
+        env = dict(self.env, XDG_RUNTIME_DIR=str(self.runtime), **(env or {}))
         env.pop("GPUJOB_NO_DAEMON", None)
         if not daemon:
             env["GPUJOB_NO_DAEMON"] = "1"
@@ -235,4 +238,6 @@ class Harness:
         if check and p.returncode != 0:
             raise RuntimeError(f"gpujob {' '.join(args)} exited {p.returncode}: "
                                f"{p.stderr.decode(errors='replace')[-2000:]}")
+        if stdout is not None:
+            stdout.append(p.stdout)
         return took

@@ -32,8 +32,12 @@ status4      ``gpujob ps`` (its code, in this process: fresh connections each ru
              over jobs on 4 hosts (the bed's 4 sshd's) / the same code with
              ``PS_WORKERS`` cut to 1 (hosts one after another)
 ps4_kept     the same over kept connections (one Targets, opened before timing) /
-             one after another; ps50: over 50 inventory entries on the one loopback
-             sshd / over 1 of them (bench/psfan.py)
+             one after another (bench/psfan.py)
+ps_cli       ``gpujob ps --json`` (the console script, served by the kept connection's
+             daemon) over 4 hosts, warm / cold / GPUJOB_NO_DAEMON=1, against 4 ``ssh …
+             pct exec 200 -- python3 … agent status JOB`` one after another; ps50: the
+             same over 50 inventory entries on the one loopback sshd / over 1 of them
+             (bench/psfan.py)
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ from testbed import TestBed  # noqa: E402
 ORDER = ("commands", "exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help",
          "latency_p50", "latency_p99", "bulk", "rollback", "rollback_uvcache",
          "resubmit",
-         "supervisor_cpu", "supervisor_rss", "status4", "ps4_kept", "ps50")
+         "supervisor_cpu", "supervisor_rss", "ps_cli", "ps_cli_cold", "ps_cli_nodaemon", "ps50", "status4",
+         "ps4_kept")
 
 
 def run(h: Harness, only: set | None = None) -> list[Figure]:
@@ -70,7 +75,8 @@ def run(h: Harness, only: set | None = None) -> list[Figure]:
              "resubmit": "resubmit",
              "supervisor_cpu": "supervisor CPU", "supervisor_rss": "supervisor RSS",
              "status4": "gpujob ps over 4 hosts", "ps4_kept": "gpujob ps over 4 hosts, kept",
-             "ps50": "gpujob ps over 50 hosts"}
+             "ps50": "gpujob ps over 50 hosts", "ps_cli": "gpujob ps over 4 hosts (whole CLI)",
+             "ps_cli_cold": "gpujob ps, cold", "ps_cli_nodaemon": "gpujob ps, no daemon"}
     want = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
     steps = [(("commands",), figs_link.commands),
              (("exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help"),
@@ -97,7 +103,8 @@ def run(h: Harness, only: set | None = None) -> list[Figure]:
         except Exception as e:  # noqa: BLE001
             h.failed(("bulk",), names, e)
     for keys, fn in ((("rollback", "rollback_uvcache"), figs_job.rollback), (("status4",), figs_link.status4),
-                     (("ps4_kept", "ps50"), figs_link.ps_kept)):
+                     (("ps_cli", "ps_cli_cold", "ps_cli_nodaemon", "ps50"), figs_link.ps_cli),
+                     (("ps4_kept",), figs_link.ps_kept)):
         if want(*keys):
             try:
                 fn(h)

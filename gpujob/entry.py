@@ -3,7 +3,8 @@ go through the kept connection are sent to it without importing the full CLI;
 everything else (and these, whenever the daemon declines) runs ``gpujob.cli.main``.
 
 Fast here: ``exec TARGET [-n] [--timeout S] -- CMD…``, ``status [JOB] [--json]
-[-t TARGET]`` (with ``--hosts FILE`` before them), ``disconnect [--all]``,
+[-t TARGET]``, ``ps [TARGET] [--json] [--limit N] [--timeout S]`` (with ``--hosts FILE``
+before them), ``disconnect [--all]``,
 ``--version``, and a shell's Tab (gpujob/complete.py). Stdlib only.
 """
 
@@ -30,6 +31,8 @@ def parse(argv: list[str]) -> dict | None:
         req = _exec(rest)
     elif cmd == "status":
         req = _status(rest)
+    elif cmd == "ps":
+        req = _ps(rest)
     else:
         return None
     if req is not None:
@@ -82,6 +85,43 @@ def _status(rest: list[str]) -> dict | None:
             return None
         i += 1
     return {"op": "status", "job": job, "target": target, "json": as_json}
+
+
+def _value(rest: list[str], i: int, name: str, rx: re.Pattern) -> tuple[str | None, int]:
+    """``--name V`` or ``--name=V`` at ``rest[i]`` with V matching ``rx``: (V, the next
+    index); (None, i) when ``rest[i]`` is not that option or its value is not as expected."""
+    a = rest[i]
+    if a == name and i + 1 < len(rest) and rx.fullmatch(rest[i + 1]):
+        return rest[i + 1], i + 2
+    if a.startswith(name + "=") and rx.fullmatch(a[len(name) + 1:]):
+        return a[len(name) + 1:], i + 1
+    return None, i
+
+
+_INT = re.compile(r"\d{1,9}")
+
+
+def _ps(rest: list[str]) -> dict | None:
+    """``ps`` without ``--all`` (which reads one container's journal: the full CLI's)."""
+    target, as_json, limit, timeout = None, False, 20, None
+    i = 0
+    while i < len(rest):
+        a = rest[i]
+        if a == "--json":
+            as_json, i = True, i + 1
+            continue
+        v, j = _value(rest, i, "--limit", _INT)
+        if v is not None:
+            limit, i = int(v), j
+            continue
+        v, j = _value(rest, i, "--timeout", _NUMBER)
+        if v is not None and float(v) >= 0.1:  # the CLI's min=0.1
+            timeout, i = float(v), j
+            continue
+        if a.startswith("-") or target is not None:
+            return None
+        target, i = a, i + 1
+    return {"op": "ps", "target": target, "json": as_json, "limit": limit, "timeout": timeout}
 
 
 def main() -> None:

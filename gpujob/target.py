@@ -17,7 +17,7 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from gpujob import kinds
 from gpujob.agent.base import protocol
@@ -26,6 +26,7 @@ from gpujob.transport.base import OnData, Result, Stdin, Transport
 
 if TYPE_CHECKING:  # (its pydantic models: a cold exec may run on a cached View, gpujob/invcache.py)
     from gpujob.inventory import Inventory
+    from gpujob.transport.mux import MuxClient, Pending
 
 # every module of gpujob/agent/ and its wings ships (they are stdlib-only by rule): none can be
 # forgotten; each named by its path under gpujob/agent/ (``home/journal.py``)
@@ -79,6 +80,17 @@ def uv_binary() -> Path | None:
         return Path(uv.find_uv_bin())
     except (ImportError, FileNotFoundError):
         return None
+
+
+class AgentCall(NamedTuple):
+    """An agent command sent and not yet awaited (``Target.agent_begin``)."""
+    args: tuple
+    timeout: float | None
+    channel: "MuxClient"
+    pending: "Pending"
+
+    def cancel(self) -> None:
+        self.channel.cancel(self.pending)
 
 
 @dataclass
@@ -135,13 +147,35 @@ class Target:
                 seek(0)
             r = self.transport.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout,
                                    on_stderr=on_stderr)
+        return self._found_python(r)
+
+    def agent_json(self, *args: str, stdin: Stdin = None, timeout: float | None = 120) -> dict:
+        return self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout))
+
+    def agent_begin(self, *args: str, timeout: float | None = 120):
+        """An agent command sent on an exec channel that is open already, its end not
+        awaited (``agent_json_end``); None when the transport cannot (``agent_json`` then)."""
+        begin = getattr(self.transport, "begin", None)
+        begun = begin(self.agent_argv(*args), timeout=timeout) if begin is not None else None
+        return None if begun is None else AgentCall(args, timeout, *begun)
+
+    def agent_json_end(self, begun, until: float | None = None) -> dict:
+        """``agent_json``'s answer to what ``agent_begin`` sent; ``until`` a monotonic
+        deadline (TimeoutError past it). An agent not shipped yet is shipped, and asked
+        again, as ``agent`` does."""
+        r = begun.channel.result(begun.pending, until=until)
+        if r.exit_code == protocol.AGENT_MISSING:
+            return self.agent_json(*begun.args, timeout=begun.timeout)
+        args = begun.args
+        return self._json_of(args, self._found_python(r))
+
+    def _found_python(self, r: Result) -> Result:
         if r.exit_code == 127:
             raise RemoteError(f"python3 not found in {self.name}", r,
                               hint="install it in the container: apt install python3 python3-venv")
         return r
 
-    def agent_json(self, *args: str, stdin: Stdin = None, timeout: float | None = 120) -> dict:
-        r = self.agent(*args, stdin=stdin, timeout=timeout)
+    def _json_of(self, args, r: Result) -> dict:
         try:
             out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):

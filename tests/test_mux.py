@@ -78,6 +78,42 @@ def test_concurrent_commands_share_the_channel(mux):
     assert results == {i: f"{i}\n".encode() for i in range(8)}
 
 
+def test_commands_sent_before_any_is_awaited_run_together_and_a_deadline_ends_one_there(mux):
+    """``start`` sends and returns (``gpujob ps`` asks many channels from one thread this
+    way): 8 commands that each wait for all 8 to have started finish; a ``result`` past its
+    deadline is TimeoutError and the command is ended in the place; ``cancel`` ends one
+    never awaited; the channel serves on."""
+    meet = tempfile.mkdtemp()
+    script = (f"touch {meet}/$0; n=0; while [ $(ls {meet} | wc -l) -lt 8 ] && [ $n -lt 300 ]; "
+              f"do sleep 0.05; n=$((n+1)); done; [ $(ls {meet} | wc -l) -eq 8 ] && echo $0")
+    sent = [mux.start(["sh", "-c", script, str(i)], timeout=60) for i in range(8)]
+    assert [mux.result(p).stdout for p in sent] == [f"{i}\n".encode() for i in range(8)]
+    marker = f"sleep {5000 + os.getpid() % 1000}"
+
+    def running() -> bool:
+        return marker in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+    for how in ("deadline", "cancel"):
+        p = mux.start(["sh", "-c", marker], timeout=60)
+        end = time.monotonic() + 10
+        while not running() and time.monotonic() < end:
+            time.sleep(0.02)
+        assert running()
+        t0 = time.monotonic()
+        if how == "deadline":
+            with pytest.raises(TimeoutError):
+                mux.result(p, until=time.monotonic() + 0.3)
+            assert 0.25 <= time.monotonic() - t0 < 2
+        else:
+            mux.cancel(p)
+        end = time.monotonic() + 10
+        while running() and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not running(), how
+        assert p.cid not in mux._calls
+    assert mux.run(["echo", "on"]).stdout == b"on\n"
+
+
 def test_a_dead_channel_is_a_lost_connection_and_takes_its_children(mux):
     marker = f"sleep {4000 + os.getpid() % 1000}"
     started = threading.Event()

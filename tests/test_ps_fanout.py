@@ -8,9 +8,11 @@ import socket
 import threading
 import time
 
+import pytest
 import yaml
 
 from gpujob.cli import fanout
+from gpujob.errors import GpujobError
 from gpujob.state import State
 from helpers import cli, local_env
 
@@ -82,3 +84,62 @@ def test_ps_with_a_silent_and_a_refusing_host_shows_the_rest_and_one_line_each(t
     assert rows == ["j-local2", "j-gone", "j-quiet", "j-local"]  # newest first, as the index has them
     local = [ln for ln in out.splitlines() if ln.split() and ln.split()[0] in ("j-local", "j-local2")]
     assert all("unreachable" not in ln for ln in local)  # the local target answered
+
+
+class _Sent:
+    """A question sent without waiting: answered at ``at`` (monotonic), or never."""
+
+    def __init__(self, key, at):
+        self.key, self.at, self.cancelled = key, at, False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def test_questions_sent_at_once_from_one_thread_are_awaited_together():
+    """Targets whose question can be sent at once (an open exec channel) are all sent
+    before any answer is awaited: four that take 0.3 s each take 0.3 s, not 1.2 s, with no
+    thread started for them; the others (None from begin) are fetched on threads, as ever."""
+    import threading
+    t0 = time.monotonic()
+    sent: dict = {}
+    threads_before = threading.active_count()
+    peak = []
+
+    def begin(key):
+        if key == "cold":
+            return None
+        sent[key] = _Sent(key, time.monotonic() + (100 if key == "mute" else 0.3))
+        return sent[key]
+
+    def end(key, h, until):
+        peak.append(threading.active_count())
+        if h.at > until:
+            time.sleep(max(0.0, until - time.monotonic()))
+            raise TimeoutError()
+        time.sleep(max(0.0, h.at - time.monotonic()))
+        if key == "bad":
+            raise GpujobError("refused")
+        return f"answer {key}"
+
+    got = fanout.gather(["a", "b", "cold", "c", "bad", "mute"], lambda k: f"fetched {k}", workers=64,
+                        deadline=1.0, begin=begin, end=end)
+    took = time.monotonic() - t0
+    assert list(got) == ["a", "b", "cold", "c", "bad", "mute"]
+    assert got["a"] == "answer a" and got["c"] == "answer c" and got["cold"] == "fetched cold"
+    assert isinstance(got["bad"], GpujobError) and isinstance(got["mute"], fanout.NoAnswer)
+    assert 0.9 <= took < 1.6, took  # the mute one's deadline, the others within it
+    assert max(peak) <= threads_before + 1  # one thread: the cold key's
+
+
+def test_ctrl_c_while_awaiting_ends_the_questions_not_awaited_yet():
+    sent = {k: _Sent(k, 0) for k in "abc"}
+
+    def end(key, h, until):
+        if key == "a":
+            raise KeyboardInterrupt
+        return key
+
+    with pytest.raises(KeyboardInterrupt):
+        fanout.gather(list("abc"), lambda k: k, workers=4, deadline=5, begin=sent.get, end=end)
+    assert [sent[k].cancelled for k in "abc"] == [False, True, True]

@@ -1,4 +1,4 @@
-"""The bodies of the commands the kept connection serves (``exec``, ``status``),
+"""The bodies of the commands the kept connection serves (``exec``, ``status``, ``ps``),
 shared by the full CLI and the daemon so both print the same bytes.
 
 ``ctx`` is anything with ``state()`` and ``target(name)`` (the CLI's Ctx, or the
@@ -12,6 +12,11 @@ import json
 from typing import Optional
 
 from gpujob.errors import GpujobError, InputError
+
+#: ``ps`` asks this many hosts at once (over their kept connections, or new ones), and
+#: waits this long for their answers (``--timeout``)
+PS_WORKERS = 64
+PS_TIMEOUT = 20.0
 
 
 def run_exec(t, argv: list[str], stdin, timeout: Optional[float], so, se, err) -> int:
@@ -75,3 +80,62 @@ def show_status(ctx, job_id: str, t, as_json: bool, out, err) -> None:
         plainjson.print_json(out, json.dumps(render.status_view(st, t.label)))
     else:
         render.print_status(out, render.status_view(st, t.label))
+
+
+def ps_rows(ctx, target: Optional[str], limit: int) -> list:
+    """The jobs ``gpujob ps`` shows: this laptop's most recent (or TARGET's), newest first."""
+    rows = ctx.state().jobs(limit if target is None else 1000)
+    if target is not None:
+        label = ctx.target(target).label
+        rows = [r for r in rows if r["target"] == label][:limit]
+    return rows
+
+
+def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, err) -> None:
+    """``gpujob ps``: every row's state fetched from its container, the targets asked at
+    once (gpujob/cli/fanout.py); a target that fails or gives no answer in ``timeout``
+    is said once and its jobs shown unreachable."""
+    from gpujob.cli import fanout, plainjson, render
+    by_target: dict[str, list[str]] = {}
+    for r in rows:
+        by_target.setdefault(r["target"], []).append(r["job_id"])
+
+    def fetch(target: str) -> dict:
+        return by_job(ctx.target(target).agent_json("status", "--missing-ok", *by_target[target]))
+
+    opened: dict = {}
+
+    def begin(target: str):  # sent now on an open exec channel (the daemon's), or None: fetch
+        t = opened[target] = ctx.target(target)
+        return t.agent_begin("status", "--missing-ok", *by_target[target])
+
+    def end(target: str, begun, until: float) -> dict:
+        return by_job(opened[target].agent_json_end(begun, until))
+
+    def by_job(answer: dict) -> dict:
+        return {s["job_id"]: s for s in answer["jobs"]}
+
+    states = {}
+    answers = fanout.gather(list(by_target), fetch, workers=workers, deadline=timeout, begin=begin, end=end)
+    for target, res in answers.items():  # in the order of the rows
+        if isinstance(res, (GpujobError, fanout.NoAnswer)):
+            why = res.message if isinstance(res, GpujobError) else str(res)
+            n = len(by_target[target])
+            err.print(f"gpujob: {target} is unreachable ({why}); its {n} job{'s' if n > 1 else ''} "
+                      f"shown as unreachable", markup=False, highlight=False)
+            res = {j: {"state": "unreachable", "reason": why} for j in by_target[target]}
+        elif isinstance(res, BaseException):
+            raise res
+        states.update(res)
+    views = []
+    seen = {}
+    for r in rows:
+        st = states.get(r["job_id"], {})
+        if st.get("state") != "unreachable":
+            seen[r["job_id"]] = st.get("state")
+        views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
+    ctx.state().seen_states(seen)  # one commit, not one a row
+    if as_json:
+        plainjson.print_json(out, json.dumps(views))
+        return
+    out.print(render.ps_table(views))

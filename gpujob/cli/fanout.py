@@ -1,8 +1,14 @@
-"""Asking several targets at once (``gpujob ps``): one thread per target, at most
-``workers`` at a time, every answer awaited until one common deadline. A target that
-has not answered by then is given up on (its thread is a daemon thread, so the CLI's
-exit does not wait for it) and comes back as ``NoAnswer``; the others are not held by it.
-The answers are keyed by target, so what is printed keeps the caller's order."""
+"""Asking several targets at once (``gpujob ps``), every answer awaited until one common
+deadline. A target that has not answered by then is given up on and comes back as
+``NoAnswer``; the others are not held by it. The answers are keyed by target, so what
+is printed keeps the caller's order.
+
+Two ways, one call: a target whose question can be sent without waiting (``begin``: its
+exec channel is open already, as in the kept connection's daemon) is sent it from this
+thread, all of them first, and their answers are then collected as they come (``end``),
+with no thread a target; the others get a thread each (at most ``workers`` at a time),
+whose ``fetch`` may open a connection first. A thread still waiting at the deadline is a
+daemon thread, so the CLI's exit does not wait for it."""
 
 from __future__ import annotations
 
@@ -14,11 +20,30 @@ class NoAnswer(Exception):
     """A target that did not answer within the deadline."""
 
 
-def gather(keys: list, fetch, *, workers: int, deadline: float) -> dict:
-    """{key: fetch(key)'s result, or the exception it raised, or NoAnswer}."""
+def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=None) -> dict:
+    """{key: its answer, or the exception it raised, or NoAnswer}. ``fetch(key)`` asks
+    one target and waits; ``begin(key)`` sends the question and returns a handle (None:
+    ``fetch`` it instead), ``end(key, handle, until)`` its answer, raising TimeoutError
+    past ``until`` (a ``time.monotonic()``)."""
+    until = time.monotonic() + deadline
     results: dict = {}
+    begun: dict = {}
+    rest = list(keys)
+    if begin is not None:
+        rest = []
+        for key in keys:
+            try:
+                handle = begin(key)
+            except Exception as e:  # noqa: BLE001 - handed to the caller, who decides
+                results[key] = e
+                continue
+            if handle is None:
+                rest.append(key)
+            else:
+                begun[key] = handle
     cond = threading.Condition()
     slots = threading.Semaphore(max(1, workers))
+    threaded: dict = {}
 
     def one(key) -> None:
         with slots:
@@ -27,16 +52,32 @@ def gather(keys: list, fetch, *, workers: int, deadline: float) -> dict:
             except BaseException as e:  # noqa: BLE001 - handed to the caller, who decides
                 res = e
         with cond:
-            results[key] = res
+            threaded[key] = res
             cond.notify_all()
 
-    for key in keys:
+    for key in rest:
         threading.Thread(target=one, args=(key,), daemon=True, name=f"gpujob-ask-{key}").start()
-    end = time.monotonic() + deadline
+    pending = list(begun)
+    try:
+        while pending:
+            key = pending.pop(0)
+            try:
+                results[key] = end(key, begun[key], until)
+            except TimeoutError:
+                results[key] = NoAnswer(f"no answer within {deadline:g}s")
+            except Exception as e:  # noqa: BLE001
+                results[key] = e
+    except BaseException:  # Ctrl-C: the questions not awaited yet end there too
+        for key in pending:
+            cancel = getattr(begun[key], "cancel", None)
+            if cancel is not None:
+                cancel()
+        raise
     with cond:
-        while len(results) < len(keys):
-            left = end - time.monotonic()
+        while len(threaded) < len(rest):
+            left = until - time.monotonic()
             if left <= 0:
                 break
             cond.wait(left)
-        return {k: results[k] if k in results else NoAnswer(f"no answer within {deadline:g}s") for k in keys}
+        results.update(threaded)
+    return {k: results[k] if k in results else NoAnswer(f"no answer within {deadline:g}s") for k in keys}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import bodies, fanout, plainjson, render
+from gpujob.cli import bodies, plainjson, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
     from gpujob.target import Target
@@ -294,10 +294,7 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     job_id, t = job_target(job, target)
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 
-#: ``ps`` asks this many hosts at once (over their kept connections, or new ones), and
-#: waits this long for their answers (``--timeout``)
-PS_WORKERS = 64
-PS_TIMEOUT = 20.0
+PS_WORKERS, PS_TIMEOUT = bodies.PS_WORKERS, bodies.PS_TIMEOUT  # (the daemon's ps: bodies' own)
 
 
 @app.command()
@@ -312,42 +309,8 @@ def ps(target: Optional[str] = typer.Argument(None, help="only this container's 
     """Jobs started from this laptop, with their state fetched from the containers (all at once)."""
     if all_:
         return _ps_all(target, as_json, limit)
-    rows = ctx.state().jobs(limit if target is None else 1000)
-    if target is not None:
-        label = ctx.target(target).label
-        rows = [r for r in rows if r["target"] == label][:limit]
-    by_target: dict[str, list[str]] = {}
-    for r in rows:
-        by_target.setdefault(r["target"], []).append(r["job_id"])
-
-    def fetch(target: str) -> dict:
-        t = ctx.target(target)
-        return {s["job_id"]: s for s in t.agent_json("status", "--missing-ok", *by_target[target])["jobs"]}
-
-    states = {}
-    answers = fanout.gather(list(by_target), fetch, workers=PS_WORKERS, deadline=timeout)
-    for target, res in answers.items():  # in the order of the rows
-        if isinstance(res, (GpujobError, fanout.NoAnswer)):
-            why = res.message if isinstance(res, GpujobError) else str(res)
-            n = len(by_target[target])
-            err.print(f"gpujob: {target} is unreachable ({why}); its {n} job{'s' if n > 1 else ''} "
-                      f"shown as unreachable", markup=False, highlight=False)
-            res = {j: {"state": "unreachable", "reason": why} for j in by_target[target]}
-        elif isinstance(res, BaseException):
-            raise res
-        states.update(res)
-    views = []
-    seen = {}
-    for r in rows:
-        st = states.get(r["job_id"], {})
-        if st.get("state") != "unreachable":
-            seen[r["job_id"]] = st.get("state")
-        views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))
-    ctx.state().seen_states(seen)  # one commit, not one a row
-    if as_json:
-        plainjson.print_json(out, json.dumps(views))
-        return
-    out.print(render.ps_table(views))
+    rows = bodies.ps_rows(ctx, target, limit)
+    bodies.show_ps(ctx, rows, as_json, timeout, PS_WORKERS, out, err)
 
 
 def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:

@@ -1,6 +1,6 @@
 """The connection daemon: holds one ``Targets`` (SSH connections, and the exec
 channel into each container) per inventory for a few minutes of idle time, and
-serves ``exec`` and ``status`` requests from the thin client over a Unix socket.
+serves ``exec``, ``status`` and ``ps`` requests from the thin client over a Unix socket.
 
 Host keys and authentication are those of :class:`gpujob.transport.ssh.SshTransport`
 unchanged (strict; ``--accept-new`` never comes this way). A connection is reused
@@ -13,10 +13,8 @@ is written straight to its terminal or pipe, through the same code
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import select
 import signal
 import socket
 import threading
@@ -26,103 +24,12 @@ from pathlib import Path
 from gpujob.cli import bodies
 from gpujob.conn import paths, proto
 from gpujob.daemon import logs
+from gpujob.daemon.console import FdSink, LazyConsole, PolledStdin, client_console
 from gpujob.daemon.pool import Entry, Fallback, Pool, prewarm
-from gpujob.errors import ConnectionLost, GpujobError
+from gpujob.errors import ConnectionLost, GpujobError, InputError
 
 
 log = logs.log
-
-
-# ---- the client's console, shaped like its own -------------------------------------
-
-class FdSink:
-    """A binary sink onto the client's descriptor (what sys.stdout.buffer is there)."""
-
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.failed = False  # a write to the client's descriptor failed (its reader is gone)
-
-    def write(self, data: bytes) -> int:
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(self.fd, view)
-            except BlockingIOError:
-                select.select([], [self.fd], [])
-                continue
-            except OSError:
-                self.failed = True
-                raise
-            view = view[n:]
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-
-class PolledStdin:
-    """The client's stdin, read only while its request lasts: a feeder thread still
-    waiting when the command is over takes nothing more from it."""
-
-    def __init__(self, fd: int, done: threading.Event):
-        self.fd, self.done = fd, done
-
-    def read(self, n: int = 65536) -> bytes:
-        while not self.done.is_set():
-            try:
-                ready, _, _ = select.select([self.fd], [], [], 0.2)
-                if ready:
-                    return os.read(self.fd, n if n and n > 0 else 65536)
-            except OSError:
-                return b""
-        return b""
-
-
-def _dims(env: dict, fds: list[int], terminal: bool) -> tuple[int, int]:
-    """rich's Console.size as the client's own process would compute it."""
-    columns, lines = env.get("COLUMNS"), env.get("LINES")
-    w_env = int(columns) if columns and columns.isdigit() else None
-    h_env = int(lines) if lines and lines.isdigit() else None
-    if w_env is not None and h_env is not None:
-        return w_env, h_env
-    if terminal and env.get("TERM", "").lower() in ("dumb", "unknown"):
-        return 80, 25
-    width = height = None
-    for fd in fds:  # rich probes stdin, stdout, stderr in that order
-        try:
-            width, height = os.get_terminal_size(fd)
-            break
-        except OSError:
-            pass
-    return (w_env or width or 80), (h_env or height or 25)
-
-
-def client_console(fd: int, encoding: str, env: dict, fds: list[int]):
-    """render.console() as the client's own process would build it: on its descriptor,
-    under its environment (piped: soft-wrapped at gpujob's piped width, unless $COLUMNS)."""
-    from rich.console import Console
-
-    from gpujob.cli import render
-    text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
-    settings = render.console_settings(os.isatty(fd), env)
-    c = Console(file=text, _environ=env, **settings)
-    width, c.height = _dims(env, fds, c.is_terminal)
-    c.width = settings.get("width", width)
-    return c
-
-
-class LazyConsole:
-    """client_console(...) made on first use: an ``exec`` that has nothing of gpujob's own
-    to say (the usual case) never imports rich, which a cold one (oneshot.py) then saves."""
-
-    def __init__(self, *args):
-        self._args = args
-        self._console = None
-
-    def __getattr__(self, name):
-        if self._console is None:
-            self._console = client_console(*self._args)
-        return getattr(self._console, name)
 
 
 # ---- one request ---------------------------------------------------------------------
@@ -426,6 +333,17 @@ class Server:
             job_id, t = bodies.job_target(ctx, req.get("job"), req.get("target"))
             ctx.going()
             bodies.show_status(ctx, job_id, t, bool(req.get("json")), out, err)
+            return 0
+        if req["op"] == "ps":
+            try:  # every row's target opened (no I/O yet): one this inventory does not know, or
+                rows = bodies.ps_rows(ctx, req.get("target"), int(req.get("limit") or 20))
+                for label in {r["target"] for r in rows}:  # a local one, is the full CLI's
+                    ctx.target(label)
+            except InputError:  # (it also looks among the inventory entries this laptop recorded)
+                raise Fallback() from None
+            ctx.going()
+            bodies.show_ps(ctx, rows, bool(req.get("json")), float(req.get("timeout") or bodies.PS_TIMEOUT),
+                           bodies.PS_WORKERS, out, err)
             return 0
         raise Fallback()
 

@@ -30,7 +30,7 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from gpujob.errors import ConnectionLost
 from gpujob.transport.base import KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, iter_chunks
@@ -72,6 +72,15 @@ class _Call:
                 self.done.put((SINK_FAILED, e))
         else:
             self.done.put((kind, payload))
+
+
+class Pending(NamedTuple):
+    """A command sent on the channel whose end is not awaited yet (``MuxClient.start``)."""
+    argv: list
+    cid: int
+    call: _Call
+    started: float
+    timeout: float | None
 
 
 class MuxClient:
@@ -194,24 +203,52 @@ class MuxClient:
 
     def run(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
             on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Result:
-        argv = list(argv)
-        started = time.monotonic()
-        call = _Call(on_stdout, on_stderr)
-        cid = next(self._ids)
+        return self.result(self.start(argv, stdin=stdin, timeout=timeout, on_stdout=on_stdout,
+                                      on_stderr=on_stderr))
+
+    def start(self, argv: Sequence[str], *, stdin: Stdin = None, timeout: float | None = None,
+              on_stdout: OnData | None = None, on_stderr: OnData | None = None) -> Pending:
+        """Send one command and return at once; ``result`` awaits its end. Several sent
+        before any is awaited run at the same time (``gpujob ps`` asks many channels
+        from one thread this way)."""
+        p = Pending(list(argv), next(self._ids), _Call(on_stdout, on_stderr), time.monotonic(), timeout)
         with self._lock:
-            self._calls[cid] = call
-        backstop = None if timeout is None else started + timeout + KILL_AFTER + 15
+            self._calls[p.cid] = p.call
         try:
             if not self.alive:
                 raise ConnectionLost(f"lost the exec channel to {self.where}")
-            self._send(b"O", cid, json.dumps({"argv": argv, "timeout": timeout,
-                                              "stdin": stdin is not None}).encode())
+            self._send(b"O", p.cid, json.dumps({"argv": p.argv, "timeout": timeout,
+                                                "stdin": stdin is not None}).encode())
             if stdin is not None:
-                threading.Thread(target=self._feed, args=(cid, stdin), daemon=True).start()
+                threading.Thread(target=self._feed, args=(p.cid, stdin), daemon=True).start()
+        except BaseException:
+            self.cancel(p)
+            raise
+        return p
+
+    def cancel(self, p: Pending) -> None:
+        """Forget ``p`` and end its command there (never waited for: Ctrl-C, a deadline)."""
+        with self._lock:
+            gone = self._calls.pop(p.cid, None) is None
+        if not gone and self.alive:
+            try:
+                self._send(b"K", p.cid)
+            except ConnectionLost:
+                pass
+
+    def result(self, p: Pending, *, until: float | None = None) -> Result:
+        """How ``p`` ended. ``until``: a ``time.monotonic()`` past which it is given up on
+        (ended there, TimeoutError here), whatever its own timeout."""
+        argv, call, cid, started = p.argv, p.call, p.cid, p.started
+        backstop = None if p.timeout is None else started + p.timeout + KILL_AFTER + 15
+        try:
             while True:
+                wait = 0.5 if until is None else min(0.5, max(0.0, until - time.monotonic()))
                 try:
-                    kind, payload = call.done.get(timeout=0.5)
+                    kind, payload = call.done.get(timeout=wait)
                 except queue.Empty:
+                    if until is not None and time.monotonic() >= until:
+                        raise TimeoutError(f"no answer from {self.where}") from None
                     if backstop is not None and time.monotonic() > backstop:
                         self._send(b"K", cid)
                         return Result(argv, TIMEOUT_EXIT, bytes(call.out), bytes(call.err), True,

@@ -77,6 +77,15 @@ class Stacked(Transport):
             raise ConnectionLost(f"lost the connection to {self.inner.describe()} while opening "
                                  f"the exec channel into {self.name}")
 
+    def begin(self, argv: Sequence[str], *, timeout: float | None = None):
+        """``argv`` sent on the exec channel if it is open already, without awaiting its
+        end: ``(channel, pending)`` for ``channel.result(pending)``; None when the channel
+        is not open yet (opening it waits on the connection: ``run`` it instead)."""
+        mux = self._mux
+        if mux is None or not mux.alive:
+            return None
+        return mux, mux.start(argv, timeout=timeout)
+
     def close(self) -> None:
         with self._mux_lock:
             if self._mux is not None:
