@@ -14,6 +14,7 @@ import pytest
 
 from gpujob.agent.base import trace
 from gpujob.agent.base.defaults import section
+from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge import signals, sources, throughput
 from gpujob.agent.supervisor.parts import History, PolicyHolder
 from gpujob.agent.supervisor.watch import Watch
@@ -124,7 +125,7 @@ def _watch(tmp, signatures=(), spec=None, fleet=None, runner=None, checkpoints=N
     spec = {"name": "n"} if spec is None else spec
     job = SimpleNamespace(job_id="j", spec=spec, rb={}, workdir=str(tmp), home=SimpleNamespace(root=str(tmp)),
                           cache_key=lambda profile: "shared")
-    journal = journal or SimpleNamespace(dir=str(tmp), state=dict, event=lambda *a, **k: None,
+    journal = journal or SimpleNamespace(dir=str(tmp), state=dict, record=StateRecord, event=lambda *a, **k: None,
                                          set_state=lambda **k: None)
     report = SimpleNamespace(say=lambda text: None, set_state=lambda *a, **k: None,
                              notifier=SimpleNamespace(emit=lambda *a, **k: None), metrics=SimpleNamespace(write=lambda: None))

@@ -158,6 +158,7 @@ def test_watch_pause_side_on_ckpt_events_pauses_and_traces(tmp_path):
     the events in the trace, and the decision the supervisor asks for is paused."""
     from types import SimpleNamespace
     from gpujob.agent.judge.policy import PolicyConfig, Sample
+    from gpujob.agent.base.staterec import StateRecord
     from gpujob.agent.supervisor.parts import PolicyHolder
     from gpujob.agent.supervisor.watchpause import PauseWatch
 
@@ -171,6 +172,8 @@ def test_watch_pause_side_on_ckpt_events_pauses_and_traces(tmp_path):
             self.st.update(kw)
         def state(self):
             return self.st
+        def record(self):
+            return StateRecord.from_dict(self.st)
 
     job = SimpleNamespace(job_id="j1", spec={"name": "n", "throughput": {"pause_tail": 3.0,
                                                                           "pause_pattern": "^Evaluating"}})

@@ -69,8 +69,7 @@ class Node:
         self.labels = list(info["nodes"])
         self.lost_after = float(info["lost_after"])  # the controller sends spec.py's defaults
         self.on_loss = info["on_loss"]
-        st = port.journal.state()
-        self.round = int(st.get("fleet_round") or 0)
+        self.round = int(port.journal.record().fleet_round or 0)
         self.started = False
 
     def label(self, rank: int) -> str:
@@ -89,7 +88,7 @@ class Node:
         """Hold until the controller says go (every node's lock is taken). False: the
         job ended meanwhile (a stop: another node was busy)."""
         j = self.port.journal
-        if j.state().get("fleet_go"):
+        if j.record().fleet_go:
             return True
         self.port.set_state("preparing", phase="hold", reason="waiting until every node's lock is taken")
         since = now()
@@ -132,7 +131,7 @@ class Leader(Node):
         self.failures: list = []
         self.done: set = set()
         self.lost_said: set = set()
-        self.last_relaunch: dict | None = (port.journal.state().get("fleet_relaunch"))
+        self.last_relaunch: dict | None = port.journal.record().fleet_relaunch
 
     def start(self) -> None:
         if self.started:
@@ -166,7 +165,7 @@ class Leader(Node):
                     self.port.say(f"{self.label(rank)} is back")
                     if not self.lost_said:
                         self.port.journal.set_state(reason=None)
-                if (JobState.of(self.port.journal.state().get("state")) or JobState.LOST).is_terminal():
+                if (self.port.journal.record().job_state or JobState.LOST).is_terminal():
                     continue
                 if self.last_relaunch and int(body.get("round") or 0) < self.round:
                     self.server.send(rank, self.last_relaunch)  # it missed the decision

@@ -208,7 +208,7 @@ class Watch:
         path = substitute(tp["path"], self.child_env.values(profile))
         path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
         # where a previous supervisor had read to (state.json's top level; None on a fresh start)
-        offset = self.journal.state().get("source_offset") if adopt is not None else None
+        offset = self.journal.record().source_offset if adopt is not None else None
         return FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
 
     def poll_source(self, run, t: float):
