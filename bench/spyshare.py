@@ -16,26 +16,27 @@ from __future__ import annotations
 import sys
 
 WAIT = "the wait (select)"
-# (cause, frames: "function (file" as py-spy writes a frame), first match wins
+# (cause, frames: "function (file" as py-spy writes a frame), first match wins; "Watch.x (" also
+# matches the frames of recordings made before the watch was an object (PhaseWatch.x, PauseWatch._pay)
 CAUSES = (
     ("per sample: decide's reason and evidence", ("(reasons.py",)),  # (after the split; inside decide before)
     ("per sample: policy.decide", ("decide (policy.py", "_windows (policy.py", "judging_start (policy.py",
                                    "threshold (policy.py", "_windows.<locals>")),
     ("per sample: policy.known_good", ("known_good (policy.py",)),
-    ("per sample: state.json (publish)", ("PhaseWatch.publish (", "Journal.set_state (", "Metrics.write (")),
+    ("per sample: state.json (publish)", ("Watch.publish (", "Journal.set_state (", "Metrics.write (")),
     ("per sample: samples.jsonl record", ("Journal.sample (",)),
     ("per sample: decision events", ("Journal.event (",)),
-    ("per sample: the rest of judge_sample", ("judge_sample (", "PhaseWatch.on_sample (", "Verdicts.review (",
+    ("per sample: the rest of judge_sample", ("judge_sample (", "Watch.on_sample (", "Verdicts.review (",
                                              "RankMerge.", "pending (timings.py", "on_sample (timings.py")),
     ("per line: tok/s and step parsing", ("from_line (", "parse (throughput.py", "candidates (",
                                           "make_parser.<locals>", "make_step_parser.<locals>")),
-    ("per line: the trace record and the tail", ("TraceWriter.", "PauseWatch._pay (")),
+    ("per line: the trace record and the tail", ("TraceWriter.", "Watch._pay (")),
     ("per line: the splitter", ("LineSplitter.",)),
     ("per line: signatures", ("may_hit", "scan_line (")),
     ("per read: the relay into job.log", ("Relay.", "JobLog.")),
-    ("every 0.2 s: checks, requests, trims", ("PhaseWatch.check (", "poll_source (", "keep_small (", "Trimmer.",
+    ("every 0.2 s: checks, requests, trims", ("Watch.check (", "poll_source (", "keep_small (", "Trimmer.",
                                               "Supervisor.requests (", "poll_checkpoints (")),
-    (WAIT, ("PhaseWatch.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
+    (WAIT, ("Watch.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
 )
 OTHER = "the loop itself, the rest"
 
@@ -55,7 +56,7 @@ def shares(paths: list, no_wait: bool = False) -> tuple:
         with open(path) as f:
             for line in f:
                 stack, _, n = line.rstrip("\n").rpartition(" ")
-                if not n.isdigit() or "PhaseWatch.watch (" not in stack:  # the watch loop's time only
+                if not n.isdigit() or "Watch.watch (" not in stack:  # the watch loop's time only
                     continue
                 cause = cause_of(stack)
                 if no_wait and cause == WAIT:

@@ -14,8 +14,11 @@ import pytest
 
 from gpujob.agent.base import trace
 from gpujob.agent.base.defaults import section
+from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge import signals, sources, throughput
-from gpujob.agent.supervisor.watch import PhaseWatch
+from gpujob.agent.supervisor.parts import History, PolicyHolder
+from gpujob.agent.supervisor.watch import Watch
+from gpujob.agent.supervisor.watchpause import PauseWatch
 
 BENCH = ["1732890000.{:06d} step {} | loss 0.1234 | 12.{}K tok/s", "1732890000.{:06d} seq {} | data loader: batch ready"]
 ODD = ["", " ", "tok/s", "12.8K tok/s", "tok/s: 12.8K", "\x1b[32m12.8K tok/s\x1b[0m", "t\x1b[0mok 5 tok/s", "5K t\x1b[0mok/s", "12 TOK/S",
@@ -116,27 +119,50 @@ def test_trace_lines_are_the_bytes_of_one_record_a_line(tmp_path):
     assert json.loads(b"".join(b._buf).splitlines()[-1]) == {"t": 1732890000.123, "out": "\U0001f600"}
 
 
-class _Sup(PhaseWatch):
-    """The watch loop's line side with a journal and an on_sample that records what it saw."""
+def _watch(tmp, signatures=(), spec=None, fleet=None, runner=None, checkpoints=None, journal=None):
+    """A Watch built through its constructor with small fakes around it (what a test does
+    not look at answers nothing)."""
+    spec = {"name": "n"} if spec is None else spec
+    job = SimpleNamespace(job_id="j", spec=spec, rb={}, workdir=str(tmp), home=SimpleNamespace(root=str(tmp)),
+                          cache_key=lambda profile: "shared")
+    journal = journal or SimpleNamespace(dir=str(tmp), state=dict, record=StateRecord, event=lambda *a, **k: None,
+                                         set_state=lambda **k: None)
+    report = SimpleNamespace(say=lambda text: None, set_state=lambda *a, **k: None,
+                             notifier=SimpleNamespace(emit=lambda *a, **k: None), metrics=SimpleNamespace(write=lambda: None))
+    ledger = SimpleNamespace(baseline=lambda profile: None, last_good=lambda: None, status=lambda profile: None)
+    holder = PolicyHolder(None)
+    trimmer = SimpleNamespace(trim=lambda *a, **k: None, trim_before=lambda *a: None, start_of=lambda name: 0)
+    return Watch(job, journal, ledger, report, runner, SimpleNamespace(values=lambda profile, gpu=None: {}),
+                 checkpoints, PauseWatch(job, journal, holder), lambda *a, **k: None, None, holder,
+                 History({}), fleet, trimmer, lambda: None, signatures=list(signatures))
 
-    def __init__(self, tmp, signatures, pause_pattern, stop_at):
-        journal = SimpleNamespace(dir=str(tmp), state=dict, event=lambda *a, **k: None,
-                                  set_state=lambda **k: None)
-        self.spec = {"name": "n", "throughput": {"format": "ktok", "pause_pattern": pause_pattern}}
-        self.job_id, self.journal, self.signatures = "j", journal, signatures
-        self.stop_at, self.seen = stop_at, []
 
-    def on_sample(self, run, value, step, t):
+class _Fleet:
+    """A node whose own_sample records what the watch loop's line side gave it (a Watch
+    hands every sample to its fleet's ``own_sample`` when it has one)."""
+
+    def __init__(self, stop_at):
+        self.stop_at, self.seen, self.watch = stop_at, [], None
+
+    def own_sample(self, run, value, step, t):
         self.seen.append((value, step, len(run.hits), len(run.pauses.intervals)))
         if len(self.seen) % 3 == 1:  # a verdict that changed: its record follows its line in the trace
-            self.trace_decision(SimpleNamespace(verdict="ok", reason=f"sample {len(self.seen)}"), t)
+            self.watch.trace_decision(SimpleNamespace(verdict="ok", reason=f"sample {len(self.seen)}"), t)
         return "stop" if len(self.seen) == self.stop_at else None
+
+
+def _sup(tmp, signatures, pause_pattern, stop_at):
+    """The watch loop's line side with a journal and a fleet that records what it saw."""
+    fleet = _Fleet(stop_at)
+    fleet.watch = _watch(tmp, signatures, {"name": "n", "throughput": {"format": "ktok",
+                                                                       "pause_pattern": pause_pattern}}, fleet)
+    return fleet.watch
 
 
 def _run(sup, tp):
     run = SimpleNamespace(start=0.0, profile="a", phase="train", tail=collections.deque(maxlen=200),
                           hits=[], hit_at=None, watch_tps=True, source=sources.line_source(tp))
-    sup.pause_setup(run)
+    sup.pause.pause_setup(run)
     return run
 
 
@@ -150,7 +176,7 @@ def test_on_lines_takes_a_read_as_on_line_takes_its_lines(tmp_path, signatures, 
         reads = [_stream(rng, rng.randrange(0, 30)) if k % 2 else [BENCH[j % 2].format(j, j, 1) for j in range(25)]
                  for _ in range(4)]
         (tmp_path / f"{k}a").mkdir(), (tmp_path / f"{k}b").mkdir()
-        one, batch = _Sup(tmp_path / f"{k}a", signatures, pause, stop_at), _Sup(tmp_path / f"{k}b", signatures, pause,
+        one, batch = _sup(tmp_path / f"{k}a", signatures, pause, stop_at), _sup(tmp_path / f"{k}b", signatures, pause,
                                                                                  stop_at)
         r1, r2 = _run(one, tp), _run(batch, tp)
         for t, lines in enumerate(reads):
@@ -159,9 +185,9 @@ def test_on_lines_takes_a_read_as_on_line_takes_its_lines(tmp_path, signatures, 
             assert o1 == o2
             if o1:
                 break
-        assert one.seen == batch.seen and batch._owed is None
+        assert one.fleet.seen == batch.fleet.seen and batch._owed is None
         assert (list(r1.tail), r1.hits, r1.hit_at) == (list(r2.tail), r2.hits, r2.hit_at)
-        assert b"".join(one._trace._buf) == b"".join(batch._trace._buf)
+        assert b"".join(one.pause._trace._buf) == b"".join(batch.pause._trace._buf)
 
 
 @pytest.mark.parametrize("version", [(3, 11), (3, 9)])
@@ -252,57 +278,42 @@ class _Relay:
             yield data
 
 
-class _Loop(PhaseWatch):
-    """PhaseWatch.watch with everything around the loop stubbed out."""
+class _Runner:
+    """The runner a Watch is built with: its relay, and a start that gives a _Proc."""
 
-    def __init__(self, tmp):
-        self.workdir, self.relay, self.seen = str(tmp), _Relay(), []
-        self.journal = SimpleNamespace(set_state=lambda **k: None, event=lambda *a, **k: None)
-        self.trace_writer = lambda: SimpleNamespace(tick=lambda t: None)
-
-    def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
-        return SimpleNamespace(phase="warmup", cold_cache=False, ckwatch=None, last_check=0.0, samples=[], start=0.0,
-                               held=None)
+    def __init__(self):
+        self.relay, self.proc, self.ended = _Relay(), None, []
 
     def start_phase(self, argv, env, cwd, logname, extra, started=None):
         return _Proc(self.relay)
 
-    def on_lines(self, run, lines, t):
-        self.seen += lines
+    def end_phase(self, durable=True):
+        self.ended.append(durable)
 
-    def check(self, run, t):
-        return None
 
-    def poll_source(self, run, t):
-        return None
+class _Checkpoints:
+    """No train.checkpoint: the gate lets every outcome through, nothing is polled."""
 
     def gate(self, run, outcome, t):
         return outcome
 
-    def nap(self, proc, seconds):
-        pass
-
-    def keep_small(self, run, t):
-        pass
-
-    def summarise(self, run, t):
+    def poll_checkpoints(self, run, t, force=False):
         pass
 
     def close_checkpoints(self, run, code):
         pass
 
-    def trace_end(self, code, t):
-        pass
-
-    def end_phase(self, durable=True):
-        pass
+    def checkpoint_watch(self, profile, adopt):
+        return None
 
 
 def test_a_command_that_ends_between_two_looks_has_its_last_output_read(tmp_path):
     """The loop asked ``running`` twice per quiet turn: a command that printed and ended
     between the two asks left the loop without its last output read (not relayed into
     job.log, not parsed). It asks once per turn now."""
-    loop = _Loop(tmp_path)
+    runner = _Runner()
+    loop = _watch(tmp_path, runner=runner, checkpoints=_Checkpoints())
     out = loop.watch(["x"], {}, "warmup.log", "a", timeout=None, watch_tps=False)
-    assert out.kind == "done"
-    assert loop.seen == ["the last line"] and b"the last line\n" in loop.relay.copied
+    assert out.kind == "done" and runner.ended == [False]
+    seen = [r["out"] for r in trace.read_records(str(tmp_path / trace.NAME)) if "out" in r]  # every line read
+    assert seen == ["the last line"] and b"the last line\n" in runner.relay.copied

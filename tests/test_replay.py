@@ -153,11 +153,13 @@ def test_plot_shows_pauses():
     assert any(c == ("‖", "phase") for c in plotdata.grid(s, 60, 8)[-1])
 
 
-def test_watch_mixin_on_ckpt_events_pauses_and_traces(tmp_path):
+def test_watch_pause_side_on_ckpt_events_pauses_and_traces(tmp_path):
     """The watch loop's side of CONTRACT's checkpoint events: a pause, a journal event,
     the events in the trace, and the decision the supervisor asks for is paused."""
     from types import SimpleNamespace
     from gpujob.agent.judge.policy import PolicyConfig, Sample
+    from gpujob.agent.base.staterec import StateRecord
+    from gpujob.agent.supervisor.parts import PolicyHolder
     from gpujob.agent.supervisor.watchpause import PauseWatch
 
     class Journal:
@@ -170,22 +172,24 @@ def test_watch_mixin_on_ckpt_events_pauses_and_traces(tmp_path):
             self.st.update(kw)
         def state(self):
             return self.st
+        def record(self):
+            return StateRecord.from_dict(self.st)
 
-    sup = PauseWatch()
-    sup.spec = {"name": "n", "throughput": {"pause_tail": 3.0, "pause_pattern": "^Evaluating"}}
-    sup.job_id, sup.journal = "j1", Journal()
-    sup.policy = PolicyConfig(min=10.0, window=3, failure_limit=1, settle_samples=0)
+    job = SimpleNamespace(job_id="j1", spec={"name": "n", "throughput": {"pause_tail": 3.0,
+                                                                          "pause_pattern": "^Evaluating"}})
+    side = PauseWatch(job, Journal(), PolicyHolder(PolicyConfig(min=10.0, window=3, failure_limit=1,
+                                                                settle_samples=0)))
     run = SimpleNamespace(start=0.0, profile="a", phase="train", baseline=None,
                           samples=[Sample(float(k), 20.0) for k in range(10)])
-    sup.pause_setup(run)
-    sup.on_ckpt_events(run, [{"t": 10.0, "ckpt": "out/ckpt.pt", "op": "changed", "size": 5}], 10.2)
-    assert sup.decide_now(run, 11.0).verdict == "paused"
-    assert sup.decide_now(run, 14.0).verdict == "ok"
-    sup.pause_line(run, "Evaluating: 10%", 20.0)
-    assert sup.decide_now(run, 21.0).verdict == "paused"
-    assert [e["why"] for e in sup.journal.events] == ["checkpoint out/ckpt.pt", "pause_pattern"]
-    assert sup.journal.st["pauses"] == [[8.0, 13.0], [18.0, 23.0]]
-    sup.trace_end(0, 30.0)
+    side.pause_setup(run)
+    side.on_ckpt_events(run, [{"t": 10.0, "ckpt": "out/ckpt.pt", "op": "changed", "size": 5}], 10.2)
+    assert side.decide_now(run, 11.0).verdict == "paused"
+    assert side.decide_now(run, 14.0).verdict == "ok"
+    side.pause_line(run, "Evaluating: 10%", 20.0)
+    assert side.decide_now(run, 21.0).verdict == "paused"
+    assert [e["why"] for e in side.journal.events] == ["checkpoint out/ckpt.pt", "pause_pattern"]
+    assert side.journal.st["pauses"] == [[8.0, 13.0], [18.0, 23.0]]
+    side.trace_end(0, 30.0)
     recs = trace.read_records(str(tmp_path / trace.NAME))
     assert recs[0]["trace"] == 1 and recs[1]["run"]["profile"] == "a"
     assert {"t": 10.0, "ckpt": "out/ckpt.pt", "op": "changed", "size": 5} in recs

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import time
+from typing import Any, Protocol
 
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.base import defaults
@@ -31,29 +32,51 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-def make(sup):
-    info = sup.job.get("fleet")
+class NodePort(Protocol):
+    """What a node asks of its supervisor, the port back to it (supervisor.py's FleetPort):
+    a leader's aggregate sample is judged by the watch's ``judge_sample``."""
+
+    job_id: str
+    job: dict  # job.json
+    spec: dict
+    journal: Any
+
+    @property
+    def stop_asked(self) -> bool: ...
+    @property
+    def restarts(self) -> list: ...
+    def secrets(self) -> dict: ...
+    def say(self, text: str) -> None: ...
+    def set_state(self, state, durable: bool = True, **kw) -> None: ...
+    def finish(self, state, reason: str, **kw) -> None: ...
+    def plan_rollback(self, frm: str, to: str, out, failure: str, mark_bad: bool,
+                      suspect: dict | None = None) -> None: ...
+    def requests(self): ...
+    def judge_sample(self, run, value: float, step, t: float): ...
+
+
+def make(port: NodePort):
+    info = port.job.get("fleet")
     if not info:
         return None
-    return (Leader if info["node_rank"] == 0 else Follower)(sup, info)
+    return (Leader if info["node_rank"] == 0 else Follower)(port, info)
 
 
 class Node:
-    def __init__(self, sup, info: dict):
-        self.sup, self.info = sup, info
+    def __init__(self, port: NodePort, info: dict):
+        self.port, self.info = port, info
         self.rank, self.n = int(info["node_rank"]), int(info["nnodes"])
         self.labels = list(info["nodes"])
         self.lost_after = float(info["lost_after"])  # the controller sends spec.py's defaults
         self.on_loss = info["on_loss"]
-        st = sup.journal.state()
-        self.round = int(st.get("fleet_round") or 0)
+        self.round = int(port.journal.record().fleet_round or 0)
         self.started = False
 
     def label(self, rank: int) -> str:
         return f"node {rank} ({self.labels[rank]})"
 
     def key(self) -> bytes:
-        key = self.sup.secrets().get("fleet_key")
+        key = self.port.secrets().get("fleet_key")
         if not key:
             from gpujob.agent.judge.outcome import EnvError
             raise EnvError("the job's fleet key is missing from its secrets (it ended, or was not "
@@ -64,10 +87,10 @@ class Node:
     def wait_go(self) -> bool:
         """Hold until the controller says go (every node's lock is taken). False: the
         job ended meanwhile (a stop: another node was busy)."""
-        j = self.sup.journal
-        if j.state().get("fleet_go"):
+        j = self.port.journal
+        if j.record().fleet_go:
             return True
-        self.sup.set_state("preparing", phase="hold", reason="waiting until every node's lock is taken")
+        self.port.set_state("preparing", phase="hold", reason="waiting until every node's lock is taken")
         since = now()
         while True:
             for name, req in j.pending():
@@ -77,29 +100,29 @@ class Node:
                     j.event("fleet_go", nnodes=self.n, rank=self.rank)
                     return True
                 if req["kind"] == "stop":
-                    self.sup.finish("stopped", req.get("reason") or "stopped before it started")
+                    self.port.finish("stopped", req.get("reason") or "stopped before it started")
                     return False
-            if self.sup.stop_asked:
-                self.sup.finish("stopped", "stopped before it started")
+            if self.port.stop_asked:
+                self.port.finish("stopped", "stopped before it started")
                 return False
             limit = float(self.info["start_timeout"])
             if now() - since > limit:  # the controller died between the holds and the go
-                self.sup.finish("failed", f"the controller never said go within {limit:g}s "
+                self.port.finish("failed", f"the controller never said go within {limit:g}s "
                                           "(nodes.start_timeout; the submit was cut off): nothing was started")
                 return False
             time.sleep(0.1)
 
     def set_round(self, r: int) -> None:
         self.round = r
-        self.sup.journal.set_state(fleet_round=r)
+        self.port.journal.set_state(fleet_round=r)
 
 
 class Leader(Node):
     """Node 0's supervisor: the barrier, the aggregate policy, every decision."""
 
-    def __init__(self, sup, info):
-        super().__init__(sup, info)
-        tp = defaults.section(sup.spec, "throughput")
+    def __init__(self, port: NodePort, info):
+        super().__init__(port, info)
+        tp = defaults.section(port.spec, "throughput")
         self.aggregate = tp["aggregate"] if tp else None  # no throughput watched: nothing to aggregate
         self.server: Server | None = None
         self.heard: dict = {}
@@ -108,13 +131,13 @@ class Leader(Node):
         self.failures: list = []
         self.done: set = set()
         self.lost_said: set = set()
-        self.last_relaunch: dict | None = (sup.journal.state().get("fleet_relaunch"))
+        self.last_relaunch: dict | None = port.journal.record().fleet_relaunch
 
     def start(self) -> None:
         if self.started:
             return
         self.started = True
-        self.server = Server(self.key(), int(self.info["channel_port"]), self.sup.job_id)
+        self.server = Server(self.key(), int(self.info["channel_port"]), self.port.job_id)
         self.server.start()
         t = now()
         self.heard = {r: t for r in range(1, self.n)}
@@ -131,18 +154,18 @@ class Leader(Node):
                 continue
             self.heard[rank] = now()
             if body is None:
-                self.sup.journal.event("fleet_disconnected", rank=rank)
+                self.port.journal.event("fleet_disconnected", rank=rank)
                 continue
             kind = body.get("kind")
             if kind == "join":
-                self.sup.journal.event("fleet_joined", rank=rank, round=body.get("round"),
+                self.port.journal.event("fleet_joined", rank=rank, round=body.get("round"),
                                        state=body.get("state"))
                 if rank in self.lost_said:
                     self.lost_said.discard(rank)
-                    self.sup.say(f"{self.label(rank)} is back")
+                    self.port.say(f"{self.label(rank)} is back")
                     if not self.lost_said:
-                        self.sup.journal.set_state(reason=None)
-                if (JobState.of(self.sup.journal.state().get("state")) or JobState.LOST).is_terminal():
+                        self.port.journal.set_state(reason=None)
+                if (self.port.journal.record().job_state or JobState.LOST).is_terminal():
                     continue
                 if self.last_relaunch and int(body.get("round") or 0) < self.round:
                     self.server.send(rank, self.last_relaunch)  # it missed the decision
@@ -154,14 +177,14 @@ class Leader(Node):
                 except (KeyError, TypeError, ValueError):
                     pass
             elif kind == "failed" and int(body.get("round", self.round)) < self.round:
-                self.sup.journal.event("fleet_stale_failure", rank=rank, reason=body.get("reason"))
+                self.port.journal.event("fleet_stale_failure", rank=rank, reason=body.get("reason"))
             elif kind in ("failed", "ended"):  # a failure of a round already relaunched is old news
                 if kind == "ended" and body.get("state") == JobState.SUCCEEDED:
                     self.done.add(rank)
                 elif body.get("state") != JobState.STOPPED:
                     self.failures.append((rank, body))
             elif kind == "refused":
-                self.sup.journal.event("fleet_refused", rank=rank, why=body.get("why"))
+                self.port.journal.event("fleet_refused", rank=rank, why=body.get("why"))
 
     def agg(self):
         if len(self.latest) < self.n:
@@ -172,7 +195,7 @@ class Leader(Node):
     def own_sample(self, run, value, step, t):
         self.latest[0] = value
         value = self.agg()
-        return None if value is None else self.sup.judge_sample(run, value, step, t)
+        return None if value is None else self.port.judge_sample(run, value, step, t)
 
     def fresh_failures(self) -> list:
         """Failures of this round: one of a round already relaunched (a trainer that died
@@ -184,7 +207,7 @@ class Leader(Node):
         rank, body = self.failures.pop(0)
         failure = body.get("signal") or "node_failed"  # a node that ended: no restart brings it back
         reason = f"{self.label(rank)}: {body.get('reason') or 'failed'}"
-        self.sup.say(f"{reason} (counts for the whole job)")
+        self.port.say(f"{reason} (counts for the whole job)")
         return Outcome(OutcomeKind.SIGNAL, failure, reason, {"node": rank, "tail": body.get("tail") or []},
                        exit_code=body.get("exit_code"))
 
@@ -198,9 +221,9 @@ class Leader(Node):
                 return Outcome(OutcomeKind.SIGNAL, "node_lost", why, {"node": rank})
             if rank not in self.lost_said:
                 self.lost_said.add(rank)
-                self.sup.say(f"{why}; waiting for it (nodes.on_loss: wait)")
-                self.sup.journal.event("fleet_waiting", rank=rank, why=why)
-                self.sup.journal.set_state(reason=f"waiting for {self.label(rank)} (nodes.on_loss: wait)")
+                self.port.say(f"{why}; waiting for it (nodes.on_loss: wait)")
+                self.port.journal.event("fleet_waiting", rank=rank, why=why)
+                self.port.journal.set_state(reason=f"waiting for {self.label(rank)} (nodes.on_loss: wait)")
         return None
 
     def poll(self, run, t: float):
@@ -210,7 +233,7 @@ class Leader(Node):
             self.latest[rank] = value
             agg = self.agg()
             if agg is not None and run.watch_tps and outcome is None:
-                outcome = self.sup.judge_sample(run, agg, None, t)
+                outcome = self.port.judge_sample(run, agg, None, t)
         if outcome is None and self.fresh_failures():
             outcome = self.failure_outcome()
         return outcome or self.lost_outcome(t)
@@ -222,22 +245,22 @@ class Leader(Node):
             self.drain()
             if self.fresh_failures():
                 return self.failure_outcome()
-            out = self.sup.requests()
+            out = self.port.requests()
             if out is not None:
                 return out
             missing = [r for r in range(1, self.n) if self.ready.get(r) != self.round]
             if not missing:
                 self.latest = {}
                 self.server.broadcast({"kind": "go", "round": self.round, "profile": profile})
-                self.sup.journal.event("fleet_barrier", round=self.round, profile=profile)
-                self.sup.say(f"all {self.n} nodes ready (round {self.round}, profile {profile}): go")
+                self.port.journal.event("fleet_barrier", round=self.round, profile=profile)
+                self.port.say(f"all {self.n} nodes ready (round {self.round}, profile {profile}): go")
                 return None
             out = self.lost_outcome(now())
             if out is not None:
                 return out
             if not said:
                 said = True
-                self.sup.say(f"waiting at the barrier for {', '.join(self.label(r) for r in missing)}")
+                self.port.say(f"waiting at the barrier for {', '.join(self.label(r) for r in missing)}")
             time.sleep(0.05)
 
     def handle(self, out, profile):
@@ -259,21 +282,21 @@ class Leader(Node):
 
     def decided(self, out, profile: str, restarts_before: int) -> None:
         """After a decision that goes on: a rollback or restart is one relaunch of every node."""
-        st = self.sup.journal.state()
+        st = self.port.journal.state()
         if st.get("step") == "rollback" and st.get("pending_rollback"):
             to, reason = st["pending_rollback"]["to"], st["pending_rollback"]["reason"]
-        elif len(self.sup.restarts) > restarts_before or (out.kind == OutcomeKind.SIGNAL and st.get("step") == "train"):
+        elif len(self.port.restarts) > restarts_before or (out.kind == OutcomeKind.SIGNAL and st.get("step") == "train"):
             to, reason = st.get("profile") or profile, f"restart on {profile}: {out.reason}"
         else:
             return
         msg = {"kind": "relaunch", "round": self.round + 1, "profile": to, "reason": reason}
         self.set_round(self.round + 1)
         self.last_relaunch = msg
-        self.sup.journal.set_state(fleet_relaunch=msg)
+        self.port.journal.set_state(fleet_relaunch=msg)
         self.server.broadcast(msg)
-        self.sup.journal.event("fleet_relaunch", **{k: v for k, v in msg.items() if k != "kind"})
+        self.port.journal.event("fleet_relaunch", **{k: v for k, v in msg.items() if k != "kind"})
         what = f"restart on {to}" if to == profile else f"switch to {to}"
-        self.sup.say(f"every node: stop, {what}, resume together (round {self.round})")
+        self.port.say(f"every node: stop, {what}, resume together (round {self.round})")
 
     def ended(self, state: str, reason: str) -> None:
         if self.server is None:
@@ -286,8 +309,8 @@ class Leader(Node):
 class Follower(Node):
     """Another node's supervisor: reports to the leader, acts on its word."""
 
-    def __init__(self, sup, info):
-        super().__init__(sup, info)
+    def __init__(self, port: NodePort, info):
+        super().__init__(port, info)
         self.client: Client | None = None
         self.last_heard = now()  # the leader beats every second
         self.away_said = False
@@ -297,9 +320,9 @@ class Follower(Node):
         if self.started:
             return
         self.started = True
-        st = self.sup.journal.state()
+        st = self.port.journal.state()
         self.client = Client(self.key(), self.info["leader_addr"], int(self.info["channel_port"]),
-                             self.sup.job_id, self.rank, {"round": self.round, "state": st.get("state")})
+                             self.port.job_id, self.rank, {"round": self.round, "state": st.get("state")})
         self.client.start()
         self.last_heard = now()
 
@@ -319,7 +342,7 @@ class Follower(Node):
             if kind == "connected":
                 if self.away_said:
                     self.away_said = False
-                    self.sup.say("leader reachable again")
+                    self.port.say("leader reachable again")
                 if self.ready_msg:
                     self.client.send(self.ready_msg)
                 self.client.hello["round"] = self.round
@@ -339,12 +362,12 @@ class Follower(Node):
         self.client.send({"kind": "sample", "value": value, "step": step, "round": self.round})
         run.samples.append(Sample(t, value, step))
         del run.samples[:-1000]
-        self.sup.journal.sample(t=round(t, 3), value=value, step=step, verdict="reported",
+        self.port.journal.sample(t=round(t, 3), value=value, step=step, verdict="reported",
                                 profile=run.profile)
         if t - run.last_state > 1.0:
             run.last_state = t
             values = [s.value for s in run.samples[-120:]]
-            self.sup.journal.set_state(tps=value, tps_recent=values, verdict="reported to node 0")
+            self.port.journal.set_state(tps=value, tps_recent=values, verdict="reported to node 0")
         return None
 
     def poll(self, run, t: float):
@@ -353,7 +376,7 @@ class Follower(Node):
             return out
         if not self.away_said and self.leader_gone_for(t) > 3.0:
             self.away_said = True
-            self.sup.say(f"leader {self.label(0)} unreachable; the trainer keeps running, reconnecting")
+            self.port.say(f"leader {self.label(0)} unreachable; the trainer keeps running, reconnecting")
         return None
 
     def wait_word(self, why: str):
@@ -363,7 +386,7 @@ class Follower(Node):
             out = self.drain()
             if out is not None:
                 return out
-            req = self.sup.requests()
+            req = self.port.requests()
             if req is not None and req.kind == OutcomeKind.STOP:
                 return req
             if self.leader_gone_for(now()) > self.lost_after:
@@ -374,7 +397,7 @@ class Follower(Node):
     def barrier(self, profile: str):
         self.ready_msg = {"kind": "ready", "round": self.round, "profile": profile}
         self.client.send(self.ready_msg)
-        self.sup.say(f"ready (round {self.round}, profile {profile}); waiting for node 0's go")
+        self.port.say(f"ready (round {self.round}, profile {profile}); waiting for node 0's go")
         out = self.wait_word("waiting at the barrier")
         if out.kind == OutcomeKind.FLEET_GO:
             self.ready_msg = None
@@ -385,22 +408,22 @@ class Follower(Node):
         """How a follower acts on an outcome: True/False as Supervisor.handle, None: as usual."""
         while True:
             if out.kind == OutcomeKind.FLEET_END:
-                self.sup.finish(out.signal_name, out.reason)
+                self.port.finish(out.signal_name, out.reason)
                 return True
             if out.kind == OutcomeKind.ROLLBACK and out.signal_name == "fleet":
                 if out.to == profile:
-                    self.sup.journal.set_state(step=Stage.TRAIN, resume=True)
-                    self.sup.say(f"restart on {profile}: {out.reason}")
+                    self.port.journal.set_state(step=Stage.TRAIN, resume=True)
+                    self.port.say(f"restart on {profile}: {out.reason}")
                 else:
-                    self.sup.plan_rollback(profile, out.to, out, "fleet", mark_bad=False)
+                    self.port.plan_rollback(profile, out.to, out, "fleet", mark_bad=False)
                 return False
             if out.kind != OutcomeKind.SIGNAL:
                 return None
             body = {"kind": "failed", "signal": out.signal_name, "reason": out.reason, "round": self.round,
                     "exit_code": out.exit_code, "tail": list((out.evidence or {}).get("tail") or [])[-5:]}
             self.client.send(body)
-            self.sup.journal.event("fleet_failure_reported", signal=out.signal_name, reason=out.reason)
-            self.sup.say(f"reported to node 0: {out.reason}; waiting for its decision")
+            self.port.journal.event("fleet_failure_reported", signal=out.signal_name, reason=out.reason)
+            self.port.say(f"reported to node 0: {out.reason}; waiting for its decision")
             self.ready_msg = None
             nxt = self.wait_word(out.reason)
             while nxt.kind == OutcomeKind.FLEET_GO:  # a go of a round we already left

@@ -7,7 +7,6 @@ Everything it does goes to the job's journal (see journal.py).
 
 from __future__ import annotations
 
-import collections
 import errno
 import os
 import signal
@@ -38,12 +37,30 @@ from gpujob.agent.base.stages import Stage
 from gpujob.agent.supervisor.standby import Standby
 from gpujob.agent.supervisor.verdicts import Verdicts
 from gpujob.agent.judge.outcome import EnvError
-from gpujob.agent.supervisor.watch import PhaseWatch
+from gpujob.agent.supervisor.watch import Watch
+from gpujob.agent.supervisor.watchpause import PauseWatch
 from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 
-class Supervisor(PhaseWatch):
+class FleetPort:
+    """The fleet's port back to the supervisor (fleet.nodes.NodePort): exactly what a node
+    of a multi-node job asks of it. ``judge_sample`` is the watch's, bound once the watch
+    is built (the watch needs the fleet first)."""
+
+    def __init__(self, job: Job, journal, report: Report, child_env: ChildEnv, stop: StopFlag, history: History,
+                 finish, plan_rollback, requests):
+        self.job_id, self.job, self.spec, self.journal = job.job_id, job.job, job.spec, journal
+        self.say, self.set_state, self.secrets = report.say, report.set_state, child_env.secrets
+        self.finish, self.plan_rollback, self.requests = finish, plan_rollback, requests
+        self._stop, self._history = stop, history
+        self.judge_sample = None
+
+    stop_asked = property(lambda self: self._stop.asked)
+    restarts = property(lambda self: self._history.restarts)
+
+
+class Supervisor:
     """One job's owner in the container. Everything it decides is written to the
     job's state before it acts, so a supervisor that dies at any moment can be
     followed by a new one that re-adopts the running command and carries on."""
@@ -51,74 +68,53 @@ class Supervisor(PhaseWatch):
     def __init__(self, home: str, job_id: str, held: Held | None = None):
         self.held = held
         self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
-        self.jobv = Job.of(self.journal.home, job_id, self.journal.job())  # the shared pieces (parts.py)
-        self.home, self.job_id, self.job, self.spec = self.journal.home, job_id, self.jobv.job, self.jobv.spec
-        self.profiles, self.workdir, self.rb = self.jobv.profiles, self.jobv.workdir, self.jobv.rb
-        self.per_profile_caches = self.jobv.per_profile_caches
-        self.ledger = Ledger(self.home, planshare.ledger_name(self.job))  # per fleet shape
+        self.jobv = jobv = Job.of(self.journal.home, job_id, self.journal.job())  # the shared pieces (parts.py)
+        self.job_id, self.job, self.spec, self.profiles, self.rb = job_id, jobv.job, jobv.spec, jobv.profiles, jobv.rb
+        self.ledger = Ledger(self.journal.home, planshare.ledger_name(self.job))  # per fleet shape
         self.stop = StopFlag()
         self._planned_at = None  # decided_at of the rollback this supervisor planned
         self.history = History(self.journal.state())
         self.runner = Runner(self.journal)
-        tp = defaults.section(self.spec, "throughput")
-        self.watching = bool(tp)  # throughput is watched: a policy, a ledger, rollbacks
-        self.line_source = None
-        self.tp_scale = 1.0
+        tp = defaults.section(self.spec, "throughput")  # throughput is watched: a policy, a ledger, rollbacks
+        line_source, tp_scale = None, 1.0
         if tp:
             gpus = self.spec.get("gpus") or {}
             if tp["scope"] == "per_gpu":
                 group = tp["scope_group"]
-                self.tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
+                tp_scale = float(len(gpus[group]) if group else sum(len(v) for v in gpus.values()) or 1)
             if tp["source"] == "stdout":
-                self.line_source = sources.line_source(tp, self.tp_scale)
-            self.start_timeout = tp["start_timeout"]
+                line_source = sources.line_source(tp, tp_scale)
         self.policy_holder = PolicyHolder(policy.PolicyConfig.from_spec(tp) if tp else None)
         self.restart_cfg = defaults.section(self.spec["train"], "restarts") or {"on": []}
-        self.signatures = list(self.rb["error_signatures"] or [])
-        self.grace_after_signature = float(self.rb["signature_grace"])
-        jcfg = defaults.section(self.spec, "journal")
-        self.keep_log = int(jcfg["keep_log"])
-        self.full_rate = float(jcfg["full_rate_samples"])
-        self.trimmer = Trimmer(self.journal.dir)
-        self.sample_marks = collections.deque()  # (time, offset in samples.jsonl), one a minute
-        self.fleet = fleet.make(self)  # None, or this node's leader/follower of a multi-node job
         self.notifier = Notifier(self.journal, self.job, self.journal.path(SECRETS_FILE))
         self.journal.on_internal_error = lambda line: self.notifier.emit(
             "internal_error", str(int(now() * 1000)), reason=line)
         self.metrics = MetricsFile(self.journal, self.job)
         self.report = Report(self.journal, self.metrics, self.notifier)
-        self.env = ChildEnv(self.jobv, self.journal, self.notifier)
-        self.values, self.child_env, self.secrets = self.env.values, self.env.child_env, self.env.secrets
-        self.drop_secrets = self.env.drop_secrets
+        self.env = ChildEnv(jobv, self.journal, self.notifier)
         self.say, self.set_state = self.report.say, self.report.set_state
-        self.start_phase, self.end_phase, self.nap = self.runner.start_phase, self.runner.end_phase, self.runner.nap
-        self.envs = Envs(self.jobv, self.journal, self.report, self.runner, self.stop)
-        self.env_key, self.cache_key = self.jobv.env_key, self.jobv.cache_key
-        self.caches = Caches(self.jobv, self.journal, self.ledger, self.envs, self.report)
-        self.mark_good, self.ensure_snapshot = self.caches.mark_good, self.caches.ensure_snapshot  # (mixins)
-        self.guard = Guard(self.jobv, self.journal, self.report, self.env, self.runner)
-        self.checkpoints = ck = Checkpoints(self.jobv, self.journal, self.runner, self.env, self.report,
-                                            after_events=self.on_ckpt_events)
-        self.checkpoint_watch, self.poll_checkpoints, self.close_checkpoints = (  # (the watch, a mixin yet)
-            ck.checkpoint_watch, ck.poll_checkpoints, ck.close_checkpoints)
-        self.gate, self.wait_for_save, self.resume_args = ck.gate, ck.wait_for_save, ck.resume_args
-        self.standby = Standby(self.jobv, self.journal, self.ledger, self.envs, self.env, self.report)
-        self.verdicts = v = Verdicts(self.jobv, self.journal, self.ledger, self.report, self.caches, self.history,
-                                     self.policy_holder, self.fleet, ends=self)
-        self.review, self.refuse_promotion, self.keep_running = v.review, v.refuse_promotion, v.keep_running
-        self.phases = Phases(self.jobv, self.journal, self.ledger, self.envs, self.standby, self.checkpoints,
+        self.fleet_port = FleetPort(jobv, self.journal, self.report, self.env, self.stop, self.history,
+                                    self.finish, self.plan_rollback, self.requests)
+        self.fleet = fleet.make(self.fleet_port)  # None, or this node's leader/follower of a multi-node job
+        self.envs = Envs(jobv, self.journal, self.report, self.runner, self.stop)
+        self.caches = Caches(jobv, self.journal, self.ledger, self.envs, self.report)
+        self.guard = Guard(jobv, self.journal, self.report, self.env, self.runner)
+        self.pause = PauseWatch(jobv, self.journal, self.policy_holder)  # the watch's pause and trace side
+        self.checkpoints = Checkpoints(jobv, self.journal, self.runner, self.env, self.report,
+                                       after_events=self.pause.on_ckpt_events)
+        self.standby = Standby(jobv, self.journal, self.ledger, self.envs, self.env, self.report)
+        self.verdicts = Verdicts(jobv, self.journal, self.ledger, self.report, self.caches, self.history,
+                                 self.policy_holder, self.fleet, ends=self)
+        self.watch = Watch(jobv, self.journal, self.ledger, self.report, self.runner, self.env, self.checkpoints,
+                           self.pause, self.caches.mark_good, self.verdicts, self.policy_holder, self.history,
+                           self.fleet, Trimmer(self.journal.dir), self.requests, line_source=line_source,
+                           tp_scale=tp_scale, signatures=self.rb["error_signatures"],
+                           grace_after_signature=float(self.rb["signature_grace"]),
+                           start_timeout=tp["start_timeout"] if tp else None)
+        self.fleet_port.judge_sample = self.watch.judge_sample
+        self.phases = Phases(jobv, self.journal, self.ledger, self.envs, self.standby, self.checkpoints,
                              self.env, self.report, self.history, self.runner, self.policy_holder, self.fleet,
-                             watch=self.watch)
-
-    # ---- the shared pieces, as the roles not yet composed read them ----------
-    stop_asked = property(lambda self: self.stop.asked, lambda self, v: setattr(self.stop, "asked", v))
-    rollbacks = property(lambda self: self.history.rollbacks)
-    restarts = property(lambda self: self.history.restarts)
-    phase_proc = property(lambda self: self.runner.proc, lambda self, v: setattr(self.runner, "proc", v))
-    spawned_at = property(lambda self: self.runner.spawned_at,
-                          lambda self, v: setattr(self.runner, "spawned_at", v))
-    relay = property(lambda self: self.runner.relay)
-    policy = property(lambda self: self.policy_holder.now)
+                             watch=self.watch.watch)
 
     # ---- entry -------------------------------------------------------------
     def main(self) -> int:
@@ -129,7 +125,7 @@ class Supervisor(PhaseWatch):
         try:
             self.report.joblog = JobLog(self.journal.path("job.log"))
             self.runner.relay = Relay(self.journal.dir, self.report.joblog)
-            self.relay.recover()
+            self.runner.relay.recover()
             self.notifier.start()
             if self.journal.state().get("state") in ENDED:  # revived only to deliver its notifications
                 self.journal.set_state(supervisor_pid=os.getpid(), supervisor_ticks=start_ticks(os.getpid()))
@@ -158,7 +154,7 @@ class Supervisor(PhaseWatch):
             if self.held:
                 self.held.release()
             if not fenced:  # the job's last messages go out before the supervisor does (the
-                self.close_trace()
+                self.pause.close_trace()
                 self.notifier.close()  # container is free meanwhile: its pid in state keeps revive off)
         return 0
 
@@ -202,8 +198,8 @@ class Supervisor(PhaseWatch):
         if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
             self.notifier.emit("success" if state == JobState.SUCCEEDED else "failure", "end", reason=reason,
                                profile=self.journal.state().get("profile"), signal=kw.get("signal"),
-                               exit_code=kw.get("exit_code"), rollbacks=len(self.rollbacks))
-        self.drop_secrets()
+                               exit_code=kw.get("exit_code"), rollbacks=len(self.history.rollbacks))
+        self.env.drop_secrets()
         self.guard.drop_boot_hook()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
@@ -268,7 +264,7 @@ class Supervisor(PhaseWatch):
                             out = self.phases.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
                     else:
                         out = self.phases.train(profile, bool(st.get("resume")))
-            restarts_before = len(self.restarts)
+            restarts_before = len(self.history.restarts)
             if self.handle(out, profile):
                 return
             if self.fleet is not None:  # the leader relaunches every node on its decision
@@ -311,11 +307,11 @@ class Supervisor(PhaseWatch):
     def next_action(self, out: Outcome, profile: str) -> decide.Action:
         """What to do after ``out`` on ``profile``: decide.next_action over what this job knows."""
         return decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
-                                  self.rollbacks, self.restarts, self.journal.state().get("suspect"), now(),
+                                  self.history.rollbacks, self.history.restarts, self.journal.state().get("suspect"), now(),
                                   DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
 
     def auto_rollbacks(self) -> list:
-        return [r for r in self.rollbacks if r.get("signal") != "manual"]
+        return [r for r in self.history.rollbacks if r.get("signal") != "manual"]
 
     def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool,
                       suspect: dict | None = None) -> None:
@@ -353,7 +349,7 @@ class Supervisor(PhaseWatch):
             acted = bool(p.get("mark_bad")) or self.notifier.wants("rollback")
             if self.notifier.wants("rollback"):
                 self.journal.sync()
-            self.notifier.emit("rollback", str(len(self.rollbacks)), **{k: rec[k] for k in
+            self.notifier.emit("rollback", str(len(self.history.rollbacks)), **{k: rec[k] for k in
                                                                          ("from", "to", "reason", "signal")})
             p = dict(p, recorded=True)
             if not again:
@@ -364,7 +360,7 @@ class Supervisor(PhaseWatch):
         # written at once after a ledger mark or a message (so they are never done twice), else
         # deferred with the switch's next steps to the spawn's durable write (a death before it
         # redoes the switch from the plan)
-        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"], rollbacks=self.rollbacks,
+        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"], rollbacks=self.history.rollbacks,
                        pending_rollback=p, durable=False if acted else None)
         die_here("rollback_recorded")
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
@@ -377,13 +373,13 @@ class Supervisor(PhaseWatch):
     def requests(self):
         """The next request to act on: a pending stop always wins; else the oldest
         rollback not yet taken. Requests stay queued until acted on."""
-        if self.stop_asked:
+        if self.stop.asked:
             return Outcome(OutcomeKind.STOP)
-        taken = {r.get("request") for r in self.rollbacks}
+        taken = {r.get("request") for r in self.history.rollbacks}
         rollback = None
         for name, req in self.journal.pending():
             if req["kind"] == "stop":
-                self.stop_asked = True
+                self.stop.asked = True
                 return Outcome(OutcomeKind.STOP)
             if req["kind"] == "rollback" and rollback is None:
                 if name in taken:

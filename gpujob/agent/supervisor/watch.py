@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
 
 from gpujob.agent.supervisor import hang
 from gpujob.agent.base import logwait
@@ -24,7 +23,7 @@ from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import FailureSignal, JobState, OutcomeKind, Verdict
 from gpujob.agent.home.trim import read_jsonl_from
-from gpujob.agent.supervisor.watchpause import PauseWatch
+from gpujob.agent.supervisor.watchrun import Run, gpu_utilisation
 
 POLL = 0.05            # seconds between looks at a quiet log
 COALESCE = 0.05        # after a small read, let output gather this long: one wakeup per
@@ -32,72 +31,37 @@ COALESCE = 0.05        # after a small read, let output gather this long: one wa
                        # (CPU); job.log lags the trainer by 50 ms at most
 COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, never throttle
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
-TAIL_LINES = 200
 
 
-class _Run:
-    """What one run of a phase command knows while the supervisor watches it."""
+class Watch:
+    """Runs and watches one phase command at a time (``watch``, the entry ``Phases`` is
+    given). Built with the job (``parts.Job``), the journal, the ledger (a run's baseline),
+    the report (banners, the state write, the notifier, the metrics file), the runner (the
+    phase process and the relay), the child env (placeholder values, the hang's stacks),
+    the checkpoints (their watch, the gate, the save wait), its pause side (``PauseWatch``),
+    ``mark_good`` (``Caches``), the verdicts (review, refuse_promotion, keep_running), the
+    policy holder, the history (the rollbacks), the fleet (None on one node), the trimmer,
+    the line source and the throughput scale, the error signatures with their grace, the
+    start timeout, and ``requests``: the supervisor's next request (a stop, a rollback)."""
 
-    def __init__(self, sup, logname: str, profile: str, timeout, watch_tps: bool,
-                 start: float | None = None):
-        self.phase = logname[:-len(".log")]
-        self.profile = profile
-        self.timeout = timeout
-        self.watch_tps = watch_tps
-        self.start = start or now()
-        self.samples: list = []
-        self.baseline = (sup.spec.get("throughput") or {}).get("baseline") or sup.ledger.baseline(profile) or \
-            sup.ledger.baseline(sup.ledger.last_good() or "")  # the user's (throughput.baseline) first
-        self.good_known = sup.ledger.status(profile) == "good"
-        self.tail = collections.deque(maxlen=TAIL_LINES)
-        self.hits: list = []
-        self.hit_at = None  # (when, signal) of the first error signature printed
-        self.last_state = self.last_check = self.last_gpu = 0.0
-        self.last_trim = self.start
-        self.minute: list = []  # sample values since the last samples_1m summary
-        self.minute_start = self.start
-        self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
-        self.held = None  # an automatic rollback waiting for the first checkpoint
-        self.held_at = 0.0
-        self.ck_seen = False
-        self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
-        self.last_verdict = None
-        self.idle_cfg = sup.rb.get("gpu_idle") if logname == "train.log" else None
-        gpus = sup.spec.get("gpus") or {}
-        self.idle_gpus: list = []
-        if self.idle_cfg:
-            self.idle_gpus = list(gpus[self.idle_cfg["group"]]) if self.idle_cfg.get("group") else \
-                sorted({g for ids in gpus.values() for g in ids})
-        self.idle_poll = min(10.0, max(0.5, self.idle_cfg["for"] / 5)) if self.idle_cfg else 0
-        self.gpu_history: list = []
-
-
-def gpu_utilisation(gpus: list) -> float | None:
-    """The busiest of ``gpus`` (percent) from nvidia-smi, or None when it cannot tell."""
-    try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
-                            "--format=csv,noheader,nounits"], capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    util = {}
-    for line in p.stdout.decode("utf-8", "replace").splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            try:
-                util[int(parts[0])] = float(parts[1])
-            except ValueError:
-                pass
-    seen = [util[g] for g in gpus if g in util]
-    return max(seen) if seen and len(seen) == len(gpus) else None
-
-
-class PhaseWatch(PauseWatch):
-    """The supervisor's half that runs and watches phase commands (a mixin: it
-    uses the supervisor's journal, relay, policy and requests)."""
-
-    grace_after_signature = DEFAULTS["rollback"]["signature_grace"]  # the supervisor sets the spec's
-    start_timeout = None  # throughput.start_timeout (the supervisor sets the spec's)
-    fleet = None  # a multi-node job's leader or follower (agent/fleet/nodes.py)
+    def __init__(self, job, journal, ledger, report, runner, child_env, checkpoints, pause, mark_good,
+                 verdicts, policy_holder, history, fleet, trimmer, requests, *, line_source=None,
+                 tp_scale: float = 1.0, signatures: list | None = None,
+                 grace_after_signature: float = DEFAULTS["rollback"]["signature_grace"], start_timeout=None):
+        self.job, self.journal, self.ledger, self.report, self.runner = job, journal, ledger, report, runner
+        self.child_env, self.checkpoints, self.pause, self.mark_good = child_env, checkpoints, pause, mark_good
+        self.verdicts, self.policy_holder, self.history, self.fleet = verdicts, policy_holder, history, fleet
+        self.trimmer, self.requests, self.line_source, self.tp_scale = trimmer, requests, line_source, tp_scale
+        self.signatures, self.grace_after_signature = list(signatures or []), grace_after_signature
+        self.start_timeout = start_timeout  # throughput.start_timeout (None: not watched)
+        self.spec, self.rb, self.workdir = job.spec, job.rb, job.workdir
+        self.say, self.set_state, self.notifier, self.metrics = report.say, report.set_state, report.notifier, \
+            report.metrics
+        self.watching = policy_holder.base is not None  # throughput is watched: a policy, a ledger, rollbacks
+        jcfg = defaults.section(self.spec, "journal")
+        self.keep_log, self.full_rate = int(jcfg["keep_log"]), float(jcfg["full_rate_samples"])
+        self.sample_marks: collections.deque = collections.deque()  # (time, offset in samples.jsonl), one a minute
+        self._owed: list | None = None  # on_lines' lines not yet in the tail and the trace
 
     def samples_since(self, start: float) -> list:
         """The samples a previous supervisor recorded for this run (re-adoption)."""
@@ -109,8 +73,9 @@ class PhaseWatch(PauseWatch):
         """The logs cut to their size (a stat each); once a minute a summary of the
         minute's samples into events.jsonl and the samples cut to their full-rate span."""
         self.trimmer.trim("job.log", self.keep_log)
-        if self.relay.src:
-            self.trimmer.trim(self.relay.src, self.keep_log, upto=self.relay.offset)
+        relay = self.runner.relay
+        if relay.src:
+            self.trimmer.trim(relay.src, self.keep_log, upto=relay.offset)
         if t - run.last_trim < 60:
             return
         run.last_trim = t
@@ -138,22 +103,23 @@ class PhaseWatch(PauseWatch):
         """Run one phase command (or go on watching ``adopt``, a command a previous
         supervisor started); parse its output; act on signals and requests."""
         os.makedirs(self.workdir, exist_ok=True)
+        relay = self.runner.relay  # (opened by Supervisor.main)
         if adopt is not None:
             proc = Phase.adopt(adopt)
-            self.phase_proc = proc
+            self.runner.proc = proc
             run = self.new_run(logname, profile, timeout, watch_tps, adopt.get("started_at"), adopt)
             run.samples = self.samples_since(run.start) if watch_tps else []
-            self.relay.follow(logname, adopt.get("log_start", 0))
+            relay.follow(logname, adopt.get("log_start", 0))
             self.journal.event("readopted", phase=run.phase, pgid=proc.pgid, running=proc.running(),
                                samples=len(run.samples))
         else:
             run = self.new_run(logname, profile, timeout, watch_tps, None)
             if watch_tps and self.start_timeout:  # a start hang on an empty cache is the compile race
-                run.cold_cache = snapshots.cache_files(self.home.root, self.cache_key(profile)) == 0
+                run.cold_cache = snapshots.cache_files(self.job.home.root, self.job.cache_key(profile)) == 0
             extra = {"profile": profile, "gpu": gpu, "watch_tps": watch_tps, "cold_cache": run.cold_cache}
             if run.ckwatch is not None:  # a re-adopting supervisor takes this run's watch over
                 extra["ck_run"] = run.ckwatch.run
-            proc = self.start_phase(argv, env, self.workdir, logname, extra, started)
+            proc = self.runner.start_phase(argv, env, self.workdir, logname, extra, started)
             self.journal.set_state(phase_started_at=run.start, durable=False)  # (a figure: shown, never acted on)
             if after_start is not None:  # what can wait until the command runs
                 after_start()
@@ -161,14 +127,14 @@ class PhaseWatch(PauseWatch):
         # a hung trainer's end that a dead supervisor had decided (and maybe begun: SIGABRT)
         outcome = hang.predecessor_outcome(self.journal, proc, Outcome) if adopt is not None else None
         while outcome is None:
-            chunk = self.relay.poll()
+            chunk = relay.poll()
             t = now()
             lines = split.feed(chunk) if chunk else []
             # asked once a turn: a command that printed and ended between two asks left the
             # loop with its last output neither relayed nor read
             alive = bool(chunk) or proc.running()
             if not alive:
-                for rest in self.relay.drain():
+                for rest in relay.drain():
                     lines += split.feed(rest)
                 lines += split.flush()  # a last line without a newline counts too
                 outcome = self.poll_source(run, t)  # a metrics file's last records
@@ -178,34 +144,34 @@ class PhaseWatch(PauseWatch):
                 run.last_check = t
                 outcome = self.poll_source(run, t) or self.check(run, t)
                 self.keep_small(run, t)
-                self.trace_writer().tick(t)
-            outcome = self.gate(run, outcome, t)
+                self.pause.trace_writer().tick(t)
+            outcome = self.checkpoints.gate(run, outcome, t)
             if outcome is not None or not alive:
                 break
             if len(chunk) < COALESCE_BELOW:  # until the log grows (or COALESCE), it ends, or the checks are due
-                logwait.after_read(self.relay, proc.wait_fd(), bool(chunk), POLL if run.held else
+                logwait.after_read(relay, proc.wait_fd(), bool(chunk), POLL if run.held else
                                    run.last_check + 0.2 - now(), POLL, COALESCE)
         if outcome is not None:
             self.say(f"stopping {run.phase}: {outcome.reason or outcome.kind}")
             if outcome.kind == OutcomeKind.STOP:
                 self.set_state(JobState.STOPPING, phase=run.phase)
             if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
-                hang.end_hung(self.journal, self.env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
+                hang.end_hung(self.journal, self.child_env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
             else:  # a hung trainer finishes no save; any other first ends the save it is in
-                self.wait_for_save(run, proc, now())
+                self.checkpoints.wait_for_save(run, proc, now())
             left = proc.kill(grace)
             self.journal.event("group_stopped", pgid=proc.pgid, left=left)
-            for _ in self.relay.drain():  # what it printed while dying
+            for _ in relay.drain():  # what it printed while dying
                 pass
         self.keep_small(run, now())
         self.summarise(run, now())
         if run.samples and outcome is None:  # the last word on this run's throughput
-            self.publish(run.samples, self.decide_now(run, now()), run.baseline)
+            self.publish(run.samples, self.pause.decide_now(run, now()), run.baseline)
         code = proc.returncode
-        self.close_checkpoints(run, code)
-        self.trace_end(code, now())
+        self.checkpoints.close_checkpoints(run, code)
+        self.pause.trace_end(code, now())
         self.journal.event("exit", phase=run.phase, returncode=code, profile=profile)
-        self.end_phase(durable=False)
+        self.runner.end_phase(durable=False)
         die_here(f"{run.phase}_ended:{profile}")
         if outcome is not None:
             return outcome
@@ -225,12 +191,12 @@ class PhaseWatch(PauseWatch):
                        exit_code=code)
 
     def new_run(self, logname, profile, timeout, watch_tps, start, adopt=None):
-        run = _Run(self, logname, profile, timeout, watch_tps, start)
+        run = Run(self.job, self.ledger, logname, profile, timeout, watch_tps, start)
         run.cold_cache = bool((adopt or {}).get("cold_cache"))
-        self.pause_setup(run)
+        self.pause.pause_setup(run)
         run.source = self.make_source(profile, adopt) if watch_tps else None
         if run.phase == "train":
-            run.ckwatch = self.checkpoint_watch(profile, adopt)
+            run.ckwatch = self.checkpoints.checkpoint_watch(profile, adopt)
         return run
 
     def make_source(self, profile: str, adopt: dict | None):
@@ -239,10 +205,10 @@ class PhaseWatch(PauseWatch):
         tp = defaults.section(self.spec, "throughput")
         if tp is None or tp["source"] != "file":
             return self.line_source
-        path = substitute(tp["path"], self.values(profile))
+        path = substitute(tp["path"], self.child_env.values(profile))
         path = path if os.path.isabs(path) else os.path.join(self.workdir, path)
         # where a previous supervisor had read to (state.json's top level; None on a fresh start)
-        offset = self.journal.state().get("source_offset") if adopt is not None else None
+        offset = self.journal.record().source_offset if adopt is not None else None
         return FileSource(path, tp["field"], tp.get("step_field"), offset, scale=self.tp_scale)
 
     def poll_source(self, run, t: float):
@@ -256,7 +222,7 @@ class PhaseWatch(PauseWatch):
     def on_line(self, run, line: str, t: float):
         """One line of output: error signatures, then (in training) a throughput sample."""
         run.tail.append(line)
-        self.pause_line(run, line, t)
+        self.pause.pause_line(run, line, t)
         hit = signals.scan_line(line, self.signatures)
         if hit:
             run.hits.append(line)
@@ -267,6 +233,54 @@ class PhaseWatch(PauseWatch):
         if got is None:
             return None
         return self.on_sample(run, got[0], got[1], t)
+
+    def on_lines(self, run, lines: list, t: float):
+        """The lines of one read, taken as ``on_line`` takes them one by one (same order,
+        the same first outcome, no line after it), at a cost per read rather than per
+        line when no line can hit a signature or a pause: only the lines that may hold a
+        sample are parsed. The tail and the trace get the lines up to a sample's before
+        anything else is written into the trace (a decision's record follows its line);
+        nothing an ``on_sample`` reads depends on them, so they get them in one piece
+        otherwise."""
+        if not lines:
+            return None
+        if self.pause.pause_rx is not None or signals.may_hit("\n".join(lines), self.signatures):
+            for line in lines:
+                outcome = self.on_line(run, line, t)
+                if outcome:
+                    return outcome
+            return None
+        src = run.source if run.watch_tps else None
+        owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
+        try:
+            for i in src.candidates(lines) if src is not None else ():
+                got = src.from_line(lines[i])
+                if got is None:
+                    continue
+                owed[3] = i + 1
+                outcome = self.on_sample(run, got[0], got[1], t)
+                if outcome:
+                    return outcome
+            owed[3] = len(lines)
+            return None
+        finally:
+            self._pay()
+            self._owed = None
+
+    def _pay(self) -> None:
+        """The lines ``on_lines`` owes the tail and the trace so far."""
+        owed = self._owed
+        if owed is None or owed[2] >= owed[3]:
+            return
+        run, lines, given, upto, t = owed
+        piece = lines if given == 0 and upto == len(lines) else lines[given:upto]
+        run.tail.extend(piece)
+        self.pause.trace_writer().out_lines(t, piece)
+        owed[2] = upto
+
+    def trace_decision(self, d, t: float) -> None:
+        self._pay()
+        self.pause.trace_writer().write({"t": round(t, 3), "recorded": {"verdict": str(d.verdict), "reason": d.reason}})
 
     def on_sample(self, run, value: float, step, t: float):
         """One throughput sample of this node's trainer; a multi-node job's leader judges
@@ -280,8 +294,8 @@ class PhaseWatch(PauseWatch):
         run.samples.append(policy.Sample(t, value, step))
         if len(run.samples) > 50000:
             del run.samples[:25000]
-        d = self.decide_now(run, t)
-        d = self.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
+        d = self.pause.decide_now(run, t)
+        d = self.verdicts.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.median, profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
@@ -297,33 +311,34 @@ class PhaseWatch(PauseWatch):
             where = run.source.position() if run.source is not None else None  # for a re-adopting supervisor
             self.publish(run.samples, d, run.baseline, **({"source_offset": where} if where is not None else {}))
             run.last_state = t
-        rec = self.rollbacks[-1] if self.rollbacks and run.phase == "train" else None
+        rollbacks = self.history.rollbacks
+        rec = rollbacks[-1] if rollbacks and run.phase == "train" else None
         if timings.pending(rec):  # decision -> first sample -> first good -> first ok
             for mark, secs in timings.on_sample(rec, t, value, d.evidence.get("threshold"), d.verdict):
                 self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
-                self.journal.set_state(rollbacks=self.rollbacks)
+                self.journal.set_state(rollbacks=rollbacks)
         if d.verdict == Verdict.ROLLBACK:
             out = Outcome(OutcomeKind.SIGNAL, FailureSignal.LOW_THROUGHPUT, d.reason, d.evidence)
-            return None if self.keep_running(run, out) else out
+            return None if self.verdicts.keep_running(run, out) else out
         if not run.good_known:
-            base = self.known_good_now(run, t)
-            if base is not None and not self.refuse_promotion(run):
+            base = self.pause.known_good_now(run, t)
+            if base is not None and not self.verdicts.refuse_promotion(run):
                 run.good_known = True
                 self.journal.event("known_good", profile=run.profile, baseline=base)
-                self.notifier.emit("known_good", f"{run.profile}.{len(self.rollbacks)}", profile=run.profile,
+                self.notifier.emit("known_good", f"{run.profile}.{len(rollbacks)}", profile=run.profile,
                                    baseline=base)
                 self.say(f"profile {run.profile} is now known-good "
                          f"(baseline {throughput.fmt_rate(base)} tok/s)")
                 self.mark_good(run.profile, baseline=base,  # the ledger, then a cache snapshot
                                reason=f"held {throughput.fmt_rate(base)} tok/s for "
-                                      f"{self.policy.good_after:g}s")
+                                      f"{self.policy_holder.now.good_after:g}s")
                 run.baseline = run.baseline or base
         return None
 
     def check(self, run, t: float):
         """The checks made every 0.2 s whether or not output came: requests, a hung
         trainer after an error signature, the phase timeout, idle GPUs, a stall."""
-        self.poll_checkpoints(run, t)  # the register, and the events of CONTRACT.md
+        self.checkpoints.poll_checkpoints(run, t)  # the register, and the events of CONTRACT.md
         outcome = self.fleet.poll(run, t) if self.fleet is not None else None
         outcome = outcome or self.requests()
         if outcome:
@@ -337,7 +352,7 @@ class PhaseWatch(PauseWatch):
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
         first = run.samples[0].t if run.samples else run.start
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
-                t >= first + (self.policy.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
+                t >= first + (self.policy_holder.now.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
             # start-up (imports, compile) idles the GPUs: watched from the first sample (plus the
             # initial delay, which counts from it) on; a pause (save, eval) is not idleness
             run.last_gpu = t
@@ -350,7 +365,7 @@ class PhaseWatch(PauseWatch):
                 self.journal.event("decision", verdict=name, reason=reason, evidence=ev)
                 return Outcome(OutcomeKind.SIGNAL, name, reason, ev)
         elif run.watch_tps:
-            d = self.decide_now(run, t)
+            d = self.pause.decide_now(run, t)
             if d.verdict == Verdict.STALL:
                 self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
                 return Outcome(OutcomeKind.SIGNAL, FailureSignal.STALL, d.reason, dict(d.evidence, hung=True))
@@ -365,7 +380,7 @@ class PhaseWatch(PauseWatch):
         del run.gpu_history[:-1000]
         self.journal.event("gpu_util", group=cfg["group"], max=util)
         ck = self.spec["train"].get("checkpoint")
-        saved = ckregister.find(self.workdir, substitute(ck["path"], self.values(run.profile))) if ck else []
+        saved = ckregister.find(self.workdir, substitute(ck["path"], self.child_env.values(run.profile))) if ck else []
         last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
         idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
                                                   max(saved[0][1] if saved else 0.0, min(last_pause, t)),
