@@ -13,7 +13,7 @@ kinds, bounds) as on every other command, then the result written for the next t
 What is kept is ``Inventory.model_dump(mode="json")`` of the validated model, and a hit
 gives :class:`View`: the same attributes with the same values (every field is text, a
 number, a list or a mapping; tests/test_invcache.py holds this for every field), and
-``resolve`` is the model's own (:func:`resolve`). Checks that are not the inventory's
+``resolve`` is the model's own (gpujob/invnames.py). Checks that are not the inventory's
 (host keys, ~/.ssh/config, the container's home) happen after it, the same both ways.
 
 The files live in the private runtime dir of the kept connection (conn/paths.py: 0700,
@@ -30,7 +30,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any, cast
 
-from gpujob.errors import InputError
+from gpujob import invnames
 
 if TYPE_CHECKING:
     from gpujob.inventory import Inventory
@@ -65,34 +65,15 @@ class View:
         return self._source
 
     def targets(self) -> list[tuple[str, str]]:
-        return targets(self.hosts)
+        return invnames.targets(self.hosts)
 
     def resolve(self, target: str):
-        return resolve(self.hosts, self._source, target)
+        return invnames.resolve(self.hosts, self._source, target, _embedded_note)
 
 
-def targets(hosts: dict) -> list[tuple[str, str]]:
-    return [(h, c) for h, host in hosts.items() for c in host.containers]
-
-
-def resolve(hosts: dict, source: str, target: str):
-    """`name` or `host/name` -> (host name, host, container name, container), or InputError."""
-    found_all = targets(hosts)
-    host_name, _, name = target.rpartition("/")
-    found = [(h, c) for h, c in found_all if c == name and (not host_name or h == host_name)]
-    if len(found) > 1:
-        choices = " or ".join(f"{h}/{c}" for h, c in found)
-        raise InputError(f"target '{target}' is on several hosts; say {choices}")
-    if not found:
-        from gpujob.inventory import no_inventory_note
-        from gpujob.yamlsrc import suggest
-        names = [c for _, c in found_all]
-        known = [c if names.count(c) == 1 else f"{h}/{c}" for h, c in found_all]
-        note = f" ({no_inventory_note()})" if source == "embedded default" else ""
-        raise InputError(f"unknown target '{target}'; known: {', '.join(known)}"
-                         + suggest(target, known + [f"{h}/{c}" for h, c in found_all]) + note)
-    h, c = found[0]
-    return h, hosts[h], c, hosts[h].containers[c]
+def _embedded_note() -> str:
+    from gpujob.inventory import no_inventory_note  # (pydantic: only for a target not found)
+    return no_inventory_note()
 
 
 def _read_hosts(path: str) -> bytes:

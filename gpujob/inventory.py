@@ -9,7 +9,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
-from gpujob import invcache, kinds
+from gpujob import invnames, kinds
 from gpujob.errors import InputError
 from gpujob.spec_types import PathText
 from gpujob.yamlsrc import At, Strict, describe, load_yaml
@@ -102,11 +102,11 @@ class Inventory(Strict):
         return self._source
 
     def targets(self) -> list[tuple[str, str]]:
-        return invcache.targets(self.hosts)
+        return invnames.targets(self.hosts)
 
     def resolve(self, target: str) -> tuple[str, Host, str, Container]:
         """`name` or `host/name` -> (host name, host, container name, container)."""
-        return invcache.resolve(self.hosts, self._source, target)
+        return invnames.resolve(self.hosts, self._source, target, no_inventory_note)
 
 
 def entry_of(inventory: Inventory, target: str) -> dict:
