@@ -36,7 +36,7 @@ CAUSES = (
     ("per read: the relay into job.log", ("Relay.", "JobLog.")),
     ("every 0.2 s: checks, requests, trims", ("Watch.check (", "poll_source (", "keep_small (", "Trimmer.",
                                               "Supervisor.requests (", "poll_checkpoints (")),
-    (WAIT, ("Watch.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
+    (WAIT, ("Watch.nap (", "Runner.nap (", "after_read (logwait.py", "LogWait.", "_Inotify.")),
 )
 OTHER = "the loop itself, the rest"
 

@@ -310,9 +310,6 @@ class Supervisor:
                                   self.history.rollbacks, self.history.restarts, self.journal.state().get("suspect"), now(),
                                   DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
 
-    def auto_rollbacks(self) -> list:
-        return [r for r in self.history.rollbacks if r.get("signal") != "manual"]
-
     def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool,
                       suspect: dict | None = None) -> None:
         """Write the rollback down before doing any of it (with the suspect it leaves, which
