@@ -159,13 +159,13 @@ class Target:
         begun = begin(self.agent_argv(*args), timeout=timeout) if begin is not None else None
         return None if begun is None else AgentCall(args, timeout, *begun)
 
-    def agent_json_end(self, begun, until: float | None = None) -> dict:
+    def agent_json_end(self, begun, until: float | None = None) -> dict | None:
         """``agent_json``'s answer to what ``agent_begin`` sent; ``until`` a monotonic
-        deadline (TimeoutError past it). An agent not shipped yet is shipped, and asked
-        again, as ``agent`` does."""
+        deadline (TimeoutError past it). None when the agent is not there yet: ``agent_json``
+        ships it and asks again (a caller asking many targets does that on a thread)."""
         r = begun.channel.result(begun.pending, until=until)
         if r.exit_code == protocol.AGENT_MISSING:
-            return self.agent_json(*begun.args, timeout=begun.timeout)
+            return None
         args = begun.args
         return self._json_of(args, self._found_python(r))
 

@@ -1,6 +1,6 @@
 """An agent command sent on an open exec channel without waiting (Target.agent_begin,
 what the kept connection's daemon does for ``gpujob ps``): the same answer as
-``agent_json``, an agent not shipped yet shipped on the way, nothing sent while the
+``agent_json``, an agent not shipped yet left to ``agent_json`` (None), nothing sent while the
 channel is not open, and a deadline that passes ends the command there."""
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ def target(tmp_path):
     t.transport.close()
 
 
-def test_begin_needs_an_open_channel_and_ships_a_missing_agent(target):
+def test_begin_needs_an_open_channel_and_a_missing_agent_is_left_to_agent_json(target):
     assert target.agent_begin("status", "--missing-ok", "nojob") is None  # no channel yet: fetch instead
     assert target.transport.mux() is not None
     begun = target.agent_begin("status", "--missing-ok", "nojob")
     assert begun is not None
-    got = target.agent_json_end(begun, time.monotonic() + 60)  # no agent there yet: shipped, asked again
-    assert got == target.agent_json("status", "--missing-ok", "nojob")
+    assert target.agent_json_end(begun, time.monotonic() + 60) is None  # no agent there yet: agent_json's
+    got = target.agent_json("status", "--missing-ok", "nojob")  # (which ships it and asks again)
     assert [j["job_id"] for j in got["jobs"]] == ["nojob"]
     again = target.agent_json_end(target.agent_begin("status", "--missing-ok", "nojob"), time.monotonic() + 60)
     assert again == got

@@ -60,6 +60,12 @@ def test_ps_over_every_host_is_served_by_the_daemon_and_is_the_full_clis_bytes(e
                  ["ps", "nosuch/ct1"], ["ps", "--all", f"{hosts[0]}/ct{testbed.vmid}"]):
         same(cli(args, env), cli_direct(args, env))
     assert daemon_pid(env) == pid  # one daemon served them all
+    # a new gpujob's agent is not in the container yet (an upgrade): shipped on the way, by the daemon
+    testbed.container_exec("sh", "-c", "rm -f /root/.gpujob/bin/agent-*.pyz")
+    p = cli(["ps", "--json"], env)
+    assert p.returncode == 0 and p.stderr == b"" and p.stdout.count(b'"ps-') == len(hosts) + 1, p.stderr
+    assert b"unreachable" not in p.stdout and daemon_pid(env) == pid
+    assert testbed.container_exec("sh", "-c", "ls /root/.gpujob/bin/agent-*.pyz").returncode == 0
 
 
 def test_a_target_the_daemon_cannot_serve_runs_the_full_cli(env, testbed, tmp_path):

@@ -109,8 +109,9 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
         t = opened[target] = ctx.target(target)
         return t.agent_begin("status", "--missing-ok", *by_target[target])
 
-    def end(target: str, begun, until: float) -> dict:
-        return by_job(opened[target].agent_json_end(begun, until))
+    def end(target: str, begun, until: float):
+        answer = opened[target].agent_json_end(begun, until)
+        return fanout.FETCH if answer is None else by_job(answer)  # None: its agent is shipped first
 
     def by_job(answer: dict) -> dict:
         return {s["job_id"]: s for s in answer["jobs"]}

@@ -20,11 +20,16 @@ class NoAnswer(Exception):
     """A target that did not answer within the deadline."""
 
 
+#: what ``end`` returns for a target that must be asked the slow way after all (its agent
+#: is not there yet, say: shipping it is a ``fetch``, on a thread of its own)
+FETCH = object()
+
+
 def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=None) -> dict:
     """{key: its answer, or the exception it raised, or NoAnswer}. ``fetch(key)`` asks
     one target and waits; ``begin(key)`` sends the question and returns a handle (None:
     ``fetch`` it instead), ``end(key, handle, until)`` its answer, raising TimeoutError
-    past ``until`` (a ``time.monotonic()``)."""
+    past ``until`` (a ``time.monotonic()``), or FETCH: ``fetch`` it after all."""
     until = time.monotonic() + deadline
     results: dict = {}
     begun: dict = {}
@@ -55,14 +60,22 @@ def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=
             threaded[key] = res
             cond.notify_all()
 
-    for key in rest:
+    def ask(key) -> None:
         threading.Thread(target=one, args=(key,), daemon=True, name=f"gpujob-ask-{key}").start()
+
+    for key in rest:
+        ask(key)
     pending = list(begun)
     try:
         while pending:
             key = pending.pop(0)
             try:
-                results[key] = end(key, begun[key], until)
+                res = end(key, begun[key], until)
+                if res is FETCH:
+                    rest.append(key)
+                    ask(key)
+                else:
+                    results[key] = res
             except TimeoutError:
                 results[key] = NoAnswer(f"no answer within {deadline:g}s")
             except Exception as e:  # noqa: BLE001
