@@ -261,12 +261,8 @@ class MuxClient:
                 if kind == SINK_FAILED:
                     raise payload
                 raise ConnectionLost(self.error or f"lost the connection to {self.where} while running {argv[0]}")
-        except BaseException:
-            if self.alive:  # Ctrl-C or an error on our side: the command must not live on
-                try:
-                    self._send(b"K", cid)
-                except ConnectionLost:
-                    pass
+        except BaseException:  # Ctrl-C, a deadline or an error on our side: it must not live on
+            self.cancel(p)
             raise
         finally:
             with self._lock:
