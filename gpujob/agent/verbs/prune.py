@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 
-from gpujob.agent.home import ckregister
+from gpujob.agent.home import ckregister, ckscan
 from gpujob.agent.base import ckpaths
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Journal
@@ -92,8 +92,10 @@ def jobs_of(home) -> list:
 
 def checkpoint_groups(home) -> list:
     """One group per job with a register: the checkpoints its runs wrote that are
-    still there as they were written (a path now holding a file where a directory
-    was, or the reverse, is someone else's), [(path, mtime)]."""
+    still there as they were written, [(path, mtime)]: the same object (inode and
+    newest mtime as registered, a file where a file was) in the directory it was
+    registered in, resolved through links (agent/home/ckscan.py same_object), and
+    never where a checkpoint may not lie."""
     groups = []
     for reg in ckregister.all_registers(home.root):
         job_id = reg["job_id"]
@@ -106,10 +108,11 @@ def checkpoint_groups(home) -> list:
                 st = os.lstat(path)
             except OSError:
                 continue
-            if (e["sig"][0] == "d") != (os.path.isdir(path) and not os.path.islink(path)):
+            if ckscan.same_object(path, e) is not None:
                 continue
-            if ckpaths.refusal(path, home=home.root):  # a register from before the checks: never such a path
-                continue
+            real = ckscan.real_dir(path)
+            if ckpaths.refusal(path, home=home.root) or ckscan.refused(real, home.root):
+                continue  # a register from before the checks: never such a path
             files.append((path, st.st_mtime))
         groups.append({"job_id": job_id, "live": live, "files": files})
     return groups
@@ -185,6 +188,9 @@ def remove_tree(home, path: str, tag: str) -> None:
 
 
 def remove_checkpoint(home, path: str) -> None:
+    """Remove a checkpoint where it really lies (its directory resolved through links
+    once, so a link changed meanwhile cannot lead the removal elsewhere)."""
+    path = os.path.join(ckscan.real_dir(path), os.path.basename(path))
     if os.path.isdir(path) and not os.path.islink(path):
         hidden = os.path.join(os.path.dirname(path), f".gc-{os.path.basename(path)}-{os.getpid()}")
         record = os.path.join(_trash(home), f"ckpt-{time.time_ns()}.json")

@@ -1,0 +1,175 @@
+"""Which checkpoints are this job's (issue 35 row 1, issue 33 items 3 and 7): a glob whose
+directory becomes a link during the run is judged where it leads; a file that was there
+before the run is never registered; gc deletes only what the register wrote down and
+still matches; a file renamed into place is a finished save; a look at a huge tree is
+paced by what it costs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from gpujob.agent.home import ckregister, ckscan
+from gpujob.agent.home.journal import Home
+from gpujob.agent.verbs import prune
+
+
+def begin(tmp_path, pattern: str, settle: float = 0.3):
+    home = str(tmp_path / "home")
+    w = ckregister.CkWatch.begin(home, "j-1", "j", "fast", str(tmp_path / pattern), str(tmp_path), True,
+                                 settle, None, time.time())
+    return home, w
+
+
+def others_data(top) -> list:
+    """A data directory another job and a user filled before this run."""
+    (top / "checkpoint-700").mkdir(parents=True)
+    (top / "checkpoint-700" / "model.bin").write_bytes(b"theirs")
+    (top / "precious.txt").write_text("a user's")
+    old = time.time() - 3600
+    for p in (top / "checkpoint-700" / "model.bin", top / "checkpoint-700", top / "precious.txt"):
+        os.utime(p, (old, old))
+    time.sleep(ckscan.PRE_RUN_SLACK + 0.3)  # their ctime (set by utime) before the run too
+    return sorted(str(p) for p in top.iterdir())
+
+
+def write_ours(w, link, names):
+    for n in names:
+        (link / n).mkdir()
+        (link / n / "model.bin").write_bytes(b"ours")
+    t = time.time()
+    w.poll(t + 1, force=True)
+    w.poll(t + 2, force=True)  # quiet for longer than settle: finished
+    w.close(t + 3, clean=True)
+
+
+def gc_paths(home) -> list:
+    return sorted(p for g in prune.checkpoint_groups(Home(home)) for p, _ in g["files"])
+
+
+def test_a_link_made_during_the_run_to_a_data_dir_never_makes_others_files_this_jobs(tmp_path):
+    data = tmp_path / "data" / "run"
+    theirs = others_data(data)
+    (tmp_path / "w").mkdir()
+    home, w = begin(tmp_path, "w/ckpt/*")
+    assert w.reg["runs"][0]["before"] == {}  # the link is not there yet: the glob matches nothing
+    os.symlink(data, tmp_path / "w" / "ckpt")  # the command's `ln -sfn /data/run ckpt && python train.py`
+    write_ours(w, tmp_path / "w" / "ckpt", ["checkpoint-2", "checkpoint-4"])
+    reg = ckregister.load(home, "j-1")
+    ours = [str(tmp_path / "w" / "ckpt" / n) for n in ("checkpoint-2", "checkpoint-4")]
+    assert sorted(reg["files"]) == ours
+    assert {e["real"] for e in reg["files"].values()} == {str(data)}
+    assert gc_paths(home) == ours
+    for path, _why in prune.select_checkpoints(prune.checkpoint_groups(Home(home)), 0):
+        prune.remove_checkpoint(Home(home), path)
+    assert sorted(str(p) for p in data.iterdir()) == theirs  # the data directory as it was
+    assert (data / "checkpoint-700" / "model.bin").read_bytes() == b"theirs"
+
+
+def test_a_link_to_a_system_directory_registers_nothing(tmp_path):
+    sysdir = "/var/tmp/gpujob-ckowner-%d" % os.getpid()  # under /var: a system tree
+    os.makedirs(sysdir)
+    try:
+        (tmp_path / "w").mkdir()
+        home, w = begin(tmp_path, "w/ckpt/*")
+        os.symlink(sysdir, tmp_path / "w" / "ckpt")
+        write_ours(w, tmp_path / "w" / "ckpt", ["checkpoint-2"])
+        assert ckregister.load(home, "j-1")["files"] == {}
+        assert w.refused_why and "leads to /var/tmp/gpujob-ckowner" in w.refused_why and "/var" in w.refused_why
+        assert gc_paths(home) == []
+    finally:
+        shutil.rmtree(sysdir)
+
+
+def test_plain_layout_registers_the_runs_saves_and_gc_deletes_only_what_still_matches(tmp_path):
+    (tmp_path / "w" / "ckpt").mkdir(parents=True)
+    home, w = begin(tmp_path, "w/ckpt/*")
+    write_ours(w, tmp_path / "w" / "ckpt", ["checkpoint-2", "checkpoint-4"])
+    ours = [str(tmp_path / "w" / "ckpt" / n) for n in ("checkpoint-2", "checkpoint-4")]
+    assert sorted(ckregister.load(home, "j-1")["files"]) == ours and gc_paths(home) == ours
+    # someone replaces checkpoint-4 by another directory of the same name: no longer ours
+    shutil.rmtree(ours[1])
+    os.mkdir(ours[1])
+    (tmp_path / "w" / "ckpt" / "checkpoint-4" / "x").write_text("someone else's")
+    assert gc_paths(home) == ours[:1]
+    # the directory is made a link elsewhere after the run: gc follows no link out of it
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(tmp_path / "w" / "ckpt"), str(elsewhere))
+    os.symlink(elsewhere, tmp_path / "w" / "ckpt")
+    assert gc_paths(home) == []
+
+
+def test_a_file_there_before_the_run_is_never_registered_even_when_it_appears_later(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "stash").mkdir()
+    old = tmp_path / "stash" / "ck-1"
+    old.write_text("an earlier job's")
+    time.sleep(ckscan.PRE_RUN_SLACK + 0.3)
+    home = str(tmp_path / "home")
+    os.symlink(tmp_path / "stash", tmp_path / "w" / "more")
+    w2 = ckregister.CkWatch.begin(home, "j-2", "j", "fast", str(tmp_path / "w/more/ck-*"), str(tmp_path),
+                                  True, 0.3, None, time.time())
+    assert w2.reg["runs"][0]["before"] == {str(tmp_path / "w/more/ck-1"): ckscan.signature(str(old))}
+    os.unlink(tmp_path / "w" / "more")
+    os.mkdir(tmp_path / "w" / "more")  # it goes, and comes back through another directory later
+    os.rename(tmp_path / "w" / "more", tmp_path / "w" / "gone")
+    os.symlink(tmp_path / "stash", tmp_path / "w" / "more")
+    t = time.time()
+    w2.poll(t + 1, force=True)
+    assert w2.reg["files"] == {}  # unchanged since the start: never this job's
+    assert ckscan.pre_existing(str(old), ckscan.signature(str(old)), time.time())
+    with open(old, "a") as f:
+        f.write(" rewritten by this run")
+    w2.poll(t + 2, force=True)
+    assert list(w2.reg["files"]) == [str(tmp_path / "w/more/ck-1")]  # changed during the run: now it is
+
+
+def test_a_checkpoint_renamed_into_place_is_finished_when_seen_and_never_torn(tmp_path):
+    (tmp_path / "w").mkdir()
+    home, w = begin(tmp_path, "w/ckpt.pt", settle=30.0)  # a settle no save here would reach
+    target = tmp_path / "w" / "ckpt.pt"
+
+    def save(text):
+        tmp = tmp_path / "w" / "ckpt.pt.tmp"
+        tmp.write_text(text)
+        time.sleep(0.02)  # the rename comes after the last write (a coarse clock would tie them)
+        os.replace(tmp, target)
+
+    t = time.time()
+    save("step 2")
+    w.poll(t + 1, force=True)
+    save("step 4")  # rewritten every few seconds: each save is whole when it is there
+    w.poll(t + 2, force=True)
+    assert [e["path"] for e in w.just_finished] == [str(target)]
+    assert w.saving() == [] and w.newest_own(t + 2)["file"] == str(target)
+    assert w.close(t + 3, clean=False) == []  # the trainer is killed: the file at the path is whole
+    assert ckregister.newest(ckregister.load(home, "j-1"))["path"] == str(target)
+    # written in place (same inode): a save in progress until it settles, torn when killed
+    with open(target, "w") as f:
+        f.write("step 6, half")
+    w2 = ckregister.CkWatch.begin(home, "j-1", "j", "fast", str(target), str(tmp_path), True, 30.0, None,
+                                  time.time())
+    with open(target, "a") as f:
+        f.write(" and more")
+    w2.poll(time.time() + 1, force=True)
+    assert [e["path"] for e in w2.saving()] == [str(target)]
+    assert [e["path"] for e in w2.close(time.time() + 2, clean=False)] == [str(target)]
+
+
+@pytest.mark.parametrize("n", [20000])
+def test_a_huge_tree_is_looked_at_less_often_and_a_walk_counts_each_entry_once(tmp_path, n):
+    d = tmp_path / "w" / "tree"
+    d.mkdir(parents=True)
+    for i in range(n):
+        (d / f"f{i}").write_bytes(b"")
+    sig = ckscan.signature(str(d))
+    assert sig[:3] == ["d", n, 0]
+    home, w = begin(tmp_path, "w/tree/*")
+    t = time.time()
+    w.poll(t + 1, force=True)
+    assert w.min_gap > 0  # the next look is paced by what this one cost
+    assert w.poll(t + 1 + min(w.min_gap, ckregister.MAX_GAP) / 2) == []  # too soon: no look at all
+    assert w.min_gap <= ckregister.MAX_GAP
