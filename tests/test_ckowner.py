@@ -135,7 +135,6 @@ def test_a_checkpoint_renamed_into_place_is_finished_when_seen_and_never_torn(tm
     def save(text):
         tmp = tmp_path / "w" / "ckpt.pt.tmp"
         tmp.write_text(text)
-        time.sleep(0.02)  # the rename comes after the last write (a coarse clock would tie them)
         os.replace(tmp, target)
 
     t = time.time()
@@ -143,6 +142,7 @@ def test_a_checkpoint_renamed_into_place_is_finished_when_seen_and_never_torn(tm
     w.poll(t + 1, force=True)
     save("step 4")  # rewritten every few seconds: each save is whole when it is there
     w.poll(t + 2, force=True)
+    w.poll(t + 2.2, force=True)  # one look that sees it unchanged: no settle of 30 s
     assert [e["path"] for e in w.just_finished] == [str(target)]
     assert w.saving() == [] and w.newest_own(t + 2)["file"] == str(target)
     assert w.close(t + 3, clean=False) == []  # the trainer is killed: the file at the path is whole
@@ -173,3 +173,36 @@ def test_a_huge_tree_is_looked_at_less_often_and_a_walk_counts_each_entry_once(t
     assert w.min_gap > 0  # the next look is paced by what this one cost
     assert w.poll(t + 1 + min(w.min_gap, ckregister.MAX_GAP) / 2) == []  # too soon: no look at all
     assert w.min_gap <= ckregister.MAX_GAP
+
+
+def test_a_trainer_renaming_its_checkpoint_every_2s_is_rolled_back_from_its_last_save_and_stopped(
+        tmp_path, index_urls):
+    # issue 33 row 2: nanoGPT-like, one file rewritten by rename every ~2 s, settle longer than that
+    from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+    import yaml
+    env = local_env(tmp_path)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
+                      trainer_args="--steps 100000 --interval 0.1 --checkpoint-every 20")
+    data = yaml.safe_load(spec.read_text())
+    data["train"]["checkpoint"] = {"path": "checkpoint.json", "every": "2s", "settle": "5s"}
+    spec.write_text(yaml.safe_dump(data))
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    jdir = tmp_path / "root" / "jobs" / job_id
+    wait_for(lambda: sum(e["type"] == "checkpoint_finished" for e in events(jdir)) >= 2, 120,
+             what="two finished saves")
+    p = cli(["rollback", job_id, "--to", "slow"], env, check=True)
+    assert p.returncode == 0
+    wait_for(lambda: any(e["type"] == "resume_point" for e in events(jdir)), 120, what="the resume")
+    point = next(e for e in events(jdir) if e["type"] == "resume_point")
+    assert point["file"] and point["file"].endswith("checkpoint.json"), point
+    wait_for(lambda: "resumed from checkpoint at step" in (jdir / "train.log").read_text(), 120,
+             what="the trainer's resume")
+    step = int((jdir / "train.log").read_text().split("resumed from checkpoint at step ")[1].split()[0])
+    assert step >= 20 and step % 20 == 0
+    p = cli(["stop", job_id], env, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    ev = events(jdir)
+    assert not [e for e in ev if e["type"] == "save_waited" and not e["finished"]]
+    assert not [e for e in ev if e["type"] == "checkpoint_torn"]
+    assert cli_json(["status", job_id, "--json"], env)["state"] == "stopped"

@@ -21,7 +21,9 @@ counts as written by a run when it was not there at the run's start and was touc
 after the run began, or its SIG has changed since; a file an earlier job left and nobody
 touched is never this job's, even when a link made during the run brings it under the
 glob, and nothing whose directory resolves to a refused place (ckscan.refused) is.
-A plain file renamed into place is finished when seen (the file at the path is whole). A checkpoint is
+A plain file renamed into place (another inode at the path than at the last look) is
+finished once a look sees it unchanged, without waiting ``settle``: the file at the path is
+whole, however often the trainer saves. A checkpoint is
 finished when ``done_file`` exists in it and nothing in it has changed for ``settle``
 seconds (a directory checkpoint, when done_file is set: with more than one rank the
 others' files may land just after rank 0's done file, as SpecForge's do), else when its
@@ -276,7 +278,8 @@ class CkWatch:
             if self.run not in entry["runs"]:
                 entry["runs"].append(self.run)
             events.append({"t": t, "ckpt": entry["shown"], "op": op, "size": sig[2]})
-            if ckscan.renamed_whole(path, sig, prev):  # renamed into place: whole when it is there
+            entry["replaced"] = ckscan.replaced(sig, prev)
+            if ckscan.renamed_whole(path, sig):  # renamed into place: whole when it is there
                 self._finish(path, entry, t)
                 dirty = True
         for path in [p for p in self.seen if p not in found]:
@@ -288,7 +291,9 @@ class CkWatch:
             events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone", "size": 0})
         for path, entry in self._unfinished():
             done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
-            if path not in moved and is_finished(entry, t, self.settle, self.done_file, done):
+            # a file replaced by another inode (renamed into place) is whole once one look saw it unchanged
+            settle = 0.0 if entry.get("replaced") else self.settle
+            if path not in moved and is_finished(entry, t, settle, self.done_file, done):
                 self._finish(path, entry, t)
                 dirty = True
         if dirty:

@@ -59,15 +59,19 @@ def signature(path: str):
     return ["d", count, size, newest, st.st_ino]
 
 
-def renamed_whole(path: str, sig, prev) -> bool:
-    """A plain file put at ``path`` by a rename (write a temp file, then
-    ``os.replace``): the file at the path is whole, so the save is finished when seen.
-    Told by a new inode at the path whose status changed after its last write
-    (rename sets ctime, never mtime; a write in place sets both to the same time)."""
+def replaced(sig, prev) -> bool:
+    """A plain file at the path with another inode than at the last look: put there by
+    a rename (write a temp file, then ``os.replace``) or made anew. A rewrite in place
+    keeps the inode."""
+    return bool(sig and prev and sig[0] == "f" and len(sig) >= 5 and len(prev) >= 5 and prev[4] != sig[4])
+
+
+def renamed_whole(path: str, sig) -> bool:
+    """A plain file whose status changed after its last write (a rename sets ctime,
+    never mtime; a write in place sets both): whole when seen. File systems that stamp
+    both from one coarse clock tick often tie them, and then ``replaced`` decides."""
     if sig is None or sig[0] != "f" or len(sig) < 5:
         return False
-    if prev is not None and len(prev) >= 5 and prev[4] == sig[4]:
-        return False  # the same file, written again in place
     try:
         st = os.lstat(path)
     except OSError:

@@ -37,6 +37,7 @@ class Run:
         self.held = None  # an automatic rollback waiting for the first checkpoint
         self.held_at = 0.0
         self.ck_seen = False
+        self.ck_refused = None  # why the checkpoint glob, resolved through links, is refused (said once)
         self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
         self.last_verdict = None
         self.idle_cfg = job.rb.get("gpu_idle") if logname == "train.log" else None
