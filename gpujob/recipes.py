@@ -271,15 +271,21 @@ def _torchtitan(data: dict) -> dict:
     dump = "--dump_folder" if flag(argv, "--job.config_file") is None and (
         flag(argv, "--module", "--dump_folder") is not None) else "--job.dump_folder"
     folder = flag(argv, dump) or "outputs"
-    ck = flag(argv, "--checkpoint.folder") or "checkpoint"
+    given = flag(argv, "--checkpoint.folder")
     rel = folder.replace("{workdir}/", "").rstrip("/")
+    # torchtitan loads the newest step-N of its checkpoint folder by itself, at a fresh start
+    # too: each job gets a folder of its own (checkpoint/{job_id}), so a fresh job finds none
+    # an earlier job left, and a resumed run of this job finds only this job's
+    ck = given or "checkpoint/{job_id}"
     # DCP writes a step-N directory; .metadata is its last file (the "finished" rule)
     train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*", "done_file": ".metadata", "every": "15m"},
-                   # torchtitan loads the newest step-N of its checkpoint folder by itself
-                   "resume_args": ["--checkpoint.enable"]}
+                   "resume_args": []}
     # it saves only with checkpoint.enable (off by default): on, or there is nothing to resume from
-    add = [] if {"--checkpoint.enable", "--checkpoint.no-enable", "--checkpoint.no_enable"} & set(argv) \
-        else ["--checkpoint.enable"]
+    off = {"--checkpoint.no-enable", "--checkpoint.no_enable"} & set(argv)
+    add = [] if off or "--checkpoint.enable" in argv else ["--checkpoint.enable"]
+    if off:  # saving off in the command: a resumed run turns it on to load what this job has
+        train["resume_args"] = ["--checkpoint.enable"]
+    add += [] if given is not None else ["--checkpoint.folder", ck]
     add += [] if flag(argv, "--metrics.log_freq") is not None else ["--metrics.log_freq", "1"]
     if add:
         train["command"] = _append(command, add)
@@ -346,11 +352,12 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "nanoGPT's train.py: tokens per iteration (from --gradient_accumulation_steps, --batch_size, "
            "--block_size) / `iter N: ... time Y ms`, its eval line pauses judging, one out/ckpt.pt "
            "(settled 5 s), --init_from=resume", _nanogpt),
-    Recipe("torchtitan", "torchtitan", 3, "torchtitan 0.2.2 (TOML config) and 0.3.0 (--module/--config)",
+    Recipe("torchtitan", "torchtitan", 4, "torchtitan 0.2.2 (TOML config) and 0.3.0 (--module/--config)",
            "torchtitan 0.2.2 through torchrun, 1 process, on one H200 through gpujob, 2026-12-02 (torch "
            "2.11.0+cu130; BENCHMARKS.md); 0.3.0 not run: it needs torch.distributed.set_timeout, newer than 2.13",
            "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
-           ".metadata (saving on), resumed from the newest by itself", _torchtitan, versions=("0.2", "0.3")),
+           ".metadata (saving on) in a checkpoint folder of each job's own (it loads the newest there by "
+           "itself: never an earlier job's)", _torchtitan, versions=("0.2", "0.3")),
     Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)",
            "lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
            "LightningCLI scripts: the TQDM progress bar's it/s x tokens_per_step (the bar added: Lightning's "

@@ -251,11 +251,11 @@ def test_torchtitan_03_dump_folder_flag_and_a_warmup_its_parser_accepts():
     refuses --job.dump_folder: the checkpoint path is read from it and the warmup uses it."""
     frag = _titan("torchrun --nproc_per_node 1 -m torchtitan.train --module llama3 --config llama3_debugmodel "
                   "--dump_folder out")
-    assert frag["train"]["checkpoint"]["path"] == "out/checkpoint/step-*"
+    assert frag["train"]["checkpoint"]["path"] == "out/checkpoint/{job_id}/step-*"
     warm = frag["warmup"]["command"]
     assert "--dump_folder {workdir}/gpujob-warmup" in warm and "--job." not in warm
     old = _titan("torchrun -m torchtitan.train --job.config_file train.toml --job.dump_folder out")
-    assert old["train"]["checkpoint"]["path"] == "out/checkpoint/step-*"
+    assert old["train"]["checkpoint"]["path"] == "out/checkpoint/{job_id}/step-*"
     assert "--job.dump_folder {workdir}/gpujob-warmup" in old["warmup"]["command"]
 
 
@@ -264,8 +264,23 @@ def test_torchtitan_saves_and_its_warmup_does_not():
     or there is nothing to resume from; the warmup turns it off (tyro: the last flag wins),
     or a second warmup in the same folder loads the first's step-3 and trains no step."""
     frag = _titan("torchrun -m torchtitan.train --job.config_file train.toml")
-    assert frag["train"]["command"].split()[-3:] == ["--checkpoint.enable", "--metrics.log_freq", "1"]
+    assert frag["train"]["command"].split()[-5:] == ["--checkpoint.enable", "--checkpoint.folder",
+                                                     "checkpoint/{job_id}", "--metrics.log_freq", "1"]
     assert frag["warmup"]["command"].endswith("--checkpoint.no-enable")
     for own in ("--checkpoint.enable", "--checkpoint.no-enable"):
-        cmd = f"torchrun -m torchtitan.train --job.config_file train.toml {own} --metrics.log_freq 5"
+        cmd = (f"torchrun -m torchtitan.train --job.config_file train.toml {own} --metrics.log_freq 5 "
+               "--checkpoint.folder ck")
         assert "command" not in _titan(cmd)["train"]  # the spec's own choice stays as it is
+
+
+def test_torchtitan_never_loads_an_earlier_jobs_checkpoint_and_enables_saving_once():
+    """Issue 38 rows 4 and 8: torchtitan loads the newest step-N of its checkpoint folder by
+    itself, at a fresh start too; each job gets a folder of its own, and the resume command
+    does not carry --checkpoint.enable a second time."""
+    frag = _titan("torchrun -m torchtitan.train --job.config_file train.toml")
+    assert "--checkpoint.folder checkpoint/{job_id}" in frag["train"]["command"]
+    assert frag["train"]["checkpoint"]["path"] == "outputs/checkpoint/{job_id}/step-*"
+    assert frag["train"]["resume_args"] == []  # it loads this job's newest by itself
+    assert frag["train"]["command"].count("--checkpoint.enable") == 1
+    off = _titan("torchrun -m torchtitan.train --job.config_file train.toml --checkpoint.no-enable")
+    assert off["train"]["resume_args"] == ["--checkpoint.enable"]

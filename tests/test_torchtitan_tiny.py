@@ -26,8 +26,10 @@ def test_the_toml_is_what_the_recipe_assumes(device):
     conf = tomllib.loads(tiny.toml(device))
     command = "torchrun --nproc_per_node 1 -m torchtitan.train --job.config_file train.toml --compile.enable"
     frag = RECIPES["torchtitan"].derive({"train": {"command": command}})
-    folder = f"{conf['job']['dump_folder']}/{conf['checkpoint']['folder']}/step-*"
+    # the recipe gives each job its own checkpoint folder (--checkpoint.folder beats the TOML's)
+    folder = f"{conf['job']['dump_folder']}/checkpoint/{{job_id}}/step-*"
     assert frag["train"]["checkpoint"]["path"] == folder
+    assert "--checkpoint.folder checkpoint/{job_id}" in frag["train"]["command"]
     assert conf["checkpoint"]["enable"] is True and conf["checkpoint"]["last_save_model_only"] is False
     assert conf["model"]["flavor"] == tiny.SIZES[device][0]
     assert conf["training"]["dataset"] == "c4_test" and conf["training"]["dataset_path"] == "data"
