@@ -23,7 +23,7 @@ from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
 from gpujob.agent.base.protocol import OffsetSplitter
-from gpujob import secrets_env
+from gpujob import secrets_env, selfload
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
 from gpujob.speclayers import layer_steps
@@ -285,8 +285,9 @@ def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args
                   f"{done}; a stop or rollback that finds a save in progress waits up to "
                   f"{ck.save_wait:g}s for it"),
              Step("checkpoints", "container", f"checkpoints that earlier jobs left under {where} are listed by submit; "
-                  "they stay as they are (a trainer that writes the same name overwrites them), this job never "
-                  "resumes from them, and gc removes only what this job's runs wrote",
+                  "they stay as they are (a trainer that writes the same name overwrites them), "
+                  f"{selfload.earlier_note(spec.recipe, spec.train.command).split(' (gpujob submit')[0]}, "
+                  "and gc removes only what this job's runs wrote",
                   when="at submit")]
     if spec.rollback.wait_for_checkpoint:
         fallback = "an automatic rollback waits until the running trainer has written a finished checkpoint " \
@@ -373,13 +374,14 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
         for path in tar.changed:
             progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
                      "submit again once it is written")
-    for line in earlier_checkpoint_lines(res):
+    for line in earlier_checkpoint_lines(res, selfload.earlier_note(spec.recipe, spec.train.command)):
         progress(line)
     return res
 
 
-def earlier_checkpoint_lines(res: dict) -> list[str]:
-    """What submit says about the checkpoints it found (the agent's ``checkpoints`` answer)."""
+def earlier_checkpoint_lines(res: dict, note: str = selfload.earlier_note(None, "")) -> list[str]:
+    """What submit says about the checkpoints it found (the agent's ``checkpoints`` answer);
+    ``note``: what this job's trainer does with them (selfload.py)."""
     found = res.get("checkpoints") or {}
     lines = []
     left = found.get("left") or []
@@ -388,7 +390,7 @@ def earlier_checkpoint_lines(res: dict) -> list[str]:
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         lines.append(f"note: {len(left)} checkpoint(s) that earlier jobs left under {found.get('where')}: "
                      f"{shown}{more}. They stay as they are (a trainer that writes the same name overwrites "
-                     "them); this job never resumes from them (gpujob submit --resume-from PATH|JOB to do so)")
+                     f"them); {note}")
     if found.get("resume_from"):
         r = found["resume_from"]
         lines.append(f"resuming on purpose from {r['path']}" + (f" (job {r['job']}" + (
