@@ -16,12 +16,34 @@ _TOKENS_HINT = {
 }
 
 
+#: a module's last part that names no job (``-m torchtitan.train``: the job is "torchtitan")
+GENERIC = ("train", "main", "cli", "run", "__main__")
+
+
+def runnable(command: list) -> tuple:
+    """(the command as init writes it, a note or None): a leading ``torchrun`` becomes
+    ``python -m torch.distributed.run`` (the same launcher), which runs wherever the
+    profile's Python has torch; ``torchrun`` is a console script that a profile with
+    system site packages (init's ``base``) may not have on the job's PATH."""
+    if command and command[0] == "torchrun":
+        return (["python", "-m", "torch.distributed.run", *command[1:]],
+                "torchrun written as `python -m torch.distributed.run` (the same launcher): the "
+                "profile's python finds it wherever torch is installed, torchrun only where it is on PATH")
+    return list(command), None
+
+
 def job_name(command: list) -> str:
     """The script's (or module's) basename made a valid job name: lowercase letters,
-    digits and '-', at most 40."""
+    digits and '-', at most 40 (a module's generic last part gives way to its package:
+    ``-m torchtitan.train`` names the job torchtitan)."""
     script = next((a for a in command if a.endswith(".py")), None)
-    if script is None and "-m" in command[:-1]:
-        script = command[command.index("-m") + 1]
+    mods = [command[i + 1] for i, a in enumerate(command[:-1]) if a == "-m"]
+    mods = [m for m in mods if m != "torch.distributed.run"]
+    if script is None and mods:
+        parts = [p for p in mods[-1].split(".") if p]
+        while len(parts) > 1 and parts[-1] in GENERIC:
+            parts.pop()
+        script = ".".join(parts[-1:]) or mods[-1]
     base = (script or (command[0] if command else "job")).rsplit("/", 1)[-1]
     base = re.sub(r"\.py$", "", base).split(".")[-1] if script else base
     name = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")[:40].strip("-")
@@ -32,6 +54,7 @@ def spec_text(recipe: str, command: list, *, name: str, target: str) -> str:
     """The YAML of a spec that uses ``recipe`` for ``command``; it passes `submit --plan`
     as written (the base interpreter's packages, tokens_per_step where the recipe needs it)."""
     r = RECIPES[recipe]
+    command, note = runnable(command)
     cmd = shlex.join(command)
     data = {"recipe": recipe, "train": {"command": cmd}}
     need_tokens = False
@@ -62,6 +85,7 @@ def spec_text(recipe: str, command: list, *, name: str, target: str) -> str:
         "",
         "train:",
         f"  command: {json.dumps(cmd)}   # CHANGE ME",
+        *([f"  # {note}"] if note else []),
         "",
     ]
     lines += ["throughput:",  # every recipe reads its trainer's rate

@@ -165,8 +165,10 @@ def test_init_writes_a_spec_that_passes_submit_plan(tmp_path, recipe):
 
 def test_init_default_name_and_file(tmp_path):
     assert job_name(["python", "scripts/Train_DFlash.py"]) == "train-dflash"
-    assert job_name(["python", "-m", "specforge.cli", "train"]) == "cli"
-    assert job_name(["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train"]) == "train"
+    # a module's generic last part gives way to its package (issue 38 row 8)
+    assert job_name(["python", "-m", "specforge.cli", "train"]) == "specforge"
+    assert job_name(["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train"]) == "torchtitan"
+    assert job_name(["python", "-m", "torch.distributed.run", "-m", "torchtitan.train"]) == "torchtitan"
     env = local_env(tmp_path)
     import subprocess
     p = subprocess.run([*gpujob_argv(), "init", "--recipe", "nanogpt", "--",
@@ -284,3 +286,29 @@ def test_torchtitan_never_loads_an_earlier_jobs_checkpoint_and_enables_saving_on
     assert frag["train"]["command"].count("--checkpoint.enable") == 1
     off = _titan("torchrun -m torchtitan.train --job.config_file train.toml --checkpoint.no-enable")
     assert off["train"]["resume_args"] == ["--checkpoint.enable"]
+
+
+def test_init_writes_a_launcher_that_starts_and_doctor_spec_says_when_the_program_is_not_on_path(tmp_path):
+    """Issue 38 row 5: `torchrun` is a console script a base profile may not have on the job's
+    PATH: init writes `python -m torch.distributed.run`, and doctor --spec fails a command whose
+    program the profile's PATH does not hold."""
+    import sys
+    from gpujob.recipe_init import spec_text
+    text = spec_text("torchtitan", ["torchrun", "--nproc_per_node", "1", "-m", "torchtitan.train"], name="t",
+                     target="box")
+    assert 'command: "python -m torch.distributed.run --nproc_per_node 1 -m torchtitan.train' in text
+    env = local_env(tmp_path)
+    for command, status in (("gpujob-no-such-launcher --nproc_per_node 1 x.py", "fail"),
+                            ("OMP_NUM_THREADS=1 python t.py", "ok")):
+        path = write(tmp_path, recipe="hf_trainer", train={"command": command}, throughput={
+            "tokens_per_step": 10, "min_ratio": 0.8})
+        key = load_spec(path).env_key("base")
+        py = tmp_path / "root" / "envs" / key / "bin" / "python"
+        py.parent.mkdir(parents=True, exist_ok=True)
+        if not py.exists():
+            py.symlink_to(sys.executable)  # a built venv's python
+        p = cli(["doctor", "--spec", str(path), "--json"], env)
+        checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
+        assert checks["program base"]["status"] == status, checks["program base"]
+        if status == "fail":
+            assert p.returncode == 1 and "not on the job's PATH in profile base" in checks["program base"]["detail"]

@@ -79,9 +79,12 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
             t = ctx.target(name)
             label = t.label
             checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
-            if spec is not None and s.recipe:  # the trainer's version in each built venv
+            if spec is not None:  # the trainer's version, and the command's program, in each built venv
                 from gpujob import doctor_recipe
-                checks += doc.with_fixes(doctor_recipe.judge(s.recipe, doctor_recipe.gather(t, s)))
+                if s.recipe:
+                    checks += doc.with_fixes(doctor_recipe.judge(s.recipe, doctor_recipe.gather(t, s)))
+                prog = doctor_recipe.program(s.train.command)
+                checks += doctor_recipe.program_checks(doctor_recipe.gather_program(t, s, prog), prog)
         except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
             if isinstance(e, InputError):
                 raise
