@@ -33,6 +33,13 @@ COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, 
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 
 
+
+def quiet_first(grace: float) -> float:
+    """How long a stopped trainer's main process has to end with its workers before the
+    rest of its group gets SIGTERM too (half of train.grace, at most 10 s): a framework
+    stops its DataLoader workers or torchrun's ranks itself, with no traceback."""
+    return min(10.0, grace / 2)
+
 class Watch:
     """Runs and watches one phase command at a time (``watch``, the entry ``Phases`` is
     given). Built with the job (``parts.Job``), the journal, the ledger (a run's baseline),
@@ -159,8 +166,12 @@ class Watch:
                 hang.end_hung(self.journal, self.child_env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
             else:  # a hung trainer finishes no save; any other first ends the save it is in
                 self.checkpoints.wait_for_save(run, proc, now())
-            left = proc.kill(grace)
-            self.journal.event("group_stopped", pgid=proc.pgid, left=left)
+            first = quiet_first(grace) if run.phase == "train" else 0.0
+            if first:
+                self.say(f"gpujob stops the trainer: SIGTERM to its main process, then to the rest of its "
+                         f"process group after {first:g}s at most, SIGKILL after {grace:g}s more")
+            left = proc.kill(grace, first=first)
+            self.journal.event("group_stopped", pgid=proc.pgid, left=left, first=first)
             for _ in relay.drain():  # what it printed while dying
                 pass
         self.keep_small(run, now())
