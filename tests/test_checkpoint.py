@@ -189,3 +189,24 @@ def test_a_directory_checkpoint_still_being_written_is_not_finished_and_a_stop_w
     assert waited["finished"] and waited["waited"] > 0.3
     reg = json.loads(next((tmp_path / "root" / "checkpoints").glob("*.json")).read_text())
     assert reg["files"][str(ck)]["finished"] is True
+
+
+def test_a_rollback_held_for_a_checkpoint_is_in_status_with_how_long_it_may_still_wait(tmp_path, index_urls):
+    """Issue 38 row 6: a decided rollback that waits for a checkpoint shows in status (what it
+    waits for, how long so far, at most how long still) and in job.log (logs -f)."""
+    env = local_env(tmp_path)
+    spec = ck_spec(tmp_path, index_urls, ck_every=100000, wait=True, every="20s")
+    assert cli(["submit", str(spec), "--profile", "fast", "--follow"], env, timeout=120).returncode == 0
+    spec = ck_spec(tmp_path, index_urls, ck_every=100000, wait=True, every="20s", steps=100000)
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    jdir = tmp_path / "root" / "jobs" / job_id
+    wait_for(lambda: any(e["type"] == "rollback_held" for e in events(jdir)), 120, what="the held rollback")
+    st = cli_json(["status", job_id, "--json"], env)
+    assert st["waiting"].startswith("rollback decided, waiting for a finished checkpoint of this run "
+                                    "(checkpoint.json): ") and "left at most" in st["waiting"], st["waiting"]
+    human = cli(["status", job_id], env, check=True).stdout.decode()
+    assert "rollback decided, waiting for a finished checkpoint" in " ".join(human.split())
+    assert "held until this run writes a finished checkpoint (checkpoint.json), 100s at most" in \
+        (jdir / "job.log").read_text()
+    assert cli(["stop", job_id], env, timeout=120).returncode == 0
+    assert cli_json(["status", job_id, "--json"], env)["waiting"] is None

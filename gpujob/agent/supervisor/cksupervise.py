@@ -76,6 +76,8 @@ class Checkpoints:
         """The run ended: a last look, then what it left unfinished is finished (it
         exited 0: its writes are done) or torn (killed or crashed mid-save: never a
         resume point)."""
+        if run.held is not None:  # the run ended while a rollback waited for its checkpoint
+            self.journal.set_state(waiting=None)
         if run.ckwatch is None:
             return
         t = now()
@@ -115,13 +117,22 @@ class Checkpoints:
                 self.say(f"rollback held {waited:.1f}s: {why}"
                          + (f" ({checkpoint.saved_by_run(own)})" if run.ck_seen else ""))
                 outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
+                self.journal.set_state(waiting=None)
                 outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
             return outcome
         if run.held is None:
-            run.held, run.held_at = outcome, t
-            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
-            self.say(f"{outcome.signal_name}: rollback held until this run writes a finished checkpoint "
-                     f"({ck['path']})")
+            run.held, run.held_at, run.held_told = outcome, t, 0.0
+            limit = checkpoint.hold_limit(float(ck["every"]))
+            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason, limit=limit)
+            self.journal.set_state(waiting={"what": "rollback", "for": f"a finished checkpoint of this run "
+                                            f"({ck['path']})", "since": t, "limit": limit,
+                                            "reason": outcome.reason or outcome.signal_name})
+            self.say(f"{outcome.signal_name}: rollback decided, held until this run writes a finished checkpoint "
+                     f"({ck['path']}), {limit:g}s at most; then it rolls back anyway")
+        elif waited - run.held_told >= 30:  # every 30 s in job.log (logs -f follows it)
+            run.held_told = waited
+            self.say(f"rollback still held for a finished checkpoint ({ck['path']}): "
+                     f"{checkpoint.hold_limit(float(ck['every'])) - waited:.0f}s left at most")
         return None
 
     def on_ckpt_events(self, run, events: list, t: float) -> None:
@@ -166,6 +177,8 @@ class Checkpoints:
         self.journal.event("save_wait", checkpoints=[e["shown"] for e in saving], limit=limit)
         self.say(f"a checkpoint is being saved ({names}): waiting up to {limit:g}s for it to finish "
                  "before signalling the trainer")
+        self.journal.set_state(waiting={"what": "stop", "for": f"the save of {names} to finish", "since": t,
+                                        "limit": limit})
         told = t
         while proc.running() and now() - t < limit:
             self.runner.nap(proc, 0.2)
@@ -176,11 +189,10 @@ class Checkpoints:
                 break
             if now() - told >= 5.0:
                 told = now()
-                self.journal.set_state(waiting_for=f"checkpoint save ({names})", waiting_left=round(limit - (told - t)))
                 self.say(f"still waiting for the save of {names}: {limit - (told - t):.0f}s left")
         left = [e for e in run.ckwatch.saving() if e["path"] in waiting]
         waited = round(now() - t, 2)
-        self.journal.set_state(waiting_for=None, waiting_left=None)
+        self.journal.set_state(waiting=None)
         self.journal.event("save_waited", waited=waited, finished=not left, left=[e["shown"] for e in left])
         self.say(f"checkpoint save finished after {waited:g}s: signalling the trainer" if not left else
                  f"checkpoint {', '.join(e['shown'] for e in left[:3])} still being written after {waited:g}s "

@@ -36,6 +36,7 @@ class Run:
         self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
         self.held = None  # an automatic rollback waiting for the first checkpoint
         self.held_at = 0.0
+        self.held_told = 0.0  # how long it had waited when job.log last said so
         self.ck_seen = False
         self.ck_refused = None  # why the checkpoint glob, resolved through links, is refused (said once)
         self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
