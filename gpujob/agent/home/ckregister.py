@@ -335,11 +335,12 @@ class CkWatch:
         return next((r["profile"] for r in self.reg["runs"] if r["run"] == self.run), None)
 
     def close(self, t: float, clean: bool) -> list:
-        """The run ended. Its unfinished checkpoints are finished when it exited 0,
-        else torn (marked so, never a resume point); returns the torn ones."""
+        """The run ended. Its unfinished checkpoints are finished when it exited 0 or
+        when a rename put them in place (another inode at the path: whole whenever it is
+        there), else torn (marked so, never a resume point); returns the torn ones."""
         torn = []
         for path, e in self._unfinished():
-            if clean:
+            if clean or e.get("replaced"):
                 e.update(finished=True, finished_at=t)
             else:
                 e["torn"] = t
