@@ -206,3 +206,37 @@ def test_a_trainer_renaming_its_checkpoint_every_2s_is_rolled_back_from_its_last
     assert not [e for e in ev if e["type"] == "save_waited" and not e["finished"]]
     assert not [e for e in ev if e["type"] == "checkpoint_torn"]
     assert cli_json(["status", job_id, "--json"], env)["state"] == "stopped"
+
+
+def test_a_job_whose_checkpoint_glob_covers_100k_files_finishes_and_status_answers(tmp_path, index_urls):
+    """Issue 33 item 7 / 35 row 3: a glob over a tree of 100k files left by others; the job
+    saves its own checkpoint there. It finishes, status answers meanwhile, the register holds
+    only the job's own file and keeps a bounded copy of what was there (bench/cktree.py has
+    the figure: the job's duration against a tree of 10 files)."""
+    from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+    import yaml
+    env = local_env(tmp_path)
+    tree = tmp_path / "root" / "work" / "tjob" / "tree"
+    tree.mkdir(parents=True)
+    for i in range(100_000):
+        os.close(os.open(tree / f"f{i:06d}.bin", os.O_CREAT | os.O_WRONLY, 0o644))
+    time.sleep(ckscan.PRE_RUN_SLACK + 0.3)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
+                      trainer_args="--steps 60 --interval 0.05 --checkpoint tree/ckpt.json --checkpoint-every 20")
+    data = yaml.safe_load(spec.read_text())
+    data["train"]["checkpoint"] = {"path": "tree/*", "every": "1s", "settle": "0.3s"}
+    spec.write_text(yaml.safe_dump(data))
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    answered = 0
+    for _ in range(3):
+        st = cli_json(["status", job_id, "--json"], env)
+        answered += st["job"] == job_id
+    assert answered == 3
+    wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] == "succeeded", 300,
+             what="the job to finish")
+    reg = ckregister.load(str(tmp_path / "root"), job_id)
+    assert list(reg["files"]) == [str(tree / "ckpt.json")] and reg["files"][str(tree / "ckpt.json")]["finished"]
+    assert reg["runs"][0]["before_count"] == 100_000 and len(reg["runs"][0]["before"]) == ckregister.BEFORE_KEPT
+    left = [e for e in events(tmp_path / "root" / "jobs" / job_id) if e["type"] == "checkpoints_left"]
+    assert left and left[0]["count"] == 100_000

@@ -9,7 +9,8 @@ Format 1::
 
     {"format": 1, "job_id": ID, "name": JOB NAME,
      "runs": [{"run": 1, "profile": P, "started_at": T, "pattern": ABS GLOB,
-               "before": {ABS PATH: SIG}}],          # what the glob matched at the run's start
+               "before": {ABS PATH: SIG},            # what the glob matched at the run's start
+               "before_count": N}],                  # (the first BEFORE_KEPT of them, and how many)
      "files": {ABS PATH: {"shown": PATH AS THE GLOB NAMES IT, "run": N (the run that last wrote it),
                           "runs": [N, ...], "profile": P, "first_seen": T, "changed": T,
                           "sig": SIG, "size": BYTES, "step": N|null, "finished": bool,
@@ -53,6 +54,9 @@ DIR = "checkpoints"
 POLL_EVERY = 0.5  # seconds between two looks (glob + stat) of a watched run
 POLL_SAVING = 0.2  # ... while one of its checkpoints is being written (settle needs a close look)
 LOOK_BUDGET = 50  # the next look comes no sooner than this many times the CPU the last one cost
+BEFORE_KEPT = 2000  # of what the glob matched at a run's start, the register keeps this many (the rest:
+                   # a match touched before the run is never this run's anyway, ckscan.pre_existing)
+SLICE = 2000  # a look stats at most this many matches besides the new ones and the job's own
 MAX_GAP = 10.0  # ... and no later than this (a save is seen within it on any tree)
 
 
@@ -203,6 +207,10 @@ class CkWatch:
         self.started_at = float(rec.get("started_at") or 0.0)
         self.refused_dirs: dict = {}  # real directory -> why a checkpoint may not lie there (or None)
         self.refused_why = None  # why the glob's fixed part, resolved now, is refused (or None)
+        self.lister = ckscan.Lister(pattern)
+        self.new_paths: list = []  # matches the last listing brought that no look has seen yet
+        self.looked: set = set()  # what the last look stat'ed
+        self.turn = 0  # where the rotating slice of the other matches goes on
 
     @classmethod
     def begin(cls, home_root: str, job_id: str, name: str, profile: str, pattern: str, workdir: str,
@@ -212,10 +220,13 @@ class CkWatch:
         reg = load(home_root, job_id, name)
         before = scan(pattern)
         run = len(reg["runs"]) + 1
+        kept = dict(sorted(before.items())[:BEFORE_KEPT])  # a huge tree is not copied into each write
         reg["runs"].append({"run": run, "profile": profile, "started_at": t, "pattern": pattern,
-                            "before": before})
+                            "before": kept, "before_count": len(before)})
         save(home_root, reg)
-        return cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, dict(before))
+        w = cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, dict(before))
+        w.before = before
+        return w
 
     @classmethod
     def resume(cls, home_root: str, job_id: str, name: str, run: int, pattern: str, workdir: str,
@@ -248,7 +259,7 @@ class CkWatch:
         events, dirty, moved = [], False, set()
         found = set()
         self.refused_why = ckscan.glob_refusal(self.pattern, self.home_root)
-        for path in ([] if self.refused_why else matches(self.pattern)):
+        for path in ([] if self.refused_why else self._candidates()):
             entry = self.reg["files"].get(path)
             sig = self._sig(path, entry)
             if sig is None:
@@ -282,7 +293,8 @@ class CkWatch:
             if ckscan.renamed_whole(path, sig):  # renamed into place: whole when it is there
                 self._finish(path, entry, t)
                 dirty = True
-        for path in [p for p in self.seen if p not in found]:
+        listed = set() if self.refused_why else self.lister.set
+        for path in [p for p in self.seen if p not in listed or (p in self.looked and p not in found)]:
             del self.seen[path]
             entry = self.reg["files"].get(path)
             if entry is not None and not entry.get("gone"):
@@ -300,6 +312,26 @@ class CkWatch:
             save(self.home_root, self.reg)
         self.min_gap = min(MAX_GAP, (time.thread_time() - began) * LOOK_BUDGET)
         return events
+
+    def _candidates(self) -> list:
+        """The matches this look stats: every new one, every one the register holds for
+        this job, and a rotating slice of SLICE of the others (an earlier job's file this
+        run rewrites in place is seen within a few looks); the listing itself is taken
+        again only when the glob's directory changed (ckscan.Lister)."""
+        listing = self.lister
+        if listing.look():
+            self.new_paths = [p for p in listing.paths if p not in self.seen]
+        own = [p for p, e in self.reg["files"].items() if not e.get("gone") and p in listing.set]
+        if len(listing.paths) <= SLICE:
+            out = listing.paths
+        else:
+            self.turn = self.turn % len(listing.paths)
+            out = listing.paths[self.turn:self.turn + SLICE]
+            self.turn += SLICE
+            out = sorted(set(out) | set(own) | set(self.new_paths))
+        self.new_paths = []
+        self.looked = set(out)
+        return out
 
     def _finish(self, path: str, entry: dict, t: float) -> None:
         entry.update(finished=True, finished_at=t,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 
 from gpujob.agent.base import ckpaths
 
@@ -140,3 +141,35 @@ def same_object(path: str, entry: dict) -> str | None:
     if now[3] != sig[3]:
         return "changed since it was written down"
     return None
+
+
+class Lister:
+    """The glob's matches, listed again only when the directory they lie in changed (a
+    glob whose directory part is fixed: ``dir/ck-*``), else at every look. A directory
+    changed within the last RECENT seconds is listed again too (its mtime may not show a
+    second change within one tick of a coarse clock)."""
+
+    RECENT = 2.0
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        head, tail = os.path.split(pattern)
+        self.dir = head if ckpaths.fixed_part(pattern) == head and tail and "**" not in tail else None
+        self.stamp = None
+        self.paths: list = []
+        self.set: set = set()
+
+    def look(self) -> bool:
+        """List when needed; True when the listing was taken anew."""
+        if self.dir is not None:
+            try:
+                st = os.stat(self.dir)
+            except OSError:
+                st = None
+            stamp = (st.st_dev, st.st_ino, st.st_mtime_ns) if st else None
+            if stamp is not None and stamp == self.stamp and time.time() - st.st_mtime > self.RECENT:
+                return False
+            self.stamp = stamp
+        self.paths = matches(self.pattern)
+        self.set = set(self.paths)
+        return True

@@ -50,7 +50,7 @@ class Checkpoints:
             if w is not None:
                 return w
         w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(), **args)
-        left = ckregister.foreign(w.reg, w.reg["runs"][-1]["before"])
+        left = ckregister.foreign(w.reg, w.before)
         if left and w.run == 1:
             self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
             self.say(f"{len(left)} checkpoint(s) under {ck['path']} were left by earlier jobs "
