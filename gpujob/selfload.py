@@ -73,3 +73,38 @@ def earlier_note(recipe: str | None, command) -> str:
     if why is None:
         return "this job never resumes from them (gpujob submit --resume-from PATH|JOB to do so)"
     return f"gpujob never passes them to this job, but {why}"
+
+
+#: where each recipe's trainer reads its save interval (in steps) and its run length from the command
+SAVE_FLAGS = {"hf_trainer": (("--save_steps",), ("--max_steps",)),
+              "nanogpt": (("--eval_interval",), ("--max_iters",)),
+              "lightning": (("--checkpoint.every_n_train_steps", "--trainer.callbacks.every_n_train_steps",
+                             "--model_checkpoint.every_n_train_steps"), ("--trainer.max_steps",)),
+              "torchtitan": (("--checkpoint.interval",), ("--training.steps",))}
+
+
+def _int_of(argv: list, names: tuple):
+    for n in names:
+        v = _value(argv, n)
+        if v is not None:
+            try:
+                return int(float(v))
+            except ValueError:
+                return None
+    return None
+
+
+def save_warning(recipe: str | None, command, waits: bool, hold_limit: float) -> str | None:
+    """--plan's warning when the command's save interval (read by the recipe) means a
+    decided rollback would wait for a checkpoint that never comes: the interval is beyond
+    the run's length, so it waits the whole hold limit on the slow profile."""
+    if not waits or recipe not in SAVE_FLAGS:
+        return None
+    argv = _argv(command)
+    every, length = (_int_of(argv, names) for names in SAVE_FLAGS[recipe])
+    if every is None or length is None or every <= length:
+        return None
+    flag = next(n for n in SAVE_FLAGS[recipe][0] if _value(argv, n) is not None)
+    return (f"the command saves every {every} steps ({flag}) and runs {length}: no checkpoint comes before it "
+            f"ends, so a rollback decided on a slow profile waits the whole hold limit ({hold_limit:g}s, "
+            "rollback.wait_for_checkpoint) on it; save more often, or set rollback.wait_for_checkpoint: false")

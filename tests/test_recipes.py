@@ -312,3 +312,18 @@ def test_init_writes_a_launcher_that_starts_and_doctor_spec_says_when_the_progra
         assert checks["program base"]["status"] == status, checks["program base"]
         if status == "fail":
             assert p.returncode == 1 and "not on the job's PATH in profile base" in checks["program base"]["detail"]
+
+
+def test_plan_warns_of_a_save_interval_beyond_the_run_when_a_rollback_waits_for_a_checkpoint(tmp_path):
+    """Issue 38 row 6: HF with --save_steps beyond --max_steps and wait_for_checkpoint: --plan says a
+    decided rollback would wait the whole hold limit."""
+    env = local_env(tmp_path)
+    cmd = "python run_clm.py --output_dir out --per_device_train_batch_size 2 --max_seq_length 64 " \
+          "--save_steps 5000 --max_steps 600"
+    path = write(tmp_path, recipe="hf_trainer", train={"command": cmd}, rollback={"wait_for_checkpoint": True},
+                 throughput={"min_ratio": 0.8})
+    p = cli(["submit", str(path), "-t", "box", "--plan"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    text = " ".join(p.stdout.decode().split())
+    assert "the command saves every 5000 steps (--save_steps) and runs 600" in text
+    assert "waits the whole hold limit (1860s" in text

@@ -37,3 +37,18 @@ def test_each_recipe_that_loads_by_itself_is_named():
     assert "training.resume_from" in selfload.self_loads("specforge", "specforge train training.resume_from=/x")
     assert selfload.self_loads(None, "python train.py --init_from=resume") is None
     assert "never resumes" in earlier_checkpoint_lines(RES)[0]
+
+
+def test_plan_warns_when_the_commands_save_interval_is_beyond_the_run_and_a_rollback_would_wait():
+    hf = "python run_clm.py --output_dir out --save_steps 5000 --max_steps 600"
+    w = selfload.save_warning("hf_trainer", hf, True, 1860.0)
+    assert w.startswith("the command saves every 5000 steps (--save_steps) and runs 600") and "1860s" in w
+    assert selfload.save_warning("hf_trainer", hf, False, 1860.0) is None  # no wait: nothing held
+    assert selfload.save_warning("hf_trainer", hf.replace("5000", "200"), True, 1860.0) is None
+    assert "eval_interval" in selfload.save_warning("nanogpt", "python train.py --eval_interval=2000 --max_iters=500",
+                                                    True, 60.0)
+    assert "checkpoint.interval" in selfload.save_warning(
+        "torchtitan", "torchrun -m torchtitan.train --checkpoint.interval 500 --training.steps 100", True, 60.0)
+    assert "every_n_train_steps" in selfload.save_warning(
+        "lightning", "python main.py fit --checkpoint.every_n_train_steps 900 --trainer.max_steps 300", True, 60.0)
+    assert selfload.save_warning("specforge", "x", True, 60.0) is None
