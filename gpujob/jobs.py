@@ -162,10 +162,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     """Every step ``submit`` takes, with the exact argv of each remote command."""
     ck_where = checkpoint_where(spec, target.home)
     steps: list[Step] = [Step("warning", "laptop", w) for w in checkpoint.warnings(spec.to_agent_dict())]
-    ck = spec.train.checkpoint
-    late = selfload.save_warning(spec.recipe, spec.train.command, bool(ck and spec.rollback.wait_for_checkpoint),
-                                 checkpoint.hold_limit(ck.every) if ck else 0.0)
-    steps += [Step("warning", "laptop", late)] if late else []
+    steps += [Step("warning", "laptop", w) for w in selfload.plan_warnings(spec)]
     steps += [Step("note", "laptop", n) for n in spec.common_requirements()[1]]
     steps += layer_steps(spec)
     steps += target.driver.plan_connect(target)

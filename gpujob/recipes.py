@@ -271,20 +271,17 @@ def _torchtitan(data: dict) -> dict:
     dump = "--dump_folder" if flag(argv, "--job.config_file") is None and (
         flag(argv, "--module", "--dump_folder") is not None) else "--job.dump_folder"
     folder = flag(argv, dump) or "outputs"
-    given = flag(argv, "--checkpoint.folder")
-    rel = folder.replace("{workdir}/", "").rstrip("/")
-    # torchtitan loads the newest step-N of its checkpoint folder by itself, at a fresh start
-    # too: each job gets a folder of its own (checkpoint/{job_id}), so a fresh job finds none
-    # an earlier job left, and a resumed run of this job finds only this job's
+    given, rel = flag(argv, "--checkpoint.folder"), folder.replace("{workdir}/", "").rstrip("/")
+    # torchtitan loads the newest step-N of its folder by itself, at a fresh start too: a folder
+    # per job (checkpoint/{job_id}), so it never finds an earlier job's. DCP's step-N/ is
+    # finished by .metadata, its last file
     ck = given or "checkpoint/{job_id}"
-    # DCP writes a step-N directory; .metadata is its last file (the "finished" rule)
     train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*", "done_file": ".metadata", "every": "15m"},
                    "resume_args": []}
-    # it saves only with checkpoint.enable (off by default): on, or there is nothing to resume from
+    # it saves only with checkpoint.enable (off by default); saving off in the command: a resume turns it on
     off = {"--checkpoint.no-enable", "--checkpoint.no_enable"} & set(argv)
     add = [] if off or "--checkpoint.enable" in argv else ["--checkpoint.enable"]
-    if off:  # saving off in the command: a resumed run turns it on to load what this job has
-        train["resume_args"] = ["--checkpoint.enable"]
+    train["resume_args"] = ["--checkpoint.enable"] if off else []
     add += [] if given is not None else ["--checkpoint.folder", ck]
     add += [] if flag(argv, "--metrics.log_freq") is not None else ["--metrics.log_freq", "1"]
     if add:

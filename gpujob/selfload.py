@@ -108,3 +108,12 @@ def save_warning(recipe: str | None, command, waits: bool, hold_limit: float) ->
     return (f"the command saves every {every} steps ({flag}) and runs {length}: no checkpoint comes before it "
             f"ends, so a rollback decided on a slow profile waits the whole hold limit ({hold_limit:g}s, "
             "rollback.wait_for_checkpoint) on it; save more often, or set rollback.wait_for_checkpoint: false")
+
+
+def plan_warnings(spec) -> list:
+    """--plan's warnings of this module for a JobSpec."""
+    from gpujob.agent.judge.checkpoint import hold_limit
+    ck = spec.train.checkpoint
+    late = save_warning(spec.recipe, spec.train.command, bool(ck and spec.rollback.wait_for_checkpoint),
+                        hold_limit(ck.every) if ck else 0.0)
+    return [late] if late else []

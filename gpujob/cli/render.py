@@ -19,6 +19,7 @@ from gpujob.agent.judge import timings
 from gpujob.agent.base.protocol import ENDED, JobState
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge.throughput import fmt_rate, sparkline
+from gpujob.cli import waiting
 
 S = JobState
 STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
@@ -100,23 +101,6 @@ def uptime(rec: StateRecord, answer: dict) -> float | None:
     return max(0.0, (rec.finished_at or clock) - rec.started_at)
 
 
-def waiting_line(rec: StateRecord, answer: dict) -> str | None:
-    """What the supervisor waits for before it acts (a decided rollback held for a
-    checkpoint, a stop for a save), how long so far and at most how long still."""
-    w = rec.waiting if rec.finished_at is None else None
-    if not isinstance(w, dict) or not isinstance(w.get("since"), (int, float)):
-        return None
-    clock = answer.get("now")
-    since = max(0.0, clock - w["since"]) if isinstance(clock, (int, float)) else None
-    limit = w.get("limit") if isinstance(w.get("limit"), (int, float)) else None
-    line = f"{w.get('what', '?')} decided, waiting for {w.get('for', '?')}"
-    if since is not None:
-        line += f": {since:.0f}s so far"
-        if limit is not None:
-            line += f", {max(0.0, limit - since):.0f}s left at most"
-    return line + (f" ({w['reason']})" if isinstance(w.get("reason"), str) else "")
-
-
 def exit_info(rec: StateRecord) -> str:
     if rec.state in ENDED:
         bits = []
@@ -150,7 +134,7 @@ def status_view(st: dict, target: str) -> dict:
         "baseline": rec.baseline, "trend": recent,
         "sparkline": sparkline(recent, 40) if recent else "",
         "uptime_s": uptime(rec, st), "exit": exit_info(rec), "reason": rec.reason,
-        "waiting": waiting_line(rec, st),
+        "waiting": waiting.waiting_line(rec, st),
         "exit_code": rec.exit_code, "signal": rec.signal,
         "rollbacks": rec.rollback_list,
         "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
