@@ -77,3 +77,33 @@ def test_gpujob_stop_leaves_no_traceback_and_the_log_says_gpujob_stopped_it(tmp_
     assert "gpujob stops the trainer: SIGTERM to its main process" in (jdir / "job.log").read_text()
     assert next(e for e in events(jdir) if e["type"] == "group_stopped")["left"] == []
     assert cli_json(["status", job_id, "--json"], env)["state"] == "stopped"
+
+
+def test_a_supervisor_killed_right_after_the_quiet_sigterm_leaves_a_stopped_job_and_no_process(tmp_path):
+    """The death point of the quiet stop (GPUJOB_TEST_DIE_AT=command_signalled): the trainer's main
+    process got SIGTERM and ends its workers itself; a new supervisor finds the job stopped, and
+    nothing of the trainer is left running."""
+    from test_jobs_local import trainers_of
+    marker = tmp_path / "died"
+    env = dict(local_env(tmp_path), GPUJOB_TEST_DIE_AT=f"command_signalled@{marker}")
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "workers.py").write_text(WORKERS)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url="", slow_url="", warmup=False,
+                      throughput=False)
+    data = yaml.safe_load(spec.read_text())
+    data.update(profiles=[{"name": "base", "system_site_packages": True}], profile="base",
+                sync=[{"src": str(extra), "dest": "."}], train={"command": "python workers.py", "grace": "10s"})
+    spec.write_text(yaml.safe_dump(data))
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    jdir = tmp_path / "root" / "jobs" / job_id
+    wait_for(lambda: (jdir / "train.log").exists() and "ktok" in (jdir / "train.log").read_text(), 120,
+             what="the trainer")
+    time.sleep(0.5)
+    cli(["stop", job_id], env, timeout=120)  # its supervisor dies mid-stop: the answer may say so
+    assert marker.exists()
+    wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] in ("stopped", "failed", "lost"), 120,
+             what="the job to end under a new supervisor")
+    assert cli_json(["status", job_id, "--json"], env)["state"] == "stopped"
+    assert "stopped cleanly with its workers" in (jdir / "train.log").read_text()
+    assert not trainers_of(tmp_path)

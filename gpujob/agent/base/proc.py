@@ -146,6 +146,7 @@ def term_command_first(pgid: int, first: float, reap=None) -> bool:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
+    die_here("command_signalled")
     end = time.monotonic() + first
     while time.monotonic() < end:
         if reap:

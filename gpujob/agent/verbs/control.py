@@ -36,7 +36,7 @@ def end_leftovers(home: Home, job_id: str, final: dict) -> tuple:
         st = j.state()
         child = st.get("child") or {}
         pgid = child.get("pgid") or st.get("child_pgid")
-        left = kill_group(int(pgid), 10) if pgid else []
+        left = kill_group(int(pgid), 10, first=5.0) if pgid else []  # quietly: the command first
         j.set_state(child=None, finished_at=now(), **final)
         j.event("state", state=final.get("state"), reason=final.get("reason"))
         return j.effective_state(), left
