@@ -240,3 +240,28 @@ def test_a_job_whose_checkpoint_glob_covers_100k_files_finishes_and_status_answe
     assert reg["runs"][0]["before_count"] == 100_000 and len(reg["runs"][0]["before"]) == ckregister.BEFORE_KEPT
     left = [e for e in events(tmp_path / "root" / "jobs" / job_id) if e["type"] == "checkpoints_left"]
     assert left and left[0]["count"] == 100_000
+
+
+def test_gpujob_stop_says_it_waited_for_a_save_in_progress(tmp_path, index_urls):
+    """Issue 33 item 3: a stop that finds a save in progress lets it finish, and `gpujob stop`
+    says how long it waited for it (job.log and status say it while it waits)."""
+    from helpers import cli, job_id_of, local_env, wait_for, write_spec
+    import yaml
+    env = local_env(tmp_path)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
+                      trainer_args="--steps 100000 --interval 0.05 --checkpoint-dir ckpt --checkpoint-every 10 "
+                                   "--save-seconds 3")
+    data = yaml.safe_load(spec.read_text())
+    data["train"]["checkpoint"] = {"path": "ckpt/checkpoint-*", "every": "1s", "done_file": "trainer_state.json"}
+    spec.write_text(yaml.safe_dump(data))
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    ck = tmp_path / "root" / "work" / "tjob" / "ckpt"
+    wait_for(lambda: ck.exists() and any(not (d / "trainer_state.json").exists() for d in ck.iterdir()), 120,
+             what="a save in progress")
+    p = cli(["stop", job_id], env, timeout=120)
+    assert p.returncode == 0, p.stderr.decode()
+    out = p.stdout.decode()
+    assert "s for a checkpoint save before signalling the trainer" in out and f"{job_id}: stopped" in out, out
+    log = (tmp_path / "root" / "jobs" / job_id / "job.log").read_text()
+    assert "a checkpoint is being saved (ckpt/checkpoint-" in log and "checkpoint save finished after" in log
