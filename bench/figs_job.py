@@ -10,7 +10,7 @@ import time
 
 from bench.harness import FINAL, HOME, Harness
 from bench.report import Figure, median, percentile
-from gpujob import jobs
+from gpujob.ops import jobs
 
 
 def resubmit(h: Harness) -> None:

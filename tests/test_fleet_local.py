@@ -301,16 +301,16 @@ def test_a_follower_killed_whole_supervisor_and_trainer_ends_the_job_naming_it(t
 
 
 def test_a_controller_dead_between_the_holds_and_the_go_starts_nothing(tmp_path, env, index_urls):
-    """The controller's first half, for real (every node held through gpujob.fleet's own
+    """The controller's first half, for real (every node held through gpujob.ops.fleet's own
     submit path), then it dies: the go never comes."""
     spec_path = fleet_spec(tmp_path / "job.yaml", index_urls,
                            nodes={"lost_after": "6s", "start_timeout": "3s"})
     code = (
         "import os, sys\n"
-        "from gpujob import fleet, jobs\n"
-        "from gpujob.inventory import load_inventory\n"
-        "from gpujob.spec import load_spec\n"
-        "from gpujob.target import Targets\n"
+        "from gpujob.ops import fleet, jobs\n"
+        "from gpujob.inventory.hosts import load_inventory\n"
+        "from gpujob.spec.model import load_spec\n"
+        "from gpujob.ops.target import Targets\n"
         "from pathlib import Path\n"
         "spec = load_spec(sys.argv[1])\n"
         "ts = Targets(load_inventory(Path(os.environ['GPUJOB_HOSTS'])))\n"

@@ -29,7 +29,7 @@ LAPTOP_MAY_IMPORT = {"base", "judge"}
 #: the laptop side's references to the rest of the agent that must stay, each with its reason
 #: (file under gpujob/, the agent module it names): none is an import the laptop runs
 LAPTOP_KEEPS = {
-    ("target.py", "gpujob.agent.main"):
+    ("ops/target.py", "gpujob.agent.main"):
         "the agent zip's __main__.py, a string: the container runs agent.main, the laptop never imports it",
     ("transport/mux_server.py", "gpujob.agent.main"):
         "the zygote preloads the agent in the container (mux_server ships as python3 -c); not run on the laptop",

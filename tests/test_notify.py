@@ -163,7 +163,7 @@ train: {command: python t.py}
 ])
 def test_bad_notify_and_metrics_blocks_are_one_line_with_file_and_line(tmp_path, block, message):
     from gpujob.errors import SpecError
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     (tmp_path / "job.yaml").write_text(BASE + block)
     with pytest.raises(SpecError) as e:
         load_spec(tmp_path / "job.yaml")
@@ -172,9 +172,10 @@ def test_bad_notify_and_metrics_blocks_are_one_line_with_file_and_line(tmp_path,
 
 
 def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch):
-    from gpujob import jobs, secrets_env
+    from gpujob.ops import jobs
+    from gpujob.spec import secrets as secrets_env
     from gpujob.errors import SpecError
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     (tmp_path / "tok").write_text("tok-123456\n")
     (tmp_path / "job.yaml").write_text(BASE + "notify:\n  - url: {from_env: HOOK}\n    format: slack\n"
                                        "  - url: https://ntfy.sh/t\n    format: ntfy\n    token: {from_file: tok}\n")

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import bodies, plainjson, render
+from gpujob.ops import bodies
+from gpujob.show import plainjson, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
-    from gpujob.target import Target
-    from gpujob.spec import JobSpec
+    from gpujob.ops.target import Target
+    from gpujob.spec.model import JobSpec
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
 
@@ -43,8 +44,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                     help="replace one spec value (dotted key, a YAML value; "
                                                     "repeatable, applied in order, before the recipe)")):
     """Ship the code and start the job under a detached supervisor in the container."""
-    from gpujob import jobs
-    from gpujob.spec import load_spec
+    from gpujob.ops import jobs
+    from gpujob.spec.model import load_spec
     spec = load_spec(spec_path, sets or [], profile)
     if job_id_opt is not None:
         import re
@@ -87,7 +88,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         return
     jobs.sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
     spec.common_requirements(strict=True)
-    from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
+    from gpujob.ops.demofiles import ensure_local_indexes  # the demo's wheels, when missing
     ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
@@ -96,7 +97,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from,
                  accept_baseline=accept_baseline)
     if as_json and follow:
-        from gpujob.cli import jsonl
+        from gpujob.show import jsonl
         jsonl.emit(dict(res, job_id=job_id, target=t.label))
         _follow(job_id, t, "job.log", None, as_json=True)
         st = _status(job_id, t)
@@ -143,14 +144,14 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
            resume_from: str | None = None, accept_baseline: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
-    from gpujob import jobs
-    from gpujob.spec import spec_hash
+    from gpujob.ops import jobs
+    from gpujob.spec.model import spec_hash
     state = ctx.state()
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
     said = []
     if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
-        from gpujob.recipes import RECIPES
+        from gpujob.spec.recipes.registry import RECIPES
         r = RECIPES[spec.recipe]
         err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
                              "dim"), soft_wrap=True)
@@ -242,7 +243,7 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
     trainer's interpreter (or py-spy) wrote it, as data."""
     import sys
     import time
-    from gpujob import jobs
+    from gpujob.ops import jobs
     buf = bytearray()
     jobs.follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
                     notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
@@ -290,7 +291,7 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
     """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
-    from gpujob.cli import plot as plot_
+    from gpujob.show import plot as plot_
     job_id, t = job_target(job, target)
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 

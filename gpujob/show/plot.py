@@ -2,7 +2,7 @@
 shaded, the threshold, the known-good baselines and each rollback marked.
 
 The job's events.jsonl and samples.jsonl are read through the agent (``tail``, as
-``logs --events`` reads them); gpujob/plotdata.py turns them into series (pure).
+``logs --events`` reads them); gpujob/show/plotdata.py turns them into series (pure).
 Files are drawn by matplotlib (Agg, imported only here: the ``plot`` extra); the
 terminal plot is gpujob's own braille grid (no dependency).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from rich.text import Text
 
-from gpujob import plotdata
+from gpujob.show import plotdata
 from gpujob.agent.judge.throughput import fmt_rate
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.errors import GpujobError, InputError
 
 FORMATS = (".png", ".svg", ".html")
@@ -37,7 +37,7 @@ class MissingDependency(GpujobError):
 
 def read_jsonl(t, job_id: str, file: str) -> list[dict]:
     """Every whole record of a job's JSONL file (a torn or trimmed-away line is skipped)."""
-    from gpujob import jobs
+    from gpujob.ops import jobs
     from gpujob.agent.base.fsio import json_objects
     buf = bytearray()
     jobs.follow_log(t, job_id, file=file, follow=False, write=buf.extend, notice=lambda m: None)

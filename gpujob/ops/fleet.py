@@ -17,11 +17,11 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from gpujob import jobs
+from gpujob.ops import jobs
 from gpujob.agent.base.placeholders import fleet_env, fleet_values
 from gpujob.errors import GpujobError, JobError
-from gpujob.spec import JobSpec, Nodes
-from gpujob.target import Target
+from gpujob.spec.model import JobSpec, Nodes
+from gpujob.ops.target import Target
 
 ASK = "<node 0's primary IP, asked at submit>"
 PORT = "<a port free on node 0, chosen at submit>"

@@ -23,13 +23,13 @@ from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
 from gpujob.agent.base.protocol import OffsetSplitter
-from gpujob import secrets_env
+from gpujob.spec import secrets as secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
-from gpujob.spec import JobSpec, remote_dest, spec_hash
-from gpujob.speclayers import layer_steps
+from gpujob.spec.model import JobSpec, remote_dest, spec_hash
+from gpujob.spec.layers import layer_steps
 from gpujob.steps import Step
-from gpujob.target import Target
-from gpujob.tarstream import Concat, TarStream
+from gpujob.ops.target import Target
+from gpujob.ops.tarstream import Concat, TarStream
 
 ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: ids are read aloud
 
@@ -126,7 +126,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")
                     or secrets.get("fleet_key")):
         req["secrets"] = secrets
-    if fleet is not None:  # one node of a multi-node job (gpujob/fleet.py): its place, its own env
+    if fleet is not None:  # one node of a multi-node job (gpujob/ops/fleet.py): its place, its own env
         req["fleet"] = {k: v for k, v in fleet.items() if k != "env"}
         req["spec"]["env"].update(fleet.get("env") or {})
     return req
