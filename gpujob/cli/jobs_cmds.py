@@ -291,7 +291,7 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
     """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
-    from gpujob.show import plot as plot_
+    from gpujob.ops import plot as plot_
     job_id, t = job_target(job, target)
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 
