@@ -10,7 +10,8 @@ import re
 import yaml
 
 from gpujob.errors import InputError, SpecError
-from gpujob.spec.recipes.registry import RECIPES, RecipeError, apply
+from gpujob.spec.recipes.base import RecipeError
+from gpujob.spec.recipes.registry import RECIPES, apply
 from gpujob.yamlsrc import Source, describe, load_yaml, render_loc, suggest
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")
