@@ -96,7 +96,7 @@ def test_find_links_go_to_both_install_steps():
 
 
 def test_relative_find_links_start_at_the_spec_folder(tmp_path):
-    from gpujob.ops.jobs import job_request
+    from gpujob.ops.plan import job_request
     from gpujob.spec.model import load_spec
     (tmp_path / "job.yaml").write_text(
         "name: fl\nprofiles:\n  - {name: a, index_url: 'file:///opt/pypi/simple', find_links: ['file:wheels',"

@@ -172,7 +172,7 @@ def test_bad_notify_and_metrics_blocks_are_one_line_with_file_and_line(tmp_path,
 
 
 def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch):
-    from gpujob.ops import jobs
+    from gpujob.ops.plan import job_request
     from gpujob.spec import secrets as secrets_env
     from gpujob.errors import SpecError
     from gpujob.spec.model import load_spec
@@ -186,7 +186,7 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     secrets = secrets_env.resolve(spec)
     assert secrets["notify"] == {"0": {"url": "https://hooks.slack.com/services/T/B/sekret99"},
                                  "1": {"token": "tok-123456"}}
-    req = jobs.job_request(spec, "nt-1", "fast", clear_caches=False, secrets=secrets)
+    req = job_request(spec, "nt-1", "fast", clear_caches=False, secrets=secrets)
     assert req["secret_names"] == ["notify[0].url", "notify[1].token"]
     assert [h["url"] for h in req["spec"]["notify"]] == ["***", "https://ntfy.sh/t"]
     assert "sekret99" not in json.dumps(req["spec"]) and "tok-123456" not in json.dumps(req["spec"])

@@ -153,9 +153,9 @@ def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Tar
 
 def _fresh_id(name: str) -> str:
     """A new job id this laptop has not used."""
-    from gpujob.ops import jobs
+    from gpujob.ops.plan import new_job_id
     while True:
-        job_id = jobs.new_job_id(name)
+        job_id = new_job_id(name)
         if not ctx.state().known(job_id):
             return job_id
 
@@ -180,7 +180,7 @@ def _say_revived(st: dict) -> None:
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
             events: bool = False, as_json: bool = False) -> None:
-    from gpujob.ops import jobs
+    from gpujob.ops.follow import follow_log
     so = sys.stdout.buffer
     buf = bytearray()
     lines = None
@@ -209,8 +209,8 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
             out.print(render.lit(render.event_line(rec)))
 
     try:
-        jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=lines or write,
-                        notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+        follow_log(t, job_id, file=file, follow=follow, last=last, write=lines or write,
+                   notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
         if lines:
             lines.close()
     except KeyboardInterrupt:

@@ -16,10 +16,10 @@ from gpujob.errors import InputError
 
 def fetch_file(job_id: str, t, name: str) -> bytes:
     """A file of the job's dir, fetched as logs are (the agent's tail, no follow)."""
-    from gpujob.ops import jobs
+    from gpujob.ops.follow import follow_log
     buf = bytearray()
-    jobs.follow_log(t, job_id, file=name, follow=False, write=buf.extend,
-                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    follow_log(t, job_id, file=name, follow=False, write=buf.extend,
+               notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     return bytes(buf)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from gpujob.agent.base.fsio import json_objects
 from gpujob.errors import InputError
-from gpujob.ops import jobs
+from gpujob.ops.follow import follow_log
 from gpujob.show import plotdata, render
 from gpujob.show.plot import FORMATS, terminal, write_file
 
@@ -17,7 +17,7 @@ from gpujob.show.plot import FORMATS, terminal, write_file
 def read_jsonl(t, job_id: str, file: str) -> list[dict]:
     """Every whole record of a job's JSONL file (a torn or trimmed-away line is skipped)."""
     buf = bytearray()
-    jobs.follow_log(t, job_id, file=file, follow=False, write=buf.extend, notice=lambda m: None)
+    follow_log(t, job_id, file=file, follow=False, write=buf.extend, notice=lambda m: None)
     return json_objects(bytes(buf))
 
 
