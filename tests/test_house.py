@@ -432,3 +432,10 @@ def test_no_circle_of_imports_in_the_controller():
     for m in sorted(graph):
         visit(m, [])
     assert circles == [], "\n".join(" -> ".join(c) for c in circles)
+
+
+def test_only_cli_imports_typer():
+    # ops/ is values in and out: what a face does with them (typer's options, exit codes) is the face's
+    bad = [f"{rel}:{line}: imports {mod}" for rel, p in controller_modules().items() if controller_wing(rel) != "cli"
+           for line, mod in imported(ast.parse(p.read_text())) if mod.split(".")[0] in ("typer", "click")]
+    assert bad == [], "\n".join(bad)
