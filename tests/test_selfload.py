@@ -3,9 +3,9 @@ submit says about checkpoints earlier jobs left must be what really happens."""
 
 from __future__ import annotations
 
-from gpujob import selfload
-from gpujob.jobs import earlier_checkpoint_lines
-from gpujob.recipes import RECIPES
+from gpujob.spec import selfload
+from gpujob.ops.submit import earlier_checkpoint_lines
+from gpujob.spec.recipes.registry import RECIPES
 
 RES = {"checkpoints": {"where": "/w/outputs/checkpoint/step-*",
                        "left": [{"path": "/w/outputs/checkpoint/step-600", "job": "j-1"}]}}
