@@ -58,7 +58,7 @@ class Throughput(Strict):
     initial_delay: Duration = 0.0  # counted from the run's first sample
     resume_initial_delay: Duration | None = None  # instead, for a known-good profile resumed
     initial_delay_samples: int = Field(0, ge=0, le=1_000_000)
-    window: CountOrDuration = 5  # samples (an int) or a duration ("30s": the last 30 s)
+    window: CountOrDuration = "10s"  # samples (an int) or a duration ("30s": the last 30 s); docs/rollback.md
     min_samples: int = Field(3, ge=1, le=10_000)  # a time window with fewer is inconclusive
     settle: Settle | None = Field(default_factory=lambda: Settle())  # null: judge right after the delays
     pause_pattern: str | None = None  # a line matching it (an eval, a data reload) pauses judging
@@ -67,7 +67,7 @@ class Throughput(Strict):
     min: Rate | None = None
     min_ratio: float | None = Field(None, gt=0, le=1)
     baseline: Rate | None = None  # tok/s given by the user: min_ratio's baseline instead of the ledger's
-    failure_limit: CountOrDuration = 3  # breaching windows in a row (an int) or how long ("2m")
+    failure_limit: CountOrDuration = "20s"  # breaching windows in a row (an int) or how long ("2m"), weighed
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     start_timeout: Duration | None = 900.0  # no sample this long after the start: start_hang (null: off)
     good_after: Duration = 600.0

@@ -20,9 +20,9 @@ median ``m`` under the threshold ``thr`` adds ``max(ln(thr/m), EDGE)`` for each 
 active time it lasts; a rollback needs ``failure_limit x EDGE``. A breach down to 75 % of the
 threshold or shallower must so hold for the whole ``failure_limit``; a deeper one is decided
 sooner (a drop to a fifth, as the proof trainer's slow wheel: in a fifth of the time). A
-time window is judged once it spans a quarter of its length (``min_samples`` in it), so a
-deep drop needs no full window; a shallow one never breaches a quarter window's noise long
-enough to add up.
+time window is judged once it spans a quarter of its length (``min_samples`` in it) when
+its median lies under 75 % of the threshold, so a deep drop needs no full window, and a
+shallow one, or a quarter window's noise, waits for the full window.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from bisect import bisect_left, bisect_right, insort
 from typing import List, Optional, Sequence, Tuple
 
 EDGE = math.log(1 / 0.75)  # evidence per second of a breach at or above 75 % of the threshold
-PARTIAL = 0.25  # a time window is judged once it spans this fraction of its length
+PARTIAL = 0.25  # a time window is judged once it spans this fraction of its length ...
+PARTIAL_DEEP = 0.75  # ... when its median is under this fraction of the threshold
 
 
 class Paused:
@@ -234,6 +235,8 @@ class Tail:
                 self.wlo += 1
             full = judged = len(srt) >= cfg.window_n
         m = _median_sorted(srt) if judged else None
+        if m is not None and not full and self.thr is not None and m >= PARTIAL_DEEP * self.thr:
+            m = None  # a part of a window speaks only of a deep drop
         self.med.append(m)
         self.full.append(full)
         self.state.append(self._step(len(self.med) - 1))
@@ -255,8 +258,7 @@ class Tail:
         dt = self.at_tau[j] - self.at_tau[j - 1]
         if self.cfg.window_s is not None:
             dt = min(dt, self.cfg.window_s)
-        weight = max(math.log(thr / m) if m > 0 else 50.0, EDGE)
-        return streak + 1, since, ev + dt * weight
+        return streak + 1, since, ev + dt * weight(m, thr)
 
     def _restreak(self) -> None:
         self.state = []
@@ -304,6 +306,14 @@ class Tail:
         base = _median_sorted(sorted(self.at_v[:end + 1])) if ok else None
         self.known = (self.thr, base)
         return True, base
+
+
+def weight(m: float, thr: float) -> float:
+    """Evidence per second of a window median ``m`` under ``thr``: ``EDGE`` down to 75 % of
+    the threshold, then ``EDGE x (ln(thr/m) / EDGE)^2``: a drop to half the threshold counts
+    5.8 seconds of the limit per second, one to a fifth 31."""
+    depth = math.log(thr / m) if m > 0 else 50.0
+    return EDGE * max(1.0, depth / EDGE) ** 2
 
 
 def _t(s):

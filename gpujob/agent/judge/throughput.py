@@ -169,6 +169,14 @@ _TORCHTITAN = re.compile(rf"(?<!\w)(?:tps|wps)\s*:\s*{_NUM}\s?([kmg])?(?!\w)", r
 # tqdm rate inside "[elapsed<remaining, 1.64it/s, ...]"; SI prefix with unit_scale.
 _TQDM = re.compile(rf"(?:(?<=[\s,\[])|^){_PLAIN}([kMGT]?)(it/s|s/it)(?![\w/])")
 _TQDM_SI = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+# Bars that are not the trainer's steps (issue 33 item 4): a description naming other work
+# (HF's save: "Writing model shards: 100%|...| 1/1 [00:00<00:00, 11.32it/s]", datasets'
+# "Map:", "Loading checkpoint shards:", Lightning's "Validation DataLoader 0:"), or a bar of
+# one item (a shard, a file). The trainer's own bar has no description (HF) or "Epoch N".
+_TQDM_OTHER = re.compile(
+    r"(?i)^\s*[^|]*?(?:writ|load|sav|map|filter|tokeni[sz]|generat|download|upload|valid|eval|test|predict|"
+    r"shard|convert|process)[^|]*?:\s*\d+%\|"
+    r"|\|\s*[01]/1\s*\[")
 _HF = re.compile(
     rf"""['"](?:train_)?tokens_per_second['"]\s*:\s*(?:np\.float(?:16|32|64)\()?{_PLAIN}"""
 )
@@ -245,8 +253,9 @@ def make_parser(
         tps = tokens_per_step
 
         def parse(line: str) -> Optional[float]:
-            m = _TQDM.search(strip_ansi(line))
-            if not m:
+            text = strip_ansi(line)
+            m = _TQDM.search(text)
+            if not m or _TQDM_OTHER.search(text):
                 return None
             rate = float(m.group(1)) * _TQDM_SI[m.group(2)]
             if m.group(3) == "s/it":
