@@ -144,7 +144,7 @@ def test_throughput_defaults(tmp_path):
     spec = load_spec(write(tmp_path, BASE + "throughput: {format: ktok, min_ratio: 0.5}\n"))
     t = spec.throughput
     assert (t.scope, t.window, t.failure_limit, t.initial_delay, t.no_data_timeout, t.good_after) == \
-        ("total", 5, 3, 0, 600, 600)
+        ("total", "10s", "20s", 0, 600, 600)  # chosen from the corpus: docs/rollback.md
     assert t.min is None and t.min_ratio == 0.5
 
 
