@@ -49,6 +49,15 @@ def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_
     assert "resumed from checkpoint at step" in log
     human = cli(["status", job_id], env, check=True).stdout.decode()
     assert "slow → fast" in human and "rollbacks" in human
+    # one decision event per change of verdict, each saying how many decisions the last one held
+    # (issue 33 item 6: every breaching sample was an event)
+    dec = [e for e in ev if e["type"] == "decision"]
+    assert "breach" in [e["verdict"] for e in dec] and "rollback" in [e["verdict"] for e in dec]
+    assert all(a["verdict"] != b["verdict"] for a, b in zip(dec, dec[1:]) if "previous" in b), \
+        [e["verdict"] for e in dec]
+    assert all(e["previous_count"] >= 1 for e in dec if e.get("previous"))
+    breach = next(e for e in dec if e["verdict"] == "rollback")
+    assert breach["previous"] == "breach" and breach["previous_count"] >= 1
 
 
 def test_both_profiles_slow_is_no_recovery_and_marks_nothing_bad(tmp_path, env, index_urls):

@@ -301,10 +301,11 @@ class Watch:
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
             self.sample_marks.append((t, at))
         run.minute.append(value)
-        # every breach is journalled (its count), a rollback once while it is held for a checkpoint
-        if d.verdict != run.last_verdict or d.verdict == Verdict.BREACH or \
-                (d.verdict == Verdict.ROLLBACK and run.held is None):
-            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+        # one event per change of verdict, with how long the last one held (agent/judge/coalesce.py)
+        held = run.verdicts.step(d.verdict, t, again=d.verdict == Verdict.ROLLBACK and run.held is None and
+                                 run.last_verdict == Verdict.ROLLBACK)
+        if held is not None:
+            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence, **held)
             self.trace_decision(d, t)
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
