@@ -52,12 +52,12 @@ def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_
     # one decision event per change of verdict, each saying how many decisions the last one held
     # (issue 33 item 6: every breaching sample was an event)
     dec = [e for e in ev if e["type"] == "decision"]
-    assert "breach" in [e["verdict"] for e in dec] and "rollback" in [e["verdict"] for e in dec]
     assert all(a["verdict"] != b["verdict"] for a, b in zip(dec, dec[1:]) if "previous" in b), \
         [e["verdict"] for e in dec]
-    assert all(e["previous_count"] >= 1 for e in dec if e.get("previous"))
-    breach = next(e for e in dec if e["verdict"] == "rollback")
-    assert breach["previous"] == "breach" and breach["previous_count"] >= 1
+    roll = next(e for e in dec if e["verdict"] == "rollback")
+    assert roll["previous"] == "settling" and roll["previous_count"] >= 1 and roll["previous_for"] >= 0
+    ok = [e for e in dec if e["verdict"] == "ok"]  # the resumed run's first: a run starts its own count
+    assert ok and all(e.get("previous") in (None, "settling", "warming_up", "paused") for e in ok)
 
 
 def test_both_profiles_slow_is_no_recovery_and_marks_nothing_bad(tmp_path, env, index_urls):
@@ -226,6 +226,10 @@ def test_no_recovery_with_continue_stays_on_the_target_judging_suspended(tmp_pat
     wait_for(lambda: whole_gzip(journal(tmp_path, job_id) / "trace.jsonl.gz"), 20, what="a whole trace file")
     assert all(v["status"] != "bad" for v in st["ledger"].values()), st["ledger"]
     assert "no recovery on fast: not the profile" in (journal(tmp_path, job_id) / "job.log").read_text()
+    # the judge's state in view (issue 38 item 5): suspended, why, since when, what brings it back
+    assert held["no_recovery"] is True and "baseline" in held
+    human = cli(["status", job_id], env, check=True).stdout.decode()
+    assert "suspended" in human and "no recovery" in human and "comes back when" in human, human
 
 
 def test_a_min_ratio_only_job_whose_ledger_had_a_known_good_promotes_nothing_without_a_yardstick(

@@ -127,8 +127,9 @@ def status_view(st: dict, target: str) -> dict:
         "state": rec.state, "phase": rec.phase, "profile": rec.profile,
         "tok_s": rec.tps, "window_median": window.get("median"),
         "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
-        "consecutive_breaches": window.get("consecutive_breaches"),
+        "consecutive_breaches": window.get("consecutive_breaches"), "breach_for": window.get("breach_for"),
         "failure_limit": window.get("failure_limit"), "verdict": rec.verdict,
+        "judging_suspended": rec.judging_suspended, "run_baseline": rec.run_baseline,
         "pauses": rec.pauses or [],  # [start, end] of the latest pauses (saves, evals)
         "baseline": rec.baseline, "trend": recent,
         "sparkline": sparkline(recent, 40) if recent else "",
@@ -139,6 +140,27 @@ def status_view(st: dict, target: str) -> dict:
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
         "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
     }
+
+
+def rate_pair(a: float, b: float) -> tuple:
+    """Two rates written so that different ones read different: ``1.21M`` and ``1.23M``, not
+    ``1.2M < 1.2M`` (issue 38 item 5)."""
+    x, y = fmt_rate(a), fmt_rate(b)
+    if x == y and a != b:
+        x, y = f"{a:,.0f}", f"{b:,.0f}"
+    return x, y
+
+
+def suspended_text(held: dict) -> str:
+    """Judging suspended: why, since when, what brings it back (agent/supervisor/verdicts.py)."""
+    since = held.get("since")
+    when = time.strftime("%H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    base = held.get("baseline")
+    back = (f"comes back when {held.get('profile')} holds the threshold of its baseline "
+            f"{fmt_rate(base)} tok/s for good_after" if isinstance(base, (int, float))
+            else "comes back when a new baseline holds for good_after")
+    head = "no recovery; " if held.get("no_recovery") else ""
+    return f"  since {when}: {head}{held.get('reason') or ''}; {back}"
 
 
 def print_status(console: Console, v: dict) -> None:
@@ -153,13 +175,22 @@ def print_status(console: Console, v: dict) -> None:
         line = f"{fmt_rate(v['tok_s'])} tok/s"
         if v["window_median"] is not None and v["threshold"] is not None:
             ok = v["window_median"] >= v["threshold"]
-            line += (f"   window median {fmt_rate(v['window_median'])} "
-                     f"{'≥' if ok else '<'} {fmt_rate(v['threshold'])} ({v['threshold_source']})")
+            med, thr = rate_pair(v["window_median"], v["threshold"])
+            line += f"   window median {med} {'≥' if ok else '<'} {thr} ({v['threshold_source']})"
             if v["consecutive_breaches"]:
-                line += f", {v['consecutive_breaches']}/{v['failure_limit']} breaches"
+                fl = v["failure_limit"]
+                line += (f", breaching for {v['breach_for']:.0f}s (failure_limit {fl}, sooner when deeper)"
+                         if isinstance(fl, str) and isinstance(v.get("breach_for"), (int, float))
+                         else f", {v['consecutive_breaches']}/{fl} breaches")
         t.add_row("tok/s", lit(line))
         t.add_row("trend", styled((v["sparkline"], "cyan"),
                                   f"  {fmt_rate(min(v['trend']))}–{fmt_rate(max(v['trend']))}"))
+    held = v.get("judging_suspended")
+    if isinstance(held, dict):
+        t.add_row("judging", styled(("suspended", "yellow"), suspended_text(held)))
+    elif v.get("run_baseline"):
+        t.add_row("judging", lit(f"against {fmt_rate(v['run_baseline'])} tok/s, a baseline this run set "
+                                 f"(no known one when judging came back)"))
     t.add_row("uptime", duration(v["uptime_s"]))
     if v["exit"]:
         t.add_row("exit", lit(v["exit"]))
