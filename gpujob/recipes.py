@@ -305,7 +305,7 @@ LIGHTNING_BAR = "--trainer.callbacks+=TQDMProgressBar"
 def _lightning(data: dict) -> dict:
     command = (data.get("train") or {}).get("command")
     argv = _argv(command)
-    rate = not own_rate(data, "tqdm")
+    rate = not own_rate(data, "tqdm_steps")
     if rate and "tokens_per_step" not in (data.get("throughput") or {}):
         raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe lightning: its "
                           "progress bar counts steps (it/s), and a LightningModule's batch is not read from "
@@ -325,7 +325,9 @@ def _lightning(data: dict) -> dict:
     warm = _append(train.get("command", command), ["--trainer.max_steps", "3", "--trainer.default_root_dir",
                                                    "{workdir}/gpujob-warmup"])
     frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
-    return dict(frag, throughput={"format": "tqdm"}) if rate else frag
+    # the bar's step counter over time, each step once, restored steps not counted
+    # (Lightning's it/s is the run's average: smoothing=0; agent/judge/throughput.StepRate)
+    return dict(frag, throughput={"format": "tqdm_steps"}) if rate else frag
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
@@ -351,9 +353,10 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            "2.11.0+cu130; BENCHMARKS.md); 0.3.0 not run: it needs torch.distributed.set_timeout, newer than 2.13",
            "torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints finished by "
            ".metadata (saving on), resumed from the newest by itself", _torchtitan, versions=("0.2", "0.3")),
-    Recipe("lightning", "lightning", 3, "lightning 2.5 and 2.6.6 (LightningCLI)",
+    Recipe("lightning", "lightning", 4, "lightning 2.5 and 2.6.6 (LightningCLI)",
            "lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
-           "LightningCLI scripts: the TQDM progress bar's it/s x tokens_per_step (the bar added: Lightning's "
+           "LightningCLI scripts: the TQDM progress bar's step counter over time x tokens_per_step (its it/s is "
+           "the run's average; the bar added: Lightning's "
            "rich bar prints nothing into a pipe), version_N/checkpoints/*.ckpt (settled 5 s), "
            "--ckpt_path {resume_from}", _lightning, versions=("2.5", "2.6")),
 )}

@@ -47,7 +47,7 @@ class Settle(Strict):
 
 class Throughput(Strict):
     source: Literal["stdout", "file"] = "stdout"  # the trainer's output lines, or a JSONL metrics file
-    format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"] | None = None  # for source stdout
+    format: Literal["ktok", "torchtitan", "tqdm", "tqdm_steps", "hf", "regex"] | None = None  # for source stdout
     path: PathText | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
     field: str | None = None  # source file: the tok/s field of each record ("a.b" reaches into objects)
     step_field: str | None = None  # source file: the step field, if the records carry one
@@ -88,10 +88,10 @@ class Throughput(Strict):
             for field in ("path", "field", "step_field"):
                 if getattr(self, field) is not None:
                     raise At((field,), "only for source file")
-        for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "regex"))):
+        for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "tqdm_steps", "regex"))):
             given = getattr(self, field) is not None
-            if self.format == fmts[0] and not given:
-                raise At((field,), f"missing (required) for format {fmts[0]}")
+            if self.format in fmts[:len(fmts) - 1 or 1] and not given:
+                raise At((field,), f"missing (required) for format {self.format}")
             if self.format not in fmts and given:
                 raise At((field,), f"only for format {' or '.join(fmts)}")
         for field in ("no_data_timeout", "good_after", "start_timeout"):

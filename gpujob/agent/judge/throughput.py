@@ -148,7 +148,7 @@ def strip_ansi(s: str) -> str:
 # Throughput and step parsers
 # --------------------------------------------------------------------------
 
-FORMATS = ("ktok", "torchtitan", "tqdm", "hf", "regex")
+FORMATS = ("ktok", "torchtitan", "tqdm", "tqdm_steps", "hf", "regex")
 
 # A number: 12800, 12,800, 12.8, .5, 1.28e4.  Not preceded by a word char,
 # '.' or '/', so '12/1000' or 'v1.2' never yields a stray tail.
@@ -224,7 +224,7 @@ def make_parser(
         raise ValueError("tokens_per_step must be a positive number")
     if pattern is not None and fmt != "regex":
         raise ValueError("pattern is only used with fmt='regex'")
-    if tokens_per_step is not None and fmt not in ("tqdm", "regex"):
+    if tokens_per_step is not None and fmt not in ("tqdm", "tqdm_steps", "regex"):
         raise ValueError(f"tokens_per_step is not used with fmt={fmt!r}")
 
     if fmt == "ktok":
@@ -263,6 +263,11 @@ def make_parser(
                     return None
                 rate = 1.0 / rate
             return _finite(rate * tps * scale)
+
+    elif fmt == "tqdm_steps":
+        if tokens_per_step is None:
+            raise ValueError("fmt='tqdm_steps' needs tokens_per_step (tqdm counts steps, not tokens)")
+        return StepRate(tokens_per_step * scale)
 
     elif fmt == "hf":
 
@@ -313,11 +318,57 @@ def make_parser(
 # ktok: its parser's own test; torchtitan: "tps"/"wps" under IGNORECASE, whose "s" also
 # matches "ſ" (U+017F), so only the "tp"/"wp" that every match holds; tqdm and hf: case-sensitive
 _HINTS = {"ktok": (True, ("tok",)), "torchtitan": (True, ("tp", "wp")), "tqdm": (False, ("it/s", "s/it")),
+          "tqdm_steps": (False, ("it/s", "s/it")),
           "hf": (False, ("tokens_per_second",))}
 
 
+class StepRate:
+    """``tqdm_steps``: the rate read from a bar's own step counter over the lines' times, not
+    from the it/s it prints (issue 38 row 2). Lightning draws its bar with ``smoothing=0``
+    (its it/s is the run's average: after an hour at 65 it/s a fall to 13 it/s keeps it above
+    0.8x for 20 minutes) and counts restored steps in ``n`` (a resumed run's first rate is
+    hundreds of steps in its first second); it also draws each step twice (the count, then
+    the same with ``v_num=…, loss=…``). So: a sample is ``(n - n0) / (t - t0)`` over at least
+    ``SPAN`` seconds since the last one; the same ``n`` again is no step; the first counter of
+    a run (restored steps and all), its first move (the start-up's step) and a counter that
+    went back (a new epoch's bar) only set the reference. Called with the line's time (``timed``); without one it gives nothing."""
+
+    SPAN = 0.5
+    timed = True
+
+    def __init__(self, tokens_per_step: float) -> None:
+        self.tps = float(tokens_per_step)
+        self.ref = None  # (t, n) the next sample counts from
+        self.last_n = None
+        self.fresh = True
+        self.hints = _HINTS["tqdm_steps"]
+
+    def __call__(self, line: str, t: Optional[float] = None) -> Optional[float]:
+        text = strip_ansi(line)
+        if "|" not in text or _TQDM_OTHER.search(text):
+            return None
+        m = _STEP_TQDM.search(text)
+        if not m or t is None:
+            return None
+        n = int(m.group(1))
+        if self.ref is None or self.last_n is None or n < self.last_n:
+            self.ref, self.last_n, self.fresh = (t, n), n, True
+            return None
+        if n == self.last_n:
+            return None  # the same step drawn again
+        self.last_n = n
+        if self.fresh:  # the counter's first move holds the start-up (compile, the first batch)
+            self.ref, self.fresh = (t, n), False
+            return None
+        t0, n0 = self.ref
+        if t - t0 < self.SPAN:
+            return None
+        self.ref = (t, n)
+        return _finite((n - n0) / (t - t0) * self.tps)
+
+
 _STEP_TEXT = re.compile(r"(?<!\w)step\s*[:=]?\s*(\d+)(?![\d.])", re.IGNORECASE)
-_STEP_TQDM = re.compile(r"(?<![\w.])(\d+)(?:/\d+|it)\s*\[")
+_STEP_TQDM = re.compile(r"(?<![\w.])(\d+)(?:/\d+|/\?|it)\s*\[")
 _STEP_HF = re.compile(r"""['"](?:global_)?step['"]\s*:\s*(\d+)""")
 
 
@@ -342,7 +393,8 @@ def make_step_parser(fmt: str, *, pattern: Optional[str] = None) -> Callable[[st
             return int(s) if s and s.isdigit() else None
 
         return parse_rx
-    step_rx = {"ktok": _STEP_TEXT, "torchtitan": _STEP_TEXT, "tqdm": _STEP_TQDM, "hf": _STEP_HF}[fmt]
+    step_rx = {"ktok": _STEP_TEXT, "torchtitan": _STEP_TEXT, "tqdm": _STEP_TQDM, "tqdm_steps": _STEP_TQDM,
+               "hf": _STEP_HF}[fmt]
 
     def parse(line: str) -> Optional[int]:
         m = step_rx.search(strip_ansi(line))

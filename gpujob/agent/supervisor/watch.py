@@ -229,7 +229,7 @@ class Watch:
             run.hit_at = run.hit_at or (t, hit)
         if not run.watch_tps:
             return None
-        got = run.source.from_line(line) if run.source else None
+        got = run.source.from_line(line, t) if run.source else None
         if got is None:
             return None
         return self.on_sample(run, got[0], got[1], t)
@@ -254,7 +254,7 @@ class Watch:
         owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
         try:
             for i in src.candidates(lines) if src is not None else ():
-                got = src.from_line(lines[i])
+                got = src.from_line(lines[i], t)
                 if got is None:
                     continue
                 owed[3] = i + 1
