@@ -326,7 +326,7 @@ def _lightning(data: dict) -> dict:
                                                    "{workdir}/gpujob-warmup"])
     frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
     # the bar's step counter over time, each step once, restored steps not counted
-    # (Lightning's it/s is the run's average: smoothing=0; agent/judge/throughput.StepRate)
+    # (Lightning's it/s is the run's average: smoothing=0; agent/judge/steprate.StepRate)
     return dict(frag, throughput={"format": "tqdm_steps"}) if rate else frag
 
 

@@ -1,7 +1,7 @@
 """Lightning judged at its current rate (issue 38 item 2): its bar draws with ``smoothing=0``
 (the it/s is the run's average), counts restored steps in ``n`` and draws each step twice.
 The ``lightning`` recipe reads ``tqdm_steps``: the bar's own step counter over the lines'
-times (agent/judge/throughput.StepRate). Tested on real Lightning output: the H200 runs in
+times (agent/judge/steprate.StepRate). Tested on real Lightning output: the H200 runs in
 tests/data/traces (Lightning 2.6.6, act 2: a slow profile, then the resumed known-good one)
 and tests/data/lightning (recorded on the CPU, see its README)."""
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from gpujob.agent.base import trace
 from gpujob.agent.judge import throughput
 from gpujob.agent.judge.sources import line_source
+from gpujob.agent.judge.steprate import StepRate
 
 DATA = Path(__file__).parent / "data"
 TPS = 16384.0
@@ -71,7 +72,7 @@ def test_each_step_counts_once_and_samples_follow_time_not_lines():
     bar = [x for x in lines if _N.search(x[1])]
     new = _samples("tqdm_steps", lines)
     span = lines[-1][0] - lines[0][0]
-    assert len(bar) > 2000 and len(new) <= span / throughput.StepRate.SPAN + 2  # ~2 a second, not 70
+    assert len(bar) > 2000 and len(new) <= span / StepRate.SPAN + 2  # ~2 a second, not 70
     assert len(_samples("tqdm", lines)) > 2000  # the it/s read per line: every step twice
 
 

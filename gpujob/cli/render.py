@@ -19,6 +19,7 @@ from gpujob.agent.judge import timings
 from gpujob.agent.base.protocol import ENDED, JobState
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge.throughput import fmt_rate, sparkline
+from gpujob.cli.judgeview import rate_pair, suspended_text
 
 S = JobState
 STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
@@ -140,27 +141,6 @@ def status_view(st: dict, target: str) -> dict:
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
         "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
     }
-
-
-def rate_pair(a: float, b: float) -> tuple:
-    """Two rates written so that different ones read different: ``1.21M`` and ``1.23M``, not
-    ``1.2M < 1.2M`` (issue 38 item 5)."""
-    x, y = fmt_rate(a), fmt_rate(b)
-    if x == y and a != b:
-        x, y = f"{a:,.0f}", f"{b:,.0f}"
-    return x, y
-
-
-def suspended_text(held: dict) -> str:
-    """Judging suspended: why, since when, what brings it back (agent/supervisor/verdicts.py)."""
-    since = held.get("since")
-    when = time.strftime("%H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    base = held.get("baseline")
-    back = (f"comes back when {held.get('profile')} holds the threshold of its baseline "
-            f"{fmt_rate(base)} tok/s for good_after" if isinstance(base, (int, float))
-            else "comes back when a new baseline holds for good_after")
-    head = "no recovery; " if held.get("no_recovery") else ""
-    return f"  since {when}: {head}{held.get('reason') or ''}; {back}"
 
 
 def print_status(console: Console, v: dict) -> None:
