@@ -187,3 +187,38 @@ def test_replay_of_the_long_nanogpt_run_costs_what_its_samples_cost_not_its_age(
     half = len(reads) // 2
     assert sum(reads[half:]) <= 1.2 * sum(reads[:half]) + 1000
     assert max(reads) < 400  # a sample is read once, again only when a pause reaches back to it (2 s)
+
+
+@pytest.mark.parametrize("name", ["nanogpt-good", "nanogpt-good-long", "hf-good-a", "hf-good-b"])
+def test_a_runs_first_save_is_a_pause_and_its_dip_is_not_judged(name):
+    """Issue 33 item 4/5: a known-good profile's first save (a new file, or the first rewrite of
+    nanoGPT's ckpt.pt) and the dip after it: a pause from the moment the file is seen, so no
+    sample from it to the end of pause_tail is in a window."""
+    import re
+    from gpujob.agent.judge.pauses import Pauses
+    recs = _records(name)
+    tp = recs[0]["meta"]["throughput"]
+    rx = re.compile(tp["pause_pattern"])
+    pauses, saves, samples, started = None, [], [], False
+    for r in recs[1:]:
+        if "run" in r:
+            started = (r["run"] or {}).get("phase") == "train"
+            pauses = Pauses(float(tp["pause_tail"])) if started else None
+        elif not started:
+            continue
+        elif "ckpt" in r:
+            pauses.on_ckpt_events([{"t": r["t"], "ckpt": r["ckpt"], "op": r.get("op")}])
+            if r.get("op") in ("new", "changed"):
+                saves.append(r["t"])
+        elif "out" in r:
+            if rx.search(r["out"]):
+                pauses.mark(r["t"], "pause_pattern")
+            samples.append(r["t"])
+    first = saves[0]
+    spans = pauses.spans()
+    assert any(a <= first < b for a, b in spans)
+    # until pause_tail ends, or the next save (HF saves every ~3 s: saves that come as often as a
+    # pause lasts are the trainer's pace, and the pause in progress ends there: agent/judge/pauses.py)
+    end = min([first + float(tp["pause_tail"])] + [t for t in saves if t > first + 2.0])
+    after = [t for t in samples if first <= t < end]
+    assert after and all(any(a <= t < b for a, b in spans) for t in after)
