@@ -274,7 +274,8 @@ def _windows(cfg, tail: Tail, thr, ctx) -> Decision:
         verdict = Verdict.ROLLBACK if ev >= span_needed * EDGE - 1e-9 else Verdict.BREACH
     meds = tail.med[-1:-min(max(streak, 1), 20) - 1:-1]  # the streak's window medians, newest first
     return Decision(verdict, make=(reasons.windows_reason, reasons.windows_evidence, ctx, len(tail.at_v),
-                                   tail.window_values(), m, meds, streak, breach_for, span_needed))
+                                   tail.window_values(), m, meds, streak, breach_for, span_needed,
+                                   ev / EDGE if span_needed is not None and streak else None))
 
 
 def known_good(
