@@ -129,14 +129,26 @@ def test_the_hf_save_bar_gives_no_sample():
 
 
 def test_race_traces_are_named():
+    """The compile race on the H200: each warm try's exit is classified compile_race from its
+    FX error; the cold hang prints no sample and no error line until start_timeout, where a
+    cache empty at the start names it compile_race."""
+    from gpujob.agent.base.protocol import FailureSignal as F
     from gpujob.agent.judge import signals
-    fx = _records("race-fx-error")
-    hang = _records("race-cold-hang")
-    text = "\n".join(r["out"] for r in fx if "out" in r)
-    assert "FX" in text or "symbolic" in text.lower()
-    assert any(s in text for s in defaults.DEFAULTS["rollback"]["error_signatures"])
-    assert hang[0]["meta"]["throughput"] and signals  # the hang: no sample at all before start_timeout
-    assert not [r for r in hang if "out" in r and "tok/s" in r["out"]]
+    from gpujob.agent.supervisor import hang
+    sigs = defaults.DEFAULTS["rollback"]["error_signatures"]
+    tries, lines = [], []
+    for r in _records("race-fx-error")[1:]:
+        if "run" in r:
+            lines = []
+        elif "out" in r:
+            lines.append(r["out"])
+        elif "exit" in r and r["exit"] != 0:
+            tries.append(signals.classify_exit(r["exit"], None, lines, sigs)[0])
+    assert tries == [F.COMPILE_RACE] * 4
+    hang_recs = _records("race-cold-hang")
+    outs = [r["out"] for r in hang_recs if "out" in r]
+    assert len(outs) == 1 and not signals.scan_line(outs[0], sigs)
+    assert hang.start_hang("train", 60.0, 60.0, cold_cache=True)[0] == F.COMPILE_RACE
 
 
 def test_replay_of_the_long_nanogpt_run_costs_what_its_samples_cost_not_its_age():
