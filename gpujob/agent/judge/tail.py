@@ -34,6 +34,7 @@ from typing import List, Optional, Sequence, Tuple
 EDGE = math.log(1 / 0.75)  # evidence per second of a breach at or above 75 % of the threshold
 PARTIAL = 0.25  # a time window is judged once it spans this fraction of its length ...
 PARTIAL_DEEP = 0.75  # ... when its median is under this fraction of the threshold
+KEEP = 65536  # judged samples kept beyond the window (then the older half is dropped)
 
 
 class Paused:
@@ -118,7 +119,7 @@ class Tail:
         self.recent: List[Tuple[float, float]] = []  # (t, value) of the settle candidates
         self.tau_first: Optional[float] = None
         self.t0: Optional[float] = None  # judging starts here (a sample's time)
-        self.pend: List[Tuple[float, float, float]] = []  # settled samples not yet judged (t, tau, v)
+        self.tau_start: Optional[float] = None  # the first judged sample's active time
         # judged samples (active, at or after t0): per sample
         self.at_t: List[float] = []
         self.at_tau: List[float] = []
@@ -130,6 +131,7 @@ class Tail:
         self.wlo = 0
         self.srt: List[float] = []
         self.known: Optional[Tuple] = None  # known_good's answer once its span closed
+        self._goal_t = math.inf  # the time of the sample that closed it
 
     # -- taking samples -------------------------------------------------------------------
     def sync(self, samples: Sequence, spans: Sequence[Tuple[float, float]], thr: Optional[float]) -> None:
@@ -216,6 +218,10 @@ class Tail:
         cfg = self.cfg
         if self.at_tau and tau < self.at_tau[-1]:
             tau = self.at_tau[-1]  # a pause learnt late: active time never runs back
+        if self.tau_start is None:
+            self.tau_start = tau
+        if len(self.at_t) >= KEEP and self.known is not None:
+            self._trim()
         self.at_t.append(t)
         self.at_tau.append(tau)
         self.at_v.append(v)
@@ -225,7 +231,7 @@ class Tail:
             while self.at_tau[self.wlo] <= tau - ws:
                 del srt[bisect_left(srt, self.at_v[self.wlo])]
                 self.wlo += 1
-            covered = tau - self.at_tau[0]
+            covered = tau - self.tau_start
             n = len(srt)
             full = covered >= ws and n >= cfg.min_samples
             judged = n >= cfg.min_samples and (full or covered >= PARTIAL * ws)
@@ -260,6 +266,16 @@ class Tail:
             dt = min(dt, self.cfg.window_s)
         return streak + 1, since, ev + dt * weight(m, thr)
 
+    def _trim(self) -> None:
+        """Drop the judged samples older than the window (once known_good is decided: its span
+        is read no more), so a run of hours keeps what its window holds, not its history."""
+        cut = max(0, self.wlo - 1)
+        if cut < KEEP // 2:
+            return
+        for arr in (self.at_t, self.at_tau, self.at_v, self.med, self.full, self.state, self.kg):
+            del arr[:cut]
+        self.wlo -= cut
+
     def _restreak(self) -> None:
         self.state = []
         for j in range(len(self.med)):
@@ -274,7 +290,8 @@ class Tail:
                 del srt[bisect_left(srt, self.at_v[j])]
         for arr in (self.at_t, self.at_tau, self.at_v, self.med, self.full, self.state, self.kg):
             del arr[cut:]
-        self.known = None
+        if self.known is not None and t <= self._goal_t:
+            self.known = None  # the known-good span itself was touched
         if self.wlo > cut:
             self.wlo = cut
         if self.at_tau:  # the window of the newest sample left: older ones may be back in it
@@ -295,7 +312,7 @@ class Tail:
             return True, self.known[1]
         if not self.at_tau:
             return False, None
-        goal = self.at_tau[0] + cfg.good_after
+        goal = (self.tau_start or 0.0) + cfg.good_after
         if now_tau < goal or self.at_tau[-1] < goal:
             return False, None
         end = bisect_left(self.at_tau, goal)
@@ -305,6 +322,7 @@ class Tail:
             not (self.thr is not None and lo < self.thr)
         base = _median_sorted(sorted(self.at_v[:end + 1])) if ok else None
         self.known = (self.thr, base)
+        self._goal_t = self.at_t[end]
         return True, base
 
 
