@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gpujob.agent.judge.throughput import _HINTS, _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi
+from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi
 
 
 class StepRate:
@@ -27,7 +27,7 @@ class StepRate:
         self.ref = None  # (t, n) the next sample counts from
         self.last_n = None
         self.fresh = True
-        self.hints = _HINTS["tqdm_steps"]
+        self.hints = None  # throughput.make_parser sets its prefilter
 
     def __call__(self, line: str, t: Optional[float] = None) -> Optional[float]:
         text = strip_ansi(line)

@@ -15,6 +15,9 @@ import math
 import re
 from typing import Callable, List, Optional, Sequence
 
+from gpujob.agent.judge.steprate import StepRate
+from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401 (strip_ansi: its home for callers)
+
 __all__ = [
     "FORMATS",
     "LineSplitter",
@@ -125,25 +128,6 @@ class LineSplitter:
         return cut
 
 
-_ANSI = re.compile(
-    r"""
-      \x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?      # OSC ... BEL | ST
-    | \x1b[P^_X][^\x1b]*(?:\x1b\\)?           # DCS / PM / APC / SOS ... ST
-    | (?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]        # CSI (colours, cursor moves)
-    | \x1b[ -/]*[0-~]                         # other ESC sequences
-    | \x1b                                    # stray ESC
-    """,
-    re.VERBOSE,
-)
-
-
-def strip_ansi(s: str) -> str:
-    """Remove ANSI escape sequences (CSI, OSC, DCS, two-char ESC)."""
-    if "\x1b" not in s and "\x9b" not in s:  # every sequence starts with one of them
-        return s
-    return _ANSI.sub("", s)
-
-
 # --------------------------------------------------------------------------
 # Throughput and step parsers
 # --------------------------------------------------------------------------
@@ -169,14 +153,6 @@ _TORCHTITAN = re.compile(rf"(?<!\w)(?:tps|wps)\s*:\s*{_NUM}\s?([kmg])?(?!\w)", r
 # tqdm rate inside "[elapsed<remaining, 1.64it/s, ...]"; SI prefix with unit_scale.
 _TQDM = re.compile(rf"(?:(?<=[\s,\[])|^){_PLAIN}([kMGT]?)(it/s|s/it)(?![\w/])")
 _TQDM_SI = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
-# Bars that are not the trainer's steps (issue 33 item 4): a description naming other work
-# (HF's save: "Writing model shards: 100%|...| 1/1 [00:00<00:00, 11.32it/s]", datasets'
-# "Map:", "Loading checkpoint shards:", Lightning's "Validation DataLoader 0:"), or a bar of
-# one item (a shard, a file). The trainer's own bar has no description (HF) or "Epoch N".
-_TQDM_OTHER = re.compile(
-    r"(?i)^\s*[^|]*?(?:writ|load|sav|map|filter|tokeni[sz]|generat|download|upload|valid|eval|test|predict|"
-    r"shard|convert|process)[^|]*?:\s*\d+%\|"
-    r"|\|\s*[01]/1\s*\[")
 _HF = re.compile(
     rf"""['"](?:train_)?tokens_per_second['"]\s*:\s*(?:np\.float(?:16|32|64)\()?{_PLAIN}"""
 )
@@ -184,10 +160,6 @@ _HF = re.compile(
 
 def _num(text: str) -> float:
     return float(text.replace(",", ""))
-
-
-def _finite(v: float) -> Optional[float]:
-    return v if math.isfinite(v) else None
 
 
 def make_parser(
@@ -267,8 +239,9 @@ def make_parser(
     elif fmt == "tqdm_steps":
         if tokens_per_step is None:
             raise ValueError("fmt='tqdm_steps' needs tokens_per_step (tqdm counts steps, not tokens)")
-        from gpujob.agent.judge.steprate import StepRate
-        return StepRate(tokens_per_step * scale)
+        counter = StepRate(tokens_per_step * scale)
+        counter.hints = _HINTS["tqdm_steps"]  # type: ignore[attr-defined]
+        return counter
 
     elif fmt == "hf":
 
@@ -324,7 +297,7 @@ _HINTS = {"ktok": (True, ("tok",)), "torchtitan": (True, ("tp", "wp")), "tqdm": 
 
 
 _STEP_TEXT = re.compile(r"(?<!\w)step\s*[:=]?\s*(\d+)(?![\d.])", re.IGNORECASE)
-_STEP_TQDM = re.compile(r"(?<![\w.])(\d+)(?:/\d+|/\?|it)\s*\[")
+
 _STEP_HF = re.compile(r"""['"](?:global_)?step['"]\s*:\s*(\d+)""")
 
 
