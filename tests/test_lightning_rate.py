@@ -52,7 +52,7 @@ def _counter_rate(lines) -> float:
 
 
 def test_the_resumed_run_is_read_at_its_rate_not_its_restored_steps():
-    [(slow, _, slow_lines), (good, resumed, lines)] = _runs(DATA / "traces" / "h200_1204_lightning_act2.jsonl.gz")
+    [(slow, _, slow_lines), (good, resumed, lines)] = _runs(DATA / "traces" / "gpujob_h200_1204_lightning_act2.jsonl.gz")
     assert (slow, good, resumed) == ("broken", "compiled", True)
     truth = _counter_rate(lines)
     old = _samples("tqdm", lines)
@@ -68,7 +68,7 @@ def test_the_resumed_run_is_read_at_its_rate_not_its_restored_steps():
 
 
 def test_each_step_counts_once_and_samples_follow_time_not_lines():
-    [(_, _, lines)] = _runs(DATA / "traces" / "h200_1204_lightning_act1.jsonl.gz")
+    [(_, _, lines)] = _runs(DATA / "traces" / "gpujob_h200_1204_lightning_act1.jsonl.gz")
     bar = [x for x in lines if _N.search(x[1])]
     new = _samples("tqdm_steps", lines)
     span = lines[-1][0] - lines[0][0]
