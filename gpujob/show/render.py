@@ -20,6 +20,7 @@ from gpujob.agent.base.protocol import ENDED, JobState
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge.throughput import fmt_rate, sparkline
 from gpujob.show import waiting
+from gpujob.show.judgeview import rate_pair, suspended_text
 
 S = JobState
 STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
@@ -128,8 +129,9 @@ def status_view(st: dict, target: str) -> dict:
         "state": rec.state, "phase": rec.phase, "profile": rec.profile,
         "tok_s": rec.tps, "window_median": window.get("median"),
         "threshold": window.get("threshold"), "threshold_source": window.get("threshold_source"),
-        "consecutive_breaches": window.get("consecutive_breaches"),
+        "consecutive_breaches": window.get("consecutive_breaches"), "breach_for": window.get("breach_for"),
         "failure_limit": window.get("failure_limit"), "verdict": rec.verdict,
+        "judging_suspended": rec.judging_suspended, "run_baseline": rec.run_baseline,
         "pauses": rec.pauses or [],  # [start, end] of the latest pauses (saves, evals)
         "baseline": rec.baseline, "trend": recent,
         "sparkline": sparkline(recent, 40) if recent else "",
@@ -155,13 +157,22 @@ def print_status(console: Console, v: dict) -> None:
         line = f"{fmt_rate(v['tok_s'])} tok/s"
         if v["window_median"] is not None and v["threshold"] is not None:
             ok = v["window_median"] >= v["threshold"]
-            line += (f"   window median {fmt_rate(v['window_median'])} "
-                     f"{'≥' if ok else '<'} {fmt_rate(v['threshold'])} ({v['threshold_source']})")
+            med, thr = rate_pair(v["window_median"], v["threshold"])
+            line += f"   window median {med} {'≥' if ok else '<'} {thr} ({v['threshold_source']})"
             if v["consecutive_breaches"]:
-                line += f", {v['consecutive_breaches']}/{v['failure_limit']} breaches"
+                fl = v["failure_limit"]
+                line += (f", breaching for {v['breach_for']:.0f}s (failure_limit {fl}, sooner when deeper)"
+                         if isinstance(fl, str) and isinstance(v.get("breach_for"), (int, float))
+                         else f", {v['consecutive_breaches']}/{fl} breaches")
         t.add_row("tok/s", lit(line))
         t.add_row("trend", styled((v["sparkline"], "cyan"),
                                   f"  {fmt_rate(min(v['trend']))}–{fmt_rate(max(v['trend']))}"))
+    held = v.get("judging_suspended")
+    if isinstance(held, dict):
+        t.add_row("judging", styled(("suspended", "yellow"), suspended_text(held)))
+    elif v.get("run_baseline"):
+        t.add_row("judging", lit(f"against {fmt_rate(v['run_baseline'])} tok/s, a baseline this run set "
+                                 f"(no known one when judging came back)"))
     t.add_row("uptime", duration(v["uptime_s"]))
     if v.get("waiting"):
         t.add_row("waits", styled((v["waiting"], "yellow"), ""))

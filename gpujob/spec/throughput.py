@@ -47,7 +47,7 @@ class Settle(Strict):
 
 class Throughput(Strict):
     source: Literal["stdout", "file"] = "stdout"  # the trainer's output lines, or a JSONL metrics file
-    format: Literal["ktok", "torchtitan", "tqdm", "hf", "regex"] | None = None  # for source stdout
+    format: Literal["ktok", "torchtitan", "tqdm", "tqdm_steps", "hf", "regex"] | None = None  # for source stdout
     path: PathText | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
     field: str | None = None  # source file: the tok/s field of each record ("a.b" reaches into objects)
     step_field: str | None = None  # source file: the step field, if the records carry one
@@ -58,7 +58,7 @@ class Throughput(Strict):
     initial_delay: Duration = 0.0  # counted from the run's first sample
     resume_initial_delay: Duration | None = None  # instead, for a known-good profile resumed
     initial_delay_samples: int = Field(0, ge=0, le=1_000_000)
-    window: CountOrDuration = 5  # samples (an int) or a duration ("30s": the last 30 s)
+    window: CountOrDuration = "10s"  # samples (an int) or a duration ("30s": the last 30 s); docs/rollback.md
     min_samples: int = Field(3, ge=1, le=10_000)  # a time window with fewer is inconclusive
     settle: Settle | None = Field(default_factory=lambda: Settle())  # null: judge right after the delays
     pause_pattern: str | None = None  # a line matching it (an eval, a data reload) pauses judging
@@ -67,7 +67,7 @@ class Throughput(Strict):
     min: Rate | None = None
     min_ratio: float | None = Field(None, gt=0, le=1)
     baseline: Rate | None = None  # tok/s given by the user: min_ratio's baseline instead of the ledger's
-    failure_limit: CountOrDuration = 3  # breaching windows in a row (an int) or how long ("2m")
+    failure_limit: CountOrDuration = "20s"  # breaching windows in a row (an int) or how long ("2m"), weighed
     no_data_timeout: Duration | None = 600.0  # null: no stall detection
     start_timeout: Duration | None = 900.0  # no sample this long after the start: start_hang (null: off)
     good_after: Duration = 600.0
@@ -88,10 +88,10 @@ class Throughput(Strict):
             for field in ("path", "field", "step_field"):
                 if getattr(self, field) is not None:
                     raise At((field,), "only for source file")
-        for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "regex"))):
+        for field, fmts in (("pattern", ("regex",)), ("tokens_per_step", ("tqdm", "tqdm_steps", "regex"))):
             given = getattr(self, field) is not None
-            if self.format == fmts[0] and not given:
-                raise At((field,), f"missing (required) for format {fmts[0]}")
+            if self.format in fmts[:len(fmts) - 1 or 1] and not given:
+                raise At((field,), f"missing (required) for format {self.format}")
             if self.format not in fmts and given:
                 raise At((field,), f"only for format {' or '.join(fmts)}")
         for field in ("no_data_timeout", "good_after", "start_timeout"):

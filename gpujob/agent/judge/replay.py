@@ -52,7 +52,7 @@ class Segment:
     def line(self, t: float, text: str) -> None:
         if self.rx is not None and self.rx.search(text):
             self.pauses.mark(t, "pause_pattern")
-        got = self.source.from_line(text) if self.source else None
+        got = self.source.from_line(text, t) if self.source else None
         if got is not None:
             self.sample(t, got[0], got[1])
 

@@ -18,7 +18,7 @@ def derive(data: dict) -> dict:
     """The spec's data -> the recipe's fragment (RecipeError for a spec it cannot complete)."""
     command = (data.get("train") or {}).get("command")
     argv = argv_of(command)
-    rate = not own_rate(data, "tqdm")
+    rate = not own_rate(data, "tqdm_steps")
     if rate and "tokens_per_step" not in (data.get("throughput") or {}):
         raise RecipeError("throughput.tokens_per_step", "missing (required) for recipe lightning: its "
                           "progress bar counts steps (it/s), and a LightningModule's batch is not read from "
@@ -40,14 +40,16 @@ def derive(data: dict) -> dict:
     warm = append(train.get("command", command), ["--trainer.max_steps", "3", "--trainer.default_root_dir",
                                                   "{workdir}/gpujob-warmup"])
     frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
-    return dict(frag, throughput={"format": "tqdm"}) if rate else frag
+    # the bar's step counter over time, each step once, restored steps not counted
+    # (Lightning's it/s is the run's average: smoothing=0; agent/judge/steprate.StepRate)
+    return dict(frag, throughput={"format": "tqdm_steps"}) if rate else frag
 
 
-RECIPE = Recipe(name="lightning", trainer="lightning", revision=3,
+RECIPE = Recipe(name="lightning", trainer="lightning", revision=4,
                 read_from="lightning 2.5 and 2.6.6 (LightningCLI)",
                 proven_on="lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 "
                           "(torch 2.11.0+cu130; BENCHMARKS.md)",
-                summary="LightningCLI scripts: the TQDM progress bar's it/s x tokens_per_step (the bar "
+                summary="LightningCLI scripts: the TQDM progress bar's step counter over time x tokens_per_step (its it/s is the run's average; the bar "
                         "added: Lightning's rich bar prints nothing into a pipe), "
                         "version_N/checkpoints/*.ckpt (settled 5 s), --ckpt_path {resume_from}",
                 derive=derive, versions=("2.5", "2.6"),
