@@ -23,7 +23,7 @@ from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
 from gpujob.agent.base.protocol import OffsetSplitter
-from gpujob import secrets_env
+from gpujob import cmdfiles, secrets_env
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
 from gpujob.spec import JobSpec, remote_dest, spec_hash
 from gpujob.speclayers import layer_steps
@@ -92,6 +92,8 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
         dest = entry.dest
         if dest is None:  # Sync's validator sets it at load; only a Sync built around it has none
             raise TypeError(f"sync[{i}].dest: not set")
+        if src.is_file() and dest == ".":  # a file missing at load, there now: into the workdir
+            dest = src.name
         if src.is_file():  # a single file lands at dest: its directory, and its name there
             out.append(Source(src, os.path.dirname(dest) or ".", list(entry.exclude), os.path.basename(dest)))
         else:
@@ -188,6 +190,11 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           + (f"/{s.name}" if s.name else "")
                           + ("" if s.src.exists() else " [MISSING: submit will refuse]")
                           for s in sources) or "no code to ship"
+    commands = [spec.train.command] + ([spec.warmup.command] if spec.warmup else [])
+    for f in cmdfiles.unshipped(commands, spec.spec_dir, [(s.dest, s.src, s.name) for s in sources]):
+        steps.insert(0, Step("warning", "laptop", f"the command names {f}, which no sync entry ships: the job "
+                             "runs in the container's workdir, which holds only what sync ships (add "
+                             f"`- {{src: {f}, dest: {f}}}` under sync:)"))
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
                       f"supervisor detached", (_agent(target, "submit"))))

@@ -28,9 +28,10 @@ def job_name(command: list) -> str:
     return name or "job"
 
 
-def spec_text(recipe: str, command: list, *, name: str, target: str) -> str:
+def spec_text(recipe: str, command: list, *, name: str, target: str, sync: tuple = ()) -> str:
     """The YAML of a spec that uses ``recipe`` for ``command``; it passes `submit --plan`
-    as written (the base interpreter's packages, tokens_per_step where the recipe needs it)."""
+    as written (the base interpreter's packages, tokens_per_step where the recipe needs it).
+    ``sync``: (laptop path relative to the spec, dest in the workdir) of each file to ship."""
     r = RECIPES[recipe]
     cmd = shlex.join(command)
     data = {"recipe": recipe, "train": {"command": cmd}}
@@ -51,6 +52,7 @@ def spec_text(recipe: str, command: list, *, name: str, target: str) -> str:
         f"name: {name}",
         f"target: {json.dumps(target)}            # CHANGE ME: your container (hosts.yaml)",
         "",
+        *_sync_lines(sync),
         "# Wheel profiles: the first is where a submit starts; a rollback goes to a known-good one.",
         "profiles:",
         "  - name: base                # the container's own interpreter and packages",
@@ -72,3 +74,16 @@ def spec_text(recipe: str, command: list, *, name: str, target: str) -> str:
     for key, value in came.items():
         lines.append(f"#   {key}: {json.dumps(value)}")
     return "\n".join(lines) + "\n"
+
+
+def _sync_lines(sync) -> list:
+    """The spec's ``sync:``: the files the command names and what its script needs beside it."""
+    if not sync:
+        return ["# sync:                      # CHANGE ME: the code the command needs (none of its words",
+                "#   - {src: ., dest: .}      # is a file here); the workdir holds only what sync ships", ""]
+    lines = ["# The files the command names and what its script imports or opens beside it (the",
+             "# container's workdir holds only what is shipped; add what else it reads):",
+             "sync:"]
+    for src, dest in sync:
+        lines.append(f"  - {{src: {json.dumps(src)}, dest: {json.dumps(dest)}}}")
+    return lines + [""]

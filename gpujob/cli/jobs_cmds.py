@@ -10,7 +10,8 @@ import typer
 
 from gpujob.agent.base.protocol import JobState
 from gpujob.cli import bodies, plainjson, render
-from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
+from gpujob.errors import (ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError,
+                           RemoteError, SpecError)
 if TYPE_CHECKING:
     from gpujob.target import Target
     from gpujob.spec import JobSpec
@@ -170,6 +171,9 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         raise
     except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
         state.unreserve(job_id)
+        raise
+    except RemoteError as e:  # the agent said why it failed: no supervisor started, no job row
+        state.unreserve(job_id) if e.answered else state.seen(job_id, JobState.UNKNOWN)
         raise
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)

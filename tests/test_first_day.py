@@ -1,0 +1,117 @@
+"""Issue 34, a user's first day: the path between the features (init -> plan -> submit ->
+the jobs index), through the installed entry point on the local kind."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from gpujob.spec import load_spec
+from helpers import cli, local_env
+
+NANO = '''import os, time
+from model import GPT
+exec(open('configurator.py').read())
+print("iter 0: loss 1.0, time 10.00ms")
+'''
+
+
+def nanogpt_repo(where: Path) -> Path:
+    """A nanoGPT-shaped checkout: train.py importing model.py and exec'ing configurator.py,
+    a config file given as an argument, and a data folder the command does not name."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "train.py").write_text(NANO)
+    (where / "model.py").write_text("class GPT: pass\n")
+    (where / "configurator.py").write_text("pass\n")
+    (where / "config").mkdir()
+    (where / "config" / "train_tiny.py").write_text("max_iters = 5\n")
+    (where / "data").mkdir()
+    (where / "data" / "big.bin").write_bytes(b"x" * 10)
+    return where
+
+
+def run_in(cwd: Path, args: list, env: dict):
+    return cli(args, dict(env, GPUJOB_TEST_CWD=str(cwd)))
+
+
+def test_init_ships_the_script_its_config_and_what_it_imports_then_plan_and_submit_run_it(tmp_path):
+    """Row 1: the spec init writes ships train.py, the config named as an argument, model.py
+    and configurator.py (imported / opened beside it), not the data folder; the job runs."""
+    repo = nanogpt_repo(tmp_path / "nanoGPT")
+    env = local_env(tmp_path)
+    p = run_in(repo, ["init", "--recipe", "nanogpt", "-t", "lab/box", "--", "python", "train.py",
+                      "config/train_tiny.py", "--max_iters=5"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    spec = load_spec(repo / "train.yaml")
+    assert [(s.src, s.dest) for s in spec.sync] == [("train.py", "train.py"), ("config/train_tiny.py",
+                                                    "config/train_tiny.py"), ("model.py", "model.py"),
+                                                   ("configurator.py", "configurator.py")]
+    plan = run_in(repo, ["submit", "train.yaml", "--plan"], env)
+    assert plan.returncode == 0, plan.stderr.decode()
+    assert "no code to ship" not in plan.stdout.decode() and "which no sync entry ships" not in plan.stdout.decode()
+
+
+def test_init_in_another_folder_writes_src_relative_to_the_spec(tmp_path):
+    repo = nanogpt_repo(tmp_path / "nanoGPT")
+    (tmp_path / "specs").mkdir()
+    env = local_env(tmp_path)
+    p = run_in(repo, ["init", "--recipe", "nanogpt", "-o", "../specs/t.yaml", "--", "python", "train.py"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    spec = load_spec(tmp_path / "specs" / "t.yaml")
+    assert ("../nanoGPT/train.py", "train.py") in [(s.src, s.dest) for s in spec.sync]
+
+
+def test_plan_warns_when_the_command_names_a_file_that_is_not_shipped(tmp_path):
+    """Row 1: the issue's spec (no sync:) says so in the plan instead of failing in the container."""
+    repo = nanogpt_repo(tmp_path / "nanoGPT")
+    (repo / "train.yaml").write_text(yaml.safe_dump({
+        "name": "train", "target": "lab/box", "profiles": [{"name": "base", "system_site_packages": True}],
+        "train": {"command": "python train.py config/train_tiny.py --out_dir=out"}}))
+    plan = run_in(repo, ["submit", "train.yaml", "--plan"], local_env(tmp_path))
+    assert plan.returncode == 0, plan.stderr.decode()
+    text = plan.stdout.decode()
+    assert "names train.py, which no sync entry ships" in text
+    assert "names config/train_tiny.py, which no sync entry ships" in text
+    assert "out" not in [w.split(",")[0] for w in text.split() if "which no sync" in w]
+
+
+def test_dest_dot_and_dest_slash_mean_into_that_directory(tmp_path):
+    """Row 2: `dest: .` and `dest: code/` for a file, as cp and rsync read them."""
+    repo = nanogpt_repo(tmp_path / "r")
+    (repo / "j.yaml").write_text(yaml.safe_dump({
+        "name": "j", "target": "lab/box", "profiles": [{"name": "base", "system_site_packages": True}],
+        "sync": [{"src": "train.py", "dest": "."}, {"src": "model.py", "dest": "code/"},
+                 {"src": "config", "dest": "."}],
+        "train": {"command": "python train.py"}}))
+    spec = load_spec(repo / "j.yaml")
+    assert [s.dest for s in spec.sync] == ["train.py", "code/model.py", "."]
+    env = local_env(tmp_path)
+    p = run_in(repo, ["submit", "j.yaml"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    run_in(repo, ["logs", "-f"], env)  # the job ends (train.py fails on its own import): nothing left running
+    work = tmp_path / "root" / "work" / "j"
+    found = sorted(str(f.relative_to(work)) for f in work.rglob("*") if f.is_file())
+    assert {"train.py", "code/model.py", "train_tiny.py"} <= set(found), found
+
+
+def test_a_failed_submit_leaves_no_job_row_in_ps_nor_in_the_container(tmp_path):
+    """Row 2: the agent's submit fails (a file shipped onto a folder that is there): exit 4 with
+    its reason, and no phantom `not_found` job in ps, in the index Tab completes from, or remotely."""
+    repo = nanogpt_repo(tmp_path / "r")
+    (repo / "j.yaml").write_text(yaml.safe_dump({
+        "name": "j", "target": "lab/box", "profiles": [{"name": "base", "system_site_packages": True}],
+        "sync": [{"src": "train.py", "dest": "code"}], "train": {"command": "python code"}}))
+    (tmp_path / "root" / "work" / "j" / "code").mkdir(parents=True)
+    env = local_env(tmp_path)
+    for _ in range(2):
+        p = run_in(repo, ["submit", "j.yaml"], env)
+        assert p.returncode == 4 and "IsADirectoryError" in p.stderr.decode(), p.stderr.decode()
+    ps = run_in(repo, ["ps", "--json"], env)
+    assert ps.returncode == 0 and json.loads(ps.stdout) == [], ps.stdout.decode()
+    assert not [d for d in os.listdir(tmp_path / "root" / "jobs")], "a job folder stayed in the container"
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "state" / "gpujob" / "state.db")
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
