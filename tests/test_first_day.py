@@ -115,3 +115,36 @@ def test_a_failed_submit_leaves_no_job_row_in_ps_nor_in_the_container(tmp_path):
     import sqlite3
     db = sqlite3.connect(tmp_path / "state" / "gpujob" / "state.db")
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
+
+
+def test_the_daemons_console_on_a_closed_pipe_is_a_quiet_end_not_rich_exiting_the_daemon(monkeypatch, tmp_path):
+    """Row 9 (`gpujob status | head -2` through the kept connection): rich's own answer to a
+    broken pipe dup2'd devnull over the daemon's stdout and raised SystemExit in its worker,
+    so the client said `the connection daemon ended while the command ran` (exit 3)."""
+    from gpujob.daemon.console import ReaderGone, client_console
+    spare = open(tmp_path / "stdout", "w")  # what rich would dup2 over: never the suite's own fd 1
+    monkeypatch.setattr("sys.stdout", spare)
+    r, w = os.pipe()
+    os.close(r)
+    c = client_console(w, "utf-8", {}, [0, w, 2])
+    try:
+        c.print("x" * 70000)
+        raise AssertionError("a print to a closed pipe went through")
+    except ReaderGone:
+        pass
+    finally:
+        os.close(w)
+        spare.close()
+
+
+def test_exec_to_a_closed_pipe_without_the_daemon_is_exit_0_and_ends_the_command(tmp_path):
+    """Row 9: `gpujob exec T -- seq 1 100000 | head -1` (the full CLI; the local kind)."""
+    import subprocess
+    from helpers import gpujob_argv, user_env
+    env = user_env(local_env(tmp_path), daemon=False)
+    p = subprocess.Popen([*gpujob_argv(), "exec", "lab/box", "--", "sh", "-c", "seq 1 100000; sleep 60"],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert p.stdout.readline() == b"1\n"
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 0 and err == "", err
