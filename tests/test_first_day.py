@@ -148,3 +148,46 @@ def test_exec_to_a_closed_pipe_without_the_daemon_is_exit_0_and_ends_the_command
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 0 and err == "", err
+
+
+README_HOSTS = "hosts:\n  pve1:\n    address: 10.1.2.6\n    user: root\n    containers:\n      ct200: {vmid: 200, gpus: 8}\n"
+
+
+def fresh_home(tmp_path: Path) -> dict:
+    """An empty HOME as a new user has it: no GPUJOB_HOSTS, no XDG dirs of the suite's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUJOB_", "XDG_"))}
+    home = tmp_path / "home"
+    home.mkdir()
+    env.update(HOME=str(home), COLUMNS="200")
+    for k in ("XDG_RUNTIME_DIR", "GPUJOB_CONN_IDLE"):  # the suite's own daemons' place (tests/conftest.py)
+        if k in os.environ:
+            env[k] = os.environ[k]
+    return env
+
+
+def test_the_demo_host_lives_beside_the_users_hosts_yaml_and_a_clones_never_shadows_it(tmp_path):
+    """Rows 3 and 4: after README step 2 (~/.config/gpujob/hosts.yaml), `demo` still reaches
+    the built-in local/demo (a job there, and `status JOB` of it, work); a folder's example
+    ./hosts.yaml is not read in place of the user's, and the plan says which file was."""
+    env = fresh_home(tmp_path)
+    config = Path(env["HOME"]) / ".config" / "gpujob" / "hosts.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(README_HOSTS)
+    clone = tmp_path / "clone"
+    repo = nanogpt_repo(clone)
+    (clone / "hosts.yaml").write_text(README_HOSTS.replace("10.1.2.6", "10.9.9.9"))
+    (repo / "j.yaml").write_text(yaml.safe_dump({
+        "name": "j", "target": "ct200", "profiles": [{"name": "base", "system_site_packages": True}],
+        "sync": [{"src": "model.py"}], "train": {"command": "python model.py"}}))
+    plan = run_in(clone, ["submit", "j.yaml", "--plan"], env)
+    text = plan.stdout.decode()
+    assert plan.returncode == 0, plan.stderr.decode()
+    assert f"pve1/ct200: from {config}" in text and "hosts.yaml is not read (your" in text, text
+    assert "10.1.2.6" in text and "10.9.9.9" not in text
+    sub = run_in(clone, ["submit", "j.yaml", "-t", "demo"], env)
+    assert sub.returncode == 0, sub.stderr.decode()
+    job = [w for w in sub.stdout.decode().split() if w.startswith("j-")][0]
+    assert run_in(clone, ["logs", "-f", job], env).returncode == 0
+    st = run_in(clone, ["status", job], env)
+    assert st.returncode == 0 and "succeeded" in st.stdout.decode(), (st.stdout + st.stderr).decode()
+    assert run_in(clone, ["exec", "local/demo", "--", "true"], env).returncode == 0

@@ -78,6 +78,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if resume_from is not None and spec.train.checkpoint is None:
             raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         steps = jobs.build_plan(spec, t, job_id, profile, resume_from=resume_from)
+        steps.insert(0, _inventory_note(t))
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -110,6 +111,22 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         _follow(job_id, t, "job.log", None)
         raise typer.Exit(0 if _print_final(job_id, t).get("state") == JobState.SUCCEEDED else 1)
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
+
+
+def _inventory_note(t: Target):
+    """The plan says which hosts file named the target, and that a folder's ./hosts.yaml
+    (a clone's example) was not read when the user's own came first (issue 34 row 4)."""
+    from gpujob.inventory import BUILTIN_NAMES, search_paths
+    from gpujob.steps import Step
+    inv = ctx.targets().inventory
+    builtin = inv.source == "embedded default" or (t.label in BUILTIN_NAMES and "local" not in inv.hosts)
+    text = f"{t.label}: " + ("gpujob's built-in local/demo (this machine)" if builtin else f"from {inv.source}")
+    here = search_paths()[-1]
+    if inv.source not in ("embedded default", "recorded with the job") and here.is_file() \
+            and here.resolve() != Path(inv.source).resolve():
+        text += (f"; {here.absolute()} is not read (your {inv.source} comes first; "
+                 "--hosts hosts.yaml reads it)")
+    return Step("note", "laptop", text)
 
 
 def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
