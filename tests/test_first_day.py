@@ -191,3 +191,39 @@ def test_the_demo_host_lives_beside_the_users_hosts_yaml_and_a_clones_never_shad
     st = run_in(clone, ["status", job], env)
     assert st.returncode == 0 and "succeeded" in st.stdout.decode(), (st.stdout + st.stderr).decode()
     assert run_in(clone, ["exec", "local/demo", "--", "true"], env).returncode == 0
+
+
+def slow_trace(tmp_path: Path, baseline) -> Path:
+    """A job's trace as the supervisor writes it: its throughput section on the first line,
+    one run of a slow profile from its start, judged against the known-good's baseline."""
+    from gpujob.agent.base import trace
+    tp = {"format": "ktok", "min_ratio": 0.8, "window": "10s", "failure_limit": "30s", "good_after": 20}
+    w = trace.TraceWriter(str(tmp_path), {"name": "t", "job": "t-0000", "recorded_by": "test",
+                                          "meta": {"throughput": tp}})
+    run = {"profile": "slow", "phase": "train", "resume": True}
+    if baseline is not None:
+        run["baseline"] = baseline
+    w.write({"t": 1000.0, "run": run})
+    for i in range(900):
+        w.write({"t": round(1005 + i / 10, 3), "out": f"step {i} 300K tok/s"})
+    w.close()
+    return tmp_path / trace.NAME
+
+
+def test_replay_judges_against_the_recorded_baseline_and_reads_the_traces_own_throughput(tmp_path):
+    """Row 10: a min_ratio job that rolled back replays as a rollback (not `would not have
+    rolled back`), from the trace file alone (no --spec), and --baseline takes 811K."""
+    env = local_env(tmp_path)
+    recorded = slow_trace(tmp_path / "a", 811000.0) if (tmp_path / "a").mkdir() is None else None
+    p = cli(["replay", str(recorded), "--json"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    assert json.loads(p.stdout.splitlines()[-1])["summary"]["rollbacks"] == 1
+    (tmp_path / "b").mkdir()
+    bare = slow_trace(tmp_path / "b", None)  # a trace from before runs recorded their baseline
+    p = cli(["replay", str(bare), "--json"], env)
+    assert p.returncode == 0 and json.loads(p.stdout.splitlines()[-1])["summary"]["rollbacks"] == 0
+    p = cli(["replay", str(bare), "--baseline", "811K", "--json"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    assert json.loads(p.stdout.splitlines()[-1])["summary"]["rollbacks"] == 1
+    bad = cli(["replay", str(bare), "--baseline", "fast"], env)
+    assert bad.returncode == 2 and bad.stderr.decode().startswith("gpujob: --baseline: expected a number")
