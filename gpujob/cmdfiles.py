@@ -123,3 +123,12 @@ def unshipped(commands: list, base: Path, shipped: list) -> list[str]:
             if not covered(w, shipped) and w not in out:
                 out.append(w)
     return out
+
+
+def plan_warnings(spec, sources) -> list[str]:
+    """``submit --plan``'s warnings: each file the train or warmup command names, there on
+    the laptop beside the spec, that no sync entry (``sources``: jobs.Source) ships."""
+    commands = [spec.train.command] + ([spec.warmup.command] if spec.warmup else [])
+    return [f"the command names {f}, which no sync entry ships: the job runs in the container's workdir, "
+            f"which holds only what sync ships (add `- {{src: {f}, dest: {f}}}` under sync:)"
+            for f in unshipped(commands, spec.spec_dir, [(s.dest, s.src, s.name) for s in sources])]

@@ -190,11 +190,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           + (f"/{s.name}" if s.name else "")
                           + ("" if s.src.exists() else " [MISSING: submit will refuse]")
                           for s in sources) or "no code to ship"
-    commands = [spec.train.command] + ([spec.warmup.command] if spec.warmup else [])
-    for f in cmdfiles.unshipped(commands, spec.spec_dir, [(s.dest, s.src, s.name) for s in sources]):
-        steps.insert(0, Step("warning", "laptop", f"the command names {f}, which no sync entry ships: the job "
-                             "runs in the container's workdir, which holds only what sync ships (add "
-                             f"`- {{src: {f}, dest: {f}}}` under sync:)"))
+    steps[:0] = [Step("warning", "laptop", w) for w in cmdfiles.plan_warnings(spec, sources)]
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
                       f"supervisor detached", (_agent(target, "submit"))))

@@ -182,7 +182,7 @@ def test_the_demo_host_lives_beside_the_users_hosts_yaml_and_a_clones_never_shad
     plan = run_in(clone, ["submit", "j.yaml", "--plan"], env)
     text = plan.stdout.decode()
     assert plan.returncode == 0, plan.stderr.decode()
-    assert f"pve1/ct200: from {config}" in text and "hosts.yaml is not read (your" in text, text
+    assert f"pve1/ct200: from {config}" in text and f"hosts.yaml is not read ({config} comes first" in text, text
     assert "10.1.2.6" in text and "10.9.9.9" not in text
     sub = run_in(clone, ["submit", "j.yaml", "-t", "demo"], env)
     assert sub.returncode == 0, sub.stderr.decode()
@@ -227,3 +227,68 @@ def test_replay_judges_against_the_recorded_baseline_and_reads_the_traces_own_th
     assert json.loads(p.stdout.splitlines()[-1])["summary"]["rollbacks"] == 1
     bad = cli(["replay", str(bare), "--baseline", "fast"], env)
     assert bad.returncode == 2 and bad.stderr.decode().startswith("gpujob: --baseline: expected a number")
+
+
+def test_cancel_is_answered_with_stop_not_the_nearest_spelling(tmp_path):
+    """Row 12: `gpujob cancel` (SkyPilot's and Slurm's word) said `did you mean cache`."""
+    p = cli(["cancel", "j-0000"], local_env(tmp_path))
+    assert p.returncode == 2 and p.stderr.decode() == \
+        "gpujob: no command 'cancel'; gpujob's word for it is 'stop' (try 'gpujob stop --help')\n"
+    assert "Did you mean 'cache'" in cli(["cach"], local_env(tmp_path)).stderr.decode()
+
+
+def two_profile_spec(repo: Path, command: str) -> str:
+    (repo / "j.yaml").write_text(yaml.safe_dump({
+        "name": "j", "target": "lab/box", "profiles": [{"name": "base", "system_site_packages": True},
+                                                      {"name": "other", "system_site_packages": True}],
+        "train": {"command": command}}))
+    return "j.yaml"
+
+
+def test_logs_follow_exits_with_the_jobs_outcome_and_a_busy_container_names_stop(tmp_path):
+    """Row 12: `logs -f` of a failed job exited 0; the busy refusal did not name `gpujob stop JOB`;
+    `rollback --to` on a finished job restarted it without saying it had ended."""
+    repo = tmp_path / "r"
+    repo.mkdir()
+    env = local_env(tmp_path)
+    spec = two_profile_spec(repo, "python3 -c 'raise SystemExit(3)'")
+    job = run_in(repo, ["submit", spec], env).stdout.decode().split()[1]
+    f = run_in(repo, ["logs", "-f", job], env)
+    assert f.returncode == 1 and f.stderr.decode().startswith(f"gpujob: job {job} failed"), f.stderr.decode()
+    spec = two_profile_spec(repo, "python3 -c 'import time; time.sleep(120)'")
+    long = run_in(repo, ["submit", spec], env).stdout.decode().split()[1]
+    try:
+        busy = run_in(repo, ["submit", spec], env)
+        assert busy.returncode == 5 and f"`gpujob stop {long}` ends it" in busy.stderr.decode(), busy.stderr.decode()
+    finally:
+        assert run_in(repo, ["stop", long], env).returncode == 0
+    spec = two_profile_spec(repo, "true")
+    done = run_in(repo, ["submit", spec, "-f"], env)
+    assert done.returncode == 0, done.stderr.decode()
+    ok = done.stdout.decode().split()[1]
+    rb = run_in(repo, ["rollback", ok, "--to", "other"], env)
+    assert rb.returncode == 0 and f"{ok}: had ended (succeeded): it runs again, restarted on other" in \
+        rb.stdout.decode(), (rb.stdout + rb.stderr).decode()
+    assert run_in(repo, ["logs", "-f", ok], env).returncode == 0
+
+
+def test_status_says_a_rate_is_not_current_a_suspect_and_judging_that_waits_for_a_baseline():
+    """Rows 8 and 12: during warmup the last run's tok/s is labelled as such; an unconfirmed
+    suspect is shown; with min_ratio and no baseline yet, status says there is no judging."""
+    from rich.console import Console
+    from gpujob.cli import render
+
+    def shown(st: dict) -> str:
+        c = Console(record=True, width=200)
+        render.print_status(c, render.status_view(dict({"job_id": "j-1", "profile": "slow", "tps": 4300.0,
+                                                        "tps_recent": [4300.0]}, **st), "lab/box"))
+        return c.export_text()
+    warm = shown({"state": "warmup", "phase": "warmup"})
+    assert "last tok/s  4.3K tok/s   (the last train run's; now warmup" in warm
+    suspect = {"profile": "slow", "target": "fast", "signal": "throughput", "status_before": "untried"}
+    text = shown({"state": "training", "phase": "train", "suspect": suspect, "baseline": 12800.0,
+                  "window": {"threshold": 10240.0, "median": 12000.0, "threshold_source": "min_ratio"}})
+    assert "suspect  slow (was untried) left on throughput: not marked bad until fast holds" in text
+    assert "last tok/s" not in text
+    text = shown({"state": "training", "phase": "train"})
+    assert "judging  none yet: min_ratio needs a baseline" in text

@@ -124,7 +124,7 @@ def _inventory_note(t: Target):
     here = search_paths()[-1]
     if inv.source not in ("embedded default", "recorded with the job") and here.is_file() \
             and here.resolve() != Path(inv.source).resolve():
-        text += (f"; {here.absolute()} is not read (your {inv.source} comes first; "
+        text += (f"; {here.absolute()} is not read ({inv.source} comes first; "
                  "--hosts hosts.yaml reads it)")
     return Step("note", "laptop", text)
 
@@ -256,6 +256,10 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
         return
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
+    if follow:  # the job ended: its outcome is the exit code (0 only for succeeded), as `submit -f`'s
+        st = _status(job_id, t)
+        if st.get("state") != JobState.SUCCEEDED:  # one line (a JSON object under --json), exit 1
+            raise GpujobError(f"job {job_id} {st.get('state')}" + (f": {st['reason']}" if st.get("reason") else ""))
 
 
 def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
