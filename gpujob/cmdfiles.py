@@ -132,3 +132,49 @@ def plan_warnings(spec, sources) -> list[str]:
     return [f"the command names {f}, which no sync entry ships: the job runs in the container's workdir, "
             f"which holds only what sync ships (add `- {{src: {f}, dest: {f}}}` under sync:)"
             for f in unshipped(commands, spec.spec_dir, [(s.dest, s.src, s.name) for s in sources])]
+
+
+#: names whose presence means the script's flags come from a framework's parser, not its own list
+_FRAMEWORK_PARSERS = ("HfArgumentParser", "LightningCLI", "ArgumentParser(" + "parser_mode", "jsonargparse",
+                      "configurator", "hydra", "tyro", "fire", "JobConfig", "ConfigManager", "OmegaConf")
+
+
+def script_flags(script: Path) -> frozenset | None:
+    """The ``--flags`` a script defines with its own argparse (``add_argument('--lr', ...)``);
+    None when it has none of its own or parses through a framework (HfArgumentParser,
+    LightningCLI, nanoGPT's configurator, ...), whose flags cannot be listed here."""
+    try:
+        source = script.read_bytes()[:_MAX_SCRIPT]
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    text = source.decode("utf-8", "replace")
+    if any(name in text for name in _FRAMEWORK_PARSERS):
+        return None
+    flags = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+            for a in node.args:
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"):
+                    flags.add(a.value)
+                    flags.add(a.value.replace("_", "-"))
+                    flags.add(a.value.replace("-", "_").replace("__", "--", 1))
+    return frozenset(flags) or None
+
+
+def flags_of(command) -> list[str]:
+    """The ``--flag`` names of a command (``--k=v`` gives ``--k``), in order."""
+    out = []
+    for w in words(command) if isinstance(command, (str, list)) else []:
+        if w.startswith("--") and len(w) > 2:
+            name = w.split("=", 1)[0]
+            if name not in out:
+                out.append(name)
+    return out
+
+
+def invented(added, given, own: frozenset) -> list[str]:
+    """The flags ``added`` (a recipe's command or args) has beyond ``given`` (the user's command)
+    that the script's own parser (``own``) does not define."""
+    before = set(flags_of(given))
+    return [f for f in flags_of(added) if f not in before and f not in own]

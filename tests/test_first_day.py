@@ -292,3 +292,55 @@ def test_status_says_a_rate_is_not_current_a_suspect_and_judging_that_waits_for_
     assert "last tok/s" not in text
     text = shown({"state": "training", "phase": "train"})
     assert "judging  none yet: min_ratio needs a baseline" in text
+
+
+HF_OWN_FLAGS = '''import argparse
+from transformers import Trainer, TrainingArguments
+p = argparse.ArgumentParser()
+p.add_argument("--model", default="gpt2")
+p.add_argument("--per_device_train_batch_size", type=int)
+p.add_argument("--max_seq_length", type=int)
+a = p.parse_args()
+'''
+
+
+def test_init_plans_open_without_a_warning_and_hf_trainer_invents_no_flags_the_script_lacks(tmp_path):
+    """Rows 7, 8: every spec init writes passes --plan with no warning (it opened with one about
+    initial_delay vs checkpoint.every); on a script with its own argparse, the hf_trainer recipe's
+    warmup (--max_steps ...) and resume (--resume_from_checkpoint) flags are turned off with a
+    CHANGE ME instead of being added to a command that would refuse them."""
+    env = local_env(tmp_path)
+    (tmp_path / "train_hf.py").write_text(HF_OWN_FLAGS)
+    args = ["python", "train_hf.py", "--per_device_train_batch_size", "2", "--max_seq_length", "64"]
+    for recipe in ("nanogpt", "hf_trainer", "specforge", "lightning", "torchtitan"):
+        p = run_in(tmp_path, ["init", "-r", recipe, "-t", "lab/box", "-o", f"{recipe}.yaml", "--", *args], env)
+        assert p.returncode == 0, p.stderr.decode()
+        plan = run_in(tmp_path, ["submit", f"{recipe}.yaml", "--plan", "--json"], env)
+        assert plan.returncode == 0, plan.stderr.decode()
+        steps = json.loads(plan.stdout)["steps"]
+        assert [s["what"] for s in steps if s["kind"] == "warning"] == [], recipe
+    hf = load_spec(tmp_path / "hf_trainer.yaml")
+    assert hf.warmup is None and hf.train.checkpoint is None and not hf.train.resume_args
+    assert "--max_steps" not in (tmp_path / "hf_trainer.yaml").read_text().split("# What the recipe")[1]
+    assert load_spec(tmp_path / "nanogpt.yaml").train.checkpoint is None  # --init_from=resume: not its flag
+    repo = nanogpt_repo(tmp_path / "nanoGPT")  # nanoGPT's configurator takes any --key=value of its globals
+    p = run_in(repo, ["init", "-r", "nanogpt", "-t", "lab/box", "--", "python", "train.py"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    nano = load_spec(repo / "train.yaml")
+    assert nano.rollback.wait_for_checkpoint and nano.train.checkpoint is not None and nano.warmup is not None
+    plan = run_in(repo, ["submit", "train.yaml", "--plan", "--json"], env)
+    assert [s for s in json.loads(plan.stdout)["steps"] if s["kind"] == "warning"] == []
+
+
+def test_doctor_spec_takes_set_and_nanogpt_is_a_repository_not_a_package(tmp_path):
+    """Row 7: `doctor --spec` took no --set, and warned `nanoGPT is not installed in the venv`."""
+    repo = nanogpt_repo(tmp_path / "nanoGPT")
+    env = local_env(tmp_path)
+    assert run_in(repo, ["init", "-r", "nanogpt", "-t", "lab/nowhere", "--", "python", "train.py"], env).returncode == 0
+    p = run_in(repo, ["doctor", "--spec", "train.yaml", "--set", "target=lab/box", "--json"], env)
+    report = json.loads(p.stdout)
+    assert list(report) == ["lab/box"], (p.stdout + p.stderr).decode()
+    recipe = [c for c in report["lab/box"] if c["name"].startswith("recipe")]
+    assert [c["status"] for c in recipe] == ["ok"] and "not a package" in recipe[0]["detail"], recipe
+    bad = run_in(repo, ["doctor", "lab/box", "--set", "name=x"], env)
+    assert bad.returncode == 2 and "--set: only with --spec" in bad.stderr.decode()

@@ -57,7 +57,10 @@ def init_cmd(command: list[str] = typer.Argument(..., metavar="-- COMMAND ..."),
     here = Path.cwd()
     folder = (here / path).parent.resolve()
     ship = tuple((os.path.relpath(here / f, folder), f) for f in init_sync(list(command), here))
-    text = spec_text(recipe, list(command), name=name, target=target, sync=ship)
+    from gpujob.cmdfiles import script_flags
+    scripts = [f for f in init_sync(list(command), here) if f.endswith(".py") and f in command]
+    own = script_flags(here / scripts[0]) if scripts else None
+    text = spec_text(recipe, list(command), name=name, target=target, sync=ship, own_flags=own)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:
