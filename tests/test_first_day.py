@@ -344,3 +344,33 @@ def test_doctor_spec_takes_set_and_nanogpt_is_a_repository_not_a_package(tmp_pat
     assert [c["status"] for c in recipe] == ["ok"] and "not a package" in recipe[0]["detail"], recipe
     bad = run_in(repo, ["doctor", "lab/box", "--set", "name=x"], env)
     assert bad.returncode == 2 and "--set: only with --spec" in bad.stderr.decode()
+
+
+def test_a_wait_over_2s_says_what_it_waits_for_with_bytes_and_rate_in_a_pipe(monkeypatch):
+    """Item 2 / row 11: a 300 MB sync said one line, then 8 s of nothing. In a pipe: a plain line
+    with the bytes shipped, of how many, and the rate; then what comes next (the supervisor)."""
+    import io
+    from rich.console import Console
+    from gpujob.cli import waits
+    monkeypatch.setattr(waits, "AFTER", 0.0)
+    monkeypatch.setattr(waits, "EVERY", 0.05)
+    now = [100.0]
+    buf = io.StringIO()
+    w = waits.Wait(Console(file=buf, force_terminal=False, width=200), "probing lab/box", clock=lambda: now[0])
+    w.bytes(120_000_000, 300_000_000)
+    now[0] += 3.0
+    assert w.text() == "probing lab/box: 120.0 MB of 300.0 MB, 40.0 MB/s"
+    w.say("waiting for the supervisor to start (300.0 MB shipped)")
+    now[0] += 4.0
+    assert w.text() == "waiting for the supervisor to start (300.0 MB shipped) (4s)"
+    with w:
+        import time
+        deadline = time.monotonic() + 30
+        while not w.lines and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert "· waiting for the supervisor to start (300.0 MB shipped) (4s)" in buf.getvalue()
+    quiet = io.StringIO()
+    monkeypatch.setattr(waits, "AFTER", 30.0)
+    with waits.Wait(Console(file=quiet, force_terminal=False), "quick"):
+        pass
+    assert quiet.getvalue() == ""  # a wait that ends before 2 s says nothing

@@ -173,12 +173,27 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
                              "dim"), soft_wrap=True)
 
+    from gpujob.cli.waits import Wait
+    wait = Wait(err, "probing the container")
+
     def progress(message: str) -> None:
         said.append(message)
         err.print(render.lit(f"· {message}", "dim"))
+        if message == "starting the supervisor":
+            wait.say("shipping the code and starting the supervisor")
+        elif message.startswith(("probing ", "sync ")):
+            wait.say(message if message.startswith("probing ") else "listing the files to ship")
+
+    def on_read(done: int, total: int) -> None:  # the sync's tar streams going out
+        if done < total:
+            wait.bytes(done, total)
+        else:
+            wait.say(f"waiting for the supervisor to start ({total / 1e6:.1f} MB shipped)")
+    progress.on_read = on_read  # type: ignore[attr-defined]  # jobs.submit counts stdin's bytes to it
     try:
-        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, resume_from=resume_from,
-                          accept_baseline=accept_baseline, progress=progress)
+        with wait:
+            res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                              resume_from=resume_from, accept_baseline=accept_baseline, progress=progress)
     except KeyboardInterrupt:
         started = "starting the supervisor" in said
         state.seen(job_id, JobState.UNKNOWN) if started else state.unreserve(job_id)
