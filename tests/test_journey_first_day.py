@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from helpers import gpujob_argv
 
