@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from typing import Any
 
 from gpujob.recipes import RECIPES, RecipeError, apply
 
@@ -37,7 +38,7 @@ def spec_text(recipe: str, command: list, *, name: str, target: str, sync: tuple
     recipe's warmup and resume flags the script lacks are turned off, not invented."""
     r = RECIPES[recipe]
     cmd = shlex.join(command)
-    data = {"recipe": recipe, "train": {"command": cmd}}
+    data: dict[str, Any] = {"recipe": recipe, "train": {"command": cmd}}
     need_tokens = False
     try:
         _, came = apply(data)

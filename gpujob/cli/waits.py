@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 AFTER = 2.0  # a wait shorter than this says nothing
 EVERY = 10.0  # a pipe's line again after this many seconds
@@ -28,7 +28,7 @@ class Wait:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
-        self._progress = None
+        self._progress: Any = None  # rich.progress.Progress once shown on a terminal
         self.lines: list[str] = []  # what a pipe was told (tests read it too)
 
     def say(self, what: str) -> None:
