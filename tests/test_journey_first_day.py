@@ -80,9 +80,11 @@ def _first_day(me: User, testbed, index, home: str) -> None:
     containers:
       ct200: {{vmid: 200, home: {home}}}
 """)
-    # the demo lives on beside it (row 3): status, logs and the demo itself still reach it
+    # the demo lives on beside it (row 3): status of its job, and the demo itself, still reach it
     st = me.ok("status", demo_job)
     assert demo_job in st.out and "succeeded" in st.out
+    again = me.ok("demo", timeout=600)
+    assert "ROLLBACK slow -> fast" in again.out
     assert me.ok("exec", "ct200", "--", "true").returncode == 0
 
     # their own nanoGPT-shaped checkout; `gpujob init` on it (row 1, 7, 8)
