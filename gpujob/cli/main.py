@@ -44,6 +44,10 @@ class _Stdout:
         except BrokenPipeError:
             raise _ReaderGone() from None
 
+    @property
+    def buffer(self):  # exec's output goes to the bytes below: a closed pipe there ends quietly too
+        return _Stdout(self._stream.buffer)
+
     def __getattr__(self, name):
         return getattr(self._stream, name)
 

@@ -75,7 +75,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
                 streams.append({"dest": s.dest, "size": tar.size})
                 payload.append(tar)
     req["sync_streams"] = streams
-    stdin = Concat([json.dumps(req).encode() + b"\n", *payload])
+    stdin = Concat([json.dumps(req).encode() + b"\n", *payload], getattr(progress, "on_read", None))
     progress("starting the supervisor")
     try:
         res = target.agent_json("submit", stdin=stdin, timeout=600)
