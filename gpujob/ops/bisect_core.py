@@ -13,7 +13,7 @@ one trial's samples say against the good profile's.
   shortest slow prefix of the groups left (with those found so far) ends with a needed
   one (a binary search of prefixes); once the groups found are slow on their own they
   are the answer. One culprit costs ``ceil(log2 n) + 1`` trials besides the good one;
-  two changes slow only together at most ``2 ceil(log2 n) + 3`` (the tests hold both).
+  two changes slow only together at most ``2 ceil(log2 n) + 4`` (the tests hold both).
   A subset that does not resolve is merged with its neighbour and the search starts
   over; sets tried before are not tried again.
 - :func:`steady`, :func:`verdict`, :func:`enough`: a trial's steady rate with the
