@@ -143,9 +143,9 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         for line in show.difference_lines(groups):
             out.print(render.lit(line), soft_wrap=True)
         _plan(spec, t, f"each trial trains at most {seconds:g}s (less once its steady rate is known); "
-                       "nothing runs", [("1 (the good profile)", ops.trial_spec(spec, gp)),
+                       "nothing runs", [("1 (the good profile)", ops.trial_spec(spec, gp, seconds)),
                                         (f"2 ({core.describe([groups[i] for i in sorted(first)])})",
-                                         ops.trial_spec(spec, ops.trial_profile(gp, bp, res, ops.set_name(res))))])
+                                         ops.trial_spec(spec, ops.trial_profile(gp, bp, res, ops.set_name(res)), seconds))])
         out.print(render.lit("then one trial a subset, each chosen from the verdicts so far"), soft_wrap=True)
         return
     trials = _trials(spec, spec_path, t, cfg, seconds, slower, as_json)
@@ -194,7 +194,7 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         raise InputError("--profile: name two profiles or more to rank")
     if plan:
         _plan(spec, t, f"tune {', '.join(names)}: one trial each, at most {seconds:g}s of training; nothing runs",
-              [(f"{i} ({n})", ops.trial_spec(spec, spec.profile_by_name(n))) for i, n in enumerate(names, 1)])
+              [(f"{i} ({n})", ops.trial_spec(spec, spec.profile_by_name(n), seconds)) for i, n in enumerate(names, 1)])
         return
     trials = _trials(spec, spec_path, t, cfg, seconds, 0.9, as_json)
     ranked = ops.tune(spec, names, trials)

@@ -76,10 +76,19 @@ def trial_profile(good, bad, res: dict, name: str):
         "find_links": list(dict.fromkeys([*good.find_links, *bad.find_links]))})
 
 
-def trial_spec(spec, profile):
-    """The job's spec for one trial (see the module doc for what changes and why)."""
+YEAR = 365 * 86400.0
+
+
+def trial_spec(spec, profile, trial_time: float = 600.0):
+    """The job's spec for one trial (see the module doc for what changes and why). Its
+    training ends on its own ``trial_time`` plus a quarter (at least 5 s) after it starts,
+    so a trial whose laptop died frees the container soon; its ledger never calls a
+    trial's set known-good (``good_after`` a year), so ``gpujob gc`` may remove its venv."""
     check_scratch(spec)
+    tp = spec.throughput.model_copy(update={"good_after": YEAR}) if spec.throughput else None
     return spec.model_copy(update={
+        "throughput": tp, "train": spec.train.model_copy(update={
+            "timeout": trial_time + max(5.0, trial_time / 4), "restarts": None, "standby": None}),
         "name": trial_name(spec.name), "workdir": None, "profiles": [profile], "profile": profile.name,
         "rollback": spec.rollback.model_copy(update={"enabled": False, "fallback": []}),
         "caches": spec.caches.model_copy(update={"clear_on_submit": False}),
@@ -133,6 +142,22 @@ class Trials:
         t0 = time.monotonic()
         self.progress(tr, "submitting")
         tr.job_id = self.submit(spec)
+        try:
+            self.follow(tr)
+        except KeyboardInterrupt:  # Ctrl-C: the trial ends with the command (its own timeout otherwise)
+            self.t.agent_json("stop", tr.job_id, timeout=600)
+            raise
+        tr.seconds = time.monotonic() - t0
+        if not tr.samples and self.env_failed(tr):
+            tr.verdict = core.UNRESOLVED
+        elif self.good is not None:
+            tr.verdict, tr.ratio = core.verdict(tr.steady, self.good, self.slower)
+        else:
+            tr.verdict = "measured" if tr.steady else "unclear"
+        self.progress(tr, "done")
+        return tr
+
+    def follow(self, tr: Trial) -> None:
         offset, first_train = 0, None
         buf = bytearray()
         while True:
@@ -144,7 +169,8 @@ class Trials:
             if tr.samples and first_train is None:
                 first_train = time.monotonic()
             tr.steady = core.steady(tr.samples, self.cfg)
-            self.progress(tr, PHASE_WORD.get(st.get("phase") or "", st.get("phase") or tr.state))
+            if st.get("phase") != "done":
+                self.progress(tr, PHASE_WORD.get(st.get("phase") or "", st.get("phase") or tr.state))
             if tr.state in FINAL:
                 tr.reason = st.get("reason") or st.get("error") or ""
                 break
@@ -154,15 +180,6 @@ class Trials:
                 self.t.agent_json("stop", tr.job_id, timeout=600)
                 continue
             time.sleep(self.poll)
-        tr.seconds = time.monotonic() - t0
-        if not tr.samples and self.env_failed(tr):
-            tr.verdict = core.UNRESOLVED
-        elif self.good is not None:
-            tr.verdict, tr.ratio = core.verdict(tr.steady, self.good, self.slower)
-        else:
-            tr.verdict = "measured" if tr.steady else "unclear"
-        self.progress(tr, "done")
-        return tr
 
     def status(self, job_id: str) -> dict:
         jobs_ = self.t.agent_json("status", "--no-revive", "--missing-ok", job_id, timeout=60)["jobs"]
@@ -212,7 +229,7 @@ def bisect(spec, good_name: str, bad_name: str, trials: Trials, holds: Optional[
     groups = core.difference(g, b, together)
     if not groups:
         raise InputError(f"profiles {good_name} and {bad_name} hold the same packages and env: nothing to bisect")
-    first = trials.run(trial_spec(spec, good), f"good ({good_name})")
+    first = trials.run(trial_spec(spec, good, trials.trial_time), f"good ({good_name})")
     if first.steady is None:
         raise InputError(f"the good profile {good_name} gave no steady rate in its trial ({first.state}"
                          f"{': ' + first.reason if first.reason else ''}); a longer --trial-time may help")
@@ -228,7 +245,7 @@ def bisect(spec, good_name: str, bad_name: str, trials: Trials, holds: Optional[
             whole = len(subset) == len(groups)
             prof = bad if whole else trial_profile(good, bad, core.apply(g, chosen), set_name(core.apply(g, chosen)))
             label = f"bad ({bad_name})" if whole else core.describe(chosen)
-            tr = trials.run(trial_spec(spec, prof), label)
+            tr = trials.run(trial_spec(spec, prof, trials.trial_time), label)
             done.append(tr)
             by_set[subset] = tr
             subset = gen.send(tr.verdict)
@@ -243,6 +260,6 @@ def tune(spec, names: list, trials: Trials) -> list:
     got = {}
     runs = {}
     for name in names:
-        tr = trials.run(trial_spec(spec, profile_of(spec, name)), name)
+        tr = trials.run(trial_spec(spec, profile_of(spec, name), trials.trial_time), name)
         got[name], runs[name] = tr.steady, tr
     return [(name, st, margin, runs[name]) for name, st, margin in core.rank(got)]

@@ -15,7 +15,7 @@ def rate(st) -> str:
 
 def progress_line(n: int, tr, word: str) -> str:
     """``trial 3: torch 2.10.0 -> 2.11.0: measuring, 12.3K tok/s ± 0.1K (8 samples) so far``."""
-    text = f"trial {n}: {tr.label}: {word}"
+    text = f"trial {n}" + (f" ({tr.job_id})" if tr.job_id else "") + f": {tr.label}: {word}"
     if word in ("measuring", "stopping") and tr.steady is not None:
         text += f", {rate(tr.steady)} so far"
     elif word == "measuring" and tr.samples:

@@ -1,0 +1,164 @@
+"""`gpujob bisect` and `gpujob tune` on the bed: ssh -> pct -> a real LXC container, venvs
+built by uv from a real package index on loopback holding five packages (bis-a .. bis-e) in
+two versions each; a stand-in trainer (tests/data/bisect/trainer.py) whose speed they decide.
+One package's new version slows it (and, in a second index, only two packages together):
+bisect names the culprit within its bound; tune ranks three profiles right; the job's own
+ledger and workdir are not changed by a trial."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+import subprocess
+
+from helpers import cli, cli_json, gpujob_argv, user_env, wait_for
+from test_jobs_testbed import bed_env, home_path, status  # noqa: F401 (bed_env: a fixture)
+
+pytestmark = pytest.mark.testbed
+
+HERE = Path(__file__).resolve().parent
+PACKAGES = "abcde"
+
+
+def write_index(root: Path, bodies: dict) -> None:
+    """A PEP 503 index under ``root/simple``: {(letter, version): module body}."""
+    from gpujob.wheelhouse import build_wheel
+    for (letter, version), body in bodies.items():
+        pkg = f"bis-{letter}"
+        wheel = build_wheel(root / "wheels", "", 0.0, version, package=pkg, module=f"bis_{letter}", body=body)
+        digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        proj = root / "simple" / pkg
+        proj.mkdir(parents=True, exist_ok=True)
+        page = proj / "index.html"
+        links = page.read_text() if page.exists() else ""
+        page.write_text(links + f'<a href="../../wheels/{wheel.name}#sha256={digest}">{wheel.name}</a>\n')
+
+
+@pytest.fixture(scope="module")
+def bis_index(tmp_path_factory):
+    """Two indexes on loopback HTTP: ``single`` (bis-c 2.0 runs at 0.4x) and ``pair`` (bis-b
+    2.0 and bis-d 2.0 halve it only together)."""
+    from gpujob.wheelhouse import serve
+    root = tmp_path_factory.mktemp("bisindex")
+    for case, body in (("single", {"c": "FACTOR = 0.4\n"}), ("pair", {"b": "PAIR = True\n", "d": "PAIR = True\n"})):
+        write_index(root / case, {(x, v): (body.get(x, "") if v == "2.0" else "")
+                                  for x in PACKAGES for v in ("1.0", "2.0")})
+    server, url = serve(root)
+    yield {"single": f"{url}/single/simple", "pair": f"{url}/pair/simple"}
+    server.shutdown()
+
+
+def spec_of(tmp_path: Path, url: str, profiles: dict) -> Path:
+    """``profiles``: {name: ({letter: version}, env)}."""
+    spec = {
+        "name": "bis", "target": "ct200",
+        "sync": [{"src": str(HERE / "data" / "bisect"), "dest": "."}],
+        "profiles": [{"name": n, "index_url": url, "env": env,
+                      "packages": [f"bis-{x}=={v}" for x, v in sorted(pins.items())]}
+                     for n, (pins, env) in profiles.items()],
+        "train": {"command": "python trainer.py --steps 600 --interval 0.04"},
+        "throughput": {"format": "ktok", "window": 3, "min": "1K", "no_data_timeout": "60s"},
+    }
+    path = tmp_path / "bis.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+OLD = {x: "1.0" for x in PACKAGES}
+NEW = {x: "2.0" for x in PACKAGES}
+
+
+def ledger(env, name="bis") -> dict:
+    return cli_json(["ledger", "history", "ct200", name, "--json"], env)
+
+
+@pytest.mark.parametrize("case, culprit", [("single", ["bis-c 1.0 -> 2.0"]),
+                                           ("pair", ["bis-b 1.0 -> 2.0", "bis-d 1.0 -> 2.0"])])
+def test_bisect_names_the_culprit_within_its_bound(testbed, bed_env, tmp_path, bis_index, case, culprit):
+    env = bed_env
+    spec = spec_of(tmp_path, bis_index[case], {"old": (OLD, {}), "new": (NEW, {"BIS_HARMLESS": "1"})})
+    plan = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--plan"], env, check=True).stdout.decode()
+    assert "6 changes" in plan and "env BIS_HARMLESS (none) -> 1" in plan and "uv" in plan
+    assert not home_path(testbed, env, "jobs").exists()  # the plan runs nothing
+    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json", "--apply"],
+            env, timeout=900)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    res = json.loads(p.stdout)
+    assert res["culprit"] == culprit, res
+    n = len(res["trials"])
+    bound = math.ceil(math.log2(6)) + 2 if case == "single" else 2 * math.ceil(math.log2(6)) + 4
+    assert n <= bound, res["trials"]
+    assert res["answer"].startswith("slow with: " + " + ".join(culprit)), res["answer"]
+    assert res["trials"][0]["verdict"] == "ok" and res["trials"][0]["label"] == "good (old)"
+    assert all(t["median"] for t in res["trials"]), res["trials"]
+    # the trials ran as jobs of their own: the job's name has no workdir; the answer is in its ledger
+    assert not home_path(testbed, env, "work", "bis").exists()
+    assert home_path(testbed, env, "work", "bis-bisect").is_dir()
+    [rec] = ledger(env)["history"]
+    assert rec["profile"] == "new" and rec["status"] == "bad" and rec["reason"] == "bisect: " + res["answer"]
+    # the good set was built once: each trial's venv is named by its content
+    envs = os.listdir(home_path(testbed, env, "envs"))
+    assert sum(e.startswith("old-") for e in envs) == 1
+    assert len([e for e in envs if e.startswith("t-")]) == n - 1  # each subset tried once (the bad: "new-")
+    # gc removes the trial venvs as any unused one: no trial is ever known-good in a ledger
+    cli(["gc", "ct200", "--days", "0"], env, check=True)
+    assert not [e for e in os.listdir(home_path(testbed, env, "envs")) if e.startswith("t-")]
+
+
+def test_tune_ranks_three_profiles_and_apply_makes_the_winner_known_good(testbed, bed_env, tmp_path, bis_index):
+    env = bed_env
+    spec = spec_of(tmp_path, bis_index["single"], {
+        "slowest": (dict(OLD, c="2.0"), {}), "fast": (OLD, {}), "also-fast": (dict(OLD, a="2.0"), {})})
+    p = cli(["tune", str(spec), "-p", "slowest", "-p", "fast", "-p", "also-fast", "--trial-time", "20s", "--json"],
+            env, timeout=900)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    ranked = json.loads(p.stdout)["ranked"]
+    assert ranked[-1]["profile"] == "slowest" and {r["profile"] for r in ranked[:2]} == {"fast", "also-fast"}
+    assert ranked[0]["median"] > 2 * ranked[-1]["median"]
+    assert ledger(env)["history"] == []  # without --apply: nothing recorded
+    p = cli(["tune", str(spec), "-p", "slowest", "-p", "fast", "--trial-time", "20s", "--apply"], env, timeout=900)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    assert "fastest: fast" in p.stdout.decode()
+    progress = p.stderr.decode()
+    assert "trial 1 (bis-bisect-" in progress and ": slowest: measuring, " in progress, progress
+    assert ": fast: measuring, " in progress and "tok/s" in progress, progress
+    [rec] = ledger(env)["history"]
+    assert rec["profile"] == "fast" and rec["status"] == "good" and "slowest" in rec["reason"]
+
+
+def test_controller_killed_mid_trial_the_trial_ends_on_its_own_and_the_job_is_untouched(
+        testbed, bed_env, tmp_path, bis_index):
+    env = bed_env
+    spec = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})})
+    cli(["ledger", "set", "ct200", "bis", "old", "good"], env, check=True)
+    cli(["ledger", "set", "ct200", "bis", "new", "bad"], env, check=True)
+    before = ledger(env)
+    # defaults: --good is the ledger's known-good, --bad the profile it marked bad last
+    proc = subprocess.Popen([*gpujob_argv(), "bisect", str(spec), "--trial-time", "4s", "--slower", "0.99"],
+                            env=user_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    seen = b""
+    while b"measuring" not in seen:
+        line = proc.stderr.readline()
+        assert line, seen.decode()
+        seen += line
+    assert b"good (old): measuring" in seen
+    proc.kill()  # kill -9 of the controller while the trial measures
+    proc.wait()
+    [job_id] = os.listdir(home_path(testbed, env, "jobs"))
+    st = wait_for(lambda: (s := status(job_id, env))["state"] in ("failed", "succeeded", "stopped") and s,
+                  60, what="the orphaned trial to end on its own")
+    assert "timed out" in st["reason"]
+    assert ledger(env) == before  # the job's ledger: not a byte changed
+    assert not home_path(testbed, env, "work", "bis").exists()
+    # the container is free again: the next bisect runs and answers
+    p = cli(["bisect", str(spec), "--trial-time", "20s"], env, timeout=600)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    assert "slow with: bis-c 1.0 -> 2.0; 0.40x of good" in p.stdout.decode()
+    assert ledger(env) == before  # no --apply: nothing recorded
