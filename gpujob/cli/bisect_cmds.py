@@ -135,8 +135,10 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     gp, bp = spec.profile_by_name(good), spec.profile_by_name(bad)
     g, b = core.resolved(gp.model_dump()), core.resolved(bp.model_dump())
     groups = core.difference(g, b, tied)
+    if not groups:
+        raise InputError(f"profiles {good} and {bad} hold the same packages and env: nothing to bisect")
     if plan:
-        first = next(core.search(len(groups))) if groups else frozenset()
+        first = next(core.search(len(groups)))
         res = core.apply(g, [groups[i] for i in sorted(first)])
         out.print(render.lit(f"bisect {good} -> {bad}: {len(groups)} changes; one culprit takes at most "
                              f"{core.single_bound(len(groups))} trials, the good one's included"), soft_wrap=True)
