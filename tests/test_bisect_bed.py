@@ -162,3 +162,18 @@ def test_controller_killed_mid_trial_the_trial_ends_on_its_own_and_the_job_is_un
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     assert "slow with: bis-c 1.0 -> 2.0; 0.40x of good" in p.stdout.decode()
     assert ledger(env) == before  # no --apply: nothing recorded
+
+
+def test_a_running_job_is_never_touched_the_trial_is_refused(testbed, bed_env, tmp_path, bis_index):
+    env = bed_env
+    spec = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})})
+    job = cli(["submit", str(spec), "--profile", "old"], env, check=True)
+    job_id = job.stdout.decode().split()[1]
+    wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="the job to train")
+    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "5s"], env)
+    assert p.returncode == 5 and "container busy" in p.stderr.decode(), p.stderr.decode()
+    assert status(job_id, env)["state"] == "training"
+    assert not home_path(testbed, env, "work", "bis-bisect").exists()
+    assert os.listdir(home_path(testbed, env, "jobs")) == [job_id]  # no trial's job directory
+    assert "bis-bisect-" not in cli(["ps", "--json"], env, check=True).stdout.decode()  # nor a trial in the index
+    cli(["stop", job_id], env, check=True)

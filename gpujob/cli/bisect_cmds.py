@@ -12,7 +12,8 @@ import typer
 
 from gpujob.cli import render
 from gpujob.cli.app import _fresh_id, app, ctx, err, out
-from gpujob.errors import InputError, SpecError
+from gpujob.agent.base.protocol import JobState
+from gpujob.errors import ConnectError, InputError, JobError, SpecError
 
 TRIAL_TIME = typer.Option("10m", "--trial-time", metavar="DURATION",
                           help="longest a trial trains (it ends sooner once its steady rate is known)")
@@ -51,9 +52,19 @@ def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, qui
 
     def submit(tspec) -> str:
         job_id = _fresh_id(tspec.name)
-        ctx.state().reserve(job_id, tspec.name, t.label, str(spec_path.resolve()), spec_hash(tspec),
-                            tspec.profile, entry=ctx.entry(t))
-        jobs.submit(tspec, t, profile=tspec.profile, job_id=job_id, clear_caches=False, progress=lambda m: None)
+        state = ctx.state()  # recorded as submit records a job: `gpujob logs/status ID` reach a trial
+        state.reserve(job_id, tspec.name, t.label, str(spec_path.resolve()), spec_hash(tspec),
+                      tspec.profile, entry=ctx.entry(t))
+        try:
+            jobs.submit(tspec, t, profile=tspec.profile, job_id=job_id, clear_caches=False,
+                        progress=lambda m: None)
+        except (InputError, JobError, ConnectError):  # refused (container busy) or never reached
+            state.unreserve(job_id)
+            raise
+        except BaseException:  # cut off mid-submit: the trial may run there; its timeout ends it
+            state.seen(job_id, JobState.UNKNOWN)
+            raise
+        state.seen(job_id, JobState.PREPARING)
         return job_id
 
     def progress(tr, word: str) -> None:
