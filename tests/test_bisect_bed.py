@@ -27,12 +27,36 @@ HERE = Path(__file__).resolve().parent
 PACKAGES = "abcde"
 
 
-def write_index(root: Path, bodies: dict) -> None:
-    """A PEP 503 index under ``root/simple``: {(letter, version): module body}."""
+def with_requires(wheel: Path, requires: str) -> Path:
+    """The wheel with ``Requires-Dist: requires`` in its METADATA (its RECORD rewritten)."""
+    import base64
+    import io
+    import zipfile
+    with zipfile.ZipFile(wheel) as z:
+        files = {n: z.read(n) for n in z.namelist()}
+    meta = next(n for n in files if n.endswith(".dist-info/METADATA"))
+    files[meta] += f"Requires-Dist: {requires}\n".encode()
+    record = next(n for n in files if n.endswith(".dist-info/RECORD"))
+    files[record] = "".join(
+        f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}\n"
+        for n, d in files.items() if n != record).encode() + f"{record},,\n".encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for n, d in files.items():
+            z.writestr(zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0)), d)
+    wheel.write_bytes(buf.getvalue())
+    return wheel
+
+
+def write_index(root: Path, bodies: dict, requires: dict | None = None) -> None:
+    """A PEP 503 index under ``root/simple``: {(letter, version): module body}; ``requires``:
+    {(letter, version): a requirement its wheel declares}."""
     from gpujob.wheelhouse import build_wheel
     for (letter, version), body in bodies.items():
         pkg = f"bis-{letter}"
         wheel = build_wheel(root / "wheels", "", 0.0, version, package=pkg, module=f"bis_{letter}", body=body)
+        if (requires or {}).get((letter, version)):
+            with_requires(wheel, requires[(letter, version)])
         digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
         proj = root / "simple" / pkg
         proj.mkdir(parents=True, exist_ok=True)
@@ -43,15 +67,19 @@ def write_index(root: Path, bodies: dict) -> None:
 
 @pytest.fixture(scope="module")
 def bis_index(tmp_path_factory):
-    """Two indexes on loopback HTTP: ``single`` (bis-c 2.0 runs at 0.4x) and ``pair`` (bis-b
-    2.0 and bis-d 2.0 halve it only together)."""
+    """Three indexes on loopback HTTP: ``single`` (bis-c 2.0 runs at 0.4x), ``pair`` (bis-b
+    2.0 and bis-d 2.0 halve it only together) and ``tied`` (bis-b 2.0 is slow and needs bis-d
+    2.0: a subset with one and not the other does not resolve)."""
     from gpujob.wheelhouse import serve
     root = tmp_path_factory.mktemp("bisindex")
     for case, body in (("single", {"c": "FACTOR = 0.4\n"}), ("pair", {"b": "PAIR = True\n", "d": "PAIR = True\n"})):
         write_index(root / case, {(x, v): (body.get(x, "") if v == "2.0" else "")
                                   for x in PACKAGES for v in ("1.0", "2.0")})
+    # tied: bis-b 2.0 is slow and needs bis-d 2.0 (as a torch needs its triton)
+    write_index(root / "tied", {(x, v): ("FACTOR = 0.4\n" if (x, v) == ("b", "2.0") else "")
+                                for x in PACKAGES for v in ("1.0", "2.0")}, {("b", "2.0"): "bis-d==2.0"})
     server, url = serve(root)
-    yield {"single": f"{url}/single/simple", "pair": f"{url}/pair/simple"}
+    yield {case: f"{url}/{case}/simple" for case in ("single", "pair", "tied")}
     server.shutdown()
 
 
@@ -177,3 +205,16 @@ def test_a_running_job_is_never_touched_the_trial_is_refused(testbed, bed_env, t
     assert os.listdir(home_path(testbed, env, "jobs")) == [job_id]  # no trial's job directory
     assert "bis-bisect-" not in cli(["ps", "--json"], env, check=True).stdout.decode()  # nor a trial in the index
     cli(["stop", job_id], env, check=True)
+
+
+def test_a_change_that_does_not_resolve_alone_moves_with_its_neighbour(testbed, bed_env, tmp_path, bis_index):
+    env = bed_env
+    spec = spec_of(tmp_path, bis_index["tied"], {"old": (OLD, {}), "new": (NEW, {})})
+    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json"], env, timeout=900)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    res = json.loads(p.stdout)
+    assert res["culprit"] == ["bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0)"], res
+    unresolved = [t for t in res["trials"] if t["verdict"] == "unresolved"]
+    assert unresolved and all("installing profile" in t["reason"] for t in unresolved), res["trials"]
+    assert res["answer"].startswith("slow with: bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0); 0.40x of good"), \
+        res["answer"]

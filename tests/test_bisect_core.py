@@ -69,7 +69,21 @@ def test_a_subset_that_does_not_resolve_is_merged_with_its_neighbour():
     assert answer.culprit == (2, 3) and answer.merged == ((2, 3),)
     assert len(set(asked)) == len(asked)
     unresolved = [s for s in asked if 2 in s and 3 not in s]
-    assert len(unresolved) == 1  # tried once, then the two move together
+    # once in the search, then the two move together; once more when the answer is shrunk ({2} alone)
+    assert unresolved == [frozenset({0, 1, 2}), frozenset({2})]
+    groups = [(bc.Change("package", n, "1", "2"),) for n in "abcde"]
+    assert bc.describe(bc.culprit_groups(groups, answer)) == "c 1 -> 2 (moves with d 1 -> 2)"
+
+
+def test_a_merge_that_took_in_a_harmless_neighbour_is_shrunk():
+    # 1 needs 3 (1 without 3 does not resolve), 1 is slow: the blind merge takes 2 in on its way to 3
+    def oracle(s):
+        if 1 in s and 3 not in s:
+            return UNRESOLVED
+        return SLOW if 1 in s else OK
+    answer, asked = run(5, oracle)
+    assert answer.culprit == (1, 3) and answer.merged == ((1, 3),), asked
+    assert len(set(asked)) == len(asked)
 
 
 def test_one_group_that_never_resolves_ends_with_no_answer():

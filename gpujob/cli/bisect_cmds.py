@@ -170,7 +170,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     if as_json:
         out.print_json(json.dumps({
             "good": good, "bad": bad, "changes": [core.describe([g_]) for g_ in result.groups],
-            "culprit": [core.describe([result.groups[i]]) for i in result.answer.culprit],
+            "culprit": [core.describe([g_]) for g_ in core.culprit_groups(result.groups, result.answer)],
             "merged": [list(m) for m in result.answer.merged], "answer": sentence,
             "trials": [tr.view() for tr in [result.good, *result.trials]],
             "seconds": round(result.seconds, 1), "recorded": bool(recorded)}))

@@ -213,7 +213,7 @@ class BisectResult:
             f"{n} trials, {self.seconds:.0f} s"
         if not self.answer.culprit:
             return f"not slow here: no subset of the {len(self.groups)} changes was slower than good; {took}"
-        groups = [self.groups[i] for i in self.answer.culprit]
+        groups = core.culprit_groups(self.groups, self.answer)
         ratio = self.culprit_trial.ratio if self.culprit_trial else None
         rate = f"{ratio:.2f}x of good" if ratio is not None else "rate unknown"
         return f"slow with: {core.describe(groups)}; {rate}; {took}"

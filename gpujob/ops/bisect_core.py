@@ -15,7 +15,8 @@ one trial's samples say against the good profile's.
   are the answer. One culprit costs ``ceil(log2 n) + 1`` trials besides the good one;
   two changes slow only together at most ``2 ceil(log2 n) + 4`` (the tests hold both).
   A subset that does not resolve is merged with its neighbour and the search starts
-  over; sets tried before are not tried again.
+  over; sets tried before are not tried again. A merged group in the answer is then
+  shrunk: each member but the first left out once, and kept out when the rest is slow.
 - :func:`steady`, :func:`verdict`, :func:`enough`: a trial's steady rate with the
   judge's own rules (its initial delay and settle rule from ``policy.judging_start``,
   then the median of the window to the end and its spread), slow or ok against the
@@ -130,6 +131,19 @@ class Answer:
     merged: tuple = ()
 
 
+def culprit_groups(groups: Sequence, answer: Answer) -> list:
+    """The answer's groups, those merged because they only resolve together as one group
+    (so they read ``a -> b (moves with c -> d)``)."""
+    out, done = [], set()
+    for i in answer.culprit:
+        if i in done:
+            continue
+        unit = next((m for m in answer.merged if i in m), (i,))
+        done.update(unit)
+        out.append(tuple(c for j in unit for c in groups[j]))
+    return out
+
+
 class _Merge(Exception):
     def __init__(self, subset: frozenset):
         self.subset = subset
@@ -164,7 +178,9 @@ def search(n: int) -> Generator[frozenset, str, Answer]:
     while True:
         try:
             found = yield from _find(units, cache)
-            return Answer(tuple(sorted(found)), tuple(tuple(sorted(m)) for m in merged))
+            found = yield from _shrink(found, merged, cache)
+            kept = [tuple(sorted(set(m) & found)) for m in merged]
+            return Answer(tuple(sorted(found)), tuple(m for m in kept if len(m) > 1))
         except _Merge as m:
             before = len(units)
             units = merge_neighbour(units, m.subset)
@@ -180,6 +196,20 @@ def _ask(s: frozenset, cache: dict):
     if cache[s] == UNRESOLVED:
         raise _Merge(s)
     return cache[s]
+
+
+def _shrink(found: frozenset, merged: list, cache: dict):
+    """A merge joins a unit to its neighbour blindly: each member of a merged unit in the
+    answer (but its first) is left out once; when the rest is still slow it stays out."""
+    for unit in merged:
+        for j in sorted(set(unit) & found)[1:][::-1]:
+            s = found - {j}
+            if s not in cache:
+                got = yield s
+                cache[s] = got if got in (SLOW, OK, UNRESOLVED) else OK
+            if cache[s] == SLOW:
+                found = s
+    return found
 
 
 def _find(units: list, cache: dict):
