@@ -162,3 +162,38 @@ def test_rank_fastest_first_with_margin_and_the_unmeasured_last():
     order = bc.rank({"a": s(80.0), "b": s(100.0), "c": None, "d": s(50.0)})
     assert [n for n, _, _ in order] == ["b", "a", "d", "c"]
     assert order[0][2] == pytest.approx(1.25) and order[3][2] is None
+
+
+# ---- the trial's spec (gpujob/ops/bisect.py): nothing of the job's is reused but its venvs ----
+
+def test_a_trials_spec_has_its_own_name_workdir_and_no_rollback_and_reuses_the_jobs_venv(tmp_path):
+    import yaml
+    from gpujob.ops import bisect as ops
+    from gpujob.spec import load_spec
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "a-rather-long-job-name-of-forty-chars-x", "target": "box", "workdir": "/data/run",
+        "profiles": [{"name": "old", "index_url": "https://i/simple", "packages": ["torch==2.10.0"]},
+                     {"name": "new", "index_url": "https://j/simple", "packages": ["torch==2.11.0"],
+                      "env": {"X": "1"}}],
+        "train": {"command": "python t.py", "resume_args": ["--resume"], "standby": {"preload": ["torch"]}},
+        "throughput": {"format": "ktok", "min": "1K", "good_after": "1m"},
+        "rollback": {"fallback": ["old"]}, "resume_after_reboot": True,
+        "notify": [{"url": "https://hooks.example/x"}]}))
+    spec = load_spec(path)
+    good, bad = spec.profile_by_name("old"), spec.profile_by_name("new")
+    t = ops.trial_spec(spec, good, 60.0)
+    assert t.name == "a-rather-long-job-name-of-forty-c-bisect" and len(t.name) <= 40
+    assert t.workdir is None and t.profile == "old" and [p.name for p in t.profiles] == ["old"]
+    assert not t.rollback.enabled and t.rollback.fallback == [] and not t.resume_after_reboot
+    assert t.notify == [] and t.metrics is None and t.train.standby is None
+    assert t.train.timeout == 75.0 and t.throughput.good_after == ops.YEAR
+    assert t.env_key("old") == spec.env_key("old")  # the job's own venv: no install
+    assert spec.name == "a-rather-long-job-name-of-forty-chars-x" and spec.rollback.enabled  # not changed
+    res = bc.apply(bc.resolved(good.model_dump()), bc.difference(bc.resolved(good.model_dump()),
+                                                                 bc.resolved(bad.model_dump())))
+    mid = ops.trial_profile(good, bad, res, ops.set_name(res))
+    assert mid.packages == ["torch==2.11.0"] and mid.env == {"X": "1"}
+    assert mid.index_url == "https://j/simple" and mid.extra_index_urls == ["https://i/simple"]
+    assert ops.set_name(res) == ops.set_name(dict(res))  # named by content: the same set, the same venv
+    assert ops.trial_spec(spec, mid).env_key(mid.name) == ops.trial_spec(spec, mid).env_key(mid.name)
