@@ -134,7 +134,8 @@ class Answer:
 def culprit_groups(groups: Sequence, answer: Answer) -> list:
     """The answer's groups, those merged because they only resolve together as one group
     (so they read ``a -> b (moves with c -> d)``)."""
-    out, done = [], set()
+    out: list = []
+    done: set = set()
     for i in answer.culprit:
         if i in done:
             continue
