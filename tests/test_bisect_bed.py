@@ -83,7 +83,7 @@ def bis_index(tmp_path_factory):
     server.shutdown()
 
 
-def spec_of(tmp_path: Path, url: str, profiles: dict) -> Path:
+def spec_of(tmp_path: Path, url: str, profiles: dict, steps: int = 600) -> Path:
     """``profiles``: {name: ({letter: version}, env)}."""
     spec = {
         "name": "bis", "target": "ct200",
@@ -91,7 +91,8 @@ def spec_of(tmp_path: Path, url: str, profiles: dict) -> Path:
         "profiles": [{"name": n, "index_url": url, "env": env,
                       "packages": [f"bis-{x}=={v}" for x, v in sorted(pins.items())]}
                      for n, (pins, env) in profiles.items()],
-        "train": {"command": "python trainer.py --steps 600 --interval 0.04"},
+        "train": {"command": f"python trainer.py --steps {steps} --interval 0.04", "resume_args": ["--resume"],
+                  "checkpoint": {"path": "ckpt/state.json", "every": "1s"}},
         "throughput": {"format": "ktok", "window": 3, "min": "1K", "no_data_timeout": "60s"},
     }
     path = tmp_path / "bis.yaml"
@@ -218,3 +219,28 @@ def test_a_change_that_does_not_resolve_alone_moves_with_its_neighbour(testbed, 
     assert unresolved and all("installing profile" in t["reason"] for t in unresolved), res["trials"]
     assert res["answer"].startswith("slow with: bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0); 0.40x of good"), \
         res["answer"]
+
+
+def test_trials_start_from_a_copy_of_the_jobs_newest_checkpoint_and_never_touch_it(
+        testbed, bed_env, tmp_path, bis_index):
+    env = bed_env
+    first = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})}, steps=30)
+    job = cli(["submit", str(first), "--profile", "old", "--follow"], env, timeout=300)
+    assert job.returncode == 0, job.stderr.decode()[-2000:]
+    job_id = job.stdout.decode().split("submitted ")[1].split()[0]
+    ckpt = home_path(testbed, env, "work", "bis", "ckpt", "state.json")
+    assert json.loads(ckpt.read_text()) == {"step": 30}
+    before = (ckpt.read_bytes(), ckpt.stat().st_mtime_ns)
+    spec = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})}, steps=900)
+    p = cli(["tune", str(spec), "-p", "new", "-p", "old", "--from", job_id, "--trial-time", "20s", "--json"], env,
+            timeout=600)
+    assert p.returncode == 0, p.stderr.decode()[-3000:]
+    ranked = json.loads(p.stdout)["ranked"]
+    assert [r["profile"] for r in ranked] == ["old", "new"]
+    copy = home_path(testbed, env, "work", "bis-bisect", "ckpt", "state.json")
+    for r in ranked:  # each trial resumed from the same start: the job's step 30, copied into its own workdir
+        log = home_path(testbed, env, "jobs", r["job_id"], "train.log").read_text()
+        assert "resumed at step 30 from " in log, log[:500]
+        assert "bis-bisect/ckpt/state.json" in log.split("resumed at step 30 from ")[1].splitlines()[0]
+    assert (ckpt.read_bytes(), ckpt.stat().st_mtime_ns) == before  # the job's checkpoint: not a byte changed
+    assert json.loads(copy.read_text())["step"] > 30  # the trial trained on from its copy

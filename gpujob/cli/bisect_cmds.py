@@ -17,8 +17,21 @@ from gpujob.errors import ConnectError, InputError, JobError, SpecError
 
 TRIAL_TIME = typer.Option("10m", "--trial-time", metavar="DURATION",
                           help="longest a trial trains (it ends sooner once its steady rate is known)")
+START = typer.Option(None, "--from", metavar="JOB", help="start each trial from a copy of this job's newest "
+                     "finished checkpoint (in the trial's own workdir); default: from scratch")
 SLOWER = typer.Option(0.9, "--slower", min=0.05, max=0.99,
                       help="a trial is slow below this fraction of the good profile's steady rate")
+
+
+def _check_start(spec, start: Optional[str]) -> None:
+    import re
+    if start is None:
+        return
+    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", start):
+        raise InputError(f"--from: expected a job id (lowercase letters, digits and '-'), got {start[:70]!r}")
+    if spec.train.checkpoint is None:
+        raise InputError(f"--from: needs train.checkpoint in {spec.source_path} (path and every): gpujob finds "
+                         "the job's newest finished checkpoint through it")
 
 
 def _setup(spec_path: Path, target: Optional[str], sets):
@@ -42,7 +55,8 @@ def _duration(text: str) -> float:
         raise InputError(f"--trial-time: {e}") from None
 
 
-def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, quiet: bool):
+def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, quiet: bool,
+            start: Optional[str] = None):
     from gpujob import jobs
     from gpujob.ops import bisect as ops
     from gpujob.spec import spec_hash
@@ -57,7 +71,7 @@ def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, qui
                       tspec.profile, entry=ctx.entry(t))
         try:
             jobs.submit(tspec, t, profile=tspec.profile, job_id=job_id, clear_caches=False,
-                        progress=lambda m: None)
+                        progress=lambda m: None, resume_from=start, resume_copy=True)
         except (InputError, JobError, ConnectError):  # refused (container busy) or never reached
             state.unreserve(job_id)
             raise
@@ -128,7 +142,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
            target: Optional[str] = typer.Option(None, "--target", "-t"),
            together: Optional[list[str]] = typer.Option(None, "--together", metavar="PKG,PKG",
                                                         help="packages that move together (repeatable)"),
-           trial_time: str = TRIAL_TIME, slower: float = SLOWER,
+           trial_time: str = TRIAL_TIME, slower: float = SLOWER, start: Optional[str] = START,
            apply: bool = typer.Option(False, "--apply", help="record the answer as the bad profile's reason "
                                       "in the ledger (gpujob ledger history shows it)"),
            plan: bool = typer.Option(False, "--plan", help="print the difference and what each trial runs"),
@@ -141,6 +155,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     from gpujob.show import bisect as show
     spec, t, cfg = _setup(spec_path, target, sets)
     seconds = _duration(trial_time)
+    _check_start(spec, start)
     good, bad = _defaults(spec, t, good, bad)
     tied = [set(x.strip() for x in s.split(",") if x.strip()) for s in together or []]
     gp, bp = spec.profile_by_name(good), spec.profile_by_name(bad)
@@ -161,7 +176,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                          ops.trial_spec(spec, ops.trial_profile(gp, bp, res, ops.set_name(res)), seconds))])
         out.print(render.lit("then one trial a subset, each chosen from the verdicts so far"), soft_wrap=True)
         return
-    trials = _trials(spec, spec_path, t, cfg, seconds, slower, as_json)
+    trials = _trials(spec, spec_path, t, cfg, seconds, slower, as_json, start)
     result = ops.bisect(spec, good, bad, trials, together=tied)
     sentence = result.sentence()
     recorded = None
@@ -187,7 +202,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
 def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
          profiles: list[str] = typer.Option(..., "--profile", "-p", help="a profile to measure (repeat: 2 or more)"),
          target: Optional[str] = typer.Option(None, "--target", "-t"),
-         trial_time: str = TRIAL_TIME,
+         trial_time: str = TRIAL_TIME, start: Optional[str] = START,
          apply: bool = typer.Option(False, "--apply", help="make the winner known-good in the ledger, "
                                     "with every profile's measured rate as the reason"),
          plan: bool = typer.Option(False, "--plan", help="print what each trial runs"),
@@ -198,6 +213,7 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     from gpujob.show import bisect as show
     spec, t, cfg = _setup(spec_path, target, sets)
     seconds = _duration(trial_time)
+    _check_start(spec, start)
     names = list(dict.fromkeys(profiles))
     known = [p.name for p in spec.profiles]
     for n in names:
@@ -209,7 +225,7 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         _plan(spec, t, f"tune {', '.join(names)}: one trial each, at most {seconds:g}s of training; nothing runs",
               [(f"{i} ({n})", ops.trial_spec(spec, spec.profile_by_name(n), seconds)) for i, n in enumerate(names, 1)])
         return
-    trials = _trials(spec, spec_path, t, cfg, seconds, 0.9, as_json)
+    trials = _trials(spec, spec_path, t, cfg, seconds, 0.9, as_json, start)
     ranked = ops.tune(spec, names, trials)
     sentence = show.tune_sentence(ranked)
     recorded = None

@@ -13,7 +13,10 @@ and journals the samples the judge parses. What keeps the job's things untouched
   by a trial), rollbacks off, no webhooks, no metrics file, no boot hook;
 - the container's lock: a trial is refused while any job runs there (never two trainers
   on the same GPUs), so a running job is never touched either;
-- each trial starts from scratch (a fresh first run: no resume arguments).
+- each trial starts from the same point: from scratch (a fresh first run: no resume
+  arguments), or with ``--from JOB`` resumed from a copy of that job's newest finished
+  checkpoint, made in the trial's workdir at submit (agent/home/ckcopy.py), never the
+  job's own file.
 
 The laptop reads the trial's ``samples.jsonl`` as it runs, judges its steady rate with
 ``bisect_core.steady`` and stops it once the rate is known well enough (``enough``) or
