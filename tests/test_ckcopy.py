@@ -55,3 +55,14 @@ def test_a_checkpoint_outside_the_jobs_workdir_goes_under_gpujob_start(tmp_path)
     assert place(str(elsewhere), str(tmp_path / "work" / "bis"), "/w/t") == "/w/t/.gpujob-start/ck.pt"
     assert place(str(elsewhere), None, "/w/t") == "/w/t/.gpujob-start/ck.pt"
     assert place(str(tmp_path / "work" / "bis" / "a" / "b"), str(tmp_path / "work" / "bis"), "/w/t") == "/w/t/a/b"
+
+
+def test_a_linked_folder_on_the_way_is_refused(tmp_path):
+    import pytest
+    wd = job(tmp_path)
+    trial = tmp_path / "work" / "bis-bisect"
+    trial.mkdir(parents=True)
+    (trial / "ckpt").symlink_to(wd / "ckpt")  # the trial's ckpt/ would be the job's
+    with pytest.raises(ValueError, match="is a link"):
+        copy_start({"path": str(wd / "ckpt" / "state.json"), "job": "bis-abcd"}, str(tmp_path), str(trial))
+    assert (wd / "ckpt" / "state.json").read_text() == '{"step": 30}'

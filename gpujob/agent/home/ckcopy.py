@@ -47,6 +47,11 @@ def copy_start(entry: dict, home_root: str, workdir: str) -> dict:
     replaced by a copy in ``workdir``; ``copied_from`` keeps the original."""
     src = entry["path"]
     dest = place(src, source_workdir(home_root, entry["job"]) if entry.get("job") else None, workdir)
+    at = os.path.dirname(dest)
+    while at.startswith(workdir.rstrip(os.sep) + os.sep) or at == workdir:  # never through a linked folder
+        if os.path.islink(at):
+            raise ValueError(f"the trial's start {dest}: {at} is a link (into another place); refused")
+        at = os.path.dirname(at)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.gpujob-copy{os.getpid()}")
     _remove(tmp)
