@@ -1,4 +1,4 @@
-"""The pure core of `gpujob bisect` / `tune` (gpujob/ops/bisect_core.py): the difference of
+"""The pure core of `gpujob bisect` / `tune` (gpujob/agent/judge/bisect.py): the difference of
 two profiles, the search over it (one culprit, a pair slow only together, subsets that do
 not resolve), and one trial's verdict with the judge's own statistics."""
 
@@ -10,8 +10,8 @@ import math
 import pytest
 
 from gpujob.agent.judge.policy import PolicyConfig
-from gpujob.ops import bisect_core as bc
-from gpujob.ops.bisect_core import OK, SLOW, UNRESOLVED
+from gpujob.agent.judge import bisect as bc
+from gpujob.agent.judge.bisect import OK, SLOW, UNRESOLVED
 
 
 def run(n: int, oracle) -> tuple:

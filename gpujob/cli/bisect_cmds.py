@@ -151,7 +151,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     """Which of the changes from a good profile to a slow one makes it slow: trials of the good set
     with subsets of the changes, on the job's own trainer, in a scratch job of their own."""
     from gpujob.ops import bisect as ops
-    from gpujob.ops import bisect_core as core
+    from gpujob.agent.judge import bisect as core
     from gpujob.show import bisect as show
     spec, t, cfg = _setup(spec_path, target, sets)
     seconds = _duration(trial_time)

@@ -19,7 +19,7 @@ and journals the samples the judge parses. What keeps the job's things untouched
   job's own file.
 
 The laptop reads the trial's ``samples.jsonl`` as it runs, judges its steady rate with
-``bisect_core.steady`` and stops it once the rate is known well enough (``enough``) or
+``judge.bisect.steady`` and stops it once the rate is known well enough (``enough``) or
 ``trial_time`` seconds of training passed. ``gpujob gc`` removes the trial venvs as any
 other unused venv (none is known-good in a ledger).
 """
@@ -37,7 +37,7 @@ from gpujob.agent.base.fsio import json_objects
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.judge.policy import PolicyConfig
 from gpujob.errors import InputError
-from gpujob.ops import bisect_core as core
+from gpujob.agent.judge import bisect as core
 
 SUFFIX = "-bisect"
 FINAL = {JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED, JobState.LOST, JobState.NOT_FOUND}
@@ -224,7 +224,7 @@ class BisectResult:
 
 def bisect(spec, good_name: str, bad_name: str, trials: Trials, holds: Optional[dict] = None,
            together=()) -> BisectResult:
-    """Measure the good profile, then search the difference (bisect_core.search)."""
+    """Measure the good profile, then search the difference (judge.bisect.search)."""
     t0 = time.monotonic()
     good, bad = profile_of(spec, good_name), profile_of(spec, bad_name)
     g = core.resolved(good.model_dump(), (holds or {}).get(good_name))
@@ -259,7 +259,7 @@ def bisect(spec, good_name: str, bad_name: str, trials: Trials, holds: Optional[
 
 
 def tune(spec, names: list, trials: Trials) -> list:
-    """Each profile's trial from the same start; ``bisect_core.rank`` of their steady rates."""
+    """Each profile's trial from the same start; ``judge.bisect.rank`` of their steady rates."""
     got = {}
     runs = {}
     for name in names:

@@ -4,7 +4,7 @@ the CLI shows them literally, never as markup)."""
 from __future__ import annotations
 
 from gpujob.agent.judge.throughput import fmt_rate
-from gpujob.ops import bisect_core as core
+from gpujob.agent.judge import bisect as core
 
 
 def rate(st) -> str:

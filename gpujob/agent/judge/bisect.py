@@ -1,4 +1,5 @@
-"""Which of a profile's changes made it slow, as values (pure: no I/O, no clock reads).
+"""Which of a profile's changes made it slow, as values (stdlib only, pure: no I/O, no clock reads;
+the laptop runs it, like replay: judge/ is the wing the laptop imports).
 
 ``gpujob bisect`` and ``gpujob tune`` (ops/bisect.py) run the trials; this module says
 what differs between two profiles, which subset of the difference to try next, and what
