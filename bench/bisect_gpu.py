@@ -33,7 +33,7 @@ PACKAGES = "abcde"
 
 def build_index(root: Path) -> str:
     """bis-a .. bis-e in 1.0 and 2.0 (no speed of their own), a PEP 503 index; its file: URL."""
-    from gpujob.wheelhouse import build_wheel
+    from gpujob.ops.wheelhouse import build_wheel
     for x in PACKAGES:
         proj = root / "simple" / f"bis-{x}"
         proj.mkdir(parents=True, exist_ok=True)

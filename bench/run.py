@@ -16,7 +16,7 @@ exec_cli     one whole ``gpujob exec tb/ct200 -- true`` process as users run it 
              disconnect``; and with GPUJOB_NO_DAEMON=1) / one ``ssh … pct exec``;
              ``gpujob --version`` and ``--help`` start-up beside them
 latency      a job whose trainer prints time-stamped lines at 1000 lines/s;
-             ``jobs.follow_log`` (what ``gpujob logs -f`` runs) streams them;
+             ``follow.follow_log`` (what ``gpujob logs -f`` runs) streams them;
              latency = receive time − the time stamp in the line (one clock)
 bulk         a 200 MB file in the job dir: ``follow_log(follow=False)`` /
              ``ssh … pct exec 200 -- cat FILE > /dev/null``; MB/s

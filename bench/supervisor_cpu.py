@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
 
 import yaml  # noqa: E402
 
-from gpujob.wheelhouse import build_indexes, serve  # noqa: E402
+from gpujob.ops.wheelhouse import build_indexes, serve  # noqa: E402
 
 JOB_DIR = REPO / "bench" / "job"
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -111,7 +111,7 @@ def _values(kind, incomplete: str, hosts: str | None) -> list[tuple[str, str]]:
 
 
 def inventory_path(explicit: str | None) -> str | None:
-    """The inventory file a command would read (gpujob.inventory.find_inventory's order)."""
+    """The inventory file a command would read (gpujob.inventory.hosts.find_inventory's order)."""
     for given in (explicit, os.environ.get("GPUJOB_HOSTS")):
         if given:
             return os.path.expanduser(given)

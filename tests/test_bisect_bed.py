@@ -51,7 +51,7 @@ def with_requires(wheel: Path, requires: str) -> Path:
 def write_index(root: Path, bodies: dict, requires: dict | None = None) -> None:
     """A PEP 503 index under ``root/simple``: {(letter, version): module body}; ``requires``:
     {(letter, version): a requirement its wheel declares}."""
-    from gpujob.wheelhouse import build_wheel
+    from gpujob.ops.wheelhouse import build_wheel
     for (letter, version), body in bodies.items():
         pkg = f"bis-{letter}"
         wheel = build_wheel(root / "wheels", "", 0.0, version, package=pkg, module=f"bis_{letter}", body=body)
@@ -70,7 +70,7 @@ def bis_index(tmp_path_factory):
     """Three indexes on loopback HTTP: ``single`` (bis-c 2.0 runs at 0.4x), ``pair`` (bis-b
     2.0 and bis-d 2.0 halve it only together) and ``tied`` (bis-b 2.0 is slow and needs bis-d
     2.0: a subset with one and not the other does not resolve)."""
-    from gpujob.wheelhouse import serve
+    from gpujob.ops.wheelhouse import serve
     root = tmp_path_factory.mktemp("bisindex")
     for case, body in (("single", {"c": "FACTOR = 0.4\n"}), ("pair", {"b": "PAIR = True\n", "d": "PAIR = True\n"})):
         write_index(root / case, {(x, v): (body.get(x, "") if v == "2.0" else "")

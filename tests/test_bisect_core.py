@@ -169,7 +169,7 @@ def test_rank_fastest_first_with_margin_and_the_unmeasured_last():
 def test_a_trials_spec_has_its_own_name_workdir_and_no_rollback_and_reuses_the_jobs_venv(tmp_path):
     import yaml
     from gpujob.ops import bisect as ops
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({
         "name": "a-rather-long-job-name-of-forty-chars-x", "target": "box", "workdir": "/data/run",

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from gpujob.errors import InputError, SpecError
-from gpujob.inventory import Container, Host, find_inventory, load_inventory
+from gpujob.inventory.hosts import Container, Host, find_inventory, load_inventory
 from gpujob.transport.ssh_config import ssh_settings
 
 GOOD = """\

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob.recipes import RECIPES
+from gpujob.spec.recipes.registry import RECIPES
 from helpers import cli, events, job_id_of, local_env, wait_for
 from test_jobs_local import journal, status
 

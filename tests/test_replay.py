@@ -137,13 +137,13 @@ def test_cli_replay_reads_a_trace_file_at_the_edge(tmp_path):
 
 
 def _spec_of(path) -> dict:
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     return load_spec(path).to_agent_dict()
 
 
 def test_plot_shows_pauses():
-    from gpujob import plotdata
-    from gpujob.cli.plot import legend
+    from gpujob.show import plotdata
+    from gpujob.show.plot import legend
     events = [{"type": "state", "t": 100.0, "state": "training", "profile": "a"},
               {"type": "pause", "t": 130.0, "start": 128.0, "tail": 3.0, "why": "checkpoint c"}]
     samples = [{"t": 100.0 + i, "value": 10.0, "profile": "a"} for i in range(60)]

@@ -4,7 +4,7 @@ import textwrap
 import pytest
 
 from gpujob.errors import InputError, SpecError
-from gpujob.spec import load_spec, spec_hash
+from gpujob.spec.model import load_spec, spec_hash
 
 # 7 lines; tests append below it, so their lines start at 8.
 BASE = """\
@@ -399,12 +399,12 @@ def test_the_agents_spec_defaults_are_generated_from_spec_py():
     gpujob that lacks a key) is generated from it."""
     from pathlib import Path
 
-    import gpujob.spec as s
+    import gpujob.spec.model as s
     from gpujob.agent.base.defaults import DEFAULTS, section
-    from gpujob.specdefaults import agent_defaults_json
-    shipped = Path(s.__file__).parent / "agent" / "base" / "spec_defaults.json"
+    from gpujob.spec.defaults import agent_defaults_json
+    shipped = Path(s.__file__).parent.parent / "agent" / "base" / "spec_defaults.json"
     assert shipped.read_text() == agent_defaults_json(), \
-        "regenerate: python -m gpujob.specdefaults > gpujob/agent/base/spec_defaults.json"
+        "regenerate: python -m gpujob.spec.defaults > gpujob/agent/base/spec_defaults.json"
     assert DEFAULTS["throughput"]["window"] == s.Throughput.model_fields["window"].default
     assert section({"rollback": {"max_rollbacks": 7}}, "rollback")["max_rollbacks"] == 7
     assert section({"rollback": {}}, "rollback")["signature_grace"] == s.Rollback().signature_grace

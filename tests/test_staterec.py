@@ -1,6 +1,6 @@
 """state.json's keys as one typed record (agent/base/staterec.py), checked on every write
 (journal.set_state, the one function that writes the file) and read the same way by the
-agent and the laptop (cli/render.status_view). tests/data/state holds three files the
+agent and the laptop (show/render.status_view). tests/data/state holds three files the
 agent of 7231922 wrote in a real local-kind run (before the record existed)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.stages import IllegalTransition, Stage
 from gpujob.agent.base.staterec import KEYS, BadStateKey, StateRecord
 from gpujob.agent.home.journal import Home, Journal
-from gpujob.cli import render
+from gpujob.show import render
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = sorted((ROOT / "tests" / "data" / "state").glob("*.json"))

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.cli.app import _fresh_id, app, ctx, err, out
 from gpujob.agent.base.protocol import JobState
 from gpujob.errors import ConnectError, InputError, JobError, SpecError
@@ -35,7 +35,7 @@ def _check_start(spec, start: Optional[str]) -> None:
 
 
 def _setup(spec_path: Path, target: Optional[str], sets):
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     spec = load_spec(spec_path, sets or [])
     if isinstance(spec.target, list):
         raise InputError("bisect and tune run on one container; this spec names several (a multi-node job)")
@@ -48,7 +48,7 @@ def _setup(spec_path: Path, target: Optional[str], sets):
 
 
 def _duration(text: str) -> float:
-    from gpujob.spec_types import _duration as parse
+    from gpujob.spec.types import _duration as parse
     try:
         return parse(text)
     except ValueError as e:
@@ -57,9 +57,9 @@ def _duration(text: str) -> float:
 
 def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, quiet: bool,
             start: Optional[str] = None):
-    from gpujob import jobs
     from gpujob.ops import bisect as ops
-    from gpujob.spec import spec_hash
+    from gpujob.ops import submit as submit_op
+    from gpujob.spec.model import spec_hash
     from gpujob.show import bisect as show
     count = {"n": 0}
     last: dict = {}
@@ -70,7 +70,7 @@ def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, qui
         state.reserve(job_id, tspec.name, t.label, str(spec_path.resolve()), spec_hash(tspec),
                       tspec.profile, entry=ctx.entry(t))
         try:
-            jobs.submit(tspec, t, profile=tspec.profile, job_id=job_id, clear_caches=False,
+            submit_op.submit(tspec, t, profile=tspec.profile, job_id=job_id, clear_caches=False,
                         progress=lambda m: None, resume_from=start, resume_copy=True)
         except (InputError, JobError, ConnectError):  # refused (container busy) or never reached
             state.unreserve(job_id)
@@ -122,12 +122,12 @@ def _defaults(spec, t, good: Optional[str], bad: Optional[str]) -> tuple:
 
 def _plan(spec, t, header: str, trials: list) -> None:
     """Each trial's steps as submit --plan shows them (env build, warmup, train)."""
-    from gpujob import jobs
+    from gpujob.ops.plan import build_plan
     out.print(render.lit(header), soft_wrap=True)
     for label, tspec in trials:
         out.print(render.lit(f"trial {label}: job {tspec.name}-xxxx, profile {tspec.profile}, workdir "
                              f"{t.home}/work/{tspec.name} (its own; rollback off, no webhooks)"), soft_wrap=True)
-        steps = [s for s in jobs.build_plan(spec=tspec, target=t, job_id=f"{tspec.name}-xxxx",
+        steps = [s for s in build_plan(spec=tspec, target=t, job_id=f"{tspec.name}-xxxx",
                                             profile=tspec.profile) if s.kind in ("env", "warmup", "train")]
         for line in render.plan_lines("", steps)[1:]:
             out.print(line, soft_wrap=True)

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import bodies, plainjson, render
+from gpujob.ops import bodies
+from gpujob.show import plainjson, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
-    from gpujob.target import Target
-    from gpujob.spec import JobSpec
+    from gpujob.ops.target import Target
+    from gpujob.spec.model import JobSpec
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
 
@@ -43,8 +44,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                     help="replace one spec value (dotted key, a YAML value; "
                                                     "repeatable, applied in order, before the recipe)")):
     """Ship the code and start the job under a detached supervisor in the container."""
-    from gpujob import jobs
-    from gpujob.spec import load_spec
+    from gpujob.ops.plan import build_plan, new_job_id
+    from gpujob.ops.ship import sync_sources
+    from gpujob.spec.model import load_spec
     spec = load_spec(spec_path, sets or [], profile)
     if job_id_opt is not None:
         import re
@@ -71,12 +73,12 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if target or isinstance(e, SpecError):
             raise
         raise SpecError(str(spec_path), spec.line_of(("target",)), "target", e.message, e.hint) from None
-    job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
+    job_id = job_id_opt or (new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
         if resume_from is not None and spec.train.checkpoint is None:
             raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
-        steps = jobs.build_plan(spec, t, job_id, profile, resume_from=resume_from)
+        steps = build_plan(spec, t, job_id, profile, resume_from=resume_from)
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -85,9 +87,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
         return
-    jobs.sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
+    sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
     spec.common_requirements(strict=True)
-    from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
+    from gpujob.ops.demofiles import ensure_local_indexes  # the demo's wheels, when missing
     ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
@@ -96,7 +98,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from,
                  accept_baseline=accept_baseline)
     if as_json and follow:
-        from gpujob.cli import jsonl
+        from gpujob.show import jsonl
         jsonl.emit(dict(res, job_id=job_id, target=t.label))
         _follow(job_id, t, "job.log", None, as_json=True)
         st = _status(job_id, t)
@@ -143,14 +145,14 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
            resume_from: str | None = None, accept_baseline: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
-    from gpujob import jobs
-    from gpujob.spec import spec_hash
+    from gpujob.ops import submit as submit_op
+    from gpujob.spec.model import spec_hash
     state = ctx.state()
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
     said = []
     if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
-        from gpujob.recipes import RECIPES
+        from gpujob.spec.recipes.registry import RECIPES
         r = RECIPES[spec.recipe]
         err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
                              "dim"), soft_wrap=True)
@@ -159,8 +161,8 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         said.append(message)
         err.print(render.lit(f"· {message}", "dim"))
     try:
-        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, resume_from=resume_from,
-                          accept_baseline=accept_baseline, progress=progress)
+        res = submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                               resume_from=resume_from, accept_baseline=accept_baseline, progress=progress)
     except KeyboardInterrupt:
         started = "starting the supervisor" in said
         state.seen(job_id, JobState.UNKNOWN) if started else state.unreserve(job_id)
@@ -242,10 +244,10 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
     trainer's interpreter (or py-spy) wrote it, as data."""
     import sys
     import time
-    from gpujob import jobs
+    from gpujob.ops.follow import follow_log
     buf = bytearray()
-    jobs.follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
-                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
+               notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     from gpujob.agent.base.fsio import json_objects
     found = [rec for rec in json_objects(bytes(buf)) if rec.get("type") == "stacks"]
     so = sys.stdout
@@ -290,7 +292,7 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
     """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
-    from gpujob.cli import plot as plot_
+    from gpujob.ops import plot as plot_
     job_id, t = job_target(job, target)
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 

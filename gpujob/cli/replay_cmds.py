@@ -9,17 +9,17 @@ from typing import Optional
 
 import typer
 
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.cli.app import app, err, job_target, out
 from gpujob.errors import InputError
 
 
 def fetch_file(job_id: str, t, name: str) -> bytes:
     """A file of the job's dir, fetched as logs are (the agent's tail, no follow)."""
-    from gpujob import jobs
+    from gpujob.ops.follow import follow_log
     buf = bytearray()
-    jobs.follow_log(t, job_id, file=name, follow=False, write=buf.extend,
-                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    follow_log(t, job_id, file=name, follow=False, write=buf.extend,
+               notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     return bytes(buf)
 
 
@@ -40,7 +40,7 @@ def fetch_trace(job_id: str, t) -> bytes:
 def _spec_dict(spec: Optional[Path]) -> Optional[dict]:
     if spec is None:
         return None
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     return load_spec(spec).to_agent_dict()
 
 

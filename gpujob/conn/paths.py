@@ -118,7 +118,7 @@ def starting_marker(path: str) -> str:
 
 
 def find_inventory(explicit: str | None) -> str | None:
-    """gpujob.inventory.find_inventory without its imports: the absolute inventory path,
+    """gpujob.inventory.hosts.find_inventory without its imports: the absolute inventory path,
     or None for the built-in one. A path that is not a file raises NoDaemon (the full
     CLI says so in its own words)."""
     for given in (explicit, os.environ.get("GPUJOB_HOSTS")):

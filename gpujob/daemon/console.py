@@ -77,7 +77,7 @@ def client_console(fd: int, encoding: str, env: dict, fds: list[int]):
     under its environment (piped: soft-wrapped at gpujob's piped width, unless $COLUMNS)."""
     from rich.console import Console
 
-    from gpujob.cli import render
+    from gpujob.show import render
     text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
     settings = render.console_settings(os.isatty(fd), env)
     c = Console(file=text, _environ=env, **settings)

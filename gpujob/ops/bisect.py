@@ -189,8 +189,8 @@ class Trials:
         return jobs_[0] if jobs_ else {"state": JobState.NOT_FOUND}
 
     def read(self, job_id: str, offset: int, buf: bytearray) -> int:
-        from gpujob import jobs
-        return jobs.follow_log(self.t, job_id, file="samples.jsonl", follow=False, offset=offset,
+        from gpujob.ops.follow import follow_log
+        return follow_log(self.t, job_id, file="samples.jsonl", follow=False, offset=offset,
                                write=buf.extend, notice=lambda m: None)
 
     @staticmethod

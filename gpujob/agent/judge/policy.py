@@ -53,7 +53,7 @@ class PolicyConfig:
     turns the settle rule off.
     """
 
-    # defaults: the spec's throughput section (gpujob/spec.py, via spec_defaults.json)
+    # defaults: the spec's throughput section (gpujob/spec/model.py, via spec_defaults.json)
     min: Optional[float] = _TP["min"]  # absolute tok/s
     min_ratio: Optional[float] = _TP["min_ratio"]  # of baseline
     window: Union[int, str] = _TP["window"]  # median of the last N samples, or of the last "Ts"

@@ -218,3 +218,12 @@ def job_or_refuse(home: Home, job_id: str) -> Journal:
         raise Refused(f"no job {job_id} in this container")
     j.state()  # NewerFormat (refused in one line) when a newer agent wrote it
     return j
+
+
+def active_keys(home: Home) -> set:
+    keys = set()
+    for i in home.job_ids():
+        st = Journal(home, i).effective_state()
+        if st.get("state") not in ENDED and st.get("env_key"):
+            keys.add(st["env_key"])
+    return keys

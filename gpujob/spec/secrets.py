@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 from gpujob.errors import SpecError
-from gpujob.spec import JobSpec, SecretRef
+from gpujob.spec.model import JobSpec, SecretRef
 
 MASK = "***"
 MAX_SECRET = 64 * 1024
@@ -107,7 +107,7 @@ def _check_notify(spec: JobSpec, loc: tuple, value: str) -> None:
     with a newline or no host, a token that would end its header line)."""
     if loc[0] != "notify":
         return
-    from gpujob.spec_notify import url_problem
+    from gpujob.spec.notify import url_problem
     from gpujob.yamlsrc import control_char
     why = url_problem(value) if loc[2] == "url" else \
         ("a token cannot hold a control character" if control_char(value) else None)

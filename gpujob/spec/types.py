@@ -137,7 +137,7 @@ def _pinned(value: Any) -> Any:
 
 
 def _requirement(value: Any) -> Any:
-    from gpujob.reqfiles import requirement
+    from gpujob.spec.reqfiles import requirement
     return requirement(value)
 
 

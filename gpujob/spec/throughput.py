@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gpujob.spec_types import Duration, PathText, Rate, _duration
+from gpujob.spec.types import Duration, PathText, Rate, _duration
 from gpujob.yamlsrc import At, Strict, describe
 
 

@@ -17,11 +17,13 @@ import secrets
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from gpujob import jobs
+from gpujob.ops import plan, ship
+from gpujob.ops import submit as submit_op
+from gpujob.steps import Step
 from gpujob.agent.base.placeholders import fleet_env, fleet_values
 from gpujob.errors import GpujobError, JobError
-from gpujob.spec import JobSpec, Nodes
-from gpujob.target import Target
+from gpujob.spec.model import JobSpec, Nodes
+from gpujob.ops.target import Target
 
 ASK = "<node 0's primary IP, asked at submit>"
 PORT = "<a port free on node 0, chosen at submit>"
@@ -46,17 +48,18 @@ def build_plan(spec: JobSpec, targets: list, job_id: str, profile: str) -> list:
     out = []
     for rank, t in enumerate(targets):
         info = node_info(spec, labels, rank, addr, PORT, PORT)
-        steps = [jobs.Step("fleet", "laptop",
-                           f"node {rank} of {len(targets)}: {t.label}; rendezvous at node 0 "
-                           f"({addr}:{PORT}); environment "
-                           + " ".join(f"{k}={v}" for k, v in {**fleet_env(info["values"]),
-                                                              **info["env"]}.items()))]
+        steps = [Step("fleet", "laptop",
+                      f"node {rank} of {len(targets)}: {t.label}; rendezvous at node 0 "
+                      f"({addr}:{PORT}); environment "
+                      + " ".join(f"{k}={v}" for k, v in {**fleet_env(info["values"]),
+                                                         **info["env"]}.items()))]
         if rank == 0:
-            steps.append(jobs.Step("ports", "container", "choose two free ports (rendezvous, channel) and, "
-                                   "without hosts.yaml's address, the primary IP", jobs._agent(t, "fleet", "ports")))
-        steps += jobs.build_plan(spec, t, job_id, profile, fleet=info)
-        steps.append(jobs.Step("go", "container", "once every node holds its lock: go (else release: "
-                               "nothing starts anywhere)", jobs._agent(t, "fleet", "go", job_id)))
+            steps.append(Step("ports", "container", "choose two free ports (rendezvous, channel) and, "
+                              "without hosts.yaml's address, the primary IP",
+                              plan.agent_shown(t, "fleet", "ports")))
+        steps += plan.build_plan(spec, t, job_id, profile, fleet=info)
+        steps.append(Step("go", "container", "once every node holds its lock: go (else release: "
+                          "nothing starts anywhere)", plan.agent_shown(t, "fleet", "go", job_id)))
         out.append((rank, t, steps))
     return out
 
@@ -76,7 +79,7 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
            progress: Callable[[str], None]) -> dict:
     """Start the job on every node, or on none; returns {nodes, rendezvous}."""
     labels = [t.label for t in targets]
-    jobs.sync_sources(spec)  # local problems first, before any node is touched
+    ship.sync_sources(spec)  # local problems first, before any node is touched
     lead: Target = targets[0]
     ports = lead.agent_json("fleet", "ports")
     master_port, channel_port = ports["ports"]
@@ -89,8 +92,8 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
     def start(rank: int) -> dict:
         t = targets[rank]
         info = node_info(spec, labels, rank, addr, master_port, channel_port)
-        return jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear_caches,
-                           progress=lambda m: progress(f"[node {rank}] {m}"), fleet=info, fleet_key=key)
+        return submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear_caches,
+                                progress=lambda m: progress(f"[node {rank}] {m}"), fleet=info, fleet_key=key)
 
     results = _parallel(start, list(range(len(targets))))
     failed = [(r, e) for r, e in results if isinstance(e, GpujobError)]

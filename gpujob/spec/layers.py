@@ -1,6 +1,6 @@
 """What goes over a spec file's own data before it is validated: ``submit --set
 KEY=VALUE`` (dotted keys, the spec's own values replaced) and then its
-``recipe:`` (gpujob/recipes.py: the trainer's conventions, under every key the
+``recipe:`` (gpujob/spec/recipes/registry.py: the trainer's conventions, under every key the
 spec sets). Both are recorded so the plan can show where each value came from."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import re
 import yaml
 
 from gpujob.errors import InputError, SpecError
-from gpujob.recipes import RECIPES, RecipeError, apply
+from gpujob.spec.recipes.base import RecipeError
+from gpujob.spec.recipes.registry import RECIPES, apply
 from gpujob.yamlsrc import Source, describe, load_yaml, render_loc, suggest
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|\d+")

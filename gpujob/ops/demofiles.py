@@ -16,8 +16,8 @@ from typing import Callable
 
 from gpujob.errors import SpecError
 
-PACKAGED_SPEC = Path(__file__).parent / "demo.yaml"
-PACKAGED_DIR = Path(__file__).parent / "demo"
+PACKAGED_SPEC = Path(__file__).parent.parent / "demo.yaml"
+PACKAGED_DIR = Path(__file__).parent.parent / "demo"
 FILES = ("trainer.py", "warmup.py")
 
 
@@ -59,7 +59,7 @@ def relative_file_urls(spec) -> list[tuple[tuple, Path, list[str]]]:
 def _demo_wheelhouse(path: Path, pins: list[str]) -> Path | None:
     """The wheelhouse root when ``path`` is one of the demo's indexes
     (``<root>/<build>/simple`` of gpujob-demo-kernels only), else None."""
-    from gpujob.wheelhouse import BUILDS, PACKAGE
+    from gpujob.ops.wheelhouse import BUILDS, PACKAGE
     if path.name == "simple" and path.parent.name in BUILDS and pins and \
             all(p.split("==")[0] == PACKAGE for p in pins):
         return path.parent.parent
@@ -80,14 +80,14 @@ def ensure_local_indexes(spec, progress: Callable[[str], None]) -> None:
         if root not in roots:
             roots.append(root)
     for root in roots:
-        from gpujob.wheelhouse import build_indexes
+        from gpujob.ops.wheelhouse import build_indexes
         build_indexes(root)
         progress(f"built the demo's wheels in {root}")
 
 
 def build_demo_wheels(spec) -> None:
     """``gpujob demo``: (re)build the wheelhouse its spec names (deterministic bytes)."""
-    from gpujob.wheelhouse import build_indexes
+    from gpujob.ops.wheelhouse import build_indexes
     roots = {r for _, path, pins in relative_file_urls(spec) if (r := _demo_wheelhouse(path, pins)) is not None}
     for root in roots or {spec.spec_dir / "demo" / "wheelhouse"}:
         build_indexes(root)

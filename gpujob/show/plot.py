@@ -1,8 +1,8 @@
 """``gpujob plot JOB [-o FILE.png|.svg|.html]``: tok/s over time, with the phases
 shaded, the threshold, the known-good baselines and each rollback marked.
 
-The job's events.jsonl and samples.jsonl are read through the agent (``tail``, as
-``logs --events`` reads them); gpujob/plotdata.py turns them into series (pure).
+The job's events.jsonl and samples.jsonl are read through the agent by gpujob/ops/plot.py
+(``tail``, as ``logs --events`` reads them); gpujob/show/plotdata.py turns them into series (pure).
 Files are drawn by matplotlib (Agg, imported only here: the ``plot`` extra); the
 terminal plot is gpujob's own braille grid (no dependency).
 """
@@ -10,14 +10,13 @@ terminal plot is gpujob's own braille grid (no dependency).
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 from rich.text import Text
 
-from gpujob import plotdata
+from gpujob.show import plotdata
 from gpujob.agent.judge.throughput import fmt_rate
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.errors import GpujobError, InputError
 
 FORMATS = (".png", ".svg", ".html")
@@ -33,33 +32,6 @@ CELL_STYLE = {"point": "cyan", "threshold": "red", "baseline": "green", "rollbac
 
 class MissingDependency(GpujobError):
     """A file plot without matplotlib installed."""
-
-
-def read_jsonl(t, job_id: str, file: str) -> list[dict]:
-    """Every whole record of a job's JSONL file (a torn or trimmed-away line is skipped)."""
-    from gpujob import jobs
-    from gpujob.agent.base.fsio import json_objects
-    buf = bytearray()
-    jobs.follow_log(t, job_id, file=file, follow=False, write=buf.extend, notice=lambda m: None)
-    return json_objects(bytes(buf))
-
-
-def command(job_id: str, t, st: dict, output: Path | None, as_json: bool, out) -> None:
-    if output is not None and output.suffix.lower() not in FORMATS:
-        raise InputError(f"-o: expected a file ending in .png, .svg or .html, got {str(output)[:80]!r}")
-    s = plotdata.series(read_jsonl(t, job_id, "events.jsonl"), read_jsonl(t, job_id, "samples.jsonl"),
-                        dict(st, job_id=job_id))
-    s["target"] = t.label
-    if output is not None:
-        write_file(s, output)
-    if as_json:
-        out.print_json(json.dumps(dict(s, file=str(output) if output else None)))
-    elif output is not None:
-        out.print(render.lit(f"wrote {output} ({len(s['points']) + len(s['minutes'])} points, "
-                             f"{len(s['rollbacks'])} rollbacks)"))
-    else:
-        for line in terminal(s, width=max(20, min(out.width, 200) - 8)):
-            out.print(line, soft_wrap=True)
 
 
 # ---- the terminal ---------------------------------------------------------------

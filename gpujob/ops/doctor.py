@@ -13,7 +13,7 @@ from typing import Sequence
 from gpujob import kinds
 from gpujob.kinds.base import CheckStatus
 from gpujob.errors import GpujobError
-from gpujob.target import Target
+from gpujob.ops.target import Target
 
 MIN_FREE_WARN = 20 * 2**30
 MIN_FREE_FAIL = 2 * 2**30

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from gpujob.agent.base import envs
-from gpujob.doctor import Check, CheckStatus
-from gpujob.recipes import RECIPES
+from gpujob.ops.doctor import Check, CheckStatus
+from gpujob.spec.recipes.registry import RECIPES
 
 VERSION_SCRIPT = ("import importlib.metadata as m, sys\n"
                   "try:\n    print(m.version(sys.argv[1]))\nexcept m.PackageNotFoundError:\n    print('-')")

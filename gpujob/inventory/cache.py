@@ -7,13 +7,13 @@ hosts.yaml as read now, gpujob's code stamp (conn/paths.py: which gpujob, which 
 changed model or check is another key) and VERSION. Anything else (an edited file, another
 gpujob, a cache file unreadable, not ours, not private, not what we wrote) is a miss, and
 a miss is the full check: those same bytes read once here and validated by
-gpujob.inventory's pydantic models, every check of theirs (control characters, names,
+gpujob.inventory.hosts's pydantic models, every check of theirs (control characters, names,
 kinds, bounds) as on every other command, then the result written for the next time.
 
 What is kept is ``Inventory.model_dump(mode="json")`` of the validated model, and a hit
 gives :class:`View`: the same attributes with the same values (every field is text, a
 number, a list or a mapping; tests/test_invcache.py holds this for every field), and
-``resolve`` is the model's own (gpujob/invnames.py). Checks that are not the inventory's
+``resolve`` is the model's own (gpujob/inventory/names.py). Checks that are not the inventory's
 (host keys, ~/.ssh/config, the container's home) happen after it, the same both ways.
 
 The files live in the private runtime dir of the kept connection (conn/paths.py: 0700,
@@ -30,10 +30,10 @@ import os
 import stat
 from typing import TYPE_CHECKING, Any, cast
 
-from gpujob import invnames
+from gpujob.inventory import names as invnames
 
 if TYPE_CHECKING:
-    from gpujob.inventory import Inventory
+    from gpujob.inventory.hosts import Inventory
 
 VERSION = 1
 #: what is read of hosts.yaml (yamlsrc.MAX_FILE_BYTES; a larger one is refused there)
@@ -52,7 +52,7 @@ class _Fields:
 
 
 class View:
-    """A validated inventory as the attributes gpujob.inventory.Inventory has (for the
+    """A validated inventory as the attributes gpujob.inventory.hosts.Inventory has (for the
     cold exec: hosts, each with its fields and containers, and resolve/targets)."""
 
     def __init__(self, data: dict, source: str):
@@ -72,7 +72,7 @@ class View:
 
 
 def _embedded_note() -> str:
-    from gpujob.inventory import no_inventory_note  # (pydantic: only for a target not found)
+    from gpujob.inventory.hosts import no_inventory_note  # (pydantic: only for a target not found)
     return no_inventory_note()
 
 
@@ -157,7 +157,7 @@ def _prune(where: str) -> None:
 def load(path: str) -> Inventory:
     """The inventory in ``path`` (absolute), validated: from the cache when these bytes
     were validated before by this gpujob, else validated now (SpecError as
-    gpujob.inventory.load_inventory raises it) and cached. The returned View stands in
+    gpujob.inventory.hosts.load_inventory raises it) and cached. The returned View stands in
     for the model (the same attributes)."""
     from gpujob.conn import paths
     raw = _read_hosts(path)
@@ -176,7 +176,7 @@ def load(path: str) -> Inventory:
             pass  # not the shape we write: validated afresh below
     from pathlib import Path
 
-    from gpujob.inventory import load_inventory
+    from gpujob.inventory.hosts import load_inventory
     inventory = load_inventory(Path(path), raw=raw)
     if where and file:
         try:

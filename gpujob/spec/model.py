@@ -15,11 +15,13 @@ from pydantic import (BeforeValidator, Field, PrivateAttr, StringConstraints, Va
 from gpujob.agent.base.placeholders import FLEET_KEYS, PLACEHOLDER
 from gpujob.errors import InputError
 from gpujob.yamlsrc import At, Strict, describe, shorten, suggest
-from gpujob.spec_notify import Metrics, Webhook
-from gpujob.spec_ckpt import Checkpoint, check_checkpoint_use
-from gpujob.spec_throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
+from gpujob.spec import reqfiles
+from gpujob.spec.notify import Metrics, Webhook
+from gpujob.spec.recipes.registry import RECIPES
+from gpujob.spec.checkpoint import Checkpoint, check_checkpoint_use
+from gpujob.spec.throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
 from gpujob.agent.base.protocol import UNFIXABLE, FailureSignal as F
-from gpujob.spec_types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
+from gpujob.spec.types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
                                Interpreter, JobName, Name, PathText, Pinned, Requirement, SecretRef, Signal, Size, Url,
                                _env_value, _local_path, remote_dest)
 
@@ -203,7 +205,7 @@ class JobSpec(Strict):
     sync: list[Sync] = []
     env: Env = {}
     gpus: dict[GroupName, GpuList] = {}
-    requirements: list[Requirement] = []  # strings, or {file, exclude}: gpujob/reqfiles.py
+    requirements: list[Requirement] = []  # strings, or {file, exclude}: gpujob/spec/reqfiles.py
     profiles: list[Profile] = Field(min_length=1)
     profile: str | None = None  # None at load -> the first profile
     caches: Caches = Field(default_factory=Caches)
@@ -339,7 +341,7 @@ class JobSpec(Strict):
         }
         if any(isinstance(r, dict) for r in self.requirements):  # older keys stay as they were
             content.update(requirements_files=self.common_requirements()[0])
-            content.update({"no_deps": d} if (d := __import__("gpujob.reqfiles").reqfiles.no_deps(self)) else {})
+            content.update({"no_deps": d} if (d := reqfiles.no_deps(self)) else {})
         if profile.python or profile.system_site_packages:  # older keys stay as they were
             content.update(python=profile.python, system_site_packages=profile.system_site_packages)
         if profile.find_links:
@@ -348,16 +350,16 @@ class JobSpec(Strict):
 
     def common_requirements(self, strict: bool = False) -> tuple[list[str], list[str]]:
         """(what every venv gets besides its pins, notes): files read (reqfiles.expand)."""
-        from gpujob.reqfiles import expand
+        from gpujob.spec.reqfiles import expand
         return expand(self, strict)
 
     def to_agent_dict(self) -> dict:
         """Plain JSON for the supervisor; each profile also gets env_key and requirements_text."""
         data = self.model_dump(mode="json", by_alias=True)
         data["requirements"] = self.common_requirements()[0]
-        data["requirements_no_deps"] = __import__("gpujob.reqfiles").reqfiles.no_deps(self)
+        data["requirements_no_deps"] = reqfiles.no_deps(self)
         if self.recipe:  # job.json records the recipe's own version: a newer gpujob's is visible
-            data["recipe_info"] = __import__("gpujob.recipes").recipes.RECIPES[self.recipe].info()
+            data["recipe_info"] = RECIPES[self.recipe].info()
         for profile in data["profiles"]:
             profile["env_key"] = self.env_key(profile["name"])
             profile["requirements_text"] = self.requirements_text(profile["name"])
@@ -376,5 +378,5 @@ def load_spec(path: str | Path, sets: list | tuple = (), profile: str | None = N
     """Load and validate a job spec; SpecError (path:line: field: message) when it is wrong.
     ``sets``: `--set KEY=VALUE` items applied first, then the spec's recipe (speclayers.py);
     ``profile``: the one submit --profile names, in place of the spec's own."""
-    from gpujob.speclayers import load
+    from gpujob.spec.layers import load
     return load(JobSpec, Path(path), list(sets), profile)

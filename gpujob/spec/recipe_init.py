@@ -6,7 +6,8 @@ import json
 import re
 import shlex
 
-from gpujob.recipes import RECIPES, RecipeError, apply
+from gpujob.spec.recipes.base import RecipeError
+from gpujob.spec.recipes.registry import RECIPES, apply
 
 _TOKENS_HINT = {
     "specforge": "the mean tokens per sample of data.hidden_states_path (SpecForge logs samples/s)",

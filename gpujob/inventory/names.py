@@ -1,6 +1,6 @@
 """An inventory's names (stdlib only, pure): its targets, and a target's name resolved
 to its host and container, over the validated hosts mapping. Shared by the model
-(gpujob/inventory.py) and the cached view of it (gpujob/invcache.py), so both resolve
+(gpujob/inventory/hosts.py) and the cached view of it (gpujob/inventory/cache.py), so both resolve
 alike and neither imports the other for it."""
 
 from __future__ import annotations

@@ -1,106 +1,32 @@
-"""Controller-side job operations: plan a submit, ship code, start, follow, ask.
-
-``build_plan`` is pure (spec and target in, list of steps out): what
-``submit --plan`` prints. It builds every argv with the same functions that
-``submit`` and the supervisor run (``Target.agent_argv``,
-``envs.build_commands``, ``agent.base.placeholders.command_argv``), so the commands it shows
-are the commands that run.
+"""The plan of a submit, pure: spec and target in, steps out (what ``submit --plan`` prints),
+and the request ``agent submit`` receives. Every argv is built with the same functions that
+``submit`` and the supervisor run (``Target.agent_argv``, ``envs.build_commands``,
+``agent.base.placeholders.command_argv``), so the commands it shows are the commands that run.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import json
-import os
 import secrets
 import shlex
-
-import time
-from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any
 
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
-from gpujob.agent.base.protocol import OffsetSplitter
-from gpujob import secrets_env
-from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, RemoteError, SpecError
-from gpujob.spec import JobSpec, remote_dest, spec_hash
-from gpujob.speclayers import layer_steps
+from gpujob.spec import secrets as secrets_env
+from gpujob.errors import SpecError
+from gpujob.spec.model import JobSpec, remote_dest, spec_hash
+from gpujob.spec.layers import layer_steps
 from gpujob.steps import Step
-from gpujob.target import Target
-from gpujob.tarstream import Concat, TarStream
+from gpujob.ops.ship import sync_sources
+from gpujob.ops.target import Target
+
 
 ID_ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"  # no 0/o, 1/l/i: ids are read aloud
 
 
 def new_job_id(name: str) -> str:
     return f"{name}-{''.join(secrets.choice(ID_ALPHABET) for _ in range(4))}"
-
-
-# ---- shipping code (pure parts first) ---------------------------------------
-
-def excluded(rel: str, patterns: list[str]) -> bool:
-    """A pattern matches the relative path or any one of its components."""
-    parts = rel.split("/")
-    return any(fnmatch.fnmatch(rel, p) or any(fnmatch.fnmatch(part, p) for part in parts)
-               for p in patterns)
-
-
-def local_manifest(src: Path, exclude: list[str], name: str | None = None) -> dict[str, tuple[int, int]]:
-    """{relative path: (size, mtime seconds)} of the files to ship from ``src``; a
-    single file is listed under ``name`` (its name on the far side)."""
-    if src.is_file():
-        st = src.stat()
-        return {name or src.name: (st.st_size, int(st.st_mtime))}
-    out = {}
-    for dirpath, dirs, files in os.walk(src):
-        rel_dir = os.path.relpath(dirpath, src)
-        rel_dir = "" if rel_dir == "." else rel_dir + "/"
-        dirs[:] = sorted(d for d in dirs if not excluded(rel_dir + d, exclude))
-        for name in sorted(files):
-            rel = rel_dir + name
-            p = os.path.join(dirpath, name)
-            if excluded(rel, exclude) or not os.path.isfile(p) or os.path.islink(p):
-                continue
-            st = os.stat(p)
-            out[rel] = (st.st_size, int(st.st_mtime))
-    return out
-
-
-def changed(local: dict, remote: dict) -> list[str]:
-    """Files whose size or mtime differ on the far side (or that are missing there)."""
-    return [rel for rel, (size, mtime) in local.items()
-            if tuple(remote.get(rel, ())) != (size, mtime)]
-
-
-class Source(NamedTuple):
-    src: Path          # on the laptop
-    dest: str          # directory on the far side (relative to the workdir, or absolute)
-    exclude: list[str]
-    name: str | None   # a single file's name on the far side
-
-
-def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
-    """One Source per sync entry; a missing source is an input error raised before
-    anything changes on the remote side (``strict``)."""
-    out = []
-    for i, entry in enumerate(spec.sync):
-        src = (spec.spec_dir / Path(entry.src).expanduser()).resolve()
-        if strict and not src.exists():
-            raise InputError(f"{spec.source_path}: sync[{i}].src: no such file or directory: {src}")
-        dest = entry.dest
-        if dest is None:  # Sync's validator sets it at load; only a Sync built around it has none
-            raise TypeError(f"sync[{i}].dest: not set")
-        if src.is_file():  # a single file lands at dest: its directory, and its name there
-            out.append(Source(src, os.path.dirname(dest) or ".", list(entry.exclude), os.path.basename(dest)))
-        else:
-            out.append(Source(src, dest, list(entry.exclude), None))
-    return out
-
-
-# ---- the plan ----------------------------------------------------------------
-
 
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
@@ -126,7 +52,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")
                     or secrets.get("fleet_key")):
         req["secrets"] = secrets
-    if fleet is not None:  # one node of a multi-node job (gpujob/fleet.py): its place, its own env
+    if fleet is not None:  # one node of a multi-node job (gpujob/ops/fleet.py): its place, its own env
         req["fleet"] = {k: v for k, v in fleet.items() if k != "env"}
         req["spec"]["env"].update(fleet.get("env") or {})
     return req
@@ -136,7 +62,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
 LAUNCHER_SHOWN = "<gpujob agent launcher: run AGENT.pyz, exit 6 when it is missing>"
 
 
-def _agent(target: Target, *args: str) -> list[str]:
+def agent_shown(target: Target, *args: str) -> list[str]:
     return target.agent_argv(*args, launcher=LAUNCHER_SHOWN)
 
 
@@ -166,19 +92,19 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     steps += layer_steps(spec)
     steps += target.driver.plan_connect(target)
     steps.append(Step("probe", "container", "probe the container (python3, uv, disk, GPUs)",
-                      (_agent(target, "probe"))))
+                      (agent_shown(target, "probe"))))
     steps.append(Step("ship_agent", "container", f"ship the gpujob agent ({target.agent_path})",
                       [target.python, "-c", "<write stdin to file>", target.agent_path],
                       when="if that agent version is not there yet"))
     if target.driver.ships_uv:
         steps.append(Step("ship_uv", "container", f"ship uv to {target.home}/bin/uv",
-                          (_agent(target, "put", f"{target.home}/bin/uv", "--mode", "755")),
+                          (agent_shown(target, "put", f"{target.home}/bin/uv", "--mode", "755")),
                           when="if the container has no uv"))
     sources = sync_sources(spec, strict=False)
     dests = [s.dest for s in sources]
     if dests:
         steps.append(Step("manifest", "container", "list the files already shipped",
-                          (_agent(target, "manifest", "--name", spec.name,
+                          (agent_shown(target, "manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
     home = target.home
@@ -190,7 +116,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           for s in sources) or "no code to ship"
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
-                      f"supervisor detached", (_agent(target, "submit"))))
+                      f"supervisor detached", (agent_shown(target, "submit"))))
     # what the supervisor then runs in the container
     secrets_env.resolve(spec)  # an unset variable or unreadable file fails the plan as it would the submit
     req = job_request(spec, job_id, profile, clear_caches=spec.caches.clear_on_submit,
@@ -299,149 +225,3 @@ def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args
                                    else list(spec.train.command), values, shown),
                       when="on a rollback or restart"))
     return steps
-
-
-# ---- executing ---------------------------------------------------------------
-
-def submitter() -> str:
-    """user@laptop, as the container's lock and ``ps --all`` show who submitted a job."""
-    import getpass
-    import socket
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no login name and no passwd entry
-        user = str(os.getuid())
-    return f"{user}@{socket.gethostname().split('.')[0] or '?'}"
-
-
-def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
-           clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
-           fleet_key: str | None = None, resume_from: str | None = None,
-           accept_baseline: bool = False, resume_copy: bool = False) -> dict:
-    """Ship what is needed and start the supervisor; returns the agent's answer. A node
-    of a multi-node job (``fleet``) gets its place and the job's channel key (a secret).
-    ``resume_from`` (PATH or JOB, ``submit --resume-from``) is resolved in the container."""
-    checkpoint_where(spec, target.home)
-    if resume_from is not None and spec.train.checkpoint is None:
-        raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
-    sources = sync_sources(spec)  # local problems surface before any remote change
-    spec.common_requirements(strict=True)  # a requirements file that is missing or unusable, too
-    secrets = secrets_env.resolve(spec)
-    if fleet_key:
-        secrets = dict(secrets, fleet_key=fleet_key)
-    req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
-                      env_passthrough=target.env_passthrough, fleet=fleet)
-    req["by"] = submitter()  # the container's lock says who holds it
-    if resume_from is not None:
-        req["resume_from_ask"] = resume_from
-        req["resume_from_copy"] = resume_copy  # a trial: a copy in its own workdir (agent/home/ckcopy.py)
-    req["accept_baseline"] = accept_baseline  # submit --accept-baseline (agent/judge/decide.promotion)
-    req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
-    if spec.resume_after_reboot and not target.driver.boot_hooks:
-        progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "
-                 "rc.local would be this machine's); `gpujob status` after a restart brings the job back")
-    for w in checkpoint.warnings(req["spec"]):
-        progress(f"warning: {w}")
-    progress(f"probing {target.label}")
-    target.probe(spec.workdir)
-    uv = target.ensure_uv()
-    if uv is None:
-        progress("no uv in the container and ours cannot run there: the venv will be built with pip")
-    req["uv"] = uv
-    streams, payload = [], []
-    if sources:
-        remote = target.agent_json("manifest", "--name", spec.name,
-                                   *(["--workdir", spec.workdir] if spec.workdir else []),
-                                   *[s.dest for s in sources])
-        for s in sources:
-            local = local_manifest(s.src, s.exclude, s.name)
-            todo = changed(local, remote.get(s.dest, {}))
-            progress(f"sync {s.src} -> {s.dest}: {len(todo)} of {len(local)} files changed")
-            if todo:
-                tar = TarStream(s.src, todo)  # read while it is sent: memory stays flat
-                streams.append({"dest": s.dest, "size": tar.size})
-                payload.append(tar)
-    req["sync_streams"] = streams
-    stdin = Concat([json.dumps(req).encode() + b"\n", *payload])
-    progress("starting the supervisor")
-    try:
-        res = target.agent_json("submit", stdin=stdin, timeout=600)
-    except GpujobError as e:  # an agent error could quote what it read: never a secret
-        e.message = secrets_env.scrub(e.message, secrets)
-        e.args = (e.message,)
-        raise
-    for tar in payload:
-        for path in tar.changed:
-            progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
-                     "submit again once it is written")
-    for line in earlier_checkpoint_lines(res):
-        progress(line)
-    return res
-
-
-def earlier_checkpoint_lines(res: dict) -> list[str]:
-    """What submit says about the checkpoints it found (the agent's ``checkpoints`` answer)."""
-    found = res.get("checkpoints") or {}
-    lines = []
-    left = found.get("left") or []
-    if left:
-        shown = ", ".join(f"{c['path']}" + (f" (job {c['job']})" if c.get("job") else "") for c in left[:5])
-        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
-        lines.append(f"note: {len(left)} checkpoint(s) that earlier jobs left under {found.get('where')}: "
-                     f"{shown}{more}. They stay as they are (a trainer that writes the same name overwrites "
-                     "them); this job never resumes from them (gpujob submit --resume-from PATH|JOB to do so)")
-    if found.get("resume_from"):
-        r = found["resume_from"]
-        lines.append(f"resuming on purpose from {r['path']}" + (f" (job {r['job']}" + (
-            f", step {r['step']})" if r.get("step") is not None else ")") if r.get("job") else ""))
-    return lines
-
-
-def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bool = True,
-               offset: int = 0, last: int | None = None, write: Callable[[bytes], None],
-               notice: Callable[[str], None], max_backoff: float = 8.0) -> int:
-    """Stream a job's log from ``offset`` (or from its last ``last`` lines); after a
-    dropped connection, reconnect with backoff and resume from the byte reached, so
-    no byte is lost or printed twice. Returns the final offset."""
-    base, got = offset, 0  # position = base + got: base is fixed by what the agent reports
-    got0 = 0  # bytes written before the current agent call
-    located = last is None  # with ``last``, the agent tells the offset it starts from
-
-    def sink(chunk: bytes) -> None:
-        nonlocal got
-        write(chunk)
-        got += len(chunk)
-
-    def started_at(rec: dict) -> None:
-        # the agent's first record says where it starts: where we asked, or later when
-        # the part of the log we asked for was trimmed away (it then says how much we skip)
-        nonlocal base, located
-        base, located = rec["offset"] - got0, True
-        if rec.get("skipped"):
-            notice(f"{rec['skipped']} bytes of {file} before this point were trimmed "
-                   f"(journal.keep_log)")
-
-    backoff = 0.25
-    while True:
-        start = ["--offset", str(base + got)] if located else ["--last", str(last)]
-        got0 = got
-        try:
-            args = ["tail", job_id, "--file", file, *start] + (["--follow"] if follow else [])
-            head = OffsetSplitter(sink, started_at)
-            r = target.agent(*args, timeout=None, on_stdout=head)
-            if r.exit_code != 0:
-                raise RemoteError(f"reading {file} of {job_id} failed" + (f": {head.error}" if head.error else ""), r)
-            return base + got
-        except ConnectionLost as e:
-            notice(f"connection lost ({e.message}); reconnecting from byte {base + got}")
-        while True:
-            time.sleep(backoff)
-            backoff = min(backoff * 2, max_backoff)
-            try:
-                target.driver.reconnect(target)
-                notice("reconnected")
-                backoff = 0.25
-                break
-            except ConnectError as e:
-                notice(f"reconnect failed ({e.message}); next try in {backoff:g}s")
-

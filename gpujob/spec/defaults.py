@@ -2,7 +2,7 @@
 from spec.py's models (the one place defaults are defined; notify's and metrics'
 in spec_notify.py, which spec.py imports); tests/test_spec.py checks
 it is up to date. Regenerate with
-``python -m gpujob.specdefaults > gpujob/agent/base/spec_defaults.json``."""
+``python -m gpujob.spec.defaults > gpujob/agent/base/spec_defaults.json``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import json
 
 from pydantic import BaseModel
 
-from gpujob.spec import Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
+from gpujob.spec.model import Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
 
 
 #: the sections whose defaults the agent needs for a job.json that lacks a key

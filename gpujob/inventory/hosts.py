@@ -9,9 +9,10 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, Field, PrivateAttr, StringConstraints, model_validator
 
-from gpujob import invnames, kinds
+from gpujob import kinds
+from gpujob.inventory import names as invnames
 from gpujob.errors import InputError
-from gpujob.spec_types import PathText
+from gpujob.spec.types import PathText
 from gpujob.yamlsrc import At, Strict, describe, load_yaml
 
 DEFAULT_INVENTORY = {

@@ -24,13 +24,13 @@ from gpujob.agent.base import protocol
 from gpujob.errors import InputError, JobError, RemoteError
 from gpujob.transport.base import OnData, Result, Stdin, Transport
 
-if TYPE_CHECKING:  # (its pydantic models: a cold exec may run on a cached View, gpujob/invcache.py)
-    from gpujob.inventory import Inventory
+if TYPE_CHECKING:  # (its pydantic models: a cold exec may run on a cached View, gpujob/inventory/cache.py)
+    from gpujob.inventory.hosts import Inventory
     from gpujob.transport.mux import MuxClient, Pending
 
 # every module of gpujob/agent/ and its wings ships (they are stdlib-only by rule): none can be
 # forgotten; each named by its path under gpujob/agent/ (``home/journal.py``)
-_AGENT_DIR = Path(__file__).parent / "agent"
+_AGENT_DIR = Path(__file__).parent.parent / "agent"
 AGENT_MODULES = tuple(sorted(p.relative_to(_AGENT_DIR).as_posix() for p in _AGENT_DIR.rglob("*.py")))
 AGENT_DATA = ("base/spec_defaults.json",)  # read with pkgutil.get_data (gpujob/agent/base/defaults.py)
 AGENT_MAIN = "import sys\nfrom gpujob.agent.main import main\nsys.exit(main())\n"
@@ -59,7 +59,7 @@ BOOTSTRAP = ("import io,os,sys,zipfile\nd=sys.argv[1]\nos.makedirs(os.path.dirna
 @lru_cache(maxsize=1)
 def agent_zip() -> tuple[bytes, str]:
     """The agent zipapp (deterministic bytes) and its short content hash."""
-    pkg = Path(__file__).parent
+    pkg = Path(__file__).parent.parent
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
         def add(name: str, data: bytes) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from gpujob.agent.base.ckpaths import refusal
-from gpujob.spec_types import Duration, PathText
+from gpujob.spec.types import Duration, PathText
 from gpujob.yamlsrc import At, Strict, describe
 
 

@@ -1,6 +1,6 @@
 """The spec's notify and metrics sections: webhooks the supervisor posts to
 (agent/supervisor/notify.py) and Prometheus gauges (agent/supervisor/metrics.py). Their defaults are
-defined here (gpujob/specdefaults.py reads them)."""
+defined here (gpujob/spec/defaults.py reads them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from gpujob.spec_types import Duration, SecretRef, _env_value
+from gpujob.spec.types import Duration, SecretRef, _env_value
 from gpujob.yamlsrc import At, Strict, control_char, describe, kind_of, shorten
 
 NotifyEvent = Literal["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]

@@ -74,7 +74,7 @@ def say_revived(st: dict, err) -> None:
 
 def show_status(ctx, job_id: str, t, as_json: bool, out, err) -> None:
     """``gpujob status``: state, phase, profile, tok/s with its trend and threshold, rollbacks."""
-    from gpujob.cli import plainjson, render  # (rich: exec's body, above, is run without it on a cold start)
+    from gpujob.show import plainjson, render  # (rich: exec's body, above, is run without it on a cold start)
     st = fetch_status(ctx, job_id, t, err)
     if as_json:
         plainjson.print_json(out, json.dumps(render.status_view(st, t.label)))
@@ -93,9 +93,10 @@ def ps_rows(ctx, target: Optional[str], limit: int) -> list:
 
 def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, err) -> None:
     """``gpujob ps``: every row's state fetched from its container, the targets asked at
-    once (gpujob/cli/fanout.py); a target that fails or gives no answer in ``timeout``
+    once (gpujob/ops/fanout.py); a target that fails or gives no answer in ``timeout``
     is said once and its jobs shown unreachable."""
-    from gpujob.cli import fanout, plainjson, render
+    from gpujob.ops import fanout
+    from gpujob.show import plainjson, render
     by_target: dict[str, list[str]] = {}
     for r in rows:
         by_target.setdefault(r["target"], []).append(r["job_id"])
