@@ -18,6 +18,7 @@ from gpujob.show import render
 from gpujob.cli.app import app, ctx, err
 # the commands register on app as their modules load, in this order (the order --help lists them)
 from gpujob.cli import target_cmds, jobs_cmds, cache_cmds, demo_cmd, recipe_cmds, replay_cmds  # noqa: F401
+from gpujob.cli import bisect_cmds  # noqa: F401
 from gpujob.errors import GpujobError
 
 
