@@ -116,7 +116,7 @@ def inventory_path(explicit: str | None) -> str | None:
         if given:
             return os.path.expanduser(given)
     config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    for path in ("hosts.yaml", os.path.join(config, "gpujob", "hosts.yaml")):
+    for path in (os.path.join(config, "gpujob", "hosts.yaml"), "hosts.yaml"):  # the user's first
         if os.path.isfile(path):
             return path
     return None

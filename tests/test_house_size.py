@@ -19,6 +19,7 @@ SCRIPTS = "scripts"
 #: the modules over REVIEW_AT lines, each with the one role that keeps it one file
 REVIEWED = {
     "gpujob/agent/home/ckregister.py": "the checkpoint register: one job's file and the live watch of a run",
+    "gpujob/cli/jobs_cmds.py": "the typer commands of one job: submit, logs, status, stop, rollback",
     "gpujob/agent/judge/policy.py": "the throughput policy: one state machine over samples (pure)",
     "gpujob/agent/supervisor/supervisor.py": "the supervisor: it builds its roles and keeps the lifecycle",
     "gpujob/agent/supervisor/watch.py": "the watch loop of one phase command (its pause side is watchpause.py)",

@@ -110,8 +110,8 @@ def test_other_bars_and_lines_give_no_sample():
 
 
 def test_the_lightning_recipe_reads_the_step_counter():
-    from gpujob import recipes
-    frag = recipes._lightning({"train": {"command": "python train.py fit"}, "throughput": {"tokens_per_step": 1}})
+    from gpujob.spec.recipes import lightning
+    frag = lightning.derive({"train": {"command": "python train.py fit"}, "throughput": {"tokens_per_step": 1}})
     assert frag["throughput"] == {"format": "tqdm_steps"}
 
 

@@ -111,7 +111,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory file (else $GPUJOB_HOSTS, "
-                                              "./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)"),
+                                              "~/.config/gpujob/hosts.yaml, ./hosts.yaml, built-in local)"),
           accept_new: bool = typer.Option(False, "--accept-new", help="trust and record an unknown host key "
                                           "(like OpenSSH's accept-new); a changed key is always refused"),
           version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,

@@ -11,7 +11,8 @@ import typer
 from gpujob.agent.base.protocol import JobState
 from gpujob.ops import bodies
 from gpujob.show import plainjson, render
-from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
+from gpujob.errors import (ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError,
+                           RemoteError, SpecError)
 if TYPE_CHECKING:
     from gpujob.ops.target import Target
     from gpujob.spec.model import JobSpec
@@ -79,6 +80,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if resume_from is not None and spec.train.checkpoint is None:
             raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         steps = build_plan(spec, t, job_id, profile, resume_from=resume_from)
+        steps.insert(0, _inventory_note(t))
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -111,6 +113,22 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         _follow(job_id, t, "job.log", None)
         raise typer.Exit(0 if _print_final(job_id, t).get("state") == JobState.SUCCEEDED else 1)
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
+
+
+def _inventory_note(t: Target):
+    """The plan says which hosts file named the target, and that a folder's ./hosts.yaml
+    (a clone's example) was not read when the user's own came first (issue 34 row 4)."""
+    from gpujob.inventory.hosts import BUILTIN_NAMES, search_paths
+    from gpujob.steps import Step
+    inv = ctx.targets().inventory
+    builtin = inv.source == "embedded default" or (t.label in BUILTIN_NAMES and "local" not in inv.hosts)
+    text = f"{t.label}: " + ("gpujob's built-in local/demo (this machine)" if builtin else f"from {inv.source}")
+    here = search_paths()[-1]
+    if inv.source not in ("embedded default", "recorded with the job") and here.is_file() \
+            and here.resolve() != Path(inv.source).resolve():
+        text += (f"; {here.absolute()} is not read ({inv.source} comes first; "
+                 "--hosts hosts.yaml reads it)")
+    return Step("note", "laptop", text)
 
 
 def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
@@ -157,12 +175,27 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
                              "dim"), soft_wrap=True)
 
+    from gpujob.show.waits import Wait
+    wait = Wait(err, "probing the container")
+
     def progress(message: str) -> None:
         said.append(message)
         err.print(render.lit(f"· {message}", "dim"))
+        if message == "starting the supervisor":
+            wait.say("shipping the code and starting the supervisor")
+        elif message.startswith(("probing ", "sync ")):
+            wait.say(message if message.startswith("probing ") else "listing the files to ship")
+
+    def on_read(done: int, total: int) -> None:  # the sync's tar streams going out
+        if done < total:
+            wait.bytes(done, total)
+        else:
+            wait.say(f"waiting for the supervisor to start ({total / 1e6:.1f} MB shipped)")
+    progress.on_read = on_read  # type: ignore[attr-defined]  # jobs.submit counts stdin's bytes to it
     try:
-        res = submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
-                               resume_from=resume_from, accept_baseline=accept_baseline, progress=progress)
+        with wait:
+            res = submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                                   resume_from=resume_from, accept_baseline=accept_baseline, progress=progress)
     except KeyboardInterrupt:
         started = "starting the supervisor" in said
         state.seen(job_id, JobState.UNKNOWN) if started else state.unreserve(job_id)
@@ -172,6 +205,9 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         raise
     except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
         state.unreserve(job_id)
+        raise
+    except RemoteError as e:  # the agent said why it failed: no supervisor started, no job row
+        state.unreserve(job_id) if e.answered else state.seen(job_id, JobState.UNKNOWN)
         raise
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
@@ -237,6 +273,10 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
         return
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
+    if follow:  # the job ended: its outcome is the exit code (0 only for succeeded), as `submit -f`'s
+        st = _status(job_id, t)
+        if st.get("state") != JobState.SUCCEEDED:  # one line (a JSON object under --json), exit 1
+            raise GpujobError(f"job {job_id} {st.get('state')}" + (f": {st['reason']}" if st.get("reason") else ""))
 
 
 def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:

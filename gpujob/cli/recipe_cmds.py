@@ -53,7 +53,14 @@ def init_cmd(command: list[str] = typer.Argument(..., metavar="-- COMMAND ..."),
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", name):
         raise InputError(f"--name: expected lowercase letters, digits and '-' (at most 40), got {name[:60]!r}")
     path = output or Path(f"{name}.yaml")
-    text = spec_text(recipe, list(command), name=name, target=target)
+    from gpujob.spec.cmdfiles import init_sync
+    here = Path.cwd()
+    folder = (here / path).parent.resolve()
+    ship = tuple((os.path.relpath(here / f, folder), f) for f in init_sync(list(command), here))
+    from gpujob.spec.cmdfiles import script_flags
+    scripts = [f for f in init_sync(list(command), here) if f.endswith(".py") and f in command]
+    own = script_flags(here / scripts[0]) if scripts else None
+    text = spec_text(recipe, list(command), name=name, target=target, sync=ship, own_flags=own)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:

@@ -58,7 +58,9 @@ def disconnect(every: bool = typer.Option(False, "--all", help="every kept conne
 def doctor(target: Optional[str] = typer.Argument(None, help="container (default: every target)"),
            spec: Optional[Path] = typer.Option(None, "--spec", help="also check the driver against "
                                                "the CUDA of this job's profiles"),
-           as_json: bool = typer.Option(False, "--json")):
+           as_json: bool = typer.Option(False, "--json"),
+           sets: Optional[List[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="with --spec: "
+                                                    "replace one spec value, as submit's --set")):
     """Check a target: host key, pct, container, python3, uv, disk, GPUs and driver."""
     from gpujob.ops import doctor as doc
     cudas: list[str] = []
@@ -66,10 +68,12 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
     named: str | list[str] | None = target  # a spec's target may be a list (multi-node)
     if spec is not None:
         from gpujob.spec.model import load_spec
-        s = load_spec(spec)
+        s = load_spec(spec, sets or [])
         cudas = sorted({p.cuda for p in s.profiles if p.cuda})
         workdir = s.workdir
         named = target or s.target
+    elif sets:
+        raise InputError("--set: only with --spec (it changes that spec's values)")
     names = (named if isinstance(named, list) else [named]) if named else \
         [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]  # a list: every node of a multi-node spec
     report = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from gpujob.ops import bodies
 from gpujob.conn import paths, proto
 from gpujob.daemon import logs
-from gpujob.daemon.console import FdSink, LazyConsole, PolledStdin, client_console
+from gpujob.daemon.console import FdSink, LazyConsole, PolledStdin, ReaderGone, client_console
 from gpujob.daemon.pool import Entry, Fallback, Pool, prewarm
 from gpujob.errors import ConnectionLost, GpujobError, InputError
 
@@ -290,8 +290,8 @@ class Server:
             err.print("\ninterrupted")
             code = 130
         except OSError as e:
-            if any(sink.failed for sink in sinks):
-                code = 120  # what Python reports when flushing stdout to a closed pipe
+            if isinstance(e, ReaderGone) or any(sink.failed for sink in sinks):
+                code = 0  # the reader went away (`| head -2`): quiet, exit 0, as the full CLI ends
             elif self.cutting:
                 code = self.say_cut(err, req)
             else:  # from below the daemon (a pipe or socket to the host): said, never dropped

@@ -19,6 +19,9 @@ DEFAULT_INVENTORY = {
     "hosts": {"local": {"kind": "local", "containers": {"demo": {"root": "~/.local/share/gpujob/demo"}}}},
 }
 
+#: the built-in target's names, reachable beside a user's inventory (Inventory.resolve)
+BUILTIN_NAMES = ("demo", "local/demo")
+
 
 def _vmid(value):
     if isinstance(value, bool) or not isinstance(value, int):
@@ -106,8 +109,16 @@ class Inventory(Strict):
         return invnames.targets(self.hosts)
 
     def resolve(self, target: str) -> tuple[str, Host, str, Container]:
-        """`name` or `host/name` -> (host name, host, container name, container)."""
-        return invnames.resolve(self.hosts, self._source, target, no_inventory_note)
+        """`name` or `host/name` -> (host name, host, container name, container). The built-in
+        `local/demo` stays reachable beside the user's hosts (`gpujob demo` after README step 2)
+        unless their file has a host `local` or a container `demo` of its own."""
+        try:
+            return invnames.resolve(self.hosts, self._source, target, no_inventory_note)
+        except InputError:
+            if self._source == "embedded default" or target not in BUILTIN_NAMES or "local" in self.hosts \
+                    or any(c == "demo" for _, c in self.targets()):
+                raise
+            return load_inventory(None).resolve(target)
 
 
 def entry_of(inventory: Inventory, target: str) -> dict:
@@ -127,7 +138,8 @@ def entry_of(inventory: Inventory, target: str) -> dict:
 
 
 def find_inventory(explicit: str | None) -> Path | None:
-    """--hosts, then $GPUJOB_HOSTS, then ./hosts.yaml, then $XDG_CONFIG_HOME/gpujob/hosts.yaml."""
+    """--hosts, then $GPUJOB_HOSTS, then the user's $XDG_CONFIG_HOME/gpujob/hosts.yaml, then
+    ./hosts.yaml: a folder's file (a clone's example) never shadows the user's own."""
     for given, what in ((explicit, "--hosts"), (os.environ.get("GPUJOB_HOSTS"), "$GPUJOB_HOSTS")):
         if given:
             path = Path(given).expanduser()
@@ -143,7 +155,7 @@ def find_inventory(explicit: str | None) -> Path | None:
 def search_paths() -> list[Path]:
     """Where an inventory is looked for when neither --hosts nor $GPUJOB_HOSTS names one."""
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
-    return [Path("hosts.yaml"), config / "gpujob" / "hosts.yaml"]
+    return [config / "gpujob" / "hosts.yaml", Path("hosts.yaml")]
 
 
 def no_inventory_note() -> str:

@@ -10,9 +10,16 @@ VERSION_SCRIPT = ("import importlib.metadata as m, sys\n"
                   "try:\n    print(m.version(sys.argv[1]))\nexcept m.PackageNotFoundError:\n    print('-')")
 
 
+#: recipes whose trainer is a repository's script, not an installed package: no version to look up
+REPOS = {"nanogpt"}
+
+
 def judge(recipe: str, installed: dict) -> list[Check]:
     """{profile: version | None (no venv yet) | '-' (not installed)} -> one check per profile."""
     r = RECIPES[recipe]
+    if recipe in REPOS:
+        return [Check("recipe", CheckStatus.OK, f"{r.trainer} is a repository (its train.py, shipped by sync), "
+                      "not a package: no version to check")]
     out = []
     for profile, version in installed.items():
         if version is None:
@@ -33,7 +40,9 @@ def judge(recipe: str, installed: dict) -> list[Check]:
 def gather(target, spec) -> dict:
     """{profile: the recipe's trainer version in its venv} (None: no venv built)."""
     r = RECIPES[spec.recipe]
-    found = {}
+    found: dict = {}
+    if spec.recipe in REPOS:
+        return found
     for p in spec.profiles:
         venv = envs.env_dir(target.home, spec.env_key(p.name))
         res = target.run([f"{venv}/bin/python", "-c", VERSION_SCRIPT, r.trainer], timeout=60)

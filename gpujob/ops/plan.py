@@ -13,7 +13,7 @@ from typing import Any
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
-from gpujob.spec import secrets as secrets_env
+from gpujob.spec import cmdfiles, secrets as secrets_env
 from gpujob.errors import SpecError
 from gpujob.spec.model import JobSpec, remote_dest, spec_hash
 from gpujob.spec.layers import layer_steps
@@ -116,6 +116,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           + (f"/{s.name}" if s.name else "")
                           + ("" if s.src.exists() else " [MISSING: submit will refuse]")
                           for s in sources) or "no code to ship"
+    steps[:0] = [Step("warning", "laptop", w) for w in cmdfiles.plan_warnings(spec, sources)]
     steps.append(Step("submit", "container",
                       f"take the container lock, unpack changed files ({sync_note}), start the "
                       f"supervisor detached", (agent_shown(target, "submit"))))

@@ -64,6 +64,8 @@ def sync_sources(spec: JobSpec, *, strict: bool = True) -> list[Source]:
         dest = entry.dest
         if dest is None:  # Sync's validator sets it at load; only a Sync built around it has none
             raise TypeError(f"sync[{i}].dest: not set")
+        if src.is_file() and dest == ".":  # a file missing at load, there now: into the workdir
+            dest = src.name
         if src.is_file():  # a single file lands at dest: its directory, and its name there
             out.append(Source(src, os.path.dirname(dest) or ".", list(entry.exclude), os.path.basename(dest)))
         else:

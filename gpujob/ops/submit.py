@@ -31,7 +31,7 @@ def submitter() -> str:
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
            fleet_key: str | None = None, resume_from: str | None = None,
-           accept_baseline: bool = False) -> dict:
+           accept_baseline: bool = False, resume_copy: bool = False) -> dict:
     """Ship what is needed and start the supervisor; returns the agent's answer. A node
     of a multi-node job (``fleet``) gets its place and the job's channel key (a secret).
     ``resume_from`` (PATH or JOB, ``submit --resume-from``) is resolved in the container."""
@@ -48,6 +48,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     req["by"] = submitter()  # the container's lock says who holds it
     if resume_from is not None:
         req["resume_from_ask"] = resume_from
+        req["resume_from_copy"] = resume_copy  # a trial: a copy in its own workdir (agent/home/ckcopy.py)
     req["accept_baseline"] = accept_baseline  # submit --accept-baseline (agent/judge/decide.promotion)
     req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
@@ -75,7 +76,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
                 streams.append({"dest": s.dest, "size": tar.size})
                 payload.append(tar)
     req["sync_streams"] = streams
-    stdin = Concat([json.dumps(req).encode() + b"\n", *payload])
+    stdin = Concat([json.dumps(req).encode() + b"\n", *payload], getattr(progress, "on_read", None))
     progress("starting the supervisor")
     try:
         res = target.agent_json("submit", stdin=stdin, timeout=600)

@@ -183,7 +183,9 @@ class Target:
         if r.exit_code == protocol.REFUSED:
             raise JobError(out.get("error", "refused"))
         if not r.ok or "error" in out:
-            raise RemoteError(f"gpujob agent `{args[0]}` on {self.name}: {out.get('error', 'failed')}")
+            e = RemoteError(f"gpujob agent `{args[0]}` on {self.name}: {out.get('error', 'failed')}")
+            e.answered = True  # the agent ran to its end and said why: a submit started nothing
+            raise e
         return out
 
     def probe(self, workdir: str | None = None) -> dict:

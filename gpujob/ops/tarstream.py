@@ -104,14 +104,21 @@ class Concat:
     """Several readables (bytes or objects with ``read``) read one after the other;
     ``seek(0)`` starts all of them over (the agent may have to be shipped first)."""
 
-    def __init__(self, parts: list):
+    def __init__(self, parts: list, on_read=None):
         self.parts = [p if hasattr(p, "read") else _Bytes(p) for p in parts]
         self.index = 0
+        self.on_read = on_read  # called with (bytes read so far, bytes in all) as it is read
+        self.total = sum(p.size if hasattr(p, "size") else len(p.data) if isinstance(p, _Bytes) else 0
+                         for p in self.parts)
+        self.done = 0
 
     def read(self, n: int = -1) -> bytes:
         while self.index < len(self.parts):
             data = self.parts[self.index].read(n)
             if data:
+                self.done += len(data)
+                if self.on_read is not None:
+                    self.on_read(self.done, self.total)
                 return data
             self.index += 1
         return b""
@@ -121,7 +128,7 @@ class Concat:
             raise ValueError("Concat can only start over")
         for part in self.parts:
             part.seek(0)
-        self.index = 0
+        self.index = self.done = 0
 
 
 class _Bytes:

@@ -70,13 +70,19 @@ def legend(s: dict) -> list[str]:
 # ---- files ------------------------------------------------------------------------
 
 def _pyplot():
-    try:
-        import matplotlib
-    except ImportError:
-        raise MissingDependency(f"plot -o needs matplotlib, which is not installed: {INSTALL}") from None
-    matplotlib.use("Agg")
-    matplotlib.rcParams.update({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "gpujob"})
-    import matplotlib.pyplot as plt
+    from gpujob.show import render
+    from gpujob.show.waits import Wait
+    err = render.console(stderr=True)
+    # the first import builds matplotlib's font cache (18 s on a laptop): said when it takes over 2 s
+    with Wait(err, "loading matplotlib (its first use builds its font cache, once)"):
+        try:
+            import matplotlib
+        except ImportError:
+            raise MissingDependency(f"plot -o needs matplotlib, which is not installed: {INSTALL}") from None
+        matplotlib.use("Agg")
+        matplotlib.rcParams.update({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "gpujob"})
+        import matplotlib.pyplot as plt
+        import matplotlib.font_manager  # noqa: F401  # where the cache is built
     return plt
 
 

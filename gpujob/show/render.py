@@ -19,8 +19,8 @@ from gpujob.agent.judge import timings
 from gpujob.agent.base.protocol import ENDED, JobState
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge.throughput import fmt_rate, sparkline
-from gpujob.show import waiting
-from gpujob.show.judgeview import rate_pair, suspended_text
+from gpujob.show import status_rows, waiting
+from gpujob.show.judgeview import rate_pair
 
 S = JobState
 STATE_STYLE = {S.SUCCEEDED: "green", S.TRAINING: "cyan", S.WARMUP: "cyan", S.PREPARING: "yellow",
@@ -142,6 +142,7 @@ def status_view(st: dict, target: str) -> dict:
         "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
         "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
+        "suspect": rec.suspect,
     }
 
 
@@ -153,6 +154,7 @@ def print_status(console: Console, v: dict) -> None:
     t.add_row("job", lit(f"{v['job']}  on {v['target']}" + (f"  by {v['by']}" if v.get("by") else "")))
     t.add_row("state", styled((v["state"], style), f"  ({v['phase']})" if v["phase"] else ""))
     t.add_row("profile", lit(v["profile"] or "-"))
+    label, note = status_rows.rate_label(v)
     if v["tok_s"] is not None:
         line = f"{fmt_rate(v['tok_s'])} tok/s"
         if v["window_median"] is not None and v["threshold"] is not None:
@@ -164,15 +166,11 @@ def print_status(console: Console, v: dict) -> None:
                 line += (f", breaching for {v['breach_for']:.0f}s (failure_limit {fl}, sooner when deeper)"
                          if isinstance(fl, str) and isinstance(v.get("breach_for"), (int, float))
                          else f", {v['consecutive_breaches']}/{fl} breaches")
-        t.add_row("tok/s", lit(line))
+        t.add_row(label, lit(line + note))
         t.add_row("trend", styled((v["sparkline"], "cyan"),
                                   f"  {fmt_rate(min(v['trend']))}–{fmt_rate(max(v['trend']))}"))
-    held = v.get("judging_suspended")
-    if isinstance(held, dict):
-        t.add_row("judging", styled(("suspended", "yellow"), suspended_text(held)))
-    elif v.get("run_baseline"):
-        t.add_row("judging", lit(f"against {fmt_rate(v['run_baseline'])} tok/s, a baseline this run set "
-                                 f"(no known one when judging came back)"))
+    for row, text in status_rows.judging_rows(v):
+        t.add_row(row, lit(text))
     t.add_row("uptime", duration(v["uptime_s"]))
     if v.get("waiting"):
         t.add_row("waits", styled((v["waiting"], "yellow"), ""))
@@ -378,7 +376,8 @@ def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
     if res.get("requested"):
         to = f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)"
         return lit(f"{job_id}: rollback from {res['from']} asked of its supervisor{to}{judged}")
-    return lit(f"{job_id}: restarted on {res['to']} (was {res['from']}), supervisor pid "
+    was = f"had ended ({res['was']}): it runs again, " if res.get("was") else ""
+    return lit(f"{job_id}: {was}restarted on {res['to']} (was {res['from']}), supervisor pid "
                f"{res['supervisor_pid']}{judged}")
 
 

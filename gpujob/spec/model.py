@@ -40,6 +40,10 @@ class Sync(Strict):
         if "\x00" in self.dest or not self.dest.strip():
             raise At(("dest",), f"expected a path, got {describe(self.dest)}")
         dest = posixpath.normpath(self.dest)
+        into = self.dest.endswith("/") or dest == "."  # "into this folder", as cp and rsync read it
+        if into and dest != "/" and _local_path(info, self.src).is_file():
+            dest = posixpath.join(dest, _local_path(info, self.src).resolve().name) if dest != "." \
+                else _local_path(info, self.src).resolve().name
         if dest == "/":
             raise At(("dest",), "'/' is the container's root; name a directory under it")
         self.dest = dest

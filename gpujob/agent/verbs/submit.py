@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 from gpujob.agent.base import protocol
@@ -27,6 +28,7 @@ def cmd_submit(home: Home, args) -> None:
     if os.path.exists(j.dir):
         raise Refused(f"job id {job_id} already exists in this container; nothing was changed")
     held, stale = acquire(home, job_id, job.get("by"))
+    made = None  # the job's folder, once this submit made it
     try:
         j = Journal(home, job_id, held.generation)
         workdir = home.workdir(job["spec"])
@@ -36,6 +38,7 @@ def cmd_submit(home: Home, args) -> None:
                 raise ValueError(f"sync dest {entry['dest']!r} resolves outside the workdir")
         found = submit_checkpoints(home, job, workdir)  # before job.json, which holds resume_from
         os.makedirs(j.dir, exist_ok=False)
+        made = j.dir
         synced = {}
         for entry in job.pop("sync_streams", []):
             dest = entry["dest"] if os.path.isabs(entry["dest"]) else os.path.join(workdir, entry["dest"])
@@ -51,11 +54,14 @@ def cmd_submit(home: Home, args) -> None:
         if job.get("boot_hook"):
             line = boothook.install(sys.executable, os.path.abspath(sys.argv[0]), home.root)
             j.event("boot_hook", path=boothook.RC_LOCAL, line=line)
+        made = None  # from here a supervisor may run: its folder stays
         pid = spawn_supervisor(home, job_id, held)
     except BaseException:
         held.release()
         if os.path.exists(Journal(home, job_id).path("secrets.json")):  # no supervisor will use them
             os.unlink(Journal(home, job_id).path("secrets.json"))
+        if made is not None:  # no supervisor started: no job of this id (ps shows none, the id is free)
+            shutil.rmtree(made, ignore_errors=True)
         raise
     emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced, "stale_lock": stale, "checkpoints": found})
 
