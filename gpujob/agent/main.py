@@ -21,8 +21,10 @@ from gpujob.agent.home import gc
 from gpujob.agent.base import envs
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
-from gpujob.agent.home.ledger import Ledger
-from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.home import ledgerfile
+from gpujob.agent.home.ledger import Ledger, Superseded
+from gpujob.agent.home.ledgerfile import LedgerError
+from gpujob.agent.base.fsio import now, write_json
 from gpujob.agent.home.lock import Lock
 from gpujob.agent.base.proc import die_here
 from gpujob.agent.base import protocol
@@ -146,8 +148,9 @@ PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def cmd_ledger(home: Home, args) -> None:
-    """``ledger show NAME`` (a job name's ledger) or ``ledger set NAME PROFILE STATUS``
-    (by hand: good, bad, or untried, which removes the entry)."""
+    """``ledger show NAME`` (a job name's ledger), ``ledger set NAME PROFILE STATUS`` (by
+    hand: good, bad, or untried, which removes the entry), ``history``, ``undo NAME ID``,
+    ``recover NAME`` (a damaged ledger put aside, its last good copy restored)."""
     if not LEDGER_NAME.fullmatch(args.name):
         raise Refused(f"job name {args.name!r}: expected lowercase letters, digits and '-' (at most 40)")
     led = Ledger(home, args.name)
@@ -157,6 +160,9 @@ def cmd_ledger(home: Home, args) -> None:
     if args.action == "history":
         emit({"name": args.name, "history": led.history()})
         return
+    if args.action == "recover":
+        emit(dict(led.recover(), name=args.name, ledger=led.read()))
+        return
     if args.action == "undo":
         if not args.profile:
             raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)")
@@ -165,21 +171,28 @@ def cmd_ledger(home: Home, args) -> None:
         except KeyError:
             raise Refused(f"no verdict {args.profile!r} in the ledger of {args.name} "
                           f"(gpujob ledger history lists them)") from None
-        emit({"name": args.name, "undone": rec, "profile": rec["profile"],
-              "status": led.status(rec["profile"]), "ledger": led.read()})
+        except Superseded as e:
+            h = e.args[0]
+            raise Refused(f"verdict {args.profile} of {args.name} is not undone: verdict {h['id']} "
+                          f"({h['profile']} {h['status']}, {h.get('reason') or 'no reason'}) came after it "
+                          f"on the same profile; undo {h['id']} first, or set {h['profile']} by hand "
+                          f"(gpujob ledger set)") from None
+        after = led.read()
+        emit({"name": args.name, "undone": rec, "id": led.last.get("id"), "profile": rec["profile"],
+              "status": (after["profiles"].get(rec["profile"]) or {}).get("status", "untried"), "ledger": after})
         return
     if not args.profile or not args.status:
         raise Refused("ledger set needs a profile and a status (good, bad or untried)")
     if not PROFILE_NAME.fullmatch(args.profile):
         raise Refused(f"profile {args.profile!r}: expected letters, digits, '_', '.' and '-'")
-    before = led.status(args.profile)
     reason = args.reason or "set by hand"
     if args.status == "untried":
-        led.forget(args.profile, reason=reason, by_hand=True)
+        res = led.forget(args.profile, reason=reason, by_hand=True)
     else:
-        led.mark(args.profile, args.status, reason=reason, by_hand=True)
-    emit({"name": args.name, "profile": args.profile, "before": before, "status": args.status,
-          "reason": None if args.status == "untried" else reason, "ledger": led.read()})
+        res = led.mark(args.profile, args.status, reason=reason, by_hand=True)
+    emit({"name": args.name, "profile": args.profile, "id": led.last.get("id"),
+          "before": (led.last.get("before") or {}).get("status", "untried"), "status": args.status,
+          "reason": None if args.status == "untried" else reason, "ledger": res})
 
 
 def cmd_profiles(home: Home, args) -> None:
@@ -197,8 +210,11 @@ def cmd_profiles(home: Home, args) -> None:
     ledgers = {}
     ldir = home.path("ledger")
     for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
-        if name.endswith(".json"):
-            ledgers[name[:-5]] = read_json(os.path.join(ldir, name), {})
+        if name.endswith(".json"):  # a damaged one: its line, the others as they are
+            try:
+                ledgers[name[:-5]] = ledgerfile.load(os.path.join(ldir, name))
+            except LedgerError as e:
+                ledgers[name[:-5]] = {"error": str(e)}
     emit({"envs": installed, "ledgers": ledgers,
           "disk_total": gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])})
 
@@ -217,9 +233,11 @@ def cmd_gc(home: Home, args) -> None:
             marker = envs.read_marker(home.root, key)
             items.append({"env_key": key, "profile": marker.get("profile"),
                           "last_used": gc.last_used(os.path.join(root, key), marker)})
-    good_keys, good_names = gc.protected_by_ledgers(gc.read_ledgers(home.path("ledger")))
+    ledgers, damaged = gc.read_ledgers(home.path("ledger"))
+    good_keys, good_names = gc.protected_by_ledgers(ledgers)
+    hold = f"kept: a ledger cannot be read ({damaged[0]})" if damaged else None
     rows = []
-    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names):
+    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names, hold):
         du = gc.disk_usage([os.path.join(root, e["env_key"])])
         remove = why == "remove" and not args.dry_run
         if remove:  # through the trash: a venv cut halfway never stays where it was
@@ -337,7 +355,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reason")
     s.add_argument("--mark-bad", action="store_true", help="also record the profile left bad")
     s = sub.add_parser("ledger")
-    s.add_argument("action", choices=["show", "set", "history", "undo"])
+    s.add_argument("action", choices=["show", "set", "history", "undo", "recover"])
     s.add_argument("name")
     s.add_argument("profile", nargs="?")
     s.add_argument("status", nargs="?", choices=["good", "bad", "untried"])
@@ -375,7 +393,7 @@ def main(argv=None) -> int:
     except _Usage as e:
         emit(protocol.error_result(str(e)))
         return protocol.USAGE
-    except (Refused, protocol.NewerFormat) as e:
+    except (Refused, protocol.NewerFormat, LedgerError) as e:
         emit(protocol.error_result(str(e), refused=True))
         return REFUSED
     except BrokenPipeError:

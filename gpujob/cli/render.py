@@ -292,8 +292,8 @@ def plan_lines(header: str, steps) -> list[Text]:
 def profiles_table(res: dict, label: str) -> Table:
     """The agent's ``profiles`` answer: venvs and, per profile, its status in each job's ledger."""
     status: dict = {}
-    for name, led in res["ledgers"].items():
-        for p, e in led.get("profiles", {}).items():
+    for name, led in res["ledgers"].items():  # a damaged one ({"error"}) has none: said below the table
+        for p, e in (led.get("profiles") or {}).items():
             status.setdefault(p, []).append(f"{name}: {e.get('status')}")
     table = Table(title=f"profiles on {label}", title_justify="left", show_edge=False)
     for col in ("profile", "venv", "installed", "disk: own / real / apparent", "packages", "ledger"):
@@ -356,6 +356,15 @@ def bad_profile_refusal(profile: str, name: str, target: str, entry: dict, targe
     return (f"profile {profile} is marked bad in the ledger of {name} on {target}: "
             f"{entry.get('reason') or 'no reason recorded'}; start it anyway with --force, pick another with -p, "
             f"or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
+
+
+def unlisted_goods_lines(led: dict, name: str, profiles: list) -> list:
+    """The known-good profiles of a job name's ledger that this spec does not list: never a
+    rollback target of this job (agent/judge/decide.py pick)."""
+    from gpujob.agent.judge.decide import unlisted_goods
+    goods = unlisted_goods(led, profiles)
+    return [f"· known-good in the ledger of {name} but not a profile of this spec (never rolled back to): "
+            f"{', '.join(goods)}"] if goods else []
 
 
 def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
