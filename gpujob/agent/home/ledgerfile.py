@@ -21,7 +21,9 @@ import fcntl
 import json
 import os
 import re
+import signal
 import stat
+import threading
 import time
 
 from gpujob.agent.base.fsio import write_bytes
@@ -158,6 +160,51 @@ def load(path: str) -> dict:
     return parse(path, data)
 
 
+class _Late(Exception):
+    pass
+
+
+def _late(signum, frame):
+    raise _Late()
+
+
+def take(fd: int, wait: float) -> bool:
+    """flock ``fd`` within ``wait`` seconds. A blocked ``flock`` is woken at each release (a
+    writer that only polled could starve behind a tight one), so the main thread waits in it
+    under a timer (SIGALRM, when nothing else handles it); elsewhere it polls."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    if wait > 0 and threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None) and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+        old = signal.signal(signal.SIGALRM, _late)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, wait)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                return True
+            except _Late:
+                return False
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except _Late:  # the timer fired after the lock was got: it is held
+            return True
+        finally:
+            signal.signal(signal.SIGALRM, old)
+    end, pause = time.monotonic() + wait, 0.002
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
+
+
 class locked:
     """``with locked(path, wait) as w: led = w.led; ...; w.write(led)``: the one door of
     every ledger write."""
@@ -180,20 +227,11 @@ class locked:
             os.close(self.fd)
             self.fd = None
             raise Busy(f"ledger lock {lock}: is not a regular file; remove it (no ledger write holds it)")
-        end = time.monotonic() + self.wait
-        pause = 0.002
-        while True:
-            try:
-                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= end:
-                    os.close(self.fd)
-                    self.fd = None
-                    raise Busy(f"ledger {self.path}: another writer held its lock for {self.wait:g}s; "
-                               f"nothing was written: try again") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.05)
+        if not take(self.fd, self.wait):
+            os.close(self.fd)
+            self.fd = None
+            raise Busy(f"ledger {self.path}: another writer held its lock for {self.wait:g}s; "
+                       f"nothing was written: try again")
         try:
             self.led = load(self.path) if self.strict else {"profiles": {}}
             self.fmt = self.led.get("format", 1) if self.strict and os.path.lexists(self.path) else FORMAT
