@@ -40,11 +40,11 @@ def test_24_parallel_ledger_sets_through_the_kept_connection_are_all_kept(testbe
              for i in range(24)]
     answers = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0] * 24, [a[1].decode()[-300:] for a in answers]
-    ids = sorted(json.loads(a[0])["id"] for a in answers)
-    assert ids == list(range(1, 25))  # each its own verdict
     led = ledger_json(testbed, bed_env)
     assert sorted(led["profiles"]) == sorted(f"p{i}" for i in range(24))
     assert sorted(h["profile"] for h in led["history"]) == sorted(f"p{i}" for i in range(24))
+    ids = sorted(json.loads(a[0])["id"] for a in answers)
+    assert ids == list(range(1, 25))  # each its own verdict, and said so
 
 
 # what an ordinary write of a damaged form leaves in the container (host-side creation)
@@ -134,11 +134,11 @@ def test_a_foreign_known_good_entry_does_not_hide_fast_from_the_rollback(testbed
                       rollback={"confirm": "0s"})
     p = cli(["submit", str(spec), "--follow"], env, timeout=300)
     assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()[-1000:]
-    assert "not a profile of this spec (never rolled back to): nightly" in p.stderr.decode()
     st = status(job_id_of(p.stdout), env)
     assert st["state"] == "succeeded" and st["profile"] == "fast"
     assert [(r["from"], r["to"]) for r in st["rollbacks"]] == [("slow", "fast")]
     assert st["ledger"]["slow"]["status"] == "bad"
+    assert "not a profile of this spec (never rolled back to): nightly" in p.stderr.decode()
 
 
 WRITER = """
@@ -189,8 +189,9 @@ def test_the_supervisors_confirmation_racing_tight_hand_writers_loses_no_verdict
     assert all(rc == 0 for rc, _, _ in counts.values()), counts
     led = ledger_json(testbed, env)
     [confirmed] = [e for e in map(json.loads, events.read_text().splitlines()) if e.get("type") == "suspect_confirmed"]
-    assert confirmed["suspect"] == "slow" and confirmed["ledger"] == "written"
+    assert confirmed["suspect"] == "slow"
     assert led["profiles"]["slow"]["status"] == "bad"  # the journal and the ledger agree
     assert [h["status"] for h in led["history"] if h["profile"] == "slow"] == ["bad"]
     for tag, (_, ok, _) in counts.items():  # and every hand verdict that said so is there
         assert int(ok) > 0 and sum(h["profile"] == f"hand-{tag}" for h in led["history"]) == int(ok)
+    assert confirmed["ledger"] == "written"
