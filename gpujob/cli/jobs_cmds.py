@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import bodies, plainjson, render
+from gpujob.cli import bodies, ledgerview, plainjson, render
 from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
 if TYPE_CHECKING:
     from gpujob.target import Target
@@ -78,6 +78,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if resume_from is not None and spec.train.checkpoint is None:
             raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         steps = jobs.build_plan(spec, t, job_id, profile, resume_from=resume_from)
+        steps += ledgerview.rollback_target_note(spec)
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -96,7 +97,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         except JobError as e:  # a damaged ledger: nothing starts until it is recovered (or --force)
             raise JobError(f"{e.message}; or start without it: submit --force") from None
         entry = (led.get("profiles") or {}).get(profile) or {}
-        for line in render.unlisted_goods_lines(led, spec.name, [p.name for p in spec.profiles]):
+        for line in ledgerview.unlisted_goods_lines(led, spec.name, [p.name for p in spec.profiles]):
             err.print(render.lit(line, "dim"))
         if entry.get("status") == "bad":
             raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))

@@ -358,15 +358,6 @@ def bad_profile_refusal(profile: str, name: str, target: str, entry: dict, targe
             f"or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
 
 
-def unlisted_goods_lines(led: dict, name: str, profiles: list) -> list:
-    """The known-good profiles of a job name's ledger that this spec does not list: never a
-    rollback target of this job (agent/judge/decide.py pick)."""
-    from gpujob.agent.judge.decide import unlisted_goods
-    goods = unlisted_goods(led, profiles)
-    return [f"· known-good in the ledger of {name} but not a profile of this spec (never rolled back to): "
-            f"{', '.join(goods)}"] if goods else []
-
-
 def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
     judged = f"; {res['from']} recorded bad" if mark_bad else f"; {res['from']} is not judged (--mark-bad would)"
     if res.get("requested"):
