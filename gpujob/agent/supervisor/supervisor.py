@@ -343,6 +343,7 @@ class Supervisor:
                 self.journal.sync()
                 self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id,
                                  op=f"{self.job_id}:rollback:{p['decided_at']}")  # once, after a death too
+                die_here("rollback_marked")  # a new supervisor redoes the switch: the op makes it one verdict
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.history.add_rollback(rec)

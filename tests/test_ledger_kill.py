@@ -1,0 +1,40 @@
+"""A supervisor SIGKILLed right after a ledger write of a hand rollback (`gpujob rollback
+--mark-bad`), before its state write: the new supervisor redoes the switch from the plan and
+finds the verdict already there (its op): the profile left is marked bad once, the job goes
+on on the profile asked for, one trainer (issue 39; the confirmation's point is in
+test_rollback_kill.py)."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import cli, job_id_of, local_env, wait_for, write_spec
+from test_faults import jdir, journal_is_sound, state_of, wheelhouse  # noqa: F401 (a fixture)
+from test_jobs_local import trainers_of
+from test_rollback_kill import pids_alive
+
+
+def test_a_supervisor_killed_after_a_hand_rollbacks_ledger_mark_records_one_verdict(tmp_path, wheelhouse):
+    urls = wheelhouse[1]
+    marker = tmp_path / "died"
+    env = dict(local_env(tmp_path), GPUJOB_TEST_DIE_AT=f"rollback_marked@{marker}")
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="slow", warmup=False, trainer_args="--steps 4000 --interval 0.05", throughput=False)
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 90,
+             what="slow's trainer")
+    cli(["rollback", job_id, "--to", "fast", "--mark-bad"], env, check=True)
+    wait_for(marker.exists, 90, what="the supervisor to die after its ledger mark")
+    first = state_of(tmp_path, job_id)["supervisor_pid"]
+    wait_for(lambda: not pids_alive([first]), 10, what="the killed supervisor to be gone")
+    cli(["status", job_id], env, check=True)  # a new supervisor takes the job over
+    wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("profile") == "fast"
+             and state_of(tmp_path, job_id).get("supervisor_pid") != first, 90,
+             what="fast's trainer under the new supervisor")
+    led = json.loads((tmp_path / "root" / "ledger" / "tjob.json").read_text())
+    assert [h["status"] for h in led["history"] if h["profile"] == "slow"] == ["bad"]  # one verdict, not two
+    assert led["profiles"]["slow"]["status"] == "bad" and len(trainers_of(tmp_path)) == 1
+    kinds = [e["type"] for e in journal_is_sound(jdir(tmp_path, job_id))]
+    assert kinds.count("rollback") == 1
+    cli(["stop", job_id], env, check=True)
+    assert not trainers_of(tmp_path)
