@@ -180,3 +180,14 @@ def test_pick_rolls_back_to_the_newest_known_good_profile_the_spec_lists():
     assert pick(ledger, "slow", ["fast", "slow"], []) == "fast"
     assert unlisted_goods(ledger, ["fast", "slow"]) == ["nightly"]
     assert pick(ledger, "fast", ["fast", "slow"], []) is None
+
+
+def test_gc_removes_no_venv_while_a_ledger_cannot_be_read(tmp_path):
+    from gpujob.agent.home import gc
+    ledger_at(tmp_path, json.dumps(TODAY))
+    ledger_at(tmp_path, "garbage", name="broken")
+    ledgers, damaged = gc.read_ledgers(str(tmp_path / "ledger"))
+    assert list(ledgers) == ["tjob"] and len(damaged) == 1 and "broken.json" in damaged[0]
+    envs = [{"env_key": "old-1", "profile": "old", "last_used": 0.0}]
+    assert gc.select(envs, 1, 10 * 86400, set(), set(), set())[0][1] == "remove"
+    assert gc.select(envs, 1, 10 * 86400, set(), set(), set(), hold="kept: x")[0][1] == "kept: x"

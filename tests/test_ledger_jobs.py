@@ -1,8 +1,10 @@
-"""A supervisor SIGKILLed right after a ledger write of a hand rollback (`gpujob rollback
+"""Local jobs and the ledger (issue 39). A supervisor SIGKILLed right after a ledger write of a hand rollback (`gpujob rollback
 --mark-bad`), before its state write: the new supervisor redoes the switch from the plan and
 finds the verdict already there (its op): the profile left is marked bad once, the job goes
 on on the profile asked for, one trainer (issue 39; the confirmation's point is in
-test_rollback_kill.py)."""
+test_rollback_kill.py). A job started with `submit --force` onto a damaged ledger runs: the
+supervisor journals the ledger's line once, decides as with an empty ledger and writes
+nothing over the damaged file."""
 
 from __future__ import annotations
 
@@ -38,3 +40,23 @@ def test_a_supervisor_killed_after_a_hand_rollbacks_ledger_mark_records_one_verd
     assert kinds.count("rollback") == 1
     cli(["stop", job_id], env, check=True)
     assert not trainers_of(tmp_path)
+
+
+def test_submit_force_onto_a_damaged_ledger_runs_and_leaves_the_file_as_it_was(tmp_path, wheelhouse):
+    urls = wheelhouse[1]
+    env = local_env(tmp_path)
+    cli(["ledger", "set", "box", "tjob", "slow", "bad"], env, check=True)
+    path = tmp_path / "root" / "ledger" / "tjob.json"
+    damaged = path.read_bytes()[:40]
+    path.write_bytes(damaged)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
+                      profile="fast", warmup=False, trainer_args="--steps 30 --interval 0.05")
+    p = cli(["submit", str(spec)], env)
+    assert p.returncode != 0 and "does not parse" in p.stderr.decode() and "--force" in p.stderr.decode()
+    job_id = job_id_of(cli(["submit", str(spec), "--force", "--follow"], env, timeout=240).stdout)
+    st = state_of(tmp_path, job_id)
+    assert st["state"] == "succeeded", st
+    warnings = [e for e in journal_is_sound(jdir(tmp_path, job_id)) if e["type"] == "warning"
+                and "tjob.json" in e.get("message", "")]
+    assert len(warnings) == 1 and "does not parse" in warnings[0]["message"]
+    assert path.read_bytes() == damaged  # kept as it was
