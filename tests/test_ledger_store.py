@@ -58,6 +58,7 @@ DAMAGED = {
     "top a list": "[1, 2]",
     "status unknown": '{"profiles": {"fast": {"status": "great"}}}',
     "history odd": '{"profiles": {}, "history": [{"id": "x"}]}',
+    "a name that ends a line": '{"profiles": {"fast\\nrm -rf": {"status": "good"}}}',
     "format 99": '{"format": 99, "profiles": {}}',
 }
 
@@ -191,3 +192,66 @@ def test_gc_removes_no_venv_while_a_ledger_cannot_be_read(tmp_path):
     envs = [{"env_key": "old-1", "profile": "old", "last_used": 0.0}]
     assert gc.select(envs, 1, 10 * 86400, set(), set(), set())[0][1] == "remove"
     assert gc.select(envs, 1, 10 * 86400, set(), set(), set(), hold="kept: x")[0][1] == "kept: x"
+
+
+def _mutants(base: dict, rng) -> list:
+    """Ledgers one value away from ``base``: each value (at any depth) replaced by another type."""
+    odd = [None, True, 0, -1, 1e308, 10 ** 400, "x", "", [], [1, "a"], {}, {"status": "good"}, "good", "\n",
+           "[bold]x"]
+    paths = []
+
+    def walk(v, path):
+        paths.append(path)
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, path + (k,))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, path + (i,))
+    walk(base, ())
+    out = []
+    for path in paths[1:]:
+        for new in rng.sample(odd, 4):
+            led = json.loads(json.dumps(base))
+            cur = led
+            for k in path[:-1]:
+                cur = cur[k]
+            cur[path[-1]] = new
+            out.append(led)
+    return out
+
+
+def test_no_ledger_that_passes_the_checks_crashes_a_reader(tmp_path):
+    """Every value of a real ledger replaced by another type: either refused (one line) or
+    read, shown, decided on and written without an exception."""
+    import random
+    from gpujob.agent.home import gc
+    from gpujob.cli import render
+    base = json.loads(json.dumps(TODAY))
+    base["profiles"]["fast"].update(proof="cold", env_key="fast-1", reason="held")
+    base["history"][1]["before"] = {"status": "good", "at": 1.0, "baseline": 5.0}
+    refused = read = 0
+    for i, led_data in enumerate(_mutants(base, random.Random(39))):
+        led = ledger_at(tmp_path, json.dumps(led_data), name=f"m{i}")
+        try:
+            led.read()
+        except Damaged as e:
+            assert "\n" not in str(e)
+            refused += 1
+            continue
+        read += 1
+        data = led.read()
+        render.ledger_table(data["profiles"])
+        render.profiles_table({"ledgers": {"m": data}, "envs": []}, "box")
+        for h in led.history():
+            render.ledger_history_line(h)
+        pick(data, "slow", ["fast", "slow"], ["fast"])
+        gc.protected_by_ledgers({"m": data})
+        led.status("fast"), led.baseline("fast"), led.last_good(), Ledger.ever_good(data)
+        for h in led.history():
+            try:
+                led.undo(str(h["id"]))
+            except Superseded:
+                pass
+        led.mark("slow", "good", baseline=1.0)
+    assert refused > 10 and read > 10, (refused, read)

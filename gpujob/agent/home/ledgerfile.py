@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import math
 import os
 import re
 import signal
@@ -31,6 +32,7 @@ from gpujob.agent.base.fsio import write_bytes
 FORMAT = 2
 MAX_BYTES = 8 << 20  # a ledger of 10 000 verdicts is ~5 MB
 STATUSES = ("good", "bad", "untried")
+PROFILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")  # as a spec names them (spec_types.Name)
 COPY = ".last-good"
 DAMAGED = ".damaged-"
 
@@ -117,8 +119,37 @@ def parse(path: str, data: bytes) -> dict:
     return led
 
 
+def _num(v) -> bool:
+    if isinstance(v, bool):
+        return False
+    return (isinstance(v, int) and abs(v) < 2 ** 53) or (isinstance(v, float) and math.isfinite(v))
+
+
+# per field, what a value must be when present (None allowed): what a reader does with it
+_NUM, _STR = ("a number", _num), ("a string", lambda v: isinstance(v, str))
+_TIME = ("a time", lambda v: _num(v) and 0 <= v < 1e11)  # seconds since 1970, before the year 5000
+ENTRY_FIELDS = {"at": _TIME, "baseline": _NUM, "proof": _STR, "reason": _STR, "env_key": _STR, "job": _STR}
+VERDICT_FIELDS = {"time": _TIME, "baseline": _NUM, "threshold": _NUM, "reason": _STR, "job": _STR, "op": _STR,
+                  "window_medians": ("a list of numbers", lambda v: isinstance(v, list) and all(map(_num, v))),
+                  "before": ("an entry", lambda v: isinstance(v, dict) and _entry_error(v) is None)}
+
+
+def _fields_error(where: str, d: dict, fields: dict):
+    for k, (what, ok) in fields.items():
+        if d.get(k) is not None and not ok(d[k]):
+            return f"wrong shape: {where}.{k} is not {what}"
+    return None
+
+
+def _entry_error(e: dict):
+    if e.get("status", "untried") not in STATUSES:
+        return f"status {str(e.get('status'))[:20]!r} is not good/bad/untried"
+    return _fields_error("entry", e, ENTRY_FIELDS)
+
+
 def shape_error(led) -> str | None:
-    """What is wrong with a parsed ledger's shape (None: nothing)."""
+    """What is wrong with a parsed ledger's shape (None: nothing): every value a reader
+    uses has its type, so no content of a ledger that passes can crash one."""
     if not isinstance(led, dict):
         return f"wrong shape: expected an object at the top, got {type(led).__name__}"
     fmt = led.get("format", 1)
@@ -131,21 +162,26 @@ def shape_error(led) -> str | None:
     if not isinstance(profiles, dict):
         return f"wrong shape: profiles is {type(profiles).__name__}, expected an object"
     for p, e in profiles.items():
+        if not PROFILE.fullmatch(p):
+            return f"wrong shape: profile name {p[:40]!r} is not letters, digits, '_', '.' and '-'"
         if not isinstance(e, dict):
             return f"wrong shape: profiles.{p[:40]} is {type(e).__name__}, expected an object"
-        if e.get("status", "untried") not in STATUSES:
-            return f"wrong shape: profiles.{p[:40]}.status {str(e.get('status'))[:20]!r} is not good/bad/untried"
-        if not isinstance(e.get("at", 0), (int, float)) or isinstance(e.get("at", 0), bool):
-            return f"wrong shape: profiles.{p[:40]}.at is not a time"
+        why = _entry_error(e)
+        if why:
+            return f"wrong shape: profiles.{p[:40]}: {why}"
     hist = led.get("history", [])
     if not isinstance(hist, list):
         return f"wrong shape: history is {type(hist).__name__}, expected a list"
     for i, h in enumerate(hist):
-        if not isinstance(h, dict) or type(h.get("id")) is not int or not isinstance(h.get("profile"), str) \
+        if not isinstance(h, dict) or type(h.get("id")) is not int or not 0 < h["id"] < 2 ** 53 \
+                or not isinstance(h.get("profile"), str) or not PROFILE.fullmatch(h["profile"]) \
                 or h.get("status") not in STATUSES:
             return f"wrong shape: history[{i}] is not a verdict (id, profile, status)"
+        why = _fields_error(f"history[{i}]", h, VERDICT_FIELDS)
+        if why:
+            return why
     nid = led.get("next_id", 1)
-    if type(nid) is not int or nid < 1:
+    if type(nid) is not int or not 0 < nid < 2 ** 53:
         return "wrong shape: next_id is not a positive number"
     if led.get("last_good") is not None and not isinstance(led.get("last_good"), str):
         return "wrong shape: last_good is not a profile name"
