@@ -126,6 +126,9 @@ def test_recover_keeps_the_damaged_file_and_restores_the_last_good_copy_ids_neve
     assert led.history()[-1]["id"] == 42
     with pytest.raises(ledgerfile.LedgerError, match="reads well"):
         led.recover()
+    os.unlink(led.path)  # a reset by hand: a fresh ledger, its ids still after every earlier one
+    led.mark("p0", "good")
+    assert [h["id"] for h in led.history()] == [43]
 
 
 def test_undo_refuses_a_verdict_superseded_by_a_later_one_on_the_same_profile(tmp_path):

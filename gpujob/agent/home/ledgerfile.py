@@ -270,6 +270,11 @@ class locked:
                        f"nothing was written: try again")
         try:
             self.led = load(self.path) if self.strict else {"profiles": {}}
+            if self.strict and not os.path.lexists(self.path):  # removed by hand: ids still go on
+                try:
+                    self.led["next_id"] = int(load(self.path + COPY).get("next_id") or 1)
+                except Damaged:
+                    pass
             self.fmt = self.led.get("format", 1) if self.strict and os.path.lexists(self.path) else FORMAT
             self._sweep()
         except BaseException:
