@@ -35,7 +35,8 @@ def test_a_supervisor_killed_after_a_hand_rollbacks_ledger_mark_records_one_verd
              what="fast's trainer under the new supervisor")
     led = json.loads((tmp_path / "root" / "ledger" / "tjob.json").read_text())
     assert [h["status"] for h in led["history"] if h["profile"] == "slow"] == ["bad"]  # one verdict, not two
-    assert led["profiles"]["slow"]["status"] == "bad" and len(trainers_of(tmp_path)) == 1
+    assert led["profiles"]["slow"]["status"] == "bad"
+    wait_for(lambda: len(trainers_of(tmp_path)) == 1, 30, what="fast's trainer")
     kinds = [e["type"] for e in journal_is_sound(jdir(tmp_path, job_id))]
     assert kinds.count("rollback") == 1
     cli(["stop", job_id], env, check=True)
