@@ -60,6 +60,8 @@ DAMAGED = {
     "history odd": '{"profiles": {}, "history": [{"id": "x"}]}',
     "a name that ends a line": '{"profiles": {"fast\\nrm -rf": {"status": "good"}}}',
     "format 99": '{"format": 99, "profiles": {}}',
+    "nested too deep": '{"profiles": ' + "[" * 200000,
+    "not a number": '{"profiles": {"fast": {"status": "good", "baseline": NaN}}}',
 }
 
 

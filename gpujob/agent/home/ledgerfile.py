@@ -111,7 +111,7 @@ def parse(path: str, data: bytes) -> dict:
         raise damaged(path, "is empty (does not parse)")
     try:
         led = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise damaged(path, f"does not parse as JSON ({str(e)[:80]})") from None
     why = shape_error(led)
     if why:
