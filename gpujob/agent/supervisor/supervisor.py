@@ -339,11 +339,13 @@ class Supervisor:
     def switch(self, p: dict) -> None:
         """Carry out a written-down rollback (again, if a supervisor died during it)."""
         if not p.get("recorded"):
+            marked = {}
             if p.get("mark_bad"):
                 self.journal.sync()
-                self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id,
-                                 op=f"{self.job_id}:rollback:{p['decided_at']}")  # once, after a death too
+                done = self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id,
+                                        op=f"{self.job_id}:rollback:{p['decided_at']}")  # once, after a death too
                 die_here("rollback_marked")  # a new supervisor redoes the switch: the op makes it one verdict
+                marked = {"ledger": "written" if done is not None else "not written (see the warning)"}
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.history.add_rollback(rec)
@@ -352,7 +354,7 @@ class Supervisor:
             again = p["decided_at"] != self._planned_at and any(
                 e.get("type") == "rollback" and e.get("decided_at") == p["decided_at"] for e in self.journal.events()[0])
             if not again:
-                self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+                self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec, **marked)
             acted = bool(p.get("mark_bad")) or self.notifier.wants("rollback")
             if self.notifier.wants("rollback"):
                 self.journal.sync()
