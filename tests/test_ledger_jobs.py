@@ -60,4 +60,7 @@ def test_submit_force_onto_a_damaged_ledger_runs_and_leaves_the_file_as_it_was(t
     warnings = [e for e in journal_is_sound(jdir(tmp_path, job_id)) if e["type"] == "warning"
                 and "tjob.json" in e.get("message", "")]
     assert len(warnings) == 1 and "does not parse" in warnings[0]["message"]
+    shown = json.loads(cli(["status", job_id, "--json"], env, check=True).stdout)
+    assert "tjob.json: does not parse" in shown["ledger_error"]  # status says it too
+    assert cli(["status", job_id], env, check=True).returncode == 0
     assert path.read_bytes() == damaged  # kept as it was

@@ -136,6 +136,7 @@ def status_view(st: dict, target: str) -> dict:
         "exit_code": rec.exit_code, "signal": rec.signal,
         "rollbacks": rec.rollback_list,
         "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
+        "ledger_error": ledger.get("error") if isinstance(ledger, dict) else None,  # a damaged one's line
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
         "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
     }
@@ -178,6 +179,8 @@ def print_status(console: Console, v: dict) -> None:
         console.print(whole(rt, "from → to"))
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
+    if v["ledger_error"]:
+        console.print(lit(str(v["ledger_error"]), "red"))
 
 
 def ledger_table(ledger: dict) -> Table:
