@@ -38,10 +38,13 @@ SPEC = {"train": {"checkpoint": {"path": "c/*.pt", "every": 30.0}},
 def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     w = checkpoint.warnings(SPEC)
     assert len(w) == 2 and w[0].startswith("throughput.initial_delay (10s, counted from the first sample) "
-                                           "with the time parts of window and failure_limit (10s in all) is "
+                                           "with the time parts of window and failure_limit (12.5s in all) is "
                                            "shorter than train.checkpoint.every (30s)")
-    # issue 22: a time window and failure_limit count too (10 + 10 + 2 x 10 = 40s >= 30s: no warning)
+    # issue 38: a deep drop is decided once a quarter of the (default 10 s) window holds it, whatever
+    # the failure_limit: 10 + 2.5 s < 30 s; a 2m window's quarter is 30 s: 10 + 30 >= 30, no warning
     assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "10s",
+                                                          "failure_limit": "2m"}))) == 2
+    assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "2m",
                                                           "failure_limit": 3}))) == 1
     assert "rollback.gpu_idle.for (20s)" in w[1]
     assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"], "wait_for_checkpoint": True})) == []

@@ -231,7 +231,7 @@ def test_no_ledger_that_passes_the_checks_crashes_a_reader(tmp_path):
     read, shown, decided on and written without an exception."""
     import random
     from gpujob.agent.home import gc
-    from gpujob.cli import render
+    from gpujob.show import render
     base = json.loads(json.dumps(TODAY))
     base["profiles"]["fast"].update(proof="cold", env_key="fast-1", reason="held")
     base["history"][1]["before"] = {"status": "good", "at": 1.0, "baseline": 5.0}

@@ -18,8 +18,8 @@ from gpujob.agent.home import ckregister
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.judge.replay import replay_records
 from gpujob.errors import SpecError
-from gpujob.recipes import PRELOAD, RECIPES, describe
-from gpujob.spec import load_spec
+from gpujob.spec.recipes.registry import PRELOAD, RECIPES, describe
+from gpujob.spec.model import load_spec
 
 REVISIONS = Path(__file__).parent / "data" / "recipes" / "revisions.json"
 BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}

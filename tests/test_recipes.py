@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from gpujob.errors import InputError, SpecError
-from gpujob.recipes import RECIPES, apply, merge
-from gpujob.recipe_init import job_name
-from gpujob.spec import load_spec
+from gpujob.spec.recipes.registry import RECIPES, apply, merge
+from gpujob.spec.recipe_init import job_name
+from gpujob.spec.model import load_spec
 from helpers import cli, gpujob_argv, local_env
 
 BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}
@@ -93,8 +93,8 @@ def test_every_recipe_says_what_it_was_read_from():
     for r in RECIPES.values():
         assert r.read_from and r.proven_on and r.revision >= 1
     assert apply({"name": "x"}) == ({"name": "x"}, {})
-    import gpujob.recipes
-    assert not hasattr(gpujob.recipes, "RECIPE_PENDING_KEYS")  # every key a recipe should set, it sets
+    import gpujob.spec.recipes.registry
+    assert not hasattr(gpujob.spec.recipes.registry, "RECIPE_PENDING_KEYS")  # every key a recipe should set, it sets
 
 
 def test_job_json_spec_records_the_recipe_version(tmp_path):
@@ -205,7 +205,7 @@ def test_a_spec_null_removes_a_recipe_section_and_the_plan_does_not_claim_it(tmp
 
 
 def test_doctor_spec_warns_on_another_trainer_version(tmp_path):
-    from gpujob.doctor_recipe import judge
+    from gpujob.ops.doctor_recipe import judge
     [ok] = judge("specforge", {"p": "0.2.0"})
     [other] = judge("hf_trainer", {"p": "4.57.1"})
     [none] = judge("hf_trainer", {"p": None})

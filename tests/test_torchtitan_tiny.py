@@ -13,7 +13,7 @@ import pytest
 
 from bench.recipes_gpu import torchtitan_tiny as tiny
 from gpujob.agent.judge.throughput import make_parser, make_step_parser
-from gpujob.recipes import RECIPES
+from gpujob.spec.recipes.registry import RECIPES
 
 #: torchtitan 0.2.2's metrics line (torch 2.11.0 CPU rehearsal, step 12): 24-bit colours and grad_norm
 REAL_LINE = ("[titan] 2026-12-02 07:47:15,931 - root - INFO - \x1b[31mstep: 12  \x1b[32mloss:  6.64044  "

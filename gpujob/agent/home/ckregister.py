@@ -382,6 +382,9 @@ def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
     else:
         raise ValueError(f"--resume-from {ask}: no such checkpoint ({path}) and no job of that id in "
                          f"{os.path.join(home_root, DIR)}")
+    if job.pop("resume_from_copy", False):  # a trial (gpujob bisect/tune --from): never the job's own files
+        from gpujob.agent.home.ckcopy import copy_start
+        entry = copy_start(entry, home_root, workdir)
     job["resume_from"] = entry
     out["resume_from"] = entry
     return out

@@ -92,8 +92,8 @@ def _nowhere(why: str, out, profile: str, rb: dict, suspect, verdict=None, event
     """No rollback: on_no_recovery decides; nothing is marked bad."""
     failure = out.signal_name
     if rb.get("on_no_recovery", "continue") == "continue" and failure in SLOWNESS:
-        return Action(Do.CONTINUE, f"{why}; staying on {profile}, judging suspended until a new "
-                      f"baseline holds (rollback.on_no_recovery: continue)", target=profile, signal=failure,
+        return Action(Do.CONTINUE, f"{why}; staying on {profile}, judging suspended until it holds "
+                      f"against its baseline again (rollback.on_no_recovery: continue)", target=profile, signal=failure,
                       suspect=None, verdict=verdict, events=events)
     tail = " (rollback.on_no_recovery: stop)" if failure in SLOWNESS else ""
     return Action(Do.FAIL, f"{why}{tail}; last: {last or out.reason}", signal=failure, suspect=None,

@@ -229,7 +229,7 @@ class Watch:
             run.hit_at = run.hit_at or (t, hit)
         if not run.watch_tps:
             return None
-        got = run.source.from_line(line) if run.source else None
+        got = run.source.from_line(line, t) if run.source else None
         if got is None:
             return None
         return self.on_sample(run, got[0], got[1], t)
@@ -254,7 +254,7 @@ class Watch:
         owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
         try:
             for i in src.candidates(lines) if src is not None else ():
-                got = src.from_line(lines[i])
+                got = src.from_line(lines[i], t)
                 if got is None:
                     continue
                 owed[3] = i + 1
@@ -301,10 +301,11 @@ class Watch:
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
             self.sample_marks.append((t, at))
         run.minute.append(value)
-        # every breach is journalled (its count), a rollback once while it is held for a checkpoint
-        if d.verdict != run.last_verdict or d.verdict == Verdict.BREACH or \
-                (d.verdict == Verdict.ROLLBACK and run.held is None):
-            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+        # one event per change of verdict, with how long the last one held (agent/judge/coalesce.py)
+        held = run.verdicts.step(d.verdict, t, again=d.verdict == Verdict.ROLLBACK and run.held is None and
+                                 run.last_verdict == Verdict.ROLLBACK)
+        if held is not None:
+            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence, **held)
             self.trace_decision(d, t)
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:

@@ -7,6 +7,7 @@ import collections
 import subprocess
 
 from gpujob.agent.base.fsio import now
+from gpujob.agent.judge.coalesce import Verdicts
 
 TAIL_LINES = 200
 
@@ -39,6 +40,7 @@ class Run:
         self.ck_seen = False
         self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
         self.last_verdict = None
+        self.verdicts = Verdicts()  # decision events: one per change of verdict (agent/judge/coalesce.py)
         self.idle_cfg = job.rb.get("gpu_idle") if logname == "train.log" else None
         gpus = job.spec.get("gpus") or {}
         self.idle_gpus: list = []

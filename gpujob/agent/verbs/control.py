@@ -107,4 +107,5 @@ def cmd_rollback(home: Home, args) -> None:
     except BaseException:
         held.release()
         raise
-    emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid})
+    emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid,
+          "was": st.get("state")})  # an ended job runs again: the CLI says so

@@ -23,10 +23,11 @@ import os
 import shutil
 import time
 
-from gpujob.agent.home import ckregister
-from gpujob.agent.base import ckpaths
+from gpujob.agent.home import ckregister, gc
+from gpujob.agent.base import ckpaths, envs
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.home.journal import Journal
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.verbs.lifecycle import active_keys, emit, live_processes
 
 TRASH = ".gc"
 
@@ -66,7 +67,6 @@ def select_checkpoints(groups: list, keep: int) -> list:
 
 def _live(home, job_id: str) -> tuple:
     """(live, ended_at, state) of a job, as its directory says now."""
-    from gpujob.agent.verbs.lifecycle import live_processes  # the agent's one definition of what still runs
     j = Journal(home, job_id)
     st = j.state()
     eff = j.effective_state() if st else {}
@@ -242,3 +242,30 @@ def _size(path: str) -> int:
             except OSError:
                 pass
     return total
+
+
+def cmd_gc(home: Home, args) -> None:
+    """Remove venvs not used for --days days, never an active or known-good one; job
+    directories ended --older-than days ago and all but the newest
+    --keep-checkpoints checkpoints each job's runs wrote (the checkpoint register),
+    never a live job's (agent/verbs/prune.py)."""
+    res = prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
+    root = home.path("envs")
+    items = []
+    for key in (sorted(os.listdir(root)) if os.path.isdir(root) else []) if args.days is not None else []:
+        if not key.startswith("."):
+            marker = envs.read_marker(home.root, key)
+            items.append({"env_key": key, "profile": marker.get("profile"),
+                          "last_used": gc.last_used(os.path.join(root, key), marker)})
+    ledgers, damaged = gc.read_ledgers(home.path("ledger"))
+    good_keys, good_names = gc.protected_by_ledgers(ledgers)
+    hold = f"kept: a ledger cannot be read ({damaged[0]})" if damaged else None
+    rows = []
+    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names, hold):
+        du = gc.disk_usage([os.path.join(root, e["env_key"])])
+        remove = why == "remove" and not args.dry_run
+        if remove:  # through the trash: a venv cut halfway never stays where it was
+            remove_tree(home, os.path.join(root, e["env_key"]), "env")
+        rows.append(dict(e, why=why, removed=remove, disk=du))
+    emit(dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
+              keep_checkpoints=args.keep_checkpoints))
