@@ -23,6 +23,12 @@ THROUGHPUT = {"window": 5, "min_ratio": 0.7, "failure_limit": 2, "initial_delay"
               "no_data_timeout": "150s", "good_after": "20s", "settle": {"timeout": "60s"}}
 
 
+# --init-keys: what `gpujob init` writes (min_ratio; tokens_per_step where the recipe needs it)
+# and gpujob's defaults for every other judging key, but good_after, so that act 1's profile
+# becomes known-good (and sets the baseline) in seconds instead of the default's 10 minutes
+INIT_KEYS = {"min_ratio": 0.8, "good_after": "20s"}
+
+
 def profiles(python: str, cpu: bool) -> list:
     broken_env = {"TORCHDYNAMO_DISABLE": "1"}
     if cpu:
@@ -41,7 +47,8 @@ def own_spec(lane: "Lane", where: Path, args, command: str, files: list, **extra
             "env": {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
             "profiles": profiles(args.python, args.device == "cpu"), "profile": "compiled",
             "train": {"command": command, "grace": "20s", "checkpoint": {"every": "30s"}},
-            "throughput": dict(THROUGHPUT, **extra.pop("throughput", {})),
+            "throughput": dict(INIT_KEYS if getattr(args, "init_keys", False) else THROUGHPUT,
+                               **extra.pop("throughput", {})),
             "rollback": {"fallback": ["compiled"], "wait_for_checkpoint": True}}
     spec.update(extra)
     path = where / "job.yaml"

@@ -52,6 +52,11 @@ def parse_args(argv=None):
     p.add_argument("--resumed-s", type=float, default=25.0, help="seconds of resumed samples before act 2 stops")
     p.add_argument("--workdir", default=None, help="keep everything here (default: a temp dir, removed)")
     p.add_argument("--keep", default=None, help="copy each act's supervisor trace, spec and logs here")
+    p.add_argument("--init-keys", action="store_true", help="judge with what `gpujob init` writes "
+                   "(min_ratio 0.8, tokens_per_step) and gpujob's defaults, good_after 20s (lanes.INIT_KEYS)")
+    p.add_argument("--good-runs", type=int, default=0, help="between the acts: this many more jobs on "
+                   "compiled, judged against act 1's baseline, each stopped after --good-s of samples")
+    p.add_argument("--good-s", type=float, default=40.0)
     p.add_argument("--specforge-data", default=None, help="specforge lane: the tiny target and features "
                    "(bench/recipes_gpu/specforge_tiny.py --out DIR)")
     return p.parse_args(argv)
@@ -159,6 +164,12 @@ def run_lane(b: Lanes, lane: Lane, figures: Figures, end: float, resumed_s: floa
         raise BenchError(f"{name}: act 1: compiled never became known-good ({len(fast)} samples, "
                          f"state {st1.get('state')}: {st1.get('reason')}); log: {b.tail(name, job1)}")
     base = known[0].get("baseline") or median(fast)
+    out["good_runs"] = []
+    for k in range(b.args.good_runs):
+        if time.time() > end - 200:
+            break
+        out["good_runs"].append(good_run(b, lane, spec, sets, end))
+        figures.set(**{name: out})
     lane.between_acts(root)
     job2 = b.submit(name, spec, "broken", sets)
     out["act2"] = {"job": job2}
@@ -182,6 +193,35 @@ def run_lane(b: Lanes, lane: Lane, figures: Figures, end: float, resumed_s: floa
         raise BenchError(f"{name}: act 2: broken was not rolled back (state {st2.get('state')}: "
                          f"{st2.get('reason')}); log: {b.tail(name, job2)}")
     return out
+
+
+JUDGED = ("rollback", "rollback_held", "judging_suspended", "no_recovery")
+
+
+def good_run(b: Lanes, lane: Lane, spec: Path, sets: list, end: float) -> dict:
+    """One more job on the known-good profile, stopped after --good-s seconds of samples:
+    what the judge said of it (a right judge: no rollback verdict)."""
+    name, root = lane.name, b.roots[lane.name]
+    job = b.submit(name, spec, "compiled", sets)
+
+    def enough():
+        if b.state(name, job).get("state") in ENDED:
+            return True
+        ss = _samples(root, job)
+        return ss and ss[-1]["t"] - ss[0]["t"] >= b.args.good_s
+    wait(enough, min(end - 150, time.time() + b.args.good_s + 150), every=2)
+    st = b.stop(name, job, min(end, time.time() + 60))
+    ev = events(root, job)
+    verdicts: dict = {}
+    for e in ev:
+        if e["type"] == "decision":
+            verdicts[e.get("verdict")] = verdicts.get(e.get("verdict"), 0) + 1
+    ss = [e for e in _samples(root, job) if e.get("profile") == "compiled"]
+    return {"job": job, "state": st.get("state"), "samples": len(ss),
+            "span_s": round(ss[-1]["t"] - ss[0]["t"], 1) if ss else 0,
+            "tok_s": median([e["value"] for e in ss if "value" in e]) if ss else None,
+            "judged": [{k: e.get(k) for k in ("type", "reason", "t")} for e in ev if e["type"] in JUDGED],
+            "decision_verdicts": verdicts}
 
 
 def _samples(root: Path, job: str) -> list:
