@@ -68,7 +68,7 @@ try:
     for _ in range(reps):
         add("ssh", t(ssh, envs["after"]))
         for k in scripts:
-            # the first cold exec after hosts.yaml changed: the inventory cache (gpujob/invcache.py)
+            # the first cold exec after hosts.yaml changed: the inventory cache (gpujob/inventory/cache.py)
             # misses and the full validation runs (the same as cold for an install without one)
             subprocess.run([scripts[k], "disconnect"], env=envs[k], capture_output=True)
             for f in (tmp / f"run-{k}" / "gpujob").glob("inv-*.json"):

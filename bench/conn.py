@@ -40,7 +40,7 @@ if str(REPO) not in sys.path:
 
 import yaml  # noqa: E402
 
-from gpujob.wheelhouse import build_indexes, serve  # noqa: E402
+from gpujob.ops.wheelhouse import build_indexes, serve  # noqa: E402
 from testbed import TestBed  # noqa: E402
 
 GOALS = {"exec_warm": "≥ 2× faster than ssh", "status_warm": "≤ 150 ms",

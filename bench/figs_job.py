@@ -10,7 +10,7 @@ import time
 
 from bench.harness import FINAL, HOME, Harness
 from bench.report import Figure, median, percentile
-from gpujob import jobs
+from gpujob.ops.follow import follow_log
 
 
 def resubmit(h: Harness) -> None:
@@ -87,7 +87,7 @@ def stream(h: Harness) -> str:
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    jobs.follow_log(h.target, job, write=write, notice=lambda m: h.log(f"follow: {m}"))
+    follow_log(h.target, job, write=write, notice=lambda m: h.log(f"follow: {m}"))
     th.join(30)
     h.succeeded(job, "fast")
     if err:
@@ -102,7 +102,7 @@ def stream(h: Harness) -> str:
     common = {"lines_measured": len(lat_ms), "lines_seen": count[0], "rate": rate, "seconds": secs,
               "p90_ms": percentile(lat_ms, 90), "max_ms": max(lat_ms)}
     note = (f"trainer prints {rate:g} time-stamped lines/s (every 10th a `step N | … | 12.8K tok/s` "
-            f"line) for {secs:g} s; jobs.follow_log streams job.log over the one SSH connection")
+            f"line) for {secs:g} s; follow_log streams job.log over the one SSH connection")
     h.add(Figure("latency_p50", f"`logs -f` write→print latency p50 @ {rate:g} lines/s", "ms",
                     "≤ 100 ms", p50, None, None, p50 <= 100, common, note))
     h.add(Figure("latency_p99", f"`logs -f` write→print latency p99 @ {rate:g} lines/s", "ms",
@@ -137,8 +137,8 @@ def bulk(h: Harness, job: str) -> None:
             got[0] += len(chunk)
 
         t0 = time.perf_counter()
-        jobs.follow_log(h.target, job, file="bulk.log", follow=False, write=count,
-                        notice=lambda m: None)
+        follow_log(h.target, job, file="bulk.log", follow=False, write=count,
+                   notice=lambda m: None)
         ours.append(size / (time.perf_counter() - t0) / 1e6)
         if got[0] != size:
             raise RuntimeError(f"follow_log delivered {got[0]} of {size} bytes")
@@ -149,7 +149,7 @@ def bulk(h: Harness, job: str) -> None:
     o, b = median(ours), median(base)
     h.add(Figure("bulk", f"`logs -f` bulk: a {size / 1e6:.0f} MB log", "MB/s", "≥ 0.8× its throughput",
                     o, b, o / b, o / b >= 0.8, {"ours_mb_s": ours, "baseline_mb_s": base},
-                    "ours: jobs.follow_log(follow=False) (agent `tail` → pct exec → paramiko); "
+                    "ours: follow_log(follow=False) (agent `tail` → pct exec → paramiko); "
                     "baseline: `ssh … pct exec 200 -- cat FILE > /dev/null`"))
 
 

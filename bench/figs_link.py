@@ -115,7 +115,7 @@ def status4(h: Harness) -> None:
     import gpujob.cli.jobs_cmds as cm  # ps, and the out and PS_WORKERS it uses
     from rich.console import Console
 
-    from gpujob.state import State
+    from gpujob.ops.state import State
     done = [j for j in h.job_ids if h.state(j).get("state") in FINAL]
     if len(done) < 4:  # run on its own (--only status4): make a few short jobs to ask about
         spec = h.write_spec("short.yaml", profile="fast", trainer="--lines 5 --rate 50")

@@ -113,7 +113,7 @@ def main(argv=None) -> int:
                     "model shape: gloo moves gradients through host memory, so it wants more tokens per parameter)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args(argv)
-    from gpujob.wheelhouse import build_indexes, serve
+    from gpujob.ops.wheelhouse import build_indexes, serve
     tmp = Path(tempfile.mkdtemp(prefix="gpujob-bench-fleet-"))
     idx = build_indexes(tmp / "wheelhouse")
     bed = server = None

@@ -20,9 +20,9 @@ from pathlib import Path
 import yaml
 
 from bench.report import Figure, fmt, fmt_ratio, met_text
-from gpujob.inventory import load_inventory
-from gpujob.target import Targets
-from gpujob.wheelhouse import build_indexes, serve
+from gpujob.inventory.hosts import load_inventory
+from gpujob.ops.target import Targets
+from gpujob.ops.wheelhouse import build_indexes, serve
 from testbed import TestBed
 
 REPO = Path(__file__).resolve().parent.parent

@@ -64,7 +64,7 @@ def run(bench, Figure, median, FINAL) -> None:
     import gpujob.cli.jobs_cmds as cm
     from rich.console import Console
 
-    from gpujob.state import State
+    from gpujob.ops.state import State
     vmid = bench.bed.vmid
     saved = {k: os.environ.get(k) for k in ("GPUJOB_HOSTS", "XDG_STATE_HOME")}
     real_workers = cm.PS_WORKERS
@@ -145,7 +145,7 @@ def warm(bench, argv: list, env: dict) -> float:
 
 def cli_figures(bench, Figure, median, FINAL) -> None:
     """ps_cli, ps_cli_cold, ps_cli_nodaemon and ps50: the console script as users run it."""
-    from gpujob.state import State
+    from gpujob.ops.state import State
     bed, vmid = bench.bed, bench.bed.vmid
     done = [j for j in bench.job_ids if bench.state(j).get("state") in FINAL][-4:]
     home4 = bench.tmp / "state-pscli"

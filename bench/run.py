@@ -16,7 +16,7 @@ exec_cli     one whole ``gpujob exec tb/ct200 -- true`` process as users run it 
              disconnect``; and with GPUJOB_NO_DAEMON=1) / one ``ssh … pct exec``;
              ``gpujob --version`` and ``--help`` start-up beside them
 latency      a job whose trainer prints time-stamped lines at 1000 lines/s;
-             ``jobs.follow_log`` (what ``gpujob logs -f`` runs) streams them;
+             ``follow.follow_log`` (what ``gpujob logs -f`` runs) streams them;
              latency = receive time − the time stamp in the line (one clock)
 bulk         a 200 MB file in the job dir: ``follow_log(follow=False)`` /
              ``ssh … pct exec 200 -- cat FILE > /dev/null``; MB/s
@@ -62,7 +62,18 @@ ORDER = ("commands", "exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_
          "latency_p50", "latency_p99", "bulk", "rollback", "rollback_uvcache",
          "resubmit",
          "supervisor_cpu", "supervisor_rss", "ps_cli", "ps_cli_cold", "ps_cli_nodaemon", "ps50", "status4",
-         "ps4_kept")
+         "ps4_kept", "judge_replay")
+
+
+def _judge_replay(h: Harness) -> None:
+    """bench/judge_replay.py: no bed needed; the ratio to a bare reader of the same lines."""
+    from bench import judge_replay
+    got = judge_replay.measure(3)
+    h.add(Figure("judge_replay", "replay of nanoGPT's 6.7 min (judge / bare reader CPU)", "CPU s",
+                 "<= 10x a bare reader", ours=got["replay_cpu_s"], baseline=got["bare_cpu_s"],
+                 ratio=round(got["bare_cpu_s"] / got["replay_cpu_s"], 3), met=got["ratio"] <= 10,
+                 samples=got["samples"], note=f"{got['ratio']}x; us/line first/last quarter "
+                 f"{got['us_per_line_first_quarter']}/{got['us_per_line_last_quarter']}"))
 
 
 def run(h: Harness, only: set | None = None) -> list[Figure]:
@@ -76,12 +87,13 @@ def run(h: Harness, only: set | None = None) -> list[Figure]:
              "supervisor_cpu": "supervisor CPU", "supervisor_rss": "supervisor RSS",
              "status4": "gpujob ps over 4 hosts", "ps4_kept": "gpujob ps over 4 hosts, kept",
              "ps50": "gpujob ps over 50 hosts", "ps_cli": "gpujob ps over 4 hosts (whole CLI)",
-             "ps_cli_cold": "gpujob ps, cold", "ps_cli_nodaemon": "gpujob ps, no daemon"}
+             "ps_cli_cold": "gpujob ps, cold", "ps_cli_nodaemon": "gpujob ps, no daemon",
+             "judge_replay": "replay of nanoGPT's 6.7 min (judge / bare reader CPU)"}
     want = lambda *keys: only is None or any(k in only for k in keys)  # noqa: E731
     steps = [(("commands",), figs_link.commands),
              (("exec_cli", "exec_cli_cold", "exec_cli_nodaemon", "startup_version", "startup_help"),
               figs_link.exec_cli),
-             (("resubmit",), figs_job.resubmit)]
+             (("resubmit",), figs_job.resubmit), (("judge_replay",), _judge_replay)]
     for keys, fn in steps:
         if want(*keys):
             try:

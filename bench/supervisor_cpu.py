@@ -11,6 +11,7 @@ does not) and prints the functions that cost most.
     python -m bench.supervisor_cpu --seconds 20 --reps 3
     python -m bench.supervisor_cpu --seconds 10 --profile 25
     python -m bench.supervisor_cpu --reps 5 --against /tmp/old-tree --pyspy /tmp/spy
+    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 --against /tmp/old-tree
 
 ``--against TREE`` alternates run by run between this tree and another checkout of gpujob
 (its CLI submits, so its agent runs): the two figures come from the same minutes. ``--pyspy
@@ -43,7 +44,7 @@ if str(REPO) not in sys.path:
 
 import yaml  # noqa: E402
 
-from gpujob.wheelhouse import build_indexes, serve  # noqa: E402
+from gpujob.ops.wheelhouse import build_indexes, serve  # noqa: E402
 
 JOB_DIR = REPO / "bench" / "job"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -84,6 +85,9 @@ class Local:
         self.server.shutdown()
         self.server.server_close()
 
+    tps_every = 10  # every Nth line a tok/s sample (1: every line, nanoGPT's iter lines at --rate 70)
+    judging = "counts"  # "counts": window 3, failure_limit 2; "defaults": the tree's own defaults
+
     def spec(self, rate: float, seconds: float, repo: Path = REPO) -> Path:
         spec = {
             "name": "bench", "target": "lab/box",
@@ -92,11 +96,17 @@ class Local:
             "profiles": [{"name": "fast", "index_url": self.urls["fast"],
                           "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
             "profile": "fast",
-            "train": {"command": f"python trainer.py --rate {rate:g} --seconds {seconds:g} --tps-every 10",
+            "train": {"command": f"python trainer.py --rate {rate:g} --seconds {seconds:g} "
+                                 f"--tps-every {self.tps_every}",
                       "resume_args": ["--resume"], "grace": "3s"},
             "throughput": {"format": "ktok", "window": 3, "min": "10K", "failure_limit": 2,
                            "no_data_timeout": "30s", "good_after": "1s"},
         }
+        if self.judging == "defaults":  # what `gpujob init` leaves: the judging times are gpujob's
+            for k in ("window", "failure_limit", "good_after"):
+                del spec["throughput"][k]
+        elif self.judging == "nanogpt":  # the H200 nanoGPT runs' (../shared/traces/specs/nanogpt.yaml)
+            spec["throughput"].update(window="10s", failure_limit="10s", good_after="20s")
         path = self.tmp / "stream.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
         return path
@@ -200,6 +210,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--reps", type=int, default=1)
+    ap.add_argument("--tps-every", type=int, default=10, help="every Nth line a sample (1 with --rate 70: nanoGPT)")
+    ap.add_argument("--judging", choices=("counts", "defaults", "nanogpt"), default="counts",
+                    help="the spec's judging times: a count window, each tree's own defaults, or the H200 "
+                         "nanoGPT runs' (10s window, 10s failure_limit)")
     ap.add_argument("--profile", type=int, metavar="TOP", help="then profile one supervisor; show TOP rows")
     ap.add_argument("--against", type=Path, metavar="TREE", help="alternate with this other checkout's code")
     ap.add_argument("--pyspy", metavar="PREFIX", help="record each measured supervisor with py-spy")
@@ -207,6 +221,7 @@ def main(argv=None) -> int:
     trees = [("this", REPO)] + ([("other", args.against.resolve())] if args.against else [])
     tmp = Path(tempfile.mkdtemp(prefix="gpujob-supcpu-"))
     loc = Local(tmp)
+    loc.tps_every, loc.judging = args.tps_every, args.judging
     try:
         runs: list = []
         by: dict = {name: [] for name, _ in trees}

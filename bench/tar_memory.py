@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHIP = """\
 import io, re, sys, tarfile
 from pathlib import Path
-from gpujob.tarstream import Concat, TarStream
+from gpujob.ops.tarstream import Concat, TarStream
 from gpujob.transport.local import LocalTransport
 hwm = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) // 1024
 src, how = Path(sys.argv[1]), sys.argv[2]

@@ -111,12 +111,12 @@ def _values(kind, incomplete: str, hosts: str | None) -> list[tuple[str, str]]:
 
 
 def inventory_path(explicit: str | None) -> str | None:
-    """The inventory file a command would read (gpujob.inventory.find_inventory's order)."""
+    """The inventory file a command would read (gpujob.inventory.hosts.find_inventory's order)."""
     for given in (explicit, os.environ.get("GPUJOB_HOSTS")):
         if given:
             return os.path.expanduser(given)
     config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    for path in ("hosts.yaml", os.path.join(config, "gpujob", "hosts.yaml")):
+    for path in (os.path.join(config, "gpujob", "hosts.yaml"), "hosts.yaml"):  # the user's first
         if os.path.isfile(path):
             return path
     return None

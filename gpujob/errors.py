@@ -78,6 +78,7 @@ class RemoteError(GpujobError):
 
     def __init__(self, what: str, result=None, hint: str | None = None):
         self.result = result
+        self.answered = False  # True: the agent answered with its error (it ran to its end)
         msg = what
         if result is not None:
             tail = result.tail()

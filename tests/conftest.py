@@ -92,14 +92,14 @@ def _reap_daemons(tmp_path_factory):
 @pytest.fixture(scope="module")
 def index_urls(tmp_path_factory):
     """The demo's two wheel builds (fast, slow) as file:// indexes, one set per module."""
-    from gpujob.wheelhouse import build_indexes
+    from gpujob.ops.wheelhouse import build_indexes
     return {b: p.as_uri() for b, p in build_indexes(tmp_path_factory.mktemp("wheelhouse")).items()}
 
 
 @pytest.fixture(scope="module")
 def index(tmp_path_factory):
     """The same indexes served over HTTP on loopback (a container reaches them there)."""
-    from gpujob.wheelhouse import build_indexes, serve
+    from gpujob.ops.wheelhouse import build_indexes, serve
     root = tmp_path_factory.mktemp("index")
     build_indexes(root)
     server, url = serve(root)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpujob.target import Target
+from gpujob.ops.target import Target
 from gpujob.transport.local import LocalTransport
 from gpujob.transport.stacked import Stacked
 

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from helpers import REPO, cli, job_id_of, wait_for
-from gpujob.state import State
+from gpujob.ops.state import State
 
 
 def test_the_demo_has_one_source_and_it_ships_in_the_wheel(tmp_path):
@@ -129,6 +129,6 @@ def test_an_index_from_before_gets_the_entry_column(tmp_path):
 
 @pytest.mark.parametrize("spec", ["jobs/demo.yaml", "gpujob/demo.yaml"])
 def test_the_demo_spec_validates_where_it_lies(spec):
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     s = load_spec(REPO / spec)
     assert [p.name for p in s.profiles] == ["fast", "slow"]

@@ -13,8 +13,8 @@ import time
 import pytest
 
 from gpujob.agent.base import envs
-from gpujob.target import agent_zip, uv_binary
-from gpujob.wheelhouse import build_indexes, build_wheel
+from gpujob.ops.target import agent_zip, uv_binary
+from gpujob.ops.wheelhouse import build_indexes, build_wheel
 
 FAKE_TORCH = "class version:\n    cuda = '13.0'\n"
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from bench import gpu
-from gpujob.spec import load_spec
+from gpujob.spec.model import load_spec
 
 
 @pytest.mark.parametrize("gpus, groups", [([0], {"drafter": [0]}),

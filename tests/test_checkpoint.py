@@ -38,10 +38,13 @@ SPEC = {"train": {"checkpoint": {"path": "c/*.pt", "every": 30.0}},
 def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     w = checkpoint.warnings(SPEC)
     assert len(w) == 2 and w[0].startswith("throughput.initial_delay (10s, counted from the first sample) "
-                                           "with the time parts of window and failure_limit (10s in all) is "
+                                           "with the time parts of window and failure_limit (12.5s in all) is "
                                            "shorter than train.checkpoint.every (30s)")
-    # issue 22: a time window and failure_limit count too (10 + 10 + 2 x 10 = 40s >= 30s: no warning)
+    # issue 38: a deep drop is decided once a quarter of the (default 10 s) window holds it, whatever
+    # the failure_limit: 10 + 2.5 s < 30 s; a 2m window's quarter is 30 s: 10 + 30 >= 30, no warning
     assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "10s",
+                                                          "failure_limit": "2m"}))) == 2
+    assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "2m",
                                                           "failure_limit": 3}))) == 1
     assert "rollback.gpu_idle.for (20s)" in w[1]
     assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"], "wait_for_checkpoint": True})) == []
@@ -189,3 +192,24 @@ def test_a_directory_checkpoint_still_being_written_is_not_finished_and_a_stop_w
     assert waited["finished"] and waited["waited"] > 0.3
     reg = json.loads(next((tmp_path / "root" / "checkpoints").glob("*.json")).read_text())
     assert reg["files"][str(ck)]["finished"] is True
+
+
+def test_a_rollback_held_for_a_checkpoint_is_in_status_with_how_long_it_may_still_wait(tmp_path, index_urls):
+    """Issue 38 row 6: a decided rollback that waits for a checkpoint shows in status (what it
+    waits for, how long so far, at most how long still) and in job.log (logs -f)."""
+    env = local_env(tmp_path)
+    spec = ck_spec(tmp_path, index_urls, ck_every=100000, wait=True, every="20s")
+    assert cli(["submit", str(spec), "--profile", "fast", "--follow"], env, timeout=120).returncode == 0
+    spec = ck_spec(tmp_path, index_urls, ck_every=100000, wait=True, every="20s", steps=100000)
+    job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
+    jdir = tmp_path / "root" / "jobs" / job_id
+    wait_for(lambda: any(e["type"] == "rollback_held" for e in events(jdir)), 120, what="the held rollback")
+    st = cli_json(["status", job_id, "--json"], env)
+    assert st["waiting"].startswith("rollback decided, waiting for a finished checkpoint of this run "
+                                    "(checkpoint.json): ") and "left at most" in st["waiting"], st["waiting"]
+    human = cli(["status", job_id], env, check=True).stdout.decode()
+    assert "rollback decided, waiting for a finished checkpoint" in " ".join(human.split())
+    assert "held until this run writes a finished checkpoint (checkpoint.json), 100s at most" in \
+        (jdir / "job.log").read_text()
+    assert cli(["stop", job_id], env, timeout=120).returncode == 0
+    assert cli_json(["status", job_id, "--json"], env)["waiting"] is None

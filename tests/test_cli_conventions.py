@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import REPO, local_env, write_spec
 
 GPUJOB = str(Path(sys.executable).parent / "gpujob")

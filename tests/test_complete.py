@@ -41,7 +41,7 @@ def lab(tmp_path_factory):
     env = local_env(tmp)
     (tmp / "hosts.yaml").write_text("hosts:\n  lab: {kind: local, containers: {box: {root: /tmp/x}, gpu1: {root: /tmp/y}}}\n"
                                     "  lab2: {kind: local, containers: {box: {root: /tmp/z}}}\n")
-    code = ("from gpujob.state import State\ns = State()\n"
+    code = ("from gpujob.ops.state import State\ns = State()\n"
             "s.reserve('train-aaaa', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\n"
             "s.reserve('train-bbbb', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\ns.close()\n")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=str(REPO))

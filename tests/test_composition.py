@@ -1,5 +1,5 @@
 """The supervisor as composition (docs/architecture.md): it inherits nothing, and a node of
-a multi-node job reaches it only through the port ``fleet.nodes.NodePort`` declares, which
+a multi-node job reaches it only through the port ``fleet.node.NodePort`` declares, which
 ``supervisor.FleetPort`` answers in full."""
 
 from __future__ import annotations
@@ -8,15 +8,19 @@ import ast
 import inspect
 from types import SimpleNamespace
 
-from gpujob.agent.fleet import nodes
+from gpujob.agent.fleet import follower, leader, node, nodes
 from gpujob.agent.supervisor.parts import History, StopFlag
 from gpujob.agent.supervisor.supervisor import FleetPort, Supervisor
 
 
 def _port_names() -> set:
     """What NodePort declares: its fields, properties and methods."""
-    own = {n for n in vars(nodes.NodePort) if not n.startswith("_")}
-    return own | set(nodes.NodePort.__annotations__)
+    own = {n for n in vars(node.NodePort) if not n.startswith("_")}
+    return own | set(node.NodePort.__annotations__)
+
+
+#: the fleet's nodes: the shared base, the leader, the follower and make()
+NODE_SOURCES = "\n".join(inspect.getsource(m) for m in (node, leader, follower, nodes))
 
 
 def test_the_supervisor_is_no_mixin():
@@ -25,7 +29,7 @@ def test_the_supervisor_is_no_mixin():
 
 def test_a_node_reaches_its_supervisor_only_through_the_port():
     used = set()
-    for n in ast.walk(ast.parse(inspect.getsource(nodes))):
+    for n in ast.walk(ast.parse(NODE_SOURCES)):
         if isinstance(n, ast.Attribute):
             base = n.value
             if isinstance(base, ast.Name) and base.id == "port":  # port.X (a constructor)
@@ -33,9 +37,9 @@ def test_a_node_reaches_its_supervisor_only_through_the_port():
             elif isinstance(base, ast.Attribute) and base.attr == "port" and \
                     isinstance(base.value, ast.Name) and base.value.id == "self":  # self.port.X
                 used.add(n.attr)
-    assert used, "nodes.py no longer reads its port: this check reads nothing"
-    assert used <= _port_names(), f"nodes.py uses {sorted(used - _port_names())} outside NodePort"
-    assert "sup" not in {a.arg for f in ast.walk(ast.parse(inspect.getsource(nodes)))
+    assert used, "the nodes no longer read their port: this check reads nothing"
+    assert used <= _port_names(), f"the nodes use {sorted(used - _port_names())} outside NodePort"
+    assert "sup" not in {a.arg for f in ast.walk(ast.parse(NODE_SOURCES))
                          if isinstance(f, ast.FunctionDef) for a in f.args.args}
 
 

@@ -280,7 +280,7 @@ def test_the_code_stamp_sees_every_module_of_the_package(tmp_path):
     """A daemon runs the CLI's bodies, the daemon package, the targets, the transports and
     ships the agent: an edit to any module, at any depth, is another key (bytecode is not)."""
     from gpujob.conn import paths
-    files = ["entry.py", "daemon/server.py", "cli/bodies.py", "agent/home/journal.py"]
+    files = ["entry.py", "daemon/server.py", "ops/bodies.py", "agent/home/journal.py"]
     for f in files + ["daemon/__pycache__/server.cpython-311.pyc"]:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text("")
@@ -299,7 +299,7 @@ def test_the_code_stamp_sees_every_module_of_the_package(tmp_path):
 def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
     """The agent zip is written with .pyc compiled by the python that runs it (zipimport
     caches none itself); every module loads from that bytecode and the agent runs."""
-    from gpujob.target import AGENT_MODULES, BOOTSTRAP, agent_zip
+    from gpujob.ops.target import AGENT_MODULES, BOOTSTRAP, agent_zip
     import zipfile
     dest = tmp_path / "bin" / "agent-x.pyz"
     data, _ = agent_zip()

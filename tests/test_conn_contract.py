@@ -14,7 +14,7 @@ import yaml
 
 from connkit import (LIVE, daemon_pid, daemons_of, end_daemons, env, pty_run,  # noqa: F401
                      same, started, traced_run)
-from gpujob.wheelhouse import build_indexes, serve
+from gpujob.ops.wheelhouse import build_indexes, serve
 from helpers import cli, cli_direct, gpujob_argv, job_id_of, wait_for, write_spec
 
 pytestmark = pytest.mark.testbed
@@ -105,7 +105,7 @@ def test_every_read_only_command_is_the_same_bytes_both_ways(finished_job, tmp_p
         ok = cli(["status", job], env).stdout
         assert b"succeeded" in ok
         # a multi-node job (the index names its nodes): the full CLI's fleet view, not the daemon's
-        from gpujob.state import State
+        from gpujob.ops.state import State
         old_state = os.environ.get("XDG_STATE_HOME")
         os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
         try:
@@ -211,7 +211,7 @@ def test_a_cold_exec_is_the_full_clis_bytes_without_typer_or_rich(env):
         loaded = {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines()
                   if ln.startswith("import time:")}
         assert "gpujob.daemon.oneshot" in loaded
-        # nor, its hosts.yaml validated before by this gpujob (gpujob/invcache.py), pydantic or yaml
+        # nor, its hosts.yaml validated before by this gpujob (gpujob/inventory/cache.py), pydantic or yaml
         assert not {m.split(".")[0] for m in loaded} & {"typer", "rich", "pydantic", "yaml"}, sorted(loaded)
         pid = started(env)  # the daemon it asked for serves the next command
         assert cli(["exec", "tb/ct200", "--", "true"], env).returncode == 0 and daemon_pid(env) == pid

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.testbed
 def rows(env, jobs: list[tuple[str, str]]) -> None:
     """This laptop's job index holding ``jobs`` ((job id, target) each)."""
     from unittest import mock
-    from gpujob.state import State
+    from gpujob.ops.state import State
     with mock.patch.dict(os.environ, {"XDG_STATE_HOME": env["XDG_STATE_HOME"]}):
         st = State()
         for job, target in jobs:

@@ -125,3 +125,23 @@ def test_pick_prefers_the_newest_known_good_then_fallback_not_bad():
     assert decide.pick(led, "b", {"a", "b", "c"}, []) == "a"
     assert decide.pick({"profiles": {"c": {"status": "bad"}}}, "x", {"c", "d"}, ["c", "d"]) == "d"
     assert decide.pick({}, "x", {"x"}, ["x"]) is None
+
+
+def test_a_compile_race_or_compiler_crash_with_a_known_good_rolls_back_there_else_restarts_as_before():
+    """Issue 33 item 8: with a known-good profile on the ledger a compile race (or a crash in
+    torch's compiler stack) goes on there, the raced profile a suspect (bad after confirm);
+    without one it is restarted on the same wheels and then fails, as before."""
+    race = out(signal="compile_race", reason="compile race (exited with code 1): Detected that you are using FX")
+    a = act(race)
+    assert a.do == Do.ROLLBACK and a.target == "fast" and a.suspect["profile"] == "slow"
+    assert a.suspect["signal"] == "compile_race" and not a.mark_bad
+    crash = out(signal="crash", reason="exited with code 1: torch._dynamo.exc.BackendCompilerFailed: backend='inductor'")
+    assert act(crash).do == Do.ROLLBACK and act(crash).target == "fast"
+    plain = out(signal="crash", reason="exited with code 1: ValueError: bad batch")
+    assert act(plain).do != Do.ROLLBACK  # any other crash: as before (crash is not in rollback.on here)
+    # no known-good profile: restarted on the same wheels (then failed), as before
+    assert act(race, ledger={"profiles": {}}).do == Do.RESTART
+    # the known-good itself races: nowhere else known-good
+    assert act(race, profile="fast").do == Do.RESTART
+    # max_rollbacks reached: as before
+    assert act(race, rollbacks=[{"signal": "compile_race"}] * 5).do == Do.RESTART

@@ -11,8 +11,8 @@ import tarfile
 import time
 
 from gpujob.agent.base import envs
-from gpujob.target import agent_zip
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.target import agent_zip
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import TRAINER_DIR
 
 PROFILE = {"name": "cu130", "index_url": "https://download.pytorch.org/whl/cu130",
@@ -96,8 +96,8 @@ def test_find_links_go_to_both_install_steps():
 
 
 def test_relative_find_links_start_at_the_spec_folder(tmp_path):
-    from gpujob.jobs import job_request
-    from gpujob.spec import load_spec
+    from gpujob.ops.plan import job_request
+    from gpujob.spec.model import load_spec
     (tmp_path / "job.yaml").write_text(
         "name: fl\nprofiles:\n  - {name: a, index_url: 'file:///opt/pypi/simple', find_links: ['file:wheels',"
         " 'file:///opt/wheels'], packages: [x==1]}\ntrain: {command: t}\n")
@@ -108,8 +108,8 @@ def test_relative_find_links_start_at_the_spec_folder(tmp_path):
 
 def test_supervisor_installs_a_wheel_found_only_through_find_links(tmp_path):
     """uv really takes the pin from a plain folder of wheels: the profile's index is empty."""
-    from gpujob.target import uv_binary
-    from gpujob.wheelhouse import build_wheel
+    from gpujob.ops.target import uv_binary
+    from gpujob.ops.wheelhouse import build_wheel
     uv = uv_binary()
     assert uv is not None
     build_wheel(tmp_path / "flat", "fast", 12800.0)

@@ -22,7 +22,7 @@ import yaml
 
 from gpujob.agent.base.fsio import read_records
 from gpujob.agent.base.proc import group_pids
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
 from test_jobs_local import trainers_of
 

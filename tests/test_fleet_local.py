@@ -301,16 +301,16 @@ def test_a_follower_killed_whole_supervisor_and_trainer_ends_the_job_naming_it(t
 
 
 def test_a_controller_dead_between_the_holds_and_the_go_starts_nothing(tmp_path, env, index_urls):
-    """The controller's first half, for real (every node held through gpujob.fleet's own
+    """The controller's first half, for real (every node held through gpujob.ops.fleet's own
     submit path), then it dies: the go never comes."""
     spec_path = fleet_spec(tmp_path / "job.yaml", index_urls,
                            nodes={"lost_after": "6s", "start_timeout": "3s"})
     code = (
         "import os, sys\n"
-        "from gpujob import fleet, jobs\n"
-        "from gpujob.inventory import load_inventory\n"
-        "from gpujob.spec import load_spec\n"
-        "from gpujob.target import Targets\n"
+        "from gpujob.ops import fleet, submit\n"
+        "from gpujob.inventory.hosts import load_inventory\n"
+        "from gpujob.spec.model import load_spec\n"
+        "from gpujob.ops.target import Targets\n"
         "from pathlib import Path\n"
         "spec = load_spec(sys.argv[1])\n"
         "ts = Targets(load_inventory(Path(os.environ['GPUJOB_HOSTS'])))\n"
@@ -318,8 +318,8 @@ def test_a_controller_dead_between_the_holds_and_the_go_starts_nothing(tmp_path,
         "labels = [t.label for t in targets]\n"
         "for rank, t in enumerate(targets):\n"
         "    info = fleet.node_info(spec, labels, rank, '127.0.0.1', 29999, 29998)\n"
-        "    jobs.submit(spec, t, profile='fast', job_id='fleet-dead', clear_caches=False,\n"
-        "                progress=print, fleet=info, fleet_key='ab' * 32)\n"
+        "    submit.submit(spec, t, profile='fast', job_id='fleet-dead', clear_caches=False,\n"
+        "                  progress=print, fleet=info, fleet_key='ab' * 32)\n"
         "os.kill(os.getpid(), 9)  # the controller dies before any go\n")
     p = subprocess.run([sys.executable, "-c", code, str(spec_path)], env=env, capture_output=True,
                        timeout=120, cwd=str(REPO))

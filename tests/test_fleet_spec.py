@@ -11,8 +11,8 @@ from gpujob.agent.fleet import channel
 from gpujob.agent.base.placeholders import command_argv, fleet_env, fleet_values
 from gpujob.agent.base.planshare import ledger_name
 from gpujob.errors import SpecError
-from gpujob.fleet import node_info
-from gpujob.spec import load_spec
+from gpujob.ops.fleet import node_info
+from gpujob.spec.model import load_spec
 
 BASE = {
     "name": "fl",

@@ -40,9 +40,9 @@ def test_without_hosts_yaml_the_unknown_target_says_where_it_looked(tmp_path):
     p = cli(["exec", "ct200", "true"], env, timeout=60)
     err = p.stderr.decode()
     assert p.returncode == 2 and err.count("\n") == 1, err
-    assert (f"unknown target 'ct200'; known: demo (no hosts.yaml found (looked in {tmp_path}/hosts.yaml, "
-            f"{tmp_path}/home/.config/gpujob/hosts.yaml); using the built-in inventory; give --hosts FILE "
-            "or set $GPUJOB_HOSTS)") in err
+    assert (f"unknown target 'ct200'; known: demo (no hosts.yaml found (looked in "  # the user's first (issue 34)
+            f"{tmp_path}/home/.config/gpujob/hosts.yaml, {tmp_path}/hosts.yaml); using the built-in inventory; "
+            "give --hosts FILE or set $GPUJOB_HOSTS)") in err
     (tmp_path / "h.yaml").write_text("hosts:\n  l:\n    kind: local\n    containers:\n      box: {root: r}\n")
     p = cli(["--hosts", str(tmp_path / "h.yaml"), "exec", "ct200", "true"], env, timeout=60)
     assert p.returncode == 2 and "no hosts.yaml found" not in p.stderr.decode()

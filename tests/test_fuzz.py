@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 import yaml
 
 from fuzzgen import mutants
-from gpujob.inventory import load_inventory
-from gpujob.spec import load_spec
+from gpujob.inventory.hosts import load_inventory
+from gpujob.spec.model import load_spec
 from helpers import REPO, gpujob_argv
 from limits import run_limited
 

@@ -5,7 +5,7 @@ the local target."""
 from __future__ import annotations
 
 from gpujob.agent.home import gc
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import cli, cli_json, local_env, write_spec
 
 

@@ -11,6 +11,7 @@ import os
 import signal
 
 import pytest
+import yaml
 
 from gpujob.agent.supervisor import hang, stacks
 from gpujob.agent.judge import signals
@@ -78,11 +79,11 @@ def _hung_spec(tmp_path, urls, *, warmup: bool, **extra):
                       profile="fast", warmup=warmup,
                       throughput={"format": "ktok", "window": 3, "min": "10K", "start_timeout": "2s"},
                       **extra)
-    data = __import__("yaml").safe_load(spec.read_text())
+    data = yaml.safe_load(spec.read_text())
     data["sync"].append({"src": str(d), "dest": "."})
     data["train"]["command"] = "python t.py"
     data["train"]["grace"] = "1s"
-    spec.write_text(__import__("yaml").safe_dump(data, sort_keys=False))
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
     return spec
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gpujob.inventory import load_inventory
-from gpujob.spec import load_spec
+from gpujob.inventory.hosts import load_inventory
+from gpujob.spec.model import load_spec
 from helpers import REPO, cli, local_env
 from limits import run_limited
 

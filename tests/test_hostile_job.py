@@ -11,7 +11,7 @@ import stat
 import pytest
 import yaml
 
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import cli, job_id_of, local_env
 
 TOKEN = "hf_sekret-TOKEN-1234567890"

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from gpujob.inventory import load_inventory
+from gpujob.inventory.hosts import load_inventory
 from helpers import cli, local_env
 from test_hostile_input import SPEC, edit, spec_error
 

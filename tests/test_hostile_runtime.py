@@ -20,9 +20,9 @@ import yaml
 
 from gpujob.agent.verbs.files import untar
 from gpujob.agent.base.placeholders import command_argv, placeholder_env, quoted_placeholders
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.errors import HostKeyError
-from gpujob.tarstream import Concat, TarStream
+from gpujob.ops.tarstream import Concat, TarStream
 from gpujob.transport.ssh import load_known_hosts
 from helpers import REPO, cli, gpujob_argv, local_env
 
@@ -115,7 +115,7 @@ def far_env(tmp_path):
 
 
 def test_ps_hosts_doctor_with_an_unreachable_target(tmp_path, far_env):
-    code = ("import sys; from gpujob.state import State; s = State(); "
+    code = ("import sys; from gpujob.ops.state import State; s = State(); "
             "s.reserve('x-aaaa', 'x', 'far/ct', '/j.yaml', 'h', 'p'); "
             "s.reserve('y-[/]b', 'y', 'lab/box', '/j.yaml', 'h', 'p'); s.close()")
     subprocess.run([sys.executable, "-c", code], env=far_env, check=True, cwd=str(REPO))
@@ -222,7 +222,7 @@ def test_streaming_tar_keeps_laptop_memory_flat(tmp_path):
     script = textwrap.dedent("""\
         import re, sys
         from pathlib import Path
-        from gpujob.tarstream import Concat, TarStream
+        from gpujob.ops.tarstream import Concat, TarStream
         from gpujob.transport.local import LocalTransport
         hwm = lambda: int(re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1]) // 1024
         tar = TarStream(Path(sys.argv[1]), ["big.bin", "small.py"])

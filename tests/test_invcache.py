@@ -1,4 +1,4 @@
-"""The cold exec's cache of the validated inventory (gpujob/invcache.py): a hit only for
+"""The cold exec's cache of the validated inventory (gpujob/inventory/cache.py): a hit only for
 the very bytes validated before by this gpujob, the same attributes as the model, every
 check still made on an edited file, and a cache file that is not what we wrote (not
 private, a planted link, another key, torn by a kill) believed never."""
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpujob import invcache
+from gpujob.inventory import cache as invcache
 from gpujob.conn import paths
 from gpujob.errors import InputError, SpecError
-from gpujob.inventory import Container, Host, Inventory, load_inventory
+from gpujob.inventory.hosts import Container, Host, Inventory, load_inventory
 from helpers import REPO
 
 GOOD = """\
@@ -164,7 +164,7 @@ def test_a_runtime_dir_not_private_means_no_cache(tmp_path, rt):
 
 def test_killed_while_writing_the_cache_leaves_nothing_read(tmp_path, rt):
     path = hosts(tmp_path)
-    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpujob import invcache; invcache.load({path!r})"
+    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpujob.inventory import cache as invcache; invcache.load({path!r})"
     env = dict(os.environ, GPUJOB_TEST_DIE_AT=f"invcache_written@{tmp_path / 'died'}")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
     assert p.returncode == -9 and (tmp_path / "died").exists()
@@ -175,7 +175,7 @@ def test_killed_while_writing_the_cache_leaves_nothing_read(tmp_path, rt):
 def test_a_hit_imports_neither_pydantic_nor_yaml(tmp_path, rt):
     path = hosts(tmp_path)
     invcache.load(path)
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpujob import invcache; "
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpujob.inventory import cache as invcache; "
             f"i = invcache.load({path!r}); print(type(i).__name__, i.resolve('ct200')[3].vmid); "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'pydantic', 'yaml', 'pydantic_core'}))")
     p = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, timeout=60)

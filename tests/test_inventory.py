@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from gpujob.errors import InputError, SpecError
-from gpujob.inventory import Container, Host, find_inventory, load_inventory
+from gpujob.inventory.hosts import Container, Host, find_inventory, load_inventory
 from gpujob.transport.ssh_config import ssh_settings
 
 GOOD = """\
@@ -152,8 +152,11 @@ def test_find_inventory_order(tmp_path, places, monkeypatch):
     assert find_inventory(None) is None
     config.write_text(GOOD)
     assert find_inventory(None) == config
-    (cwd / "hosts.yaml").write_text(GOOD)
+    (cwd / "hosts.yaml").write_text(GOOD)  # a clone's example never shadows the user's own (issue 34 row 4)
+    assert find_inventory(None) == config
+    config.unlink()
     assert find_inventory(None) == Path("hosts.yaml")
+    config.write_text(GOOD)
     env = write(tmp_path, GOOD, "env.yaml")
     monkeypatch.setenv("GPUJOB_HOSTS", str(env))
     assert find_inventory(None) == env

@@ -29,7 +29,7 @@ def test_login_env_is_a_clean_login_shell():
 
 
 def test_local_job_sees_no_cli_variables_but_the_passthrough(tmp_path):
-    from gpujob.wheelhouse import build_indexes
+    from gpujob.ops.wheelhouse import build_indexes
     idx = {b: p.as_uri() for b, p in build_indexes(tmp_path / "wh").items()}
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local", "env_passthrough": ["NCCL_*"],

@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from gpujob import doctor, kinds
-from gpujob.inventory import load_inventory
-from gpujob.target import Targets
+from gpujob import kinds
+from gpujob.ops import doctor
+from gpujob.inventory.hosts import load_inventory
+from gpujob.ops.target import Targets
 
 
 def _local(tmp_path, request):

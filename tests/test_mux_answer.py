@@ -17,7 +17,7 @@ import pytest
 from gpujob.agent import main as agent_main
 from gpujob.agent.base import protocol
 from gpujob.errors import ConnectionLost
-from gpujob.target import BOOTSTRAP, agent_zip
+from gpujob.ops.target import BOOTSTRAP, agent_zip
 from gpujob.transport.local import LocalTransport
 from gpujob.transport import mux_server
 from gpujob.transport.stacked import Stacked

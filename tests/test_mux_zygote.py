@@ -14,7 +14,7 @@ import zipfile
 import pytest
 
 from gpujob.agent.base import protocol
-from gpujob.target import BOOTSTRAP, agent_zip
+from gpujob.ops.target import BOOTSTRAP, agent_zip
 from gpujob.transport.local import LocalTransport
 from gpujob.transport.mux import SERVER_SOURCE, MuxClient
 

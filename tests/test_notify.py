@@ -163,7 +163,7 @@ train: {command: python t.py}
 ])
 def test_bad_notify_and_metrics_blocks_are_one_line_with_file_and_line(tmp_path, block, message):
     from gpujob.errors import SpecError
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     (tmp_path / "job.yaml").write_text(BASE + block)
     with pytest.raises(SpecError) as e:
         load_spec(tmp_path / "job.yaml")
@@ -172,9 +172,10 @@ def test_bad_notify_and_metrics_blocks_are_one_line_with_file_and_line(tmp_path,
 
 
 def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch):
-    from gpujob import jobs, secrets_env
+    from gpujob.ops.plan import job_request
+    from gpujob.spec import secrets as secrets_env
     from gpujob.errors import SpecError
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     (tmp_path / "tok").write_text("tok-123456\n")
     (tmp_path / "job.yaml").write_text(BASE + "notify:\n  - url: {from_env: HOOK}\n    format: slack\n"
                                        "  - url: https://ntfy.sh/t\n    format: ntfy\n    token: {from_file: tok}\n")
@@ -185,7 +186,7 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     secrets = secrets_env.resolve(spec)
     assert secrets["notify"] == {"0": {"url": "https://hooks.slack.com/services/T/B/sekret99"},
                                  "1": {"token": "tok-123456"}}
-    req = jobs.job_request(spec, "nt-1", "fast", clear_caches=False, secrets=secrets)
+    req = job_request(spec, "nt-1", "fast", clear_caches=False, secrets=secrets)
     assert req["secret_names"] == ["notify[0].url", "notify[1].token"]
     assert [h["url"] for h in req["spec"]["notify"]] == ["***", "https://ntfy.sh/t"]
     assert "sekret99" not in json.dumps(req["spec"]) and "tok-123456" not in json.dumps(req["spec"])

@@ -2,7 +2,7 @@
 supervisor then really runs (venv build, per-GPU warmup, train), compared with the
 argv the supervisor journals for the same job on the `local` target (real CLI, real
 supervisor, real uv; GPUs mocked by the spec's GPU lists). Any drift between
-gpujob.jobs.build_plan and the supervisor fails here."""
+gpujob.ops.plan.build_plan and the supervisor fails here."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpujob import plotdata
+from gpujob.show import plotdata
 from helpers import REPO
 
 GPUJOB = str(Path(sys.executable).parent / "gpujob")

@@ -157,10 +157,18 @@ def test_decide_reads_only_the_tail():
                 self.reads += 1
             return list.__getitem__(self, i)
 
-    s = Spy(mk([12_800] * 100_000))
+    vals = mk([12_800] * 2_000)
+    s = Spy(vals[:1000])
     cfg = Cfg(min=10_000, window=5, failure_limit=3, initial_delay=5)
-    assert decide(cfg, s, now=at_end(s), phase_start=0, baseline=None).verdict == "ok"
-    assert s.reads < 80  # 3 binary searches (phase start, delay end, judging start) + window + limit, not n
+    memo: dict = {}
+    assert decide(cfg, s, now=at_end(s), phase_start=0, baseline=None, memo=memo).verdict == "ok"
+    reads = []
+    for smp in vals[1000:]:  # as the supervisor asks: one more sample, the same memo
+        list.append(s, smp)
+        s.reads = 0
+        assert decide(cfg, s, now=smp.t, phase_start=0, baseline=None, memo=memo).verdict == "ok"
+        reads.append(s.reads)
+    assert max(reads) <= 6  # each sample is taken once: a call reads the new one, not the window nor the run
 
 
 def test_known_good():
@@ -195,3 +203,19 @@ def test_decision_is_frozen():
     d = Decision("ok", "x", {})
     with pytest.raises(Exception):
         d.verdict = "rollback"
+
+
+def test_a_long_run_keeps_what_its_window_holds_not_its_history():
+    """Issue 38 row 9: a judge whose cost and memory follow the window, not the run's age."""
+    cfg = Cfg(min=10_000, window="10s", failure_limit="20s", good_after=15)
+    memo: dict = {}
+    s: list = []
+    for i in range(200_000):  # 200,000 samples at 10 Hz: 5.5 hours
+        s.append(Sample(i / 10, 12_800.0, i))
+        d = decide(cfg, s, s[-1].t, 0.0, None, (), memo)
+        if i == 200:
+            assert known_good(cfg, s, s[-1].t, 0.0, None, (), memo) == 12_800.0
+        if len(s) > 50_000:
+            del s[:25_000]  # as the supervisor trims its list
+    assert d.verdict == "ok"
+    assert len(memo["tail"].at_t) <= 70_000

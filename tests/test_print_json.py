@@ -10,7 +10,7 @@ import json
 import pytest
 from rich.console import Console
 
-from gpujob.cli import plainjson, render
+from gpujob.show import plainjson, render
 
 VALUES = [[], {}, 0, "s", None, [{"job_id": "j-1", "state": "succeeded", "reason": "exit 3 ü 日本語 " * 40,
                                  "tab\there": "\x1b[31mred\x7f \u2028 \u00a0", "n": 1.5e-7, "big": 10 ** 30,

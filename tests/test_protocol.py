@@ -13,7 +13,7 @@ from gpujob.agent.base import protocol
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.base.fsio import write_json
 from gpujob.agent.base.protocol import ENDED, JobState, OffsetSplitter, Verdict
-from gpujob.target import agent_zip
+from gpujob.ops.target import agent_zip
 
 
 def agent(home, *args, input=None):
@@ -114,8 +114,8 @@ def test_failure_signals_are_the_names_the_spec_accepts_and_the_agent_reports():
     import pytest
 
     from gpujob.agent.judge import signals
-    from gpujob.doctor import Check, CheckStatus
-    from gpujob.spec_types import Signal
+    from gpujob.ops.doctor import Check, CheckStatus
+    from gpujob.spec.types import Signal
     assert list(get_args(Signal)) == [s.value for s in protocol.FailureSignal]
     name, _ = signals.classify_exit(-9, None, ["killed"], [])
     assert name is protocol.FailureSignal.OOM_KILLED and json.dumps(name) == '"oom_killed"'

@@ -15,7 +15,7 @@ import sys
 import yaml
 
 from gpujob.agent.verbs import prune
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import REPO, cli, cli_json, job_id_of, local_env, wait_for, write_spec
 
 

@@ -1,4 +1,4 @@
-"""``gpujob ps`` asks every host at once (gpujob/cli/fanout.py): a host that answers
+"""``gpujob ps`` asks every host at once (gpujob/ops/fanout.py): a host that answers
 slowly or not at all holds none of the others beyond ``--timeout``, is reported in one
 line, and the rows keep their order."""
 
@@ -11,9 +11,9 @@ import time
 import pytest
 import yaml
 
-from gpujob.cli import fanout
+from gpujob.ops import fanout
 from gpujob.errors import GpujobError
-from gpujob.state import State
+from gpujob.ops.state import State
 from helpers import cli, local_env
 
 

@@ -13,7 +13,7 @@ import pytest
 from gpujob.agent.supervisor import hang, stacks
 from gpujob.agent.judge import signals
 from gpujob.agent.base.protocol import FailureSignal as F
-from gpujob.spec import Rollback
+from gpujob.spec.model import Rollback
 
 TRACES = Path(__file__).parent / "data" / "traces"
 SIGS = Rollback().error_signatures  # the spec's default signatures

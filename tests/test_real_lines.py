@@ -7,8 +7,8 @@ from gpujob.agent.judge import sources
 from gpujob.agent.base import defaults
 from gpujob.agent.judge.ranks import RankMerge, split_rank
 from gpujob.agent.judge.throughput import make_parser
-from gpujob.spec import JobSpec  # noqa: F401  (the spec model validates the section)
-from gpujob.spec_throughput import Throughput
+from gpujob.spec.model import JobSpec  # noqa: F401  (the spec model validates the section)
+from gpujob.spec.throughput import Throughput
 
 NANOGPT = r"iter (?P<step>\d+): loss [\d.]+, time (?P<ms>[\d.]+)ms"
 

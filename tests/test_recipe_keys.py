@@ -18,8 +18,8 @@ from gpujob.agent.home import ckregister
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.judge.replay import replay_records
 from gpujob.errors import SpecError
-from gpujob.recipes import PRELOAD, RECIPES, describe
-from gpujob.spec import load_spec
+from gpujob.spec.recipes.registry import PRELOAD, RECIPES, describe
+from gpujob.spec.model import load_spec
 
 REVISIONS = Path(__file__).parent / "data" / "recipes" / "revisions.json"
 BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}
@@ -50,7 +50,7 @@ SETS = {
         "throughput.pattern": r"^iter (?P<step>\d+): loss [0-9.]+, time (?P<ms>[0-9.]+)ms",
         "throughput.pause_pattern": r"^step \d+: train loss", "train.checkpoint.settle": "5s"}),
     "torchtitan": ("torchrun --nproc_per_node 2 -m torchtitan.train --job.dump_folder out", None, {
-        "throughput.ranks": "first", "train.checkpoint.path": "out/checkpoint/step-*",
+        "throughput.ranks": "first", "train.checkpoint.path": "out/checkpoint/{job_id}/step-*",
         "train.checkpoint.done_file": ".metadata"}),
     "lightning": ("python main.py fit", 1000, {
         "train.checkpoint.settle": "5s", "train.resume_args": ["--ckpt_path", "{resume_from}"],
@@ -110,9 +110,9 @@ def test_a_directory_checkpoint_is_finished_by_its_done_file_and_resumed_by_path
     ck = job["train"]["checkpoint"]
     work = tmp_path / "work"
     home = str(tmp_path / "home")
-    w = ckregister.CkWatch.begin(home, "j-1", "j", "base", str(work / ck["path"]), str(work), True,
+    w = ckregister.CkWatch.begin(home, "j-1", "j", "base", str(work / ck["path"].replace("{job_id}", "j-1")), str(work), True,
                                  ck["settle"], ck["done_file"], time.time())
-    step = ck["path"].replace("*", "12")
+    step = ck["path"].replace("*", "12").replace("{job_id}", "j-1")
     (work / step).mkdir(parents=True)
     (work / step / "weights.bin").write_text("w")
     t = time.time()

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from gpujob.errors import InputError, SpecError
-from gpujob.recipes import RECIPES, apply, merge
-from gpujob.recipe_init import job_name
-from gpujob.spec import load_spec
+from gpujob.spec.recipes.registry import RECIPES, apply, merge
+from gpujob.spec.recipe_init import job_name
+from gpujob.spec.model import load_spec
 from helpers import cli, gpujob_argv, local_env
 
 BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}
@@ -93,8 +93,8 @@ def test_every_recipe_says_what_it_was_read_from():
     for r in RECIPES.values():
         assert r.read_from and r.proven_on and r.revision >= 1
     assert apply({"name": "x"}) == ({"name": "x"}, {})
-    import gpujob.recipes
-    assert not hasattr(gpujob.recipes, "RECIPE_PENDING_KEYS")  # every key a recipe should set, it sets
+    import gpujob.spec.recipes.registry
+    assert not hasattr(gpujob.spec.recipes.registry, "RECIPE_PENDING_KEYS")  # every key a recipe should set, it sets
 
 
 def test_job_json_spec_records_the_recipe_version(tmp_path):
@@ -165,8 +165,10 @@ def test_init_writes_a_spec_that_passes_submit_plan(tmp_path, recipe):
 
 def test_init_default_name_and_file(tmp_path):
     assert job_name(["python", "scripts/Train_DFlash.py"]) == "train-dflash"
-    assert job_name(["python", "-m", "specforge.cli", "train"]) == "cli"
-    assert job_name(["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train"]) == "train"
+    # a module's generic last part gives way to its package (issue 38 row 8)
+    assert job_name(["python", "-m", "specforge.cli", "train"]) == "specforge"
+    assert job_name(["torchrun", "--nproc_per_node", "8", "-m", "torchtitan.train"]) == "torchtitan"
+    assert job_name(["python", "-m", "torch.distributed.run", "-m", "torchtitan.train"]) == "torchtitan"
     env = local_env(tmp_path)
     import subprocess
     p = subprocess.run([*gpujob_argv(), "init", "--recipe", "nanogpt", "--",
@@ -205,7 +207,7 @@ def test_a_spec_null_removes_a_recipe_section_and_the_plan_does_not_claim_it(tmp
 
 
 def test_doctor_spec_warns_on_another_trainer_version(tmp_path):
-    from gpujob.doctor_recipe import judge
+    from gpujob.ops.doctor_recipe import judge
     [ok] = judge("specforge", {"p": "0.2.0"})
     [other] = judge("hf_trainer", {"p": "4.57.1"})
     [none] = judge("hf_trainer", {"p": None})
@@ -251,11 +253,11 @@ def test_torchtitan_03_dump_folder_flag_and_a_warmup_its_parser_accepts():
     refuses --job.dump_folder: the checkpoint path is read from it and the warmup uses it."""
     frag = _titan("torchrun --nproc_per_node 1 -m torchtitan.train --module llama3 --config llama3_debugmodel "
                   "--dump_folder out")
-    assert frag["train"]["checkpoint"]["path"] == "out/checkpoint/step-*"
+    assert frag["train"]["checkpoint"]["path"] == "out/checkpoint/{job_id}/step-*"
     warm = frag["warmup"]["command"]
     assert "--dump_folder {workdir}/gpujob-warmup" in warm and "--job." not in warm
     old = _titan("torchrun -m torchtitan.train --job.config_file train.toml --job.dump_folder out")
-    assert old["train"]["checkpoint"]["path"] == "out/checkpoint/step-*"
+    assert old["train"]["checkpoint"]["path"] == "out/checkpoint/{job_id}/step-*"
     assert "--job.dump_folder {workdir}/gpujob-warmup" in old["warmup"]["command"]
 
 
@@ -264,8 +266,64 @@ def test_torchtitan_saves_and_its_warmup_does_not():
     or there is nothing to resume from; the warmup turns it off (tyro: the last flag wins),
     or a second warmup in the same folder loads the first's step-3 and trains no step."""
     frag = _titan("torchrun -m torchtitan.train --job.config_file train.toml")
-    assert frag["train"]["command"].split()[-3:] == ["--checkpoint.enable", "--metrics.log_freq", "1"]
+    assert frag["train"]["command"].split()[-5:] == ["--checkpoint.enable", "--checkpoint.folder",
+                                                     "checkpoint/{job_id}", "--metrics.log_freq", "1"]
     assert frag["warmup"]["command"].endswith("--checkpoint.no-enable")
     for own in ("--checkpoint.enable", "--checkpoint.no-enable"):
-        cmd = f"torchrun -m torchtitan.train --job.config_file train.toml {own} --metrics.log_freq 5"
+        cmd = (f"torchrun -m torchtitan.train --job.config_file train.toml {own} --metrics.log_freq 5 "
+               "--checkpoint.folder ck")
         assert "command" not in _titan(cmd)["train"]  # the spec's own choice stays as it is
+
+
+def test_torchtitan_never_loads_an_earlier_jobs_checkpoint_and_enables_saving_once():
+    """Issue 38 rows 4 and 8: torchtitan loads the newest step-N of its checkpoint folder by
+    itself, at a fresh start too; each job gets a folder of its own, and the resume command
+    does not carry --checkpoint.enable a second time."""
+    frag = _titan("torchrun -m torchtitan.train --job.config_file train.toml")
+    assert "--checkpoint.folder checkpoint/{job_id}" in frag["train"]["command"]
+    assert frag["train"]["checkpoint"]["path"] == "outputs/checkpoint/{job_id}/step-*"
+    assert frag["train"]["resume_args"] == []  # it loads this job's newest by itself
+    assert frag["train"]["command"].count("--checkpoint.enable") == 1
+    off = _titan("torchrun -m torchtitan.train --job.config_file train.toml --checkpoint.no-enable")
+    assert off["train"]["resume_args"] == ["--checkpoint.enable"]
+
+
+def test_init_writes_a_launcher_that_starts_and_doctor_spec_says_when_the_program_is_not_on_path(tmp_path):
+    """Issue 38 row 5: `torchrun` is a console script a base profile may not have on the job's
+    PATH: init writes `python -m torch.distributed.run`, and doctor --spec fails a command whose
+    program the profile's PATH does not hold."""
+    import sys
+    from gpujob.spec.recipe_init import spec_text
+    text = spec_text("torchtitan", ["torchrun", "--nproc_per_node", "1", "-m", "torchtitan.train"], name="t",
+                     target="box")
+    assert 'command: "python -m torch.distributed.run --nproc_per_node 1 -m torchtitan.train' in text
+    env = local_env(tmp_path)
+    for command, status in (("gpujob-no-such-launcher --nproc_per_node 1 x.py", "fail"),
+                            ("OMP_NUM_THREADS=1 python t.py", "ok")):
+        path = write(tmp_path, recipe="hf_trainer", train={"command": command}, throughput={
+            "tokens_per_step": 10, "min_ratio": 0.8})
+        key = load_spec(path).env_key("base")
+        py = tmp_path / "root" / "envs" / key / "bin" / "python"
+        py.parent.mkdir(parents=True, exist_ok=True)
+        if not py.exists():
+            py.symlink_to(sys.executable)  # a built venv's python
+        p = cli(["doctor", "--spec", str(path), "--json"], env)
+        checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
+        assert checks["program base"]["status"] == status, checks["program base"]
+        if status == "fail":
+            assert p.returncode == 1 and "not on the job's PATH in profile base" in checks["program base"]["detail"]
+
+
+def test_plan_warns_of_a_save_interval_beyond_the_run_when_a_rollback_waits_for_a_checkpoint(tmp_path):
+    """Issue 38 row 6: HF with --save_steps beyond --max_steps and wait_for_checkpoint: --plan says a
+    decided rollback would wait the whole hold limit."""
+    env = local_env(tmp_path)
+    cmd = "python run_clm.py --output_dir out --per_device_train_batch_size 2 --max_seq_length 64 " \
+          "--save_steps 5000 --max_steps 600"
+    path = write(tmp_path, recipe="hf_trainer", train={"command": cmd}, rollback={"wait_for_checkpoint": True},
+                 throughput={"min_ratio": 0.8})
+    p = cli(["submit", str(path), "-t", "box", "--plan"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    text = " ".join(p.stdout.decode().split())
+    assert "the command saves every 5000 steps (--save_steps) and runs 600" in text
+    assert "waits the whole hold limit (1860s" in text

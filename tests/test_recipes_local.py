@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpujob.recipes import RECIPES
+from gpujob.spec.recipes.registry import RECIPES
 from helpers import cli, events, job_id_of, local_env, wait_for
 from test_jobs_local import journal, status
 
@@ -25,8 +25,10 @@ CASES = {
                    "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None, "out/checkpoint-*/trainer_state.json"),
     "torchtitan": ("torchtitan", "python standin.py torchtitan --checkpoint.enable", None,
                    "outputs/checkpoint/step-*/.metadata"),
+    # 150 steps: the recipe reads Lightning's bar by its step counter over time (a sample per
+    # 0.5 s), so the resumed fast run needs a few seconds to be judged (60 steps: 2.5 s)
     "lightning": ("lightning", "python standin.py lightning fit --trainer.callbacks+=ModelCheckpoint "
-                  "--trainer.callbacks.every_n_train_steps=16", 1000,
+                  "--trainer.callbacks.every_n_train_steps=16 --trainer.max_steps=150", 1000,
                   "lightning_logs/version_*/checkpoints/*.ckpt"),
     # tokens per iteration read from its arguments; its eval (and save) every 200 iterations (10 s fast)
     "nanogpt": ("nanogpt", "python standin.py nanogpt --batch_size=1 --block_size=1000 "

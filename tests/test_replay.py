@@ -68,7 +68,9 @@ def test_slow_profile_rolled_back_with_detection_time_and_the_recorded_one(tmp_p
     seg = summary["per_segment"][1]
     slow_start = 2000.0 + 5 + 200 / 10
     took = seg["rollback_at"] - slow_start
-    assert 30 <= took <= 40, took  # ~half the 10 s window + the 30 s failure_limit
+    # ~half the 10 s window, then the breach weighed: 300K under a 649K threshold counts
+    # (ln(649/300) / ln(1/0.75))^2 = 7.2 s of the 30 s failure_limit per second (agent/judge/tail.py)
+    assert 6 <= took <= 14, took
     note = [d for d in decisions if d["verdict"] == "note"][0]
     assert note["reason"].startswith("would have rolled back at t=+") and "recorded: at t=+60.0s" in note["reason"]
     assert summary["per_segment"][0]["known_good"] == 811e3  # the baseline segment 2 is judged against
@@ -137,13 +139,13 @@ def test_cli_replay_reads_a_trace_file_at_the_edge(tmp_path):
 
 
 def _spec_of(path) -> dict:
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     return load_spec(path).to_agent_dict()
 
 
 def test_plot_shows_pauses():
-    from gpujob import plotdata
-    from gpujob.cli.plot import legend
+    from gpujob.show import plotdata
+    from gpujob.show.plot import legend
     events = [{"type": "state", "t": 100.0, "state": "training", "profile": "a"},
               {"type": "pause", "t": 130.0, "start": 128.0, "tail": 3.0, "why": "checkpoint c"}]
     samples = [{"t": 100.0 + i, "value": 10.0, "profile": "a"} for i in range(60)]

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from gpujob.errors import SpecError
-from gpujob.spec import load_spec
+from gpujob.spec.model import load_spec
 from helpers import REPO, cli, local_env
 
 SPECFORGE_STYLE = """pre-commit

@@ -4,7 +4,7 @@ import textwrap
 import pytest
 
 from gpujob.errors import InputError, SpecError
-from gpujob.spec import load_spec, spec_hash
+from gpujob.spec.model import load_spec, spec_hash
 
 # 7 lines; tests append below it, so their lines start at 8.
 BASE = """\
@@ -144,7 +144,7 @@ def test_throughput_defaults(tmp_path):
     spec = load_spec(write(tmp_path, BASE + "throughput: {format: ktok, min_ratio: 0.5}\n"))
     t = spec.throughput
     assert (t.scope, t.window, t.failure_limit, t.initial_delay, t.no_data_timeout, t.good_after) == \
-        ("total", 5, 3, 0, 600, 600)
+        ("total", "10s", "20s", 0, 600, 600)  # chosen from the corpus: docs/rollback.md
     assert t.min is None and t.min_ratio == 0.5
 
 
@@ -228,7 +228,7 @@ def test_profile_by_name(tmp_path):
     (BASE + "throughput:\n  format: ktok\n  min: fast\n", "job.yaml:10: throughput.min: expected a number, got 'fast'"),
     (BASE + "throughput:\n  format: ktok\n  min: 0\n", "job.yaml:10: throughput.min: must be > 0, got 0"),
     (BASE + "throughput:\n  format: kt0k\n  min: 1\n",
-     "job.yaml:9: throughput.format: expected one of ktok, torchtitan, tqdm, hf, regex, got 'kt0k'"),
+     "job.yaml:9: throughput.format: expected one of ktok, torchtitan, tqdm, tqdm_steps, hf, regex, got 'kt0k'"),
     (BASE + "throughput:\n  format: ktok\n  min: 1\n  window: '5'\n",
      "job.yaml:11: throughput.window: expected a count (an integer) or a duration with a unit like 60s, got '5'"),
     (BASE + "throughput:\n  format: ktok\n  min: 1\n  window: 0\n", "job.yaml:11: throughput.window: expected a count from 1 to 10000, got 0"),
@@ -373,7 +373,7 @@ def test_stall_detection_off_and_regex_steps_scaled(tmp_path):
     assert error(tmp_path, BASE + "throughput:\n  format: ktok\n  min: 1\n  no_data_timeout: 0\n") == \
         "job.yaml:11: throughput.no_data_timeout: expected a duration > 0 (or null to turn stall detection off)"
     assert error(tmp_path, BASE + "throughput:\n  format: hf\n  min: 1\n  tokens_per_step: 8\n") == \
-        "job.yaml:11: throughput.tokens_per_step: only for format tqdm or regex"
+        "job.yaml:11: throughput.tokens_per_step: only for format tqdm or tqdm_steps or regex"
 
 
 def test_base_interpreter_profile_needs_no_packages_and_has_its_own_key(tmp_path):
@@ -399,12 +399,12 @@ def test_the_agents_spec_defaults_are_generated_from_spec_py():
     gpujob that lacks a key) is generated from it."""
     from pathlib import Path
 
-    import gpujob.spec as s
+    import gpujob.spec.model as s
     from gpujob.agent.base.defaults import DEFAULTS, section
-    from gpujob.specdefaults import agent_defaults_json
-    shipped = Path(s.__file__).parent / "agent" / "base" / "spec_defaults.json"
+    from gpujob.spec.defaults import agent_defaults_json
+    shipped = Path(s.__file__).parent.parent / "agent" / "base" / "spec_defaults.json"
     assert shipped.read_text() == agent_defaults_json(), \
-        "regenerate: python -m gpujob.specdefaults > gpujob/agent/base/spec_defaults.json"
+        "regenerate: python -m gpujob.spec.defaults > gpujob/agent/base/spec_defaults.json"
     assert DEFAULTS["throughput"]["window"] == s.Throughput.model_fields["window"].default
     assert section({"rollback": {"max_rollbacks": 7}}, "rollback")["max_rollbacks"] == 7
     assert section({"rollback": {}}, "rollback")["signature_grace"] == s.Rollback().signature_grace

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from bench.recipes_gpu import specforge_tiny as tiny
-from gpujob.recipes import SPECFORGE_PATTERN
+from gpujob.spec.recipes.specforge import SPECFORGE_PATTERN
 
 REPO = Path(__file__).resolve().parent.parent
 

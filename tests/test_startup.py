@@ -15,8 +15,8 @@ from helpers import GPUJOB, REPO
 
 #: what no command's start imports: the inventory and spec models (pydantic, yaml) and the
 #: SSH stack load when a command reaches a target or reads a file, not to parse its options
-NOT_AT_START = ("pydantic", "yaml", "paramiko", "fabric", "gpujob.inventory", "gpujob.target",
-                "gpujob.spec", "gpujob.transport.ssh", "gpujob.state")
+NOT_AT_START = ("pydantic", "yaml", "paramiko", "fabric", "gpujob.inventory.hosts", "gpujob.ops.target",
+                "gpujob.spec.model", "gpujob.transport.ssh", "gpujob.ops.state")
 
 
 def imported(args: list[str], env: dict | None = None) -> set[str]:

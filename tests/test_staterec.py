@@ -1,6 +1,6 @@
 """state.json's keys as one typed record (agent/base/staterec.py), checked on every write
 (journal.set_state, the one function that writes the file) and read the same way by the
-agent and the laptop (cli/render.status_view). tests/data/state holds three files the
+agent and the laptop (show/render.status_view). tests/data/state holds three files the
 agent of 7231922 wrote in a real local-kind run (before the record existed)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.stages import IllegalTransition, Stage
 from gpujob.agent.base.staterec import KEYS, BadStateKey, StateRecord
 from gpujob.agent.home.journal import Home, Journal
-from gpujob.cli import render
+from gpujob.show import render
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = sorted((ROOT / "tests" / "data" / "state").glob("*.json"))
@@ -51,7 +51,7 @@ def test_every_key_the_code_writes_is_declared():
 
 
 def test_every_declared_key_has_its_types_and_meaning():
-    assert len(KEYS) == 54
+    assert len(KEYS) == 55
     for k in KEYS.values():
         assert k.types and all(isinstance(t, type) for t in k.types) and len(k.meaning) > 10, k
 
@@ -184,3 +184,24 @@ def test_only_the_journal_writes_state_json():
                     'os.open(p("state.json"), os.O_WRONLY | os.O_CREAT)'):
         assert state_json_writers(planted + "\n"), planted  # the scan sees a planted writer
     assert not state_json_writers('open(j.path("state.json"))\n')  # a reader is no writer
+
+
+def test_status_shows_judging_suspended_and_never_a_median_equal_to_its_threshold():
+    """Issue 38 item 5: `status` kept printing `window median 1.2M < 1.2M ..., 3/3 breaches`
+    while judging was suspended and said nothing of it."""
+    import io
+    from rich.console import Console
+    st = json.loads((ROOT / "tests/data/state/running_after_rollback.json").read_text())
+    st = dict(st, tps=1_206_000.0, window=dict(st["window"], median=1_206_000.0, threshold=1_228_000.0,
+                                               threshold_source="min_ratio 0.9 × baseline 1.36M",
+                                               consecutive_breaches=412, breach_for=7.4, failure_limit="20s"),
+              judging_suspended={"since": st["updated_at"] - 30, "profile": "fast", "baseline": 1_365_000.0,
+                                 "no_recovery": True, "reason": "no recovery on fast: not the profile"})
+    v = render.status_view(dict(st, now=st["updated_at"]), "box")
+    out = io.StringIO()
+    render.print_status(Console(file=out, width=200), v)
+    text = out.getvalue()
+    assert "1.2M < 1.2M" not in text and "1,206,000 < 1,228,000" in text
+    assert "breaching for 7s (failure_limit 20s" in text
+    assert "suspended" in text and "no recovery" in text and "comes back when fast holds" in text
+    assert "1.36M" in text  # the baseline it comes back against

@@ -13,7 +13,7 @@ import pytest
 
 from bench.recipes_gpu import torchtitan_tiny as tiny
 from gpujob.agent.judge.throughput import make_parser, make_step_parser
-from gpujob.recipes import RECIPES
+from gpujob.spec.recipes.registry import RECIPES
 
 #: torchtitan 0.2.2's metrics line (torch 2.11.0 CPU rehearsal, step 12): 24-bit colours and grad_norm
 REAL_LINE = ("[titan] 2026-12-02 07:47:15,931 - root - INFO - \x1b[31mstep: 12  \x1b[32mloss:  6.64044  "
@@ -26,8 +26,10 @@ def test_the_toml_is_what_the_recipe_assumes(device):
     conf = tomllib.loads(tiny.toml(device))
     command = "torchrun --nproc_per_node 1 -m torchtitan.train --job.config_file train.toml --compile.enable"
     frag = RECIPES["torchtitan"].derive({"train": {"command": command}})
-    folder = f"{conf['job']['dump_folder']}/{conf['checkpoint']['folder']}/step-*"
+    # the recipe gives each job its own checkpoint folder (--checkpoint.folder beats the TOML's)
+    folder = f"{conf['job']['dump_folder']}/checkpoint/{{job_id}}/step-*"
     assert frag["train"]["checkpoint"]["path"] == folder
+    assert "--checkpoint.folder checkpoint/{job_id}" in frag["train"]["command"]
     assert conf["checkpoint"]["enable"] is True and conf["checkpoint"]["last_save_model_only"] is False
     assert conf["model"]["flavor"] == tiny.SIZES[device][0]
     assert conf["training"]["dataset"] == "c4_test" and conf["training"]["dataset_path"] == "data"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpujob.errors import ConnectError, HostKeyError
-from gpujob.inventory import load_inventory
-from gpujob.target import Targets
+from gpujob.inventory.hosts import load_inventory
+from gpujob.ops.target import Targets
 from helpers import cli, gpujob_argv
 
 pytestmark = pytest.mark.testbed

@@ -7,7 +7,7 @@ from __future__ import annotations
 import yaml
 
 from gpujob.agent.base import envs
-from gpujob.wheelhouse import build_indexes
+from gpujob.ops.wheelhouse import build_indexes
 from helpers import cli, events, job_id_of, local_env, write_spec
 
 

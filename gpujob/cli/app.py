@@ -14,12 +14,13 @@ import typer
 
 from gpujob import __version__
 from gpujob.agent.base.protocol import FINAL_STATES, JobState
-from gpujob.cli import conventions, render
-from gpujob.cli import bodies
+from gpujob.cli import conventions
+from gpujob.show import render
+from gpujob.ops import bodies
 from gpujob.errors import GpujobError, InputError
 
 if TYPE_CHECKING:  # the inventory (pydantic, yaml) and the targets load when a command needs them
-    from gpujob.target import Target, Targets
+    from gpujob.ops.target import Target, Targets
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run GPU training jobs in Proxmox LXC containers: wheel profiles as venvs, "
@@ -47,8 +48,8 @@ class Ctx:
     def targets(self) -> Targets:
         if self._targets is None:
             from gpujob.conn import paths
-            from gpujob.inventory import find_inventory, load_inventory
-            from gpujob.target import Targets
+            from gpujob.inventory.hosts import find_inventory, load_inventory
+            from gpujob.ops.target import Targets
             self._targets = Targets(load_inventory(find_inventory(self.hosts)), accept_new=self.accept_new,
                                     kept=paths.kept())
         return self._targets
@@ -67,14 +68,14 @@ class Ctx:
                 entry = self.state().entry(name)
                 if entry is None:
                     return self.targets().open(name)  # the inventory's own error
-                from gpujob.inventory import load_inventory_data
-                from gpujob.target import Targets
+                from gpujob.inventory.hosts import load_inventory_data
+                from gpujob.ops.target import Targets
                 self._recorded[name] = Targets(load_inventory_data(entry), accept_new=self.accept_new)
         return self._recorded[name].open(name)
 
     def entry(self, t: Target) -> dict | None:
         """The inventory entry that reached ``t``, to record with a job."""
-        from gpujob.inventory import entry_of
+        from gpujob.inventory.hosts import entry_of
         for targets in [self._recorded.get(t.label), self._targets]:
             if targets is not None:
                 try:
@@ -85,7 +86,7 @@ class Ctx:
 
     def state(self):
         if self._state is None:
-            from gpujob.state import State
+            from gpujob.ops.state import State
             self._state = State()
         return self._state
 
@@ -110,7 +111,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _main(hosts: Optional[str] = typer.Option(None, "--hosts", help="inventory file (else $GPUJOB_HOSTS, "
-                                              "./hosts.yaml, ~/.config/gpujob/hosts.yaml, built-in local)"),
+                                              "~/.config/gpujob/hosts.yaml, ./hosts.yaml, built-in local)"),
           accept_new: bool = typer.Option(False, "--accept-new", help="trust and record an unknown host key "
                                           "(like OpenSSH's accept-new); a changed key is always refused"),
           version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
@@ -152,9 +153,9 @@ def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Tar
 
 def _fresh_id(name: str) -> str:
     """A new job id this laptop has not used."""
-    from gpujob import jobs
+    from gpujob.ops.plan import new_job_id
     while True:
-        job_id = jobs.new_job_id(name)
+        job_id = new_job_id(name)
         if not ctx.state().known(job_id):
             return job_id
 
@@ -179,12 +180,12 @@ def _say_revived(st: dict) -> None:
 
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
             events: bool = False, as_json: bool = False) -> None:
-    from gpujob import jobs
+    from gpujob.ops.follow import follow_log
     so = sys.stdout.buffer
     buf = bytearray()
     lines = None
     if as_json:  # JSON Lines: the journal's records as written, or {"line": ...} a log line
-        from gpujob.cli import jsonl
+        from gpujob.show import jsonl
         lines = jsonl.Lines(events, damaged=lambda n: err.print(
             render.lit(f"gpujob: skipped a damaged record in {file} ({n} bytes)")))
 
@@ -208,8 +209,8 @@ def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool
             out.print(render.lit(render.event_line(rec)))
 
     try:
-        jobs.follow_log(t, job_id, file=file, follow=follow, last=last, write=lines or write,
-                        notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+        follow_log(t, job_id, file=file, follow=follow, last=last, write=lines or write,
+                   notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
         if lines:
             lines.close()
     except KeyboardInterrupt:

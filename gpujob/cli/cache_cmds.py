@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.errors import InputError, JobError
 from gpujob.cli.app import app, cache_app, ctx, err, ledger_app, out
 

@@ -29,7 +29,7 @@ def _kind(path: str, name: str):
     if (path, name) in CHOICES:
         return ["choice", *CHOICES[(path, name)]]
     if path == "init" and name == "recipe":
-        from gpujob.recipes import RECIPES
+        from gpujob.spec.recipes.registry import RECIPES
         return ["choice", *RECIPES]
     if name in TARGET:
         return ["target"]

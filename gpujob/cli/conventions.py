@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import sys
 from typing import Optional
 
@@ -43,11 +44,24 @@ def _trailing_command(cmd) -> bool:
     return any(p.param_type_name == "argument" and p.nargs == -1 for p in getattr(cmd, "params", []))
 
 
+#: other tools' words for gpujob's commands (SkyPilot, Slurm, dstack, docker): an unknown
+#: command that is one of them is answered with ours, not with the nearest spelling
+SYNONYMS = {"cancel": "stop", "kill": "stop", "down": "stop", "scancel": "stop", "terminate": "stop",
+            "queue": "ps", "jobs": "ps", "squeue": "ps", "list": "ps", "launch": "submit", "run": "submit",
+            "apply": "submit", "sbatch": "submit", "tail": "logs", "log": "logs", "attach": "logs",
+            "check": "doctor", "ssh": "exec", "info": "status", "show": "status", "undo": "rollback"}
+_NO_SUCH = re.compile(r"No such command '([^']{1,40})'")
+
+
 def usage_line(e) -> str:
     """A click usage error as one line, with a hint of where to look."""
     c = getattr(e, "ctx", None)
     path = c.command_path if c is not None else PROG
     msg = one_line(e.format_message())
+    m = _NO_SUCH.match(msg)
+    if m and m.group(1) in SYNONYMS and path == PROG:
+        ours = SYNONYMS[m.group(1)]
+        return f"{PROG}: no command '{m.group(1)}'; gpujob's word for it is '{ours}' (try '{PROG} {ours} --help')"
     if isinstance(e, cx.NoSuchOption) and c is not None and _trailing_command(c.command):
         lead = " ".join((a.metavar or a.name).upper() for a in c.command.params
                         if a.param_type_name == "argument" and a.nargs == 1)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.errors import InputError, JobError
 from gpujob.cli.jobs_cmds import _profile, _start
 from gpujob.cli.app import app, ctx, out, _fresh_id, _follow, _print_final, _status
@@ -21,8 +21,8 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
          as_json: bool = typer.Option(False, "--json", help="JSON Lines: each act's log lines, its final "
                                       "status, then the rollback that happened")):
     """The offline demo: a profile proves itself, then a slow wheel build is rolled back live."""
-    from gpujob.demofiles import build_demo_wheels, work_copy
-    from gpujob.spec import load_spec
+    from gpujob.ops.demofiles import build_demo_wheels, work_copy
+    from gpujob.spec.model import load_spec
     spec = load_spec(spec_path or work_copy())
     spec_path = spec.source_path if spec_path is None else spec_path
     if spec_path is None:  # load_spec records where it read the spec
@@ -46,7 +46,7 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
         _follow(job_id, t, "job.log", None, as_json=as_json)
         final = _status(job_id, t) if as_json else _print_final(job_id, t)
         if as_json:
-            from gpujob.cli import jsonl
+            from gpujob.show import jsonl
             jsonl.emit({"act": title, "status": render.status_view(final, t.label)})
         if final.get("state") != JobState.SUCCEEDED:
             raise JobError(f"demo job {job_id} ended {final.get('state')}: {final.get('reason')}")
@@ -55,7 +55,7 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
         raise JobError("the demo ended without a rollback: the slow build was not caught")
     r = rolled[-1]
     if as_json:
-        from gpujob.cli import jsonl
+        from gpujob.show import jsonl
         jsonl.emit({"rollback": r})
         return
     render.heading(out, "What happened")

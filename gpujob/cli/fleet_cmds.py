@@ -14,9 +14,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from gpujob import fleet
+from gpujob.ops import fleet
 from gpujob.agent.judge.throughput import fmt_rate
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.errors import GpujobError, InputError
 
 
@@ -32,7 +32,7 @@ def targets_of(labels: list) -> list:
 def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: bool, follow: bool,
            clear: bool, job_id: Optional[str], as_json: bool, force: bool = False) -> None:
     m = _m()
-    from gpujob import jobs
+    from gpujob.ops.plan import new_job_id
     if target:
         raise InputError("--target: the spec's target is a list of containers (a multi-node job); "
                          "edit it there")
@@ -43,7 +43,7 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
         except InputError as e:
             from gpujob.errors import SpecError
             raise SpecError(str(spec_path), spec.line_of(("target", i)), f"target[{i}]", e.message) from None
-    job_id = job_id or (jobs.new_job_id(spec.name) if plan else m._fresh_id(spec.name))
+    job_id = job_id or (new_job_id(spec.name) if plan else m._fresh_id(spec.name))
     if plan:
         for rank, t, steps in fleet.build_plan(spec, targets, job_id, profile):
             for line in render.plan_lines(f" node {rank} of {len(targets)}: {spec_path} → {t.label} "
@@ -51,7 +51,7 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
                                           "nothing runs", steps):
                 m.out.print(line, soft_wrap=True)
         return
-    from gpujob.spec import spec_hash
+    from gpujob.spec.model import spec_hash
     from gpujob.agent.base.planshare import ledger_name
     labels = [t.label for t in targets]
     if not force:  # the fleet's ledger (per shape) as node 0 has it; nothing changes when refused
@@ -130,7 +130,7 @@ def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: 
     """Every node's log, each line prefixed ``[node i]`` (interleaved as they come
     with -f), or one node's as it is (``--node i``)."""
     m = _m()
-    from gpujob import jobs
+    from gpujob.ops.follow import follow_log
     if node is not None and not 0 <= node < len(labels):
         raise InputError(f"--node: expected 0 to {len(labels) - 1}, got {node}")
     if node is not None:
@@ -153,8 +153,8 @@ def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: 
                     so.write(b"".join(prefix + ln + b"\n" for ln in lines))
                     so.flush()
         try:
-            jobs.follow_log(m.ctx.target(labels[rank]), job_id, file=file, follow=follow, last=tail,
-                            write=write, notice=lambda msg: m.err.print(render.lit(f"gpujob: [node {rank}] {msg}")))
+            follow_log(m.ctx.target(labels[rank]), job_id, file=file, follow=follow, last=tail,
+                       write=write, notice=lambda msg: m.err.print(render.lit(f"gpujob: [node {rank}] {msg}")))
         except GpujobError as e:
             errors.append(f"node {rank}: {e.message}")
         if buf:

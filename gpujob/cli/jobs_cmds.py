@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob.agent.base.protocol import JobState
-from gpujob.cli import bodies, plainjson, render
-from gpujob.errors import ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError, SpecError
+from gpujob.ops import bodies
+from gpujob.show import plainjson, render
+from gpujob.errors import (ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError,
+                           RemoteError, SpecError)
 if TYPE_CHECKING:
-    from gpujob.target import Target
-    from gpujob.spec import JobSpec
+    from gpujob.ops.target import Target
+    from gpujob.spec.model import JobSpec
 from gpujob.cli.app import (app, ctx, err, out, job_target, live_job_target, _fresh_id, _follow, _print_final,
                             _status)
 
@@ -43,8 +45,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                     help="replace one spec value (dotted key, a YAML value; "
                                                     "repeatable, applied in order, before the recipe)")):
     """Ship the code and start the job under a detached supervisor in the container."""
-    from gpujob import jobs
-    from gpujob.spec import load_spec
+    from gpujob.ops.plan import build_plan, new_job_id
+    from gpujob.ops.ship import sync_sources
+    from gpujob.spec.model import load_spec
     spec = load_spec(spec_path, sets or [], profile)
     if job_id_opt is not None:
         import re
@@ -71,12 +74,13 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         if target or isinstance(e, SpecError):
             raise
         raise SpecError(str(spec_path), spec.line_of(("target",)), "target", e.message, e.hint) from None
-    job_id = job_id_opt or (jobs.new_job_id(spec.name) if plan else _fresh_id(spec.name))
+    job_id = job_id_opt or (new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
         if resume_from is not None and spec.train.checkpoint is None:
             raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
-        steps = jobs.build_plan(spec, t, job_id, profile, resume_from=resume_from)
+        steps = build_plan(spec, t, job_id, profile, resume_from=resume_from)
+        steps.insert(0, _inventory_note(t))
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -85,9 +89,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                       f"job {job_id}, profile {profile}; nothing runs", steps):
             out.print(line, soft_wrap=True)
         return
-    jobs.sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
+    sync_sources(spec)  # the laptop's side first: nothing remote is touched when it is wrong
     spec.common_requirements(strict=True)
-    from gpujob.demofiles import ensure_local_indexes  # the demo's wheels, when missing
+    from gpujob.ops.demofiles import ensure_local_indexes  # the demo's wheels, when missing
     ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
         entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
@@ -96,7 +100,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from,
                  accept_baseline=accept_baseline)
     if as_json and follow:
-        from gpujob.cli import jsonl
+        from gpujob.show import jsonl
         jsonl.emit(dict(res, job_id=job_id, target=t.label))
         _follow(job_id, t, "job.log", None, as_json=True)
         st = _status(job_id, t)
@@ -109,6 +113,22 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         _follow(job_id, t, "job.log", None)
         raise typer.Exit(0 if _print_final(job_id, t).get("state") == JobState.SUCCEEDED else 1)
     out.print(f"follow it: gpujob logs -f {job_id}    status: gpujob status {job_id}")
+
+
+def _inventory_note(t: Target):
+    """The plan says which hosts file named the target, and that a folder's ./hosts.yaml
+    (a clone's example) was not read when the user's own came first (issue 34 row 4)."""
+    from gpujob.inventory.hosts import BUILTIN_NAMES, search_paths
+    from gpujob.steps import Step
+    inv = ctx.targets().inventory
+    builtin = inv.source == "embedded default" or (t.label in BUILTIN_NAMES and "local" not in inv.hosts)
+    text = f"{t.label}: " + ("gpujob's built-in local/demo (this machine)" if builtin else f"from {inv.source}")
+    here = search_paths()[-1]
+    if inv.source not in ("embedded default", "recorded with the job") and here.is_file() \
+            and here.resolve() != Path(inv.source).resolve():
+        text += (f"; {here.absolute()} is not read ({inv.source} comes first; "
+                 "--hosts hosts.yaml reads it)")
+    return Step("note", "laptop", text)
 
 
 def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
@@ -143,24 +163,39 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
            resume_from: str | None = None, accept_baseline: bool = False) -> dict:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
-    from gpujob import jobs
-    from gpujob.spec import spec_hash
+    from gpujob.ops import submit as submit_op
+    from gpujob.spec.model import spec_hash
     state = ctx.state()
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
     said = []
     if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
-        from gpujob.recipes import RECIPES
+        from gpujob.spec.recipes.registry import RECIPES
         r = RECIPES[spec.recipe]
         err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
                              "dim"), soft_wrap=True)
 
+    from gpujob.show.waits import Wait
+    wait = Wait(err, "probing the container")
+
     def progress(message: str) -> None:
         said.append(message)
         err.print(render.lit(f"· {message}", "dim"))
+        if message == "starting the supervisor":
+            wait.say("shipping the code and starting the supervisor")
+        elif message.startswith(("probing ", "sync ")):
+            wait.say(message if message.startswith("probing ") else "listing the files to ship")
+
+    def on_read(done: int, total: int) -> None:  # the sync's tar streams going out
+        if done < total:
+            wait.bytes(done, total)
+        else:
+            wait.say(f"waiting for the supervisor to start ({total / 1e6:.1f} MB shipped)")
+    progress.on_read = on_read  # type: ignore[attr-defined]  # jobs.submit counts stdin's bytes to it
     try:
-        res = jobs.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear, resume_from=resume_from,
-                          accept_baseline=accept_baseline, progress=progress)
+        with wait:
+            res = submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
+                                   resume_from=resume_from, accept_baseline=accept_baseline, progress=progress)
     except KeyboardInterrupt:
         started = "starting the supervisor" in said
         state.seen(job_id, JobState.UNKNOWN) if started else state.unreserve(job_id)
@@ -170,6 +205,9 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         raise
     except (InputError, JobError, ConnectError):  # refused or never reached: nothing started
         state.unreserve(job_id)
+        raise
+    except RemoteError as e:  # the agent said why it failed: no supervisor started, no job row
+        state.unreserve(job_id) if e.answered else state.seen(job_id, JobState.UNKNOWN)
         raise
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
@@ -235,6 +273,10 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
         return
     file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
+    if follow:  # the job ended: its outcome is the exit code (0 only for succeeded), as `submit -f`'s
+        st = _status(job_id, t)
+        if st.get("state") != JobState.SUCCEEDED:  # one line (a JSON object under --json), exit 1
+            raise GpujobError(f"job {job_id} {st.get('state')}" + (f": {st['reason']}" if st.get("reason") else ""))
 
 
 def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
@@ -242,10 +284,10 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
     trainer's interpreter (or py-spy) wrote it, as data."""
     import sys
     import time
-    from gpujob import jobs
+    from gpujob.ops.follow import follow_log
     buf = bytearray()
-    jobs.follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
-                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
+               notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     from gpujob.agent.base.fsio import json_objects
     found = [rec for rec in json_objects(bytes(buf)) if rec.get("type") == "stacks"]
     so = sys.stdout
@@ -290,7 +332,7 @@ def plot(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          as_json: bool = typer.Option(False, "--json", help="the plotted series as one JSON object")):
     """tok/s over time: phases shaded, the threshold, known-good baselines, each rollback marked."""
-    from gpujob.cli import plot as plot_
+    from gpujob.ops import plot as plot_
     job_id, t = job_target(job, target)
     plot_.command(job_id, t, _status(job_id, t), output, as_json, out)
 
@@ -349,6 +391,10 @@ def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the on
         err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res['left']}", "red"))
         raise typer.Exit(1)
     if not as_json:
+        saved = res.get("save_waited") or {}
+        if isinstance(saved.get("waited"), (int, float)):  # a save in progress was let finish first
+            out.print(render.lit(f"waited {saved['waited']:g}s for a checkpoint save before signalling the trainer"
+                                 + ("" if saved.get("finished") else f" (unfinished: {saved.get('left')})")))
         out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
 
 

@@ -13,10 +13,12 @@ import json
 import os
 import sys
 
-from gpujob.cli import conventions, render
+from gpujob.cli import conventions
+from gpujob.show import render
 from gpujob.cli.app import app, ctx, err
 # the commands register on app as their modules load, in this order (the order --help lists them)
 from gpujob.cli import target_cmds, jobs_cmds, cache_cmds, demo_cmd, recipe_cmds, replay_cmds  # noqa: F401
+from gpujob.cli import bisect_cmds  # noqa: F401
 from gpujob.errors import GpujobError
 
 
@@ -42,6 +44,10 @@ class _Stdout:
             return self._stream.flush()
         except BrokenPipeError:
             raise _ReaderGone() from None
+
+    @property
+    def buffer(self):  # exec's output goes to the bytes below: a closed pipe there ends quietly too
+        return _Stdout(self._stream.buffer)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.cli.app import app, err, out
 from gpujob.errors import InputError
 
@@ -17,7 +17,7 @@ from gpujob.errors import InputError
 @app.command("recipes")
 def recipes_cmd(as_json: bool = typer.Option(False, "--json", help="every recipe and what it sets, as JSON")):
     """The recipes (`recipe: NAME` in a spec) and the keys each fills in."""
-    from gpujob.recipes import RECIPES, describe
+    from gpujob.spec.recipes.registry import RECIPES, describe
     items = [describe(name) for name in RECIPES]
     if as_json:
         out.print_json(json.dumps({"recipes": items}))
@@ -43,8 +43,8 @@ def init_cmd(command: list[str] = typer.Argument(..., metavar="-- COMMAND ..."),
                                                    "(default ./NAME.yaml; never over an existing file)")):
     """Write a commented spec for COMMAND using a recipe's conventions."""
     import re
-    from gpujob.recipe_init import job_name, spec_text
-    from gpujob.recipes import RECIPES
+    from gpujob.spec.recipe_init import job_name, spec_text
+    from gpujob.spec.recipes.registry import RECIPES
     from gpujob.yamlsrc import suggest
     if recipe not in RECIPES:
         raise InputError(f"--recipe: expected one of {', '.join(RECIPES)}, got {recipe[:60]!r}"
@@ -53,7 +53,14 @@ def init_cmd(command: list[str] = typer.Argument(..., metavar="-- COMMAND ..."),
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", name):
         raise InputError(f"--name: expected lowercase letters, digits and '-' (at most 40), got {name[:60]!r}")
     path = output or Path(f"{name}.yaml")
-    text = spec_text(recipe, list(command), name=name, target=target)
+    from gpujob.spec.cmdfiles import init_sync
+    here = Path.cwd()
+    folder = (here / path).parent.resolve()
+    ship = tuple((os.path.relpath(here / f, folder), f) for f in init_sync(list(command), here))
+    from gpujob.spec.cmdfiles import script_flags
+    scripts = [f for f in init_sync(list(command), here) if f.endswith(".py") and f in command]
+    own = script_flags(here / scripts[0]) if scripts else None
+    text = spec_text(recipe, list(command), name=name, target=target, sync=ship, own_flags=own)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     except FileExistsError:

@@ -9,17 +9,17 @@ from typing import Optional
 
 import typer
 
-from gpujob.cli import render
+from gpujob.show import render
 from gpujob.cli.app import app, err, job_target, out
 from gpujob.errors import InputError
 
 
 def fetch_file(job_id: str, t, name: str) -> bytes:
     """A file of the job's dir, fetched as logs are (the agent's tail, no follow)."""
-    from gpujob import jobs
+    from gpujob.ops.follow import follow_log
     buf = bytearray()
-    jobs.follow_log(t, job_id, file=name, follow=False, write=buf.extend,
-                    notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
+    follow_log(t, job_id, file=name, follow=False, write=buf.extend,
+               notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     return bytes(buf)
 
 
@@ -40,8 +40,31 @@ def fetch_trace(job_id: str, t) -> bytes:
 def _spec_dict(spec: Optional[Path]) -> Optional[dict]:
     if spec is None:
         return None
-    from gpujob.spec import load_spec
+    from gpujob.spec.model import load_spec
     return load_spec(spec).to_agent_dict()
+
+
+def _baseline(text: Optional[str]) -> Optional[float]:
+    """--baseline in the spec's own forms (12800, 12.8K, 1.2M)."""
+    if text is None:
+        return None
+    from gpujob.spec.types import _rate
+    try:
+        value = _rate(text)
+    except ValueError as e:
+        raise InputError(f"--baseline: {e}") from None
+    if value <= 0:
+        raise InputError(f"--baseline: expected a rate > 0, got {text[:40]!r}")
+    return value
+
+
+def _trace_spec(records: list, source: str) -> dict:
+    """The throughput section a trace's header recorded (its first line's meta)."""
+    head = records[0] if records and "trace" in records[0] else {}
+    tp = (head.get("meta") or {}).get("throughput")
+    if not isinstance(tp, dict):
+        raise InputError(f"{source}: its first line records no throughput section; give --spec SPEC")
+    return {"throughput": tp}
 
 
 @app.command()
@@ -50,8 +73,10 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
            spec: Optional[Path] = typer.Option(None, "--spec", help="judge with this spec's throughput "
                                                "section (default: the job's own)"),
            profile: Optional[str] = typer.Option(None, "--profile", "-p", help="judge as this profile"),
-           baseline: Optional[float] = typer.Option(None, "--baseline", help="a baseline (tok/s) to judge "
-                                                    "min_ratio against"),
+           baseline_text: Optional[str] = typer.Option(None, "--baseline", metavar="RATE", help="a baseline "
+                                                       "(tok/s: 12800, 12.8K, 1.2M as in a spec) to judge "
+                                                       "min_ratio against (default: the one each run of the "
+                                                       "job was judged against, recorded in its trace)"),
            target: Optional[str] = typer.Option(None, "--target", "-t"),
            as_json: bool = typer.Option(False, "--json", help="JSON Lines: each decision, then "
                                         "{\"summary\": {...}}")):
@@ -59,15 +84,20 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
     from gpujob.agent.base import trace
     from gpujob.agent.base.fsio import json_objects
     from gpujob.agent.judge import replay as rp
+    baseline = _baseline(baseline_text)
     spec_d = _spec_dict(spec)
     path = Path(source)
     if path.is_file():  # the file is read here, at the edge: judge/replay.py takes records
-        if spec_d is None:
-            raise InputError("--spec: needed to replay a file (a job id brings its own spec)")
         data = path.read_bytes()
         if data[:2] == b"\x1f\x8b":
-            decisions, summary = rp.replay_records(trace.parse(data), spec_d, profile, baseline)
+            records = trace.parse(data)
+            if spec_d is None:  # the trace's first line: the throughput section it was judged with
+                spec_d = _trace_spec(records, source)
+            decisions, summary = rp.replay_records(records, spec_d, profile, baseline)
         else:
+            if spec_d is None:
+                raise InputError("--spec: needed to replay a samples file (it carries no throughput section; a "
+                                 "trace file or a job id brings its own)")
             decisions, summary = rp.replay_sample_records(json_objects(data), spec_d, profile, baseline)
     else:
         job_id, t = job_target(source, target)

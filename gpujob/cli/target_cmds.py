@@ -12,8 +12,8 @@ from typing import Any, List, Optional
 import typer
 
 from gpujob.agent.base.protocol import ENDED
-from gpujob.cli import render
-from gpujob.cli import bodies
+from gpujob.show import render
+from gpujob.ops import bodies
 from gpujob.errors import GpujobError, InputError
 from gpujob.transport.base import RawStdin
 from gpujob.cli.app import app, ctx, err, out
@@ -34,7 +34,7 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
     stdin = None if no_stdin or sys.stdin is None or sys.stdin.isatty() else RawStdin(0)
     if not as_json:  # the same body the kept connection's daemon runs
         raise typer.Exit(bodies.run_exec(t, argv, stdin, timeout, sys.stdout.buffer, sys.stderr.buffer, err))
-    from gpujob.cli import jsonl
+    from gpujob.show import jsonl
     on_out, on_err = jsonl.Chunks("stdout"), jsonl.Chunks("stderr")
     r = t.run(argv, stdin=stdin, timeout=timeout, on_stdout=on_out, on_stderr=on_err)
     on_out.close()
@@ -58,18 +58,22 @@ def disconnect(every: bool = typer.Option(False, "--all", help="every kept conne
 def doctor(target: Optional[str] = typer.Argument(None, help="container (default: every target)"),
            spec: Optional[Path] = typer.Option(None, "--spec", help="also check the driver against "
                                                "the CUDA of this job's profiles"),
-           as_json: bool = typer.Option(False, "--json")):
+           as_json: bool = typer.Option(False, "--json"),
+           sets: Optional[List[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="with --spec: "
+                                                    "replace one spec value, as submit's --set")):
     """Check a target: host key, pct, container, python3, uv, disk, GPUs and driver."""
-    from gpujob import doctor as doc
+    from gpujob.ops import doctor as doc
     cudas: list[str] = []
     workdir = None
     named: str | list[str] | None = target  # a spec's target may be a list (multi-node)
     if spec is not None:
-        from gpujob.spec import load_spec
-        s = load_spec(spec)
+        from gpujob.spec.model import load_spec
+        s = load_spec(spec, sets or [])
         cudas = sorted({p.cuda for p in s.profiles if p.cuda})
         workdir = s.workdir
         named = target or s.target
+    elif sets:
+        raise InputError("--set: only with --spec (it changes that spec's values)")
     names = (named if isinstance(named, list) else [named]) if named else \
         [f"{h}/{c}" for h, c in ctx.targets().inventory.targets()]  # a list: every node of a multi-node spec
     report = {}
@@ -79,9 +83,12 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
             t = ctx.target(name)
             label = t.label
             checks = doc.judge(doc.gather(t, workdir), expected_gpus=t.expected_gpus, cudas=cudas)
-            if spec is not None and s.recipe:  # the trainer's version in each built venv
-                from gpujob import doctor_recipe
-                checks += doc.with_fixes(doctor_recipe.judge(s.recipe, doctor_recipe.gather(t, s)))
+            if spec is not None:  # the trainer's version, and the command's program, in each built venv
+                from gpujob.ops import doctor_recipe
+                if s.recipe:
+                    checks += doc.with_fixes(doctor_recipe.judge(s.recipe, doctor_recipe.gather(t, s)))
+                prog = doctor_recipe.program(s.train.command)
+                checks += doctor_recipe.program_checks(doctor_recipe.gather_program(t, s, prog), prog)
         except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
             if isinstance(e, InputError):
                 raise
@@ -103,7 +110,7 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
                                      "connect to nothing (exit 0 when valid, 2 with the first problem)")):
     """The inventory with each container's status (hosts queried in parallel)."""
     from gpujob import kinds
-    from gpujob.inventory import find_inventory, load_inventory
+    from gpujob.inventory.hosts import find_inventory, load_inventory
     if check:
         path = find_inventory(ctx.hosts)
         inv = load_inventory(path)

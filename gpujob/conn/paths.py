@@ -118,7 +118,7 @@ def starting_marker(path: str) -> str:
 
 
 def find_inventory(explicit: str | None) -> str | None:
-    """gpujob.inventory.find_inventory without its imports: the absolute inventory path,
+    """gpujob.inventory.hosts.find_inventory without its imports: the absolute inventory path,
     or None for the built-in one. A path that is not a file raises NoDaemon (the full
     CLI says so in its own words)."""
     for given in (explicit, os.environ.get("GPUJOB_HOSTS")):
@@ -128,7 +128,7 @@ def find_inventory(explicit: str | None) -> str | None:
                 raise NoDaemon(f"no such file: {path}")
             return os.path.realpath(path)
     config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    for path in ("hosts.yaml", os.path.join(config, "gpujob", "hosts.yaml")):
+    for path in (os.path.join(config, "gpujob", "hosts.yaml"), "hosts.yaml"):  # the user's first
         if os.path.isfile(path):
             return os.path.realpath(path)
     return None

@@ -72,15 +72,28 @@ def _dims(env: dict, fds: list[int], terminal: bool) -> tuple[int, int]:
     return (w_env or width or 80), (h_env or height or 25)
 
 
+class ReaderGone(BrokenPipeError):
+    """The client's stdout reader went away (``gpujob status | head -2``): the request ends
+    quietly with exit 0, as a closed pipe ends the full CLI (server.py)."""
+
+
+def _quiet_on_broken_pipe(console) -> None:
+    """rich's own answer (dup2 devnull over sys.stdout, SystemExit) would be the daemon's:
+    its worker thread would end without an answer and the client would say it died."""
+    console.quiet = True
+    raise ReaderGone()
+
+
 def client_console(fd: int, encoding: str, env: dict, fds: list[int]):
     """render.console() as the client's own process would build it: on its descriptor,
     under its environment (piped: soft-wrapped at gpujob's piped width, unless $COLUMNS)."""
     from rich.console import Console
 
-    from gpujob.cli import render
+    from gpujob.show import render
     text = io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding=encoding, write_through=True)
     settings = render.console_settings(os.isatty(fd), env)
     c = Console(file=text, _environ=env, **settings)
+    c.on_broken_pipe = lambda: _quiet_on_broken_pipe(c)  # type: ignore[method-assign]
     width, c.height = _dims(env, fds, c.is_terminal)
     c.width = settings.get("width", width)
     return c

@@ -31,13 +31,13 @@ from gpujob.errors import GpujobError, InputError
 class _OwnEntry(Entry):
     """An inventory's targets for this one command: a target the inventory does not know
     goes to the full CLI (it also looks among the jobs this laptop recorded). Its
-    inventory comes through gpujob/invcache.py: unchanged bytes, already validated by this
+    inventory comes through gpujob/inventory/cache.py: unchanged bytes, already validated by this
     gpujob, skip pydantic and yaml."""
 
     def load(self, path: str | None):
         if path is None:  # (the entry sends none here: the built-in inventory is local)
             raise Fallback()
-        from gpujob import invcache
+        from gpujob.inventory import cache as invcache
         return invcache.load(path)
 
     def target(self, name: str):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpujob import kinds
 from gpujob.errors import GpujobError
-from gpujob.target import Targets
+from gpujob.ops.target import Targets
 
 
 class Fallback(Exception):
@@ -46,7 +46,7 @@ class Entry:
         self.stats = [_stat(p) for p in self.watched]
 
     def load(self, path: str | None):
-        from gpujob.inventory import load_inventory
+        from gpujob.inventory.hosts import load_inventory
         return load_inventory(Path(path) if path else None)
 
     def fresh(self, digest: str) -> bool:

@@ -8,7 +8,7 @@ only while the inventory file's bytes, ~/.ssh/config and every known_hosts file 
 names are unchanged; otherwise a fresh ``Targets`` is opened (the old one closes
 when its last command ends). The client's stdio arrive as descriptors, so output
 is written straight to its terminal or pipe, through the same code
-(:mod:`gpujob.cli.bodies`) and with a console shaped like its own.
+(:mod:`gpujob.ops.bodies`) and with a console shaped like its own.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import threading
 import time
 from pathlib import Path
 
-from gpujob.cli import bodies
+from gpujob.ops import bodies
 from gpujob.conn import paths, proto
 from gpujob.daemon import logs
-from gpujob.daemon.console import FdSink, LazyConsole, PolledStdin, client_console
+from gpujob.daemon.console import FdSink, LazyConsole, PolledStdin, ReaderGone, client_console
 from gpujob.daemon.pool import Entry, Fallback, Pool, prewarm
 from gpujob.errors import ConnectionLost, GpujobError, InputError
 
@@ -44,7 +44,7 @@ class Ctx:
 
     def state(self):
         if self._state is None:
-            from gpujob.state import State
+            from gpujob.ops.state import State
             self._state = State()
         return self._state
 
@@ -278,7 +278,7 @@ class Server:
                 return
             code = 1
         except GpujobError as e:
-            from gpujob.cli import render
+            from gpujob.show import render
             if self.cutting:  # the drain's time was up (its connection closed under it)
                 code = self.say_cut(err, req)
             elif req.get("json"):  # the full CLI's --json error line (cli/main.py), byte for byte
@@ -295,18 +295,18 @@ class Server:
                 err.print("\ninterrupted")
                 code = 130
         except OSError as e:
-            if any(sink.failed for sink in sinks):
-                code = 120  # what Python reports when flushing stdout to a closed pipe
+            if isinstance(e, ReaderGone) or any(sink.failed for sink in sinks):
+                code = 0  # the reader went away (`| head -2`): quiet, exit 0, as the full CLI ends
             elif self.cutting:
                 code = self.say_cut(err, req)
             else:  # from below the daemon (a pipe or socket to the host): said, never dropped
-                from gpujob.cli import render
+                from gpujob.show import render
                 err.print(render.lit(f"gpujob: lost the connection to {req.get('target')} while running "
                                      f"{(req.get('argv') or ['?'])[0]}: {e}"), soft_wrap=True)
                 code = ConnectionLost.exit_code
         except Exception as e:  # a bug: its traceback in conn.log, one line to the client
             logs.exception()
-            from gpujob.cli import render
+            from gpujob.show import render
             err.print(render.lit(f"gpujob: the connection daemon failed: {type(e).__name__}: {e}"),
                       soft_wrap=True)
             code = 1
@@ -327,7 +327,7 @@ class Server:
         return code
 
     def say_cut(self, err, req: dict) -> int:
-        from gpujob.cli import render
+        from gpujob.show import render
         err.print(render.lit(f"gpujob: the kept connection was closed (gpujob disconnect, or its daemon was told "
                              f"to stop) while {(req.get('argv') or [req.get('op')])[0]} still ran after "
                              f"{self.drain:g}s of waiting for it; it was ended in {req.get('target')}"),

@@ -25,12 +25,12 @@ AddCheck = Callable[..., None]
 
 
 #: ``host()``: the connection to the host below the container, opened on the first call and
-#: the same one after (gpujob.target.Targets keeps one per host, made by ``Kind.connect``)
+#: the same one after (gpujob.ops.target.Targets keeps one per host, made by ``Kind.connect``)
 HostLink = Callable[[], Transport]
 
 
 class Reached(Protocol):
-    """What a kind sees of a target it opened (gpujob.target.Target is one)."""
+    """What a kind sees of a target it opened (gpujob.ops.target.Target is one)."""
     transport: Transport             # runs argv inside the container
     host_transport: Transport | None  # runs argv on the host below it, when there is one
 

@@ -69,8 +69,8 @@ class Zygote:
         try:
             import runpy  # noqa: F401  (what the child runs the zip with)
             sys.path[:] = [argv[z]] + [p for p in sys.path if p not in ("", argv[z])]
-            __import__("gpujob.agent.main")
-            warm = getattr(sys.modules["gpujob.agent.main"], "warm", None)
+            import gpujob.agent.main as agent_main  # from the zip just put first on sys.path
+            warm = getattr(agent_main, "warm", None)
             if warm is not None:  # built once here (the agent's argument parser), not in every child
                 warm()
             cls.path = argv[z]

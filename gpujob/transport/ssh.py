@@ -150,6 +150,14 @@ def _hint_for(e: Exception) -> str | None:
     return None
 
 
+def _no_key_where(settings) -> str:
+    """Where a key was looked for, when none was found (paramiko says only 'No authentication
+    methods available')."""
+    named = [str(k) for k in settings.identity_files]
+    files = f"no file at {', '.join(named)}" if named else "no identity_file in hosts.yaml or ~/.ssh/config"
+    return f"{files}, no ~/.ssh/id_* key, and no key in an ssh-agent"
+
+
 def _link(client: paramiko.SSHClient, where: str) -> paramiko.Transport:
     """The client's transport; ConnectionLost when it has none (closed meanwhile)."""
     transport = client.get_transport()
@@ -236,6 +244,12 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
                            hint="check `user` and `identity_file` in hosts.yaml") from None
     except (paramiko.SSHException, OSError, EOFError) as e:
         client.close()
+        if "No authentication methods available" in str(e):  # no key file, none in ~/.ssh, no agent
+            raise ConnectError(
+                f"no SSH key to log in to {where} with: {_no_key_where(settings)}",
+                hint=f"make a key and install it on the host (README step 1): ssh-keygen -t ed25519, then "
+                     f"ssh-copy-id -p {settings.port} {settings.user}@{settings.hostname}; or name one with "
+                     "`identity_file` in hosts.yaml") from None
         raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}", hint=_hint_for(e)) from None
     offered = _link(client, where).get_remote_server_key()
     if offered.get_base64() in revoked:

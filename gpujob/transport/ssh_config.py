@@ -45,7 +45,7 @@ _JUMP = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>[^:@,]+)(?::(?P<port>\d+))?")
 
 
 def ssh_settings(host_name: str, host, ssh_config_path: str | Path = "~/.ssh/config") -> SshSettings:
-    """How to reach ``host`` (a hosts.yaml host: gpujob.inventory.Host) over SSH."""
+    """How to reach ``host`` (a hosts.yaml host: gpujob.inventory.hosts.Host) over SSH."""
     if getattr(host, "address", None) is None:  # a kind without SSH fields (hosts.yaml refuses them)
         raise InputError(f"host '{host_name}' is {host.kind}; it has no SSH settings")
     path = Path(ssh_config_path).expanduser()

@@ -1,10 +1,10 @@
 """The spec's defaults, for the agent (stdlib only).
 
-gpujob/spec.py is the one place defaults are defined. The controller writes every
+gpujob/spec/model.py is the one place defaults are defined. The controller writes every
 value into job.json (``JobSpec.to_agent_dict``), so the agent normally finds them
 all there; a job.json written by an older gpujob may lack a key added since, and
 then the agent takes it from spec_defaults.json: generated from spec.py
-(gpujob/specdefaults.py; tests/test_spec.py checks it is up to date and says
+(gpujob/spec/defaults.py; tests/test_spec.py checks it is up to date and says
 how to regenerate it) and shipped in the agent zip.
 """
 

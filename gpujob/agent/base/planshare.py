@@ -1,6 +1,6 @@
 """What the plan shows and the supervisor runs, derived once (stdlib only).
 
-``gpujob.jobs.build_plan`` (controller) and the supervisor (agent) both call these
+``gpujob.ops.plan.build_plan`` (controller) and the supervisor (agent) both call these
 functions, so the plan cannot drift from the run: the placeholder values of a
 command, the warmup's fan-out (which GPUs, which environment per run), the venv's
 side files and the venv build commands.

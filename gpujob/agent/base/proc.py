@@ -131,12 +131,41 @@ def group_gone(pgid: int) -> bool:
     return not group_pids(pgid)
 
 
-def kill_group(pgid: int, grace: float, reap=None, leader_fd=None) -> list:
+def command_pids(pgid: int) -> list:
+    """The live children of the keeper ``pgid`` (the command it started)."""
+    return [pid for pid in group_pids(pgid) if (stat_fields(pid) or ["", "0"])[1] == str(pgid)]
+
+
+def term_command_first(pgid: int, first: float, reap=None) -> bool:
+    """A quiet stop: SIGTERM only the command the keeper started (a trainer's main
+    process, torchrun), so it stops its workers the way its framework does, and wait up
+    to ``first`` seconds for it to end. True when nothing of it is left running."""
+    pids = command_pids(pgid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
+    die_here("command_signalled")
+    end = time.monotonic() + first
+    while time.monotonic() < end:
+        if reap:
+            reap()
+        if not [p for p in pids if is_alive(p)] and not command_pids(pgid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def kill_group(pgid: int, grace: float, reap=None, leader_fd=None, first: float = 0.0) -> list:
     """SIGTERM the process group ``pgid``, SIGKILL what is left after ``grace``
     seconds; returns the pids that survived both (none, unless one escaped into
     another group). ``reap`` is called while waiting (to reap a child of ours);
     ``leader_fd``, a pidfd of the group's leader (the keeper), wakes the wait the
-    moment it exits, instead of at the next look."""
+    moment it exits, instead of at the next look. ``first`` > 0: the keeper's command
+    alone gets SIGTERM first and that long to end with its workers (a quiet stop)."""
+    if first > 0:
+        term_command_first(pgid, first, reap)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pgid, sig)
@@ -242,7 +271,8 @@ class Phase:
         """A file descriptor that becomes readable when the keeper exits (or None)."""
         return self._pidfd
 
-    def kill(self, grace: float) -> list:
-        left = kill_group(self.pgid, grace, reap=self.popen.poll if self.popen else None, leader_fd=self._pidfd)
+    def kill(self, grace: float, first: float = 0.0) -> list:
+        left = kill_group(self.pgid, grace, reap=self.popen.poll if self.popen else None, leader_fd=self._pidfd,
+                          first=first)
         self.running()
         return left

@@ -9,16 +9,22 @@ Format 1::
 
     {"format": 1, "job_id": ID, "name": JOB NAME,
      "runs": [{"run": 1, "profile": P, "started_at": T, "pattern": ABS GLOB,
-               "before": {ABS PATH: SIG}}],          # what the glob matched at the run's start
+               "before": {ABS PATH: SIG},            # what the glob matched at the run's start
+               "before_count": N}],                  # (the first BEFORE_KEPT of them, and how many)
      "files": {ABS PATH: {"shown": PATH AS THE GLOB NAMES IT, "run": N (the run that last wrote it),
                           "runs": [N, ...], "profile": P, "first_seen": T, "changed": T,
                           "sig": SIG, "size": BYTES, "step": N|null, "finished": bool,
                           "finished_at": T|null, "gone": T|null,
                           "torn": T|null (the run ended, not cleanly, while it was written)}}}
 
-SIG is [kind, count, total size, newest mtime_ns] (kind "f" or "d"). A match counts as
-written by a run when it was not there at the run's start or its SIG has changed since;
-a file an earlier job left and nobody touched is never this job's. A checkpoint is
+SIG is [kind, count, total size, newest mtime_ns, inode] (agent/home/ckscan.py). A match
+counts as written by a run when it was not there at the run's start and was touched
+after the run began, or its SIG has changed since; a file an earlier job left and nobody
+touched is never this job's, even when a link made during the run brings it under the
+glob, and nothing whose directory resolves to a refused place (ckscan.refused) is.
+A plain file renamed into place (another inode at the path than at the last look) is
+finished once a look sees it unchanged, without waiting ``settle``: the file at the path is
+whole, however often the trainer saves. A checkpoint is
 finished when ``done_file`` exists in it and nothing in it has changed for ``settle``
 seconds (a directory checkpoint, when done_file is set: with more than one rank the
 others' files may land just after rank 0's done file, as SpecForge's do), else when its
@@ -41,11 +47,17 @@ import tempfile
 import time
 
 from gpujob.agent.base.ckpaths import step_of
+from gpujob.agent.home import ckscan
 
 FORMAT = 1
 DIR = "checkpoints"
 POLL_EVERY = 0.5  # seconds between two looks (glob + stat) of a watched run
 POLL_SAVING = 0.2  # ... while one of its checkpoints is being written (settle needs a close look)
+LOOK_BUDGET = 50  # the next look comes no sooner than this many times the CPU the last one cost
+BEFORE_KEPT = 2000  # of what the glob matched at a run's start, the register keeps this many (the rest:
+                   # a match touched before the run is never this run's anyway, ckscan.pre_existing)
+SLICE = 2000  # a look stats at most this many matches besides the new ones and the job's own
+MAX_GAP = 10.0  # ... and no later than this (a save is seen within it on any tree)
 
 
 # ---- the file --------------------------------------------------------------------
@@ -116,29 +128,9 @@ def all_registers(home_root: str) -> list:
     return out
 
 
-# ---- what is on disk ---------------------------------------------------------------
+# ---- what is on disk (agent/home/ckscan.py) ------------------------------------------
 
-def signature(path: str):
-    """[kind, count, total size, newest mtime_ns] of a checkpoint, or None when gone.
-    A directory is walked (its files only; links are not followed)."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not os.path.isdir(path) or os.path.islink(path):
-        return ["f", 1, st.st_size, st.st_mtime_ns]
-    count, size, newest = 0, 0, st.st_mtime_ns
-    for root, dirs, files in os.walk(path):
-        for name in files + dirs:
-            try:
-                s = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            newest = max(newest, s.st_mtime_ns)
-            if name in files:
-                count += 1
-                size += s.st_size
-    return ["d", count, size, newest]
+signature, matches, scan = ckscan.signature, ckscan.matches, ckscan.scan
 
 
 def find(workdir: str, pattern: str) -> list:
@@ -151,19 +143,6 @@ def find(workdir: str, pattern: str) -> list:
         except OSError:
             pass
     return sorted(out, key=lambda x: x[1], reverse=True)
-
-
-def matches(pattern: str) -> list:
-    return sorted(glob.glob(pattern, recursive=True))
-
-
-def scan(pattern: str) -> dict:
-    out = {}
-    for p in matches(pattern):
-        sig = signature(p)
-        if sig is not None:
-            out[p] = sig
-    return out
 
 
 # ---- pure rules ----------------------------------------------------------------------
@@ -221,7 +200,17 @@ class CkWatch:
         self.settle, self.done_file = float(settle), done_file
         self.seen = seen  # path -> the SIG last looked at
         self.last_poll = 0.0
+        self.min_gap = 0.0  # LOOK_BUDGET x what the last look cost
         self.just_finished: list = []  # entries finished by the last poll
+        rec = next((r for r in reg["runs"] if r["run"] == run), {})
+        self.before = rec.get("before") or {}  # what the glob matched at the run's start
+        self.started_at = float(rec.get("started_at") or 0.0)
+        self.refused_dirs: dict = {}  # real directory -> why a checkpoint may not lie there (or None)
+        self.refused_why = None  # why the glob's fixed part, resolved now, is refused (or None)
+        self.lister = ckscan.Lister(pattern)
+        self.new_paths: list = []  # matches the last listing brought that no look has seen yet
+        self.looked: set = set()  # what the last look stat'ed
+        self.turn = 0  # where the rotating slice of the other matches goes on
 
     @classmethod
     def begin(cls, home_root: str, job_id: str, name: str, profile: str, pattern: str, workdir: str,
@@ -231,10 +220,13 @@ class CkWatch:
         reg = load(home_root, job_id, name)
         before = scan(pattern)
         run = len(reg["runs"]) + 1
+        kept = dict(sorted(before.items())[:BEFORE_KEPT])  # a huge tree is not copied into each write
         reg["runs"].append({"run": run, "profile": profile, "started_at": t, "pattern": pattern,
-                            "before": before})
+                            "before": kept, "before_count": len(before)})
         save(home_root, reg)
-        return cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, dict(before))
+        w = cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, dict(before))
+        w.before = before
+        return w
 
     @classmethod
     def resume(cls, home_root: str, job_id: str, name: str, run: int, pattern: str, workdir: str,
@@ -254,15 +246,20 @@ class CkWatch:
         return os.path.relpath(path, self.workdir) if self.shown_relative else path
 
     def poll(self, t: float, force: bool = False) -> list:
-        """Events since the last look: [{t, ckpt, op, size}]."""
+        """Events since the last look: [{t, ckpt, op, size}]. A look costs a glob and a
+        stat per match; the next one comes no sooner than LOOK_BUDGET times what this
+        one cost (a glob over a huge tree is looked at less often, never more than a
+        few per cent of a core; MAX_GAP at most), unless ``force``."""
         self.just_finished = []
-        every = POLL_SAVING if self._unfinished() else POLL_EVERY
+        every = max(POLL_SAVING if self._unfinished() else POLL_EVERY, self.min_gap)
         if not force and t - self.last_poll < every:
             return []
+        began = time.thread_time()
         last, self.last_poll = self.last_poll, t
         events, dirty, moved = [], False, set()
         found = set()
-        for path in matches(self.pattern):
+        self.refused_why = ckscan.glob_refusal(self.pattern, self.home_root)
+        for path in ([] if self.refused_why else self._candidates()):
             entry = self.reg["files"].get(path)
             sig = self._sig(path, entry)
             if sig is None:
@@ -272,6 +269,8 @@ class CkWatch:
             if prev == sig:
                 continue
             self.seen[path] = sig
+            if (entry is None or entry.get("gone")) and not self._may_register(path, sig, prev):
+                continue
             moved.add(path)
             op = "new" if prev is None else "changed"
             if entry is None or entry.get("gone"):
@@ -283,12 +282,19 @@ class CkWatch:
                 dirty = True
             # it changed after the last look: at its mtime, unless a clock says otherwise
             changed = max(last, min(t, sig[3] / 1e9))
+            if entry.get("finished") or entry.get("began") is None or entry.get("run") != self.run:
+                entry["began"] = changed  # a new save of it begins
             entry.update(run=self.run, profile=self._profile(), changed=changed, sig=sig, size=sig[2],
-                         finished=False, finished_at=None, torn=None)
+                         finished=False, finished_at=None, torn=None, real=ckscan.real_dir(path))
             if self.run not in entry["runs"]:
                 entry["runs"].append(self.run)
             events.append({"t": t, "ckpt": entry["shown"], "op": op, "size": sig[2]})
-        for path in [p for p in self.seen if p not in found]:
+            entry["replaced"] = ckscan.replaced(sig, prev)
+            if ckscan.renamed_whole(path, sig):  # renamed into place: whole when it is there
+                self._finish(path, entry, t)
+                dirty = True
+        listed = set() if self.refused_why else self.lister.set
+        for path in [p for p in self.seen if p not in listed or (p in self.looked and p not in found)]:
             del self.seen[path]
             entry = self.reg["files"].get(path)
             if entry is not None and not entry.get("gone"):
@@ -297,13 +303,53 @@ class CkWatch:
             events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone", "size": 0})
         for path, entry in self._unfinished():
             done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
-            if path not in moved and is_finished(entry, t, self.settle, self.done_file, done):
-                entry.update(finished=True, finished_at=t)
-                self.just_finished.append(dict(entry, path=path))
+            # a file replaced by another inode (renamed into place) is whole once one look saw it unchanged
+            settle = 0.0 if entry.get("replaced") else self.settle
+            if path not in moved and is_finished(entry, t, settle, self.done_file, done):
+                self._finish(path, entry, t)
                 dirty = True
         if dirty:
             save(self.home_root, self.reg)
+        self.min_gap = min(MAX_GAP, (time.thread_time() - began) * LOOK_BUDGET)
         return events
+
+    def _candidates(self) -> list:
+        """The matches this look stats: every new one, every one the register holds for
+        this job, and a rotating slice of SLICE of the others (an earlier job's file this
+        run rewrites in place is seen within a few looks); the listing itself is taken
+        again only when the glob's directory changed (ckscan.Lister)."""
+        listing = self.lister
+        if listing.look():
+            self.new_paths = [p for p in listing.paths if p not in self.seen]
+        own = [p for p, e in self.reg["files"].items() if not e.get("gone") and p in listing.set]
+        if len(listing.paths) <= SLICE:
+            out = listing.paths
+        else:
+            self.turn = self.turn % len(listing.paths)
+            out = listing.paths[self.turn:self.turn + SLICE]
+            self.turn += SLICE
+            out = sorted(set(out) | set(own) | set(self.new_paths))
+        self.new_paths = []
+        self.looked = set(out)
+        return out
+
+    def _finish(self, path: str, entry: dict, t: float) -> None:
+        entry.update(finished=True, finished_at=t,
+                     took=round(max(0.0, t - (entry.get("began") or entry["first_seen"])), 3))
+        self.just_finished.append(dict(entry, path=path))
+
+    def _may_register(self, path: str, sig, prev) -> bool:
+        """A match the register does not hold yet: this run's only when it lies where a
+        checkpoint may (its directory resolved through links) and the run wrote it
+        (seen at the start and changed since, or touched after the run began)."""
+        real = ckscan.real_dir(path)
+        if real not in self.refused_dirs:
+            self.refused_dirs[real] = ckscan.refused(real, self.home_root)
+        if self.refused_dirs[real]:
+            return False
+        if prev is not None and self.before.get(path) is not None:
+            return True  # there at the run's start, and it changed since: this run wrote it
+        return not ckscan.pre_existing(path, sig, self.started_at)
 
     def _sig(self, path: str, entry):
         """A finished directory is looked at by its top entry only (a new file in it
@@ -321,11 +367,12 @@ class CkWatch:
         return next((r["profile"] for r in self.reg["runs"] if r["run"] == self.run), None)
 
     def close(self, t: float, clean: bool) -> list:
-        """The run ended. Its unfinished checkpoints are finished when it exited 0,
-        else torn (marked so, never a resume point); returns the torn ones."""
+        """The run ended. Its unfinished checkpoints are finished when it exited 0 or
+        when a rename put them in place (another inode at the path: whole whenever it is
+        there), else torn (marked so, never a resume point); returns the torn ones."""
         torn = []
         for path, e in self._unfinished():
-            if clean:
+            if clean or e.get("replaced"):
                 e.update(finished=True, finished_at=t)
             else:
                 e["torn"] = t
@@ -382,6 +429,9 @@ def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
     else:
         raise ValueError(f"--resume-from {ask}: no such checkpoint ({path}) and no job of that id in "
                          f"{os.path.join(home_root, DIR)}")
+    if job.pop("resume_from_copy", False):  # a trial (gpujob bisect/tune --from): never the job's own files
+        from gpujob.agent.home.ckcopy import copy_start
+        entry = copy_start(entry, home_root, workdir)
     job["resume_from"] = entry
     out["resume_from"] = entry
     return out

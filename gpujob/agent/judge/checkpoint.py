@@ -67,12 +67,14 @@ def warnings(spec: dict) -> list:
 
 def _earliest_rollback(spec: dict) -> float:
     """Seconds after the first sample before the policy can roll back, as far as the
-    spec says in time: the initial delay (from the first sample) plus a time window
-    and a time failure_limit (counts of samples say nothing of time: 0)."""
+    spec says in time: the initial delay (from the first sample) plus a quarter of a time
+    window: a deep drop is decided once a quarter window holds it, in a few samples
+    (agent/judge/tail.py; counts of samples say nothing of time: 0)."""
     from gpujob.agent.judge.policy import PolicyConfig
+    from gpujob.agent.judge.tail import PARTIAL
     tp = defaults.section(spec, "throughput")
     cfg = PolicyConfig.from_spec({**tp, "min": tp.get("min") or 1.0})
-    return float(tp.get("initial_delay") or 0) + (cfg.window_s or 0.0) + (cfg.needed_span() or 0.0)
+    return float(tp.get("initial_delay") or 0) + PARTIAL * (cfg.window_s or 0.0)
 
 
 def idle_gap(history: list, below: float, last_saved: float, save_time: float) -> tuple:

@@ -19,6 +19,8 @@ The rules (docs/rollback.md):
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -67,6 +69,16 @@ def pick(ledger: dict, current: str, profiles, fallback, exclude=()) -> Optional
     return None
 
 
+#: a crash inside torch's compiler stack (dynamo, inductor, triton's compile): the wheels', not the job's
+_COMPILER_CRASH = re.compile(r"BackendCompilerFailed|InductorError|torch\._dynamo\.exc\.|torch\._inductor\.exc\."
+                             r"|CppCompileError|triton\.compiler\.errors\.")
+
+
+def compiler_crash(failure: str, reason: str | None) -> bool:
+    """A crash (or an error signature) whose last line names torch's compiler stack."""
+    return failure in ("crash", FailureSignal.ERROR_SIGNATURE) and bool(_COMPILER_CRASH.search(reason or ""))
+
+
 def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> Optional[str]:
     """Why the restart policy will not restart the trainer after ``failure`` (None: it will).
     ``restarts`` are the earlier restarts of the job, newest last."""
@@ -84,8 +96,8 @@ def _nowhere(why: str, out, profile: str, rb: dict, suspect, verdict=None, event
     """No rollback: on_no_recovery decides; nothing is marked bad."""
     failure = out.signal_name
     if rb.get("on_no_recovery", "continue") == "continue" and failure in SLOWNESS:
-        return Action(Do.CONTINUE, f"{why}; staying on {profile}, judging suspended until a new "
-                      f"baseline holds (rollback.on_no_recovery: continue)", target=profile, signal=failure,
+        return Action(Do.CONTINUE, f"{why}; staying on {profile}, judging suspended until it holds "
+                      f"against its baseline again (rollback.on_no_recovery: continue)", target=profile, signal=failure,
                       suspect=None, verdict=verdict, events=events)
     tail = " (rollback.on_no_recovery: stop)" if failure in SLOWNESS else ""
     return Action(Do.FAIL, f"{why}{tail}; last: {last or out.reason}", signal=failure, suspect=None,
@@ -143,6 +155,15 @@ def next_action(out, profile: str, ledger: dict, profiles, rb: dict, restart_cfg
     if failure in (rb.get("stop_on") or []):
         return Action(Do.FAIL, f"{reason} ({failure} is in rollback.stop_on)", signal=failure,
                       suspect=suspect, events=events)
+    room = len([r for r in rollbacks if r.get("signal") != "manual"]) < int(rb.get("max_rollbacks", 1))
+    good = pick(ledger, profile, profiles, None) if rb.get("enabled", True) and room else None
+    if good is not None and (failure == FailureSignal.COMPILE_RACE or compiler_crash(failure, reason)):
+        # a compile race or a compiler crash with a known-good profile on the ledger: go on there,
+        # from this job's newest finished checkpoint; the raced profile is a suspect (bad after confirm)
+        status = ((ledger or {}).get("profiles", {}).get(profile) or {}).get("status", "untried")
+        new = {"profile": profile, "target": good, "signal": failure, "reason": reason,
+               "evidence": dict(out.evidence or {}), "since": out.at, "ok_since": None, "status_before": status}
+        return Action(Do.ROLLBACK, reason, target=good, signal=failure, suspect=new, events=events)
     if failure == FailureSignal.COMPILE_RACE:  # the same wheels on a warmer cache first
         refusal, warmup_again = race_refusal(out, warmup, restart_cfg, default_restarts, restarts, now)
         if refusal is None:

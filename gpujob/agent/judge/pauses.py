@@ -62,6 +62,8 @@ class Pauses:
         self.save = None  # the save in progress or last seen: {key, start, files: {path: last event}}
         self.rhythm = None  # why saves stopped pausing (they came as often as a pause lasts)
         self.intervals: List[List] = []  # [start, end, why]
+        self._key: Optional[tuple] = None  # what spans() was built from
+        self._spans: List[Tuple[float, float]] = []
         self.count = 0  # pauses opened (a merged extension does not count)
 
     def mark(self, t: float, why: str) -> Optional[List]:
@@ -125,7 +127,13 @@ class Pauses:
         return True
 
     def spans(self) -> List[Tuple[float, float]]:
-        return [(a, b) for a, b, _ in self.intervals]
+        """The pauses as (start, end) pairs, built again only when they changed (asked for every
+        sample: up to KEEP of them; a change is a new pause or the last one's end moving)."""
+        iv = self.intervals
+        key = (len(iv), iv[0][0], iv[-1][0], iv[-1][1]) if iv else None
+        if key != self._key:
+            self._key, self._spans = key, [(a, b) for a, b, _ in iv]
+        return self._spans
 
     def active_at(self, t: float) -> Optional[List]:
         return self.intervals[-1] if self.intervals and self.intervals[-1][0] <= t < self.intervals[-1][1] else None

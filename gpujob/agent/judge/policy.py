@@ -6,16 +6,15 @@ and a failure limit of consecutive breaching windows before acting."""
 from __future__ import annotations
 
 import sys
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, fields
 from functools import cached_property
 from operator import attrgetter
-from statistics import median
 from typing import List, Optional, Sequence, Tuple, Union
 
 from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.judge import reasons
-from gpujob.agent.judge.pauses import Clock
+from gpujob.agent.judge.tail import EDGE, Tail
 from gpujob.agent.base.protocol import Verdict
 from gpujob.agent.judge.reasons import Decision
 from gpujob.agent.judge.throughput import fmt_rate
@@ -53,7 +52,7 @@ class PolicyConfig:
     turns the settle rule off.
     """
 
-    # defaults: the spec's throughput section (gpujob/spec.py, via spec_defaults.json)
+    # defaults: the spec's throughput section (gpujob/spec/model.py, via spec_defaults.json)
     min: Optional[float] = _TP["min"]  # absolute tok/s
     min_ratio: Optional[float] = _TP["min_ratio"]  # of baseline
     window: Union[int, str] = _TP["window"]  # median of the last N samples, or of the last "Ts"
@@ -143,7 +142,6 @@ def _threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[f
 
 
 _T = attrgetter("t")
-_NO_PAUSES = Clock(())  # never changed
 
 
 def _first_at_or_after(samples: Sequence[Sample], t: float, lo: int = 0) -> int:
@@ -155,59 +153,32 @@ def _first_at_or_after(samples: Sequence[Sample], t: float, lo: int = 0) -> int:
     return bisect_left(samples, t, lo, key=_T)  # (C, each decision searches twice)
 
 
-def judging_start(cfg: PolicyConfig, samples: Sequence[Sample], now: float, clock: Clock,
-                  memo: Optional[dict] = None, lo: int = 0) -> Tuple[str, object]:
-    """Where judging starts: ``("judge", t0)`` (samples at or after t0 count), or
-    ``(verdict, reason)`` while it does not yet. Every delay counts from the run's
-    first sample (``samples[lo]``); then the settle rule. ``memo`` caches the
-    (final) answer; the scan stops where judging starts."""
-    first = samples[lo]
-    if memo is not None and "start" in memo:  # one memo per run: its start stands once found
-        return "judge", memo["start"]
-    delay_end = first.t + cfg.initial_delay
+def _tail(cfg: PolicyConfig, samples: Sequence[Sample], phase_start: float, pauses, memo, thr) -> Tail:
+    """The run's incremental judging state (agent/judge/tail.py), brought up to the samples:
+    kept in ``memo`` across calls (each sample taken once), built afresh without one."""
+    tail = memo.get("tail") if memo is not None else None
+    if tail is None or tail.cfg is not cfg or tail.phase_start != phase_start:
+        tail = Tail(cfg, phase_start)
+        if memo is not None:
+            memo["tail"] = tail
+    tail.sync(samples, pauses, thr)
+    return tail
+
+
+def _before_judging(cfg: PolicyConfig, tail: Tail, now: float) -> Tuple[str, object]:
+    """(verdict, reason) while judging has not started (the delays, the settle rule)."""
+    delay_end = (tail.first_t or now) + cfg.initial_delay
     if now < delay_end:
         return Verdict.WARMING_UP, f"initial delay: {delay_end - now:.0f}s of {cfg.initial_delay:g}s left " \
                                    "(counted from the first sample)"
     skip, n = cfg.initial_delay_samples, cfg.settle_samples
-    recent: List[Sample] = []
-    seen = 0
-    t0 = None
-    tau_first = None
-    for i in range(_first_at_or_after(samples, delay_end, lo), len(samples)):
-        s = samples[i]
-        if clock.paused(s.t) is not None:
-            continue
-        seen += 1
-        if seen <= skip:
-            continue
-        if n == 0:
-            t0 = s.t
-            break
-        tau = clock.tau(s.t)
-        tau_first = tau if tau_first is None else tau_first
-        if tau - tau_first >= cfg.settle_timeout:  # judged anyway from here on
-            t0 = s.t
-            break
-        recent.append(s)
-        if len(recent) > n:
-            del recent[0]
-        if len(recent) == n:
-            m = median(v.value for v in recent)
-            if m > 0 and all(abs(v.value - m) <= cfg.settle_tolerance * m for v in recent):
-                t0 = recent[0].t
-                break
-    if t0 is None:
-        if seen < skip:
-            return Verdict.WARMING_UP, (f"ignoring the first {skip} samples after the initial delay "
-                                        f"({seen} so far)")
-        if n == 0 or seen == skip:
-            return Verdict.WARMING_UP, "waiting for samples after the initial delay"
-        return Verdict.SETTLING, (f"rate not settled yet: waiting for {n} samples within "
-                                  f"{cfg.settle_tolerance:.0%} of their median (at most {cfg.settle_timeout:g}s)")
-    if memo is not None:
-        memo.clear()
-        memo.update(first=first.t, start=t0)
-    return "judge", t0
+    if tail.seen < skip:
+        return Verdict.WARMING_UP, (f"ignoring the first {skip} samples after the initial delay "
+                                    f"({tail.seen} so far)")
+    if n == 0 or tail.seen == skip:
+        return Verdict.WARMING_UP, "waiting for samples after the initial delay"
+    return Verdict.SETTLING, (f"rate not settled yet: waiting for {n} samples within "
+                              f"{cfg.settle_tolerance:.0%} of their median (at most {cfg.settle_timeout:g}s)")
 
 
 def decide(
@@ -236,23 +207,23 @@ def decide(
     5. ``settling`` until ``settle_samples`` samples in a row lie within
        ``settle_tolerance`` of their median (or ``settle_timeout`` passed): judging
        starts at the first of them, so a running average's climb is never judged;
-    6. ``inconclusive`` with no threshold, fewer than one full window, or a time
-       window holding fewer than ``min_samples`` samples;
-    7. otherwise windows ending at the latest samples are checked newest first
-       (median < threshold = breaching) until one does not breach: ``rollback``
-       once the breach reached ``failure_limit`` (K windows in a row, or K
-       back-to-back time windows, or a duration of active time), else ``breach``
-       (1+ windows), else ``ok``.
+    6. ``inconclusive`` with no threshold, no window yet (a time window is judged once
+       it spans a quarter of its length), or fewer than ``min_samples`` in it;
+    7. otherwise the window ending at each sample is judged once (median <
+       threshold = breaching): ``rollback`` once the breach in a row reached
+       ``failure_limit`` (K windows in a row for a count; for a duration, its
+       evidence: agent/judge/tail.py, a deep breach sooner), else ``breach``, else ``ok``.
 
-    Only the tail is read: a call costs O(log n + the windows inside the limit).
+    With ``memo`` kept across calls each sample is taken once (amortised O(log w)).
     """
-    i0 = _first_at_or_after(samples, phase_start)
     n = len(samples)
-    last = samples[-1] if n > i0 else None
+    last = samples[-1] if n and samples[-1].t >= phase_start else None
     thr, src = threshold(cfg, baseline)
-    clock = Clock(pauses) if pauses else _NO_PAUSES
     ctx = (cfg, thr, src, baseline, now, last)  # the evidence's, built when read (agent/judge/reasons.py)
-    last_pause_end = max((b for a, b in clock.pauses if b <= now), default=None) if clock.pauses else None
+    tail = _tail(cfg, samples, phase_start, pauses, memo, thr) if last is not None else None
+    spans = tail.paused.spans if tail is not None else list(pauses)
+    i = bisect_right(spans, (now, float("inf")))
+    last_pause_end = max((b for a, b in spans[max(0, i - 2):i] if b <= now), default=None)
     if last is None:
         ref = max(phase_start + cfg.initial_delay, last_pause_end or 0)
         quiet = now - ref
@@ -261,96 +232,50 @@ def decide(
         if now < phase_start + cfg.initial_delay:
             return Decision(Verdict.WARMING_UP, make=(*reasons.PLAIN, ctx, "waiting for the first sample (initial delay)"))
         return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no throughput sample yet"))
-    p = clock.paused(now) if clock.pauses else None
-    if p is not None:
-        return Decision(Verdict.PAUSED, make=(*reasons.PAUSED, ctx, p))
-    what, t0 = judging_start(cfg, samples, now, clock, memo, i0)
-    ref = max(last.t, samples[i0].t + cfg.initial_delay, last_pause_end or 0)
+    assert tail is not None
+    if i > 0 and now < spans[i - 1][1]:
+        return Decision(Verdict.PAUSED, make=(*reasons.PAUSED, ctx, spans[i - 1]))
+    ref = max(last.t, (tail.first_t or last.t) + cfg.initial_delay, last_pause_end or 0)
     quiet = now - ref
+    started = tail.t0 is not None
+    what, why = ("judge", None) if started else _before_judging(cfg, tail, now)
     if what != Verdict.WARMING_UP and cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
         return Decision(Verdict.STALL, make=(*reasons.STALL, ctx, quiet, "the last sample"))
-    if what != "judge":
-        return Decision(what, make=(*reasons.PLAIN, ctx, t0))
-    return _windows(cfg, samples, t0, clock, thr, ctx)
+    if not started:
+        return Decision(what, make=(*reasons.PLAIN, ctx, why))
+    return _windows(cfg, tail, thr, ctx)
 
 
-def _windows(cfg, samples, t0, clock, thr, ctx) -> Decision:
-    start = _first_at_or_after(samples, t0)
-    span_needed = cfg.needed_span()
-    ws = cfg.window_s
-    # the tail that can matter: τ >= τ(newest) - span - window  (τ <= t, so t >= that too)
-    t_last = clock.tau(samples[-1].t)
-    if ws is None and span_needed is None:
-        lo = max(start, len(samples) - (cfg.window_n + cfg.limit_n) - (4 * (cfg.window_n + cfg.limit_n) + 64 if clock.pauses else 0))
-    else:
-        reach = (span_needed or 0) + (ws or 0)
-        lo = max(start, _first_at_or_after(samples, t_last - reach - 1e-9))
-    if clock.pauses:
-        act = [(clock.tau(s.t), s.value) for s in samples[lo:] if clock.paused(s.t) is None]
-    else:  # no pause: active time is wall time
-        act = [(s.t, s.value) for s in samples[lo:]]
-    n_all = len(samples) - start - (len(samples) - lo - len(act))  # paused ones in the tail left out
+def _windows(cfg, tail: Tail, thr, ctx) -> Decision:
+    n_win = len(tail.at_v) - tail.wlo
     if thr is None:
-        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, ctx[2], n_all))
-    if not act:
-        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no sample since judging started", n_all))
-    tau_start = clock.tau(samples[start].t)
-    taus = [a for a, _ in act]
-    vals = [v for _, v in act]
-
-    def window(j):  # (values, why-not) of the window ending at act[j]
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, ctx[2], n_win))
+    if not tail.at_v:
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no sample since judging started", n_win))
+    m = tail.med[-1]
+    if m is None:
+        ws = cfg.window_s
         if ws is None:
-            if n_all - (len(act) - 1 - j) < cfg.window_n or j + 1 < cfg.window_n:
-                return None, f"{n_all} of {cfg.window_n} samples needed for a window"
-            return vals[j + 1 - cfg.window_n:j + 1], None
-        if taus[j] - tau_start < ws:
-            return None, f"{taus[j] - tau_start:.0f}s of a {ws:g}s window so far"
-        k = j
-        while k > 0 and taus[k - 1] > taus[j] - ws:
-            k -= 1
-        got = vals[k:j + 1]
-        if len(got) < cfg.min_samples:
-            return None, f"{len(got)} samples in the last {ws:g}s, fewer than min_samples {cfg.min_samples}"
-        return got, None
-
-    medians: List[float] = []
-    j = len(act) - 1
-    first_vals, why = window(j)
-    if first_vals is None:
-        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, why, n_all))
-    newest = taus[j]
-    step_s = ws / 4 if ws is not None else None
-    step_n = 1 if cfg.limit_s is None else max(1, cfg.window_n // 4) if ws is None else None
-    streak, oldest = 0, newest
-    while j >= 0:
-        got, _ = window(j)
-        if got is None:
-            break
-        m = median(got)
-        medians.append(m)
-        if m >= thr:
-            break
-        streak += 1
-        oldest = taus[j]
-        if span_needed is None and streak >= cfg.limit_n:
-            break
-        if span_needed is not None and newest - oldest >= span_needed:
-            break
-        if step_n is not None:
-            j -= step_n
+            why = f"{n_win} of {cfg.window_n} samples needed for a window"
+        elif n_win < cfg.min_samples:
+            why = f"{n_win} samples in the last {ws:g}s, fewer than min_samples {cfg.min_samples}"
         else:
-            goal = taus[j] - step_s
-            while j >= 0 and taus[j] > goal:
-                j -= 1
-    breach_for = newest - oldest if streak else 0.0
+            why = f"{tail.at_tau[-1] - tail.at_tau[0]:.0f}s of a {ws:g}s window so far"
+        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, why, n_win))
+    streak, since, ev = tail.state[-1]
+    span_needed = cfg.needed_span()
+    breach_for = tail.at_tau[-1] - since if streak else 0.0
     if streak == 0:
         verdict = Verdict.OK
     elif span_needed is None:
         verdict = Verdict.BREACH if streak < cfg.limit_n else Verdict.ROLLBACK
+        streak = min(streak, cfg.limit_n)  # "for K consecutive windows": the limit reached
     else:
-        verdict = Verdict.BREACH if breach_for < span_needed else Verdict.ROLLBACK
-    return Decision(verdict, make=(reasons.windows_reason, reasons.windows_evidence, ctx, n_all, first_vals, medians[0], medians, streak, breach_for,
-                                   span_needed))
+        verdict = Verdict.ROLLBACK if ev >= span_needed * EDGE - 1e-9 else Verdict.BREACH
+    meds = tail.med[-1:-min(max(streak, 1), 20) - 1:-1]  # the streak's window medians, newest first
+    return Decision(verdict, make=(reasons.windows_reason, reasons.windows_evidence, ctx, len(tail.at_v),
+                                   tail.window_values(), m, meds, streak, breach_for, span_needed,
+                                   ev / EDGE if span_needed is not None and streak else None))
 
 
 def known_good(
@@ -375,48 +300,10 @@ def known_good(
     first baseline is set.
     """
     thr, _ = threshold(cfg, baseline)
-    i0 = _first_at_or_after(samples, phase_start)
-    if i0 >= len(samples):
+    if not samples or samples[-1].t < phase_start:
         return None
-    clock = Clock(pauses)
-    what, t0 = judging_start(cfg, samples, now, clock, memo, i0)
-    if what != "judge":
+    tail = _tail(cfg, samples, phase_start, pauses, memo, thr)
+    if tail.t0 is None:
         return None
-    start = _first_at_or_after(samples, t0)
-    if start >= len(samples):
-        return None
-    goal = clock.tau(samples[start].t) + cfg.good_after
-    if clock.tau(now) < goal:
-        return None
-    span_ = []
-    for k in range(start, len(samples)):
-        s = samples[k]
-        if clock.paused(s.t) is not None:
-            continue
-        span_.append((clock.tau(s.t), s.value))
-        if span_[-1][0] >= goal:
-            break
-    else:
-        return None
-    if cfg.no_data_timeout is not None and any(b[0] - a[0] > cfg.no_data_timeout for a, b in zip(span_, span_[1:])):
-        return None
-    vals = [v for _, v in span_]
-    taus = [a for a, _ in span_]
-    if cfg.window_s is None:
-        if len(vals) < cfg.window_n:
-            return None
-        wins = [vals[i - cfg.window_n:i] for i in range(cfg.window_n, len(vals) + 1)]
-    else:
-        wins, k = [], 0
-        for j in range(len(vals)):
-            if taus[j] - taus[0] < cfg.window_s:
-                continue
-            while taus[k] <= taus[j] - cfg.window_s:
-                k += 1
-            if j - k + 1 >= cfg.min_samples:
-                wins.append(vals[k:j + 1])
-        if not wins:
-            return None
-    if thr is not None and any(median(w) < thr for w in wins):
-        return None
-    return median(vals)
+    _, now_tau = tail.paused.at(now)
+    return tail.known_good(now_tau)[1]

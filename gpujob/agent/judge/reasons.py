@@ -144,7 +144,7 @@ PAUSED = (paused_reason, paused_evidence)
 
 
 def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
-                   breach_for: float, span_needed) -> str:
+                   breach_for: float, span_needed, weighed=None) -> str:
     """The windows' verdict (ok, breach, rollback): the median, the threshold, the streak."""
     cfg, thr, src = ctx[0], ctx[1], ctx[2]
     ws = cfg.window_s
@@ -157,18 +157,22 @@ def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, me
         if streak < cfg.limit_n:
             return f"{head} < {limit_txt}: {streak} of {cfg.limit_n} consecutive windows"
         return f"{head} < {limit_txt} for {streak} consecutive windows"
+    if weighed is not None and weighed > breach_for + 0.5:  # a deep breach counts more (agent/judge/tail.py)
+        return (f"{head} < {limit_txt}: breaching for {breach_for:.0f}s, weighed as "
+                f"{min(weighed, span_needed):.0f}s of failure_limit {span_needed:g}s (a deeper breach counts more)")
     if breach_for < span_needed:
         return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s of {span_needed:g}s"
     return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s (failure_limit {span_needed:g}s)"
 
 
 def windows_evidence(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
-                     breach_for: float, span_needed) -> Dict:
+                     breach_for: float, span_needed, weighed=None) -> Dict:
     cfg, thr, src, baseline, now, last = ctx  # (evidence()'s keys, then the windows': one literal, read per sample)
     return {"threshold": thr, "threshold_source": src, "baseline": baseline, "window_size": cfg.window,
             "failure_limit": cfg.failure_limit, "last_sample_age": now - last.t, "last_step": last.step,
             "samples_considered": considered, "window": first_vals[-50:], "median": med,
-            "window_medians": medians[:20], "consecutive_breaches": streak, "breach_for": round(breach_for, 3)}
+            "window_medians": medians[:20], "consecutive_breaches": streak, "breach_for": round(breach_for, 3),
+            "breach_weighed": round(weighed, 3) if weighed is not None else None}
 
 
 WINDOWS = (windows_reason, windows_evidence)

@@ -52,7 +52,7 @@ class Segment:
     def line(self, t: float, text: str) -> None:
         if self.rx is not None and self.rx.search(text):
             self.pauses.mark(t, "pause_pattern")
-        got = self.source.from_line(text) if self.source else None
+        got = self.source.from_line(text, t) if self.source else None
         if got is not None:
             self.sample(t, got[0], got[1])
 
@@ -104,7 +104,10 @@ def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
                 cur = None
                 continue
             prof = profile or run.get("profile")
-            cur = Segment(tp, t, prof, base, bool(run.get("resume")), ckpt_every=every)
+            judged = run.get("baseline") if isinstance(run.get("baseline"), (int, float)) else None
+            # the baseline given (--baseline) first, then the one the run was judged against, then the inferred
+            cur = Segment(tp, t, prof, baseline if baseline is not None else judged if judged is not None else base,
+                          bool(run.get("resume")), ckpt_every=every)
             segs.append(cur)
             continue
         if cur is None:

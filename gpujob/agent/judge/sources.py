@@ -50,11 +50,14 @@ class LineSource:
 
     def __init__(self, parse_tps, parse_step=None, ranks: str = "first"):
         self.parse_tps, self.parse_step = parse_tps, parse_step
+        self.timed = bool(getattr(parse_tps, "timed", False))
         self.merge = RankMerge(ranks)
 
-    def from_line(self, line: str):
+    def from_line(self, line: str, t=None):
+        """A sample or None; ``t``, the line's time, for a parser that reads a rate from a
+        counter over time (``timed``: throughput.StepRate)."""
         rank, text = split_rank(line) if line[:1] in ("[", "r", " ") else (None, line)
-        value = self.parse_tps(text)
+        value = self.parse_tps(text, t) if self.timed else self.parse_tps(text)
         if value is None:
             return None
         return self.merge.add(rank, value, self.parse_step(text) if self.parse_step else None)

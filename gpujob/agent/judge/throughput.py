@@ -15,6 +15,9 @@ import math
 import re
 from typing import Callable, List, Optional, Sequence
 
+from gpujob.agent.judge.steprate import StepRate
+from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401 (strip_ansi: its home for callers)
+
 __all__ = [
     "FORMATS",
     "LineSplitter",
@@ -125,30 +128,11 @@ class LineSplitter:
         return cut
 
 
-_ANSI = re.compile(
-    r"""
-      \x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?      # OSC ... BEL | ST
-    | \x1b[P^_X][^\x1b]*(?:\x1b\\)?           # DCS / PM / APC / SOS ... ST
-    | (?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]        # CSI (colours, cursor moves)
-    | \x1b[ -/]*[0-~]                         # other ESC sequences
-    | \x1b                                    # stray ESC
-    """,
-    re.VERBOSE,
-)
-
-
-def strip_ansi(s: str) -> str:
-    """Remove ANSI escape sequences (CSI, OSC, DCS, two-char ESC)."""
-    if "\x1b" not in s and "\x9b" not in s:  # every sequence starts with one of them
-        return s
-    return _ANSI.sub("", s)
-
-
 # --------------------------------------------------------------------------
 # Throughput and step parsers
 # --------------------------------------------------------------------------
 
-FORMATS = ("ktok", "torchtitan", "tqdm", "hf", "regex")
+FORMATS = ("ktok", "torchtitan", "tqdm", "tqdm_steps", "hf", "regex")
 
 # A number: 12800, 12,800, 12.8, .5, 1.28e4.  Not preceded by a word char,
 # '.' or '/', so '12/1000' or 'v1.2' never yields a stray tail.
@@ -176,10 +160,6 @@ _HF = re.compile(
 
 def _num(text: str) -> float:
     return float(text.replace(",", ""))
-
-
-def _finite(v: float) -> Optional[float]:
-    return v if math.isfinite(v) else None
 
 
 def make_parser(
@@ -216,7 +196,7 @@ def make_parser(
         raise ValueError("tokens_per_step must be a positive number")
     if pattern is not None and fmt != "regex":
         raise ValueError("pattern is only used with fmt='regex'")
-    if tokens_per_step is not None and fmt not in ("tqdm", "regex"):
+    if tokens_per_step is not None and fmt not in ("tqdm", "tqdm_steps", "regex"):
         raise ValueError(f"tokens_per_step is not used with fmt={fmt!r}")
 
     if fmt == "ktok":
@@ -245,8 +225,9 @@ def make_parser(
         tps = tokens_per_step
 
         def parse(line: str) -> Optional[float]:
-            m = _TQDM.search(strip_ansi(line))
-            if not m:
+            text = strip_ansi(line)
+            m = _TQDM.search(text)
+            if not m or _TQDM_OTHER.search(text):
                 return None
             rate = float(m.group(1)) * _TQDM_SI[m.group(2)]
             if m.group(3) == "s/it":
@@ -254,6 +235,13 @@ def make_parser(
                     return None
                 rate = 1.0 / rate
             return _finite(rate * tps * scale)
+
+    elif fmt == "tqdm_steps":
+        if tokens_per_step is None:
+            raise ValueError("fmt='tqdm_steps' needs tokens_per_step (tqdm counts steps, not tokens)")
+        counter = StepRate(tokens_per_step * scale)
+        counter.hints = _HINTS["tqdm_steps"]  # type: ignore[attr-defined]
+        return counter
 
     elif fmt == "hf":
 
@@ -304,11 +292,12 @@ def make_parser(
 # ktok: its parser's own test; torchtitan: "tps"/"wps" under IGNORECASE, whose "s" also
 # matches "ſ" (U+017F), so only the "tp"/"wp" that every match holds; tqdm and hf: case-sensitive
 _HINTS = {"ktok": (True, ("tok",)), "torchtitan": (True, ("tp", "wp")), "tqdm": (False, ("it/s", "s/it")),
+          "tqdm_steps": (False, ("it/s", "s/it")),
           "hf": (False, ("tokens_per_second",))}
 
 
 _STEP_TEXT = re.compile(r"(?<!\w)step\s*[:=]?\s*(\d+)(?![\d.])", re.IGNORECASE)
-_STEP_TQDM = re.compile(r"(?<![\w.])(\d+)(?:/\d+|it)\s*\[")
+
 _STEP_HF = re.compile(r"""['"](?:global_)?step['"]\s*:\s*(\d+)""")
 
 
@@ -333,7 +322,8 @@ def make_step_parser(fmt: str, *, pattern: Optional[str] = None) -> Callable[[st
             return int(s) if s and s.isdigit() else None
 
         return parse_rx
-    step_rx = {"ktok": _STEP_TEXT, "torchtitan": _STEP_TEXT, "tqdm": _STEP_TQDM, "hf": _STEP_HF}[fmt]
+    step_rx = {"ktok": _STEP_TEXT, "torchtitan": _STEP_TEXT, "tqdm": _STEP_TQDM, "tqdm_steps": _STEP_TQDM,
+               "hf": _STEP_HF}[fmt]
 
     def parse(line: str) -> Optional[int]:
         m = step_rx.search(strip_ansi(line))

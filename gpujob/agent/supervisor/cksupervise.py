@@ -50,7 +50,7 @@ class Checkpoints:
             if w is not None:
                 return w
         w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(), **args)
-        left = ckregister.foreign(w.reg, w.reg["runs"][-1]["before"])
+        left = ckregister.foreign(w.reg, w.before)
         if left and w.run == 1:
             self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
             self.say(f"{len(left)} checkpoint(s) under {ck['path']} were left by earlier jobs "
@@ -65,20 +65,29 @@ class Checkpoints:
         if run.ckwatch is None:
             return
         events = run.ckwatch.poll(t, force=force)
+        why = run.ckwatch.refused_why
+        if why and why != run.ck_refused:
+            run.ck_refused = why
+            self.journal.event("checkpoint_glob_refused", why=why)
+            self.say(f"train.checkpoint.path: {why}; nothing there is taken for this job's checkpoints")
         self.on_ckpt_events(run, events, t)
 
     def close_checkpoints(self, run, returncode) -> None:
         """The run ended: a last look, then what it left unfinished is finished (it
         exited 0: its writes are done) or torn (killed or crashed mid-save: never a
         resume point)."""
+        if run.held is not None:  # the run ended while a rollback waited for its checkpoint
+            self.journal.set_state(waiting=None)
         if run.ckwatch is None:
             return
         t = now()
         self.poll_checkpoints(run, t, force=True)
         for entry in run.ckwatch.close(t, clean=returncode == 0):
             self.journal.event("checkpoint_torn", ckpt=entry["shown"], run=run.ckwatch.run, returncode=returncode)
-            self.say(f"checkpoint {entry['shown']} was still being written when the trainer ended "
-                     f"(exit {returncode}): it will not be resumed from")
+            again = " (a new save into the same file had begun: the earlier one there is overwritten)" \
+                if entry.get("took") is not None else ""
+            self.say(f"checkpoint {entry['shown']} was being written when the trainer ended "
+                     f"(exit {returncode}){again}: it will not be resumed from")
 
     def gate(self, run, outcome, t: float):  # called by the watch loop (watch.py)
         """rollback.wait_for_checkpoint: an automatic rollback of a running trainer waits
@@ -108,13 +117,22 @@ class Checkpoints:
                 self.say(f"rollback held {waited:.1f}s: {why}"
                          + (f" ({checkpoint.saved_by_run(own)})" if run.ck_seen else ""))
                 outcome.evidence["held_for_checkpoint_s"] = round(waited, 2)
+                self.journal.set_state(waiting=None)
                 outcome.at = t  # the rollback's clock (took, timings) starts when it goes ahead
             return outcome
         if run.held is None:
-            run.held, run.held_at = outcome, t
-            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason)
-            self.say(f"{outcome.signal_name}: rollback held until this run writes a finished checkpoint "
-                     f"({ck['path']})")
+            run.held, run.held_at, run.held_told = outcome, t, 0.0
+            limit = checkpoint.hold_limit(float(ck["every"]))
+            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason, limit=limit)
+            self.journal.set_state(waiting={"what": "rollback", "for": f"a finished checkpoint of this run "
+                                            f"({ck['path']})", "since": t, "limit": limit,
+                                            "reason": outcome.reason or outcome.signal_name})
+            self.say(f"{outcome.signal_name}: rollback decided, held until this run writes a finished checkpoint "
+                     f"({ck['path']}), {limit:g}s at most; then it rolls back anyway")
+        elif waited - run.held_told >= 30:  # every 30 s in job.log (logs -f follows it)
+            run.held_told = waited
+            self.say(f"rollback still held for a finished checkpoint ({ck['path']}): "
+                     f"{checkpoint.hold_limit(float(ck['every'])) - waited:.0f}s left at most")
         return None
 
     def on_ckpt_events(self, run, events: list, t: float) -> None:
@@ -131,23 +149,37 @@ class Checkpoints:
         if self.after_events is not None:  # the pause side (the watch's)
             self.after_events(run, events, t)
 
+    def save_limit(self, run) -> float:
+        """How long a stop waits for a save in progress: train.checkpoint.save_wait, or
+        less once this run has finished a save (twice the longest it took, plus settle:
+        a rewrite in place that never settles holds a stop no longer than that)."""
+        ck = self.checkpoint_cfg()
+        limit, settle = float(ck["save_wait"]), float(ck["settle"])
+        took = [e.get("took") or 0.0 for e in run.ckwatch.reg["files"].values()
+                if e.get("run") == run.ckwatch.run and e.get("finished") and e.get("took") is not None]
+        return min(limit, max(2 * max(took), settle) + settle) if took else limit
+
     def wait_for_save(self, run, proc, t: float) -> None:
         """A stop or rollback that finds this run's save in progress lets it finish
-        (train.checkpoint.save_wait at most) before the trainer is signalled. Only the
-        saves in progress when it came are waited for: a trainer that saves all the time
-        must not hold a stop for save_wait each time."""
+        (``save_limit`` at most) before the trainer is signalled, saying what it waits
+        for and how long is left every few seconds. Only the saves in progress when it
+        came are waited for: a trainer that saves all the time must not hold a stop each
+        time. A save renamed into place is finished when seen: nothing to wait for."""
         if run.ckwatch is None or not proc.running():
             return
         self.poll_checkpoints(run, t, force=True)
         saving = run.ckwatch.saving()
         if not saving:
             return
-        limit = float(self.checkpoint_cfg()["save_wait"])
+        limit = self.save_limit(run)
         names = ", ".join(e["shown"] for e in saving[:3])
         waiting = {e["path"] for e in saving}
         self.journal.event("save_wait", checkpoints=[e["shown"] for e in saving], limit=limit)
         self.say(f"a checkpoint is being saved ({names}): waiting up to {limit:g}s for it to finish "
                  "before signalling the trainer")
+        self.journal.set_state(waiting={"what": "stop", "for": f"the save of {names} to finish", "since": t,
+                                        "limit": limit})
+        told = t
         while proc.running() and now() - t < limit:
             self.runner.nap(proc, 0.2)
             for _ in self.runner.relay.drain():  # job.log keeps up meanwhile
@@ -155,12 +187,16 @@ class Checkpoints:
             self.poll_checkpoints(run, now(), force=True)
             if not [e for e in run.ckwatch.saving() if e["path"] in waiting]:
                 break
+            if now() - told >= 5.0:
+                told = now()
+                self.say(f"still waiting for the save of {names}: {limit - (told - t):.0f}s left")
         left = [e for e in run.ckwatch.saving() if e["path"] in waiting]
         waited = round(now() - t, 2)
+        self.journal.set_state(waiting=None)
         self.journal.event("save_waited", waited=waited, finished=not left, left=[e["shown"] for e in left])
-        self.say(f"checkpoint save finished after {waited:g}s" if not left else
-                 f"checkpoint save still unfinished after {waited:g}s (train.checkpoint.save_wait): "
-                 f"signalling the trainer anyway")
+        self.say(f"checkpoint save finished after {waited:g}s: signalling the trainer" if not left else
+                 f"checkpoint {', '.join(e['shown'] for e in left[:3])} still being written after {waited:g}s "
+                 f"(at most {limit:g}s): signalling the trainer; that save will not be resumed from")
 
     def resume_choice(self, profile: str):
         """Where a resumed trainer starts: the newest finished checkpoint this job wrote,

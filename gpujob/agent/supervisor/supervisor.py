@@ -44,7 +44,7 @@ from gpujob.agent.judge.outcome import Outcome, Stop
 
 
 class FleetPort:
-    """The fleet's port back to the supervisor (fleet.nodes.NodePort): exactly what a node
+    """The fleet's port back to the supervisor (fleet.node.NodePort): exactly what a node
     of a multi-node job asks of it. ``judge_sample`` is the watch's, bound once the watch
     is built (the watch needs the fleet first)."""
 

@@ -79,7 +79,8 @@ class Verdicts:
             self.journal.set_state(restarts=self.history.restarts, step=Stage.TRAIN, resume=True)
             return False
         if a.do == Do.CONTINUE:
-            held = {"since": now(), "profile": profile, "reason": a.reason}
+            held = {"since": now(), "profile": profile, "reason": a.reason,
+                    "baseline": self.ledger.baseline(profile), "no_recovery": a.verdict == "no_recovery"}
             self.journal.event("judging_suspended", **held)
             self.say(a.reason)
             self.journal.set_state(step=Stage.TRAIN, resume=True, suspect=None, judging_suspended=held)
@@ -105,7 +106,8 @@ class Verdicts:
         if a.verdict == "no_recovery":
             self.notifier.emit("no_recovery", f"{run.profile}.{len(self.history.rollbacks)}", to=run.profile,
                                reason=a.reason, profile=run.profile)
-        held = {"since": now(), "profile": run.profile, "reason": a.reason}
+        held = {"since": now(), "profile": run.profile, "reason": a.reason, "baseline": run.baseline,
+                "no_recovery": a.verdict == "no_recovery"}
         self.journal.event("judging_suspended", restarted=False, **held)
         die_here("kept_running")  # a new supervisor re-adopts the trainer and judges again: the same again
         self.say(f"{a.reason}; the trainer keeps running")
@@ -158,15 +160,35 @@ class Verdicts:
                 run.suspect = s2
                 self.journal.set_state(suspect=s2)  # the clock survives a death
         if run.suspended and run.suspended.get("profile") == run.profile:
-            base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, run.suspended["since"]), None)
-            if base is not None:
-                run.baseline, run.suspended = base, None
-                self.journal.event("judging_resumed", profile=run.profile, baseline=base)
-                self.say(f"judging resumed on {run.profile}: new baseline {throughput.fmt_rate(base)} tok/s")
-                self.journal.set_state(judging_suspended=None, run_baseline=base)
-            elif d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
-                return policy.Decision(Verdict.INCONCLUSIVE, f"judging suspended until a new baseline holds "
-                                       f"({d.reason})", d.evidence)
+            return self._suspended(run, d, t)
+        return d
+
+    def _suspended(self, run, d, t: float):
+        """Judging suspended (issue 38 row 10): it comes back once the run holds against the
+        baseline it was judged with when suspended (the ledger's), never against whatever rate
+        then holds, so a run that slows in steps cannot ratchet its own baseline down. Only a
+        run with no baseline at all (a ``min``-only spec) sets one by holding steady."""
+        held = run.suspended
+        against = held.get("baseline") or run.baseline
+        memo = run.__dict__.setdefault("suspend_memo", {})  # taken once per sample (agent/judge/tail.py)
+        spans = run.pauses.spans() if getattr(run, "pauses", None) is not None else ()
+        base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, held["since"]), against,
+                                 spans, memo)
+        if base is not None:
+            new = against if against is not None else base
+            run.baseline, run.suspended = new, None
+            self.journal.event("judging_resumed", profile=run.profile, baseline=new, held_median=base)
+            self.say(f"judging resumed on {run.profile}: it held {throughput.fmt_rate(base)} tok/s against "
+                     f"the baseline {throughput.fmt_rate(new)} tok/s")
+            self.journal.set_state(judging_suspended=None, run_baseline=None if against is not None else new)
+            return d
+        if d.verdict in (Verdict.BREACH, Verdict.ROLLBACK):
+            good_after = self.policy_holder.now.good_after
+            what = (f"{run.profile} holds at or above the threshold of the baseline "
+                    f"{throughput.fmt_rate(against)} tok/s for {good_after:g}s") if against is not None else \
+                f"a new baseline holds for {good_after:g}s"
+            return policy.Decision(Verdict.INCONCLUSIVE, f"judging suspended until {what} ({d.reason})",
+                                   d.evidence)
         return d
 
     def refuse_promotion(self, run) -> bool:

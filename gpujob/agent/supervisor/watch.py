@@ -33,6 +33,13 @@ COALESCE_BELOW = 16384  # a read this big means a fast writer: read on at once, 
 STATE_EVERY = 1.0      # state.json rewrite period while samples stream in
 
 
+
+def quiet_first(grace: float) -> float:
+    """How long a stopped trainer's main process has to end with its workers before the
+    rest of its group gets SIGTERM too (half of train.grace, at most 10 s): a framework
+    stops its DataLoader workers or torchrun's ranks itself, with no traceback."""
+    return min(10.0, grace / 2)
+
 class Watch:
     """Runs and watches one phase command at a time (``watch``, the entry ``Phases`` is
     given). Built with the job (``parts.Job``), the journal, the ledger (a run's baseline),
@@ -159,8 +166,12 @@ class Watch:
                 hang.end_hung(self.journal, self.child_env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
             else:  # a hung trainer finishes no save; any other first ends the save it is in
                 self.checkpoints.wait_for_save(run, proc, now())
-            left = proc.kill(grace)
-            self.journal.event("group_stopped", pgid=proc.pgid, left=left)
+            first = quiet_first(grace) if run.phase == "train" else 0.0
+            if first:
+                self.say(f"gpujob stops the trainer: SIGTERM to its main process, then to the rest of its "
+                         f"process group after {first:g}s at most, SIGKILL after {grace:g}s more")
+            left = proc.kill(grace, first=first)
+            self.journal.event("group_stopped", pgid=proc.pgid, left=left, first=first)
             for _ in relay.drain():  # what it printed while dying
                 pass
         self.keep_small(run, now())
@@ -229,7 +240,7 @@ class Watch:
             run.hit_at = run.hit_at or (t, hit)
         if not run.watch_tps:
             return None
-        got = run.source.from_line(line) if run.source else None
+        got = run.source.from_line(line, t) if run.source else None
         if got is None:
             return None
         return self.on_sample(run, got[0], got[1], t)
@@ -254,7 +265,7 @@ class Watch:
         owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
         try:
             for i in src.candidates(lines) if src is not None else ():
-                got = src.from_line(lines[i])
+                got = src.from_line(lines[i], t)
                 if got is None:
                     continue
                 owed[3] = i + 1
@@ -301,10 +312,11 @@ class Watch:
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
             self.sample_marks.append((t, at))
         run.minute.append(value)
-        # every breach is journalled (its count), a rollback once while it is held for a checkpoint
-        if d.verdict != run.last_verdict or d.verdict == Verdict.BREACH or \
-                (d.verdict == Verdict.ROLLBACK and run.held is None):
-            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence)
+        # one event per change of verdict, with how long the last one held (agent/judge/coalesce.py)
+        held = run.verdicts.step(d.verdict, t, again=d.verdict == Verdict.ROLLBACK and run.held is None and
+                                 run.last_verdict == Verdict.ROLLBACK)
+        if held is not None:
+            self.journal.event("decision", verdict=d.verdict, reason=d.reason, evidence=d.evidence, **held)
             self.trace_decision(d, t)
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:

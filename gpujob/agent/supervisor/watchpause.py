@@ -34,7 +34,8 @@ class PauseWatch:
         self.pause_rx = re.compile(pat) if pat else None
         tr = self.trace_writer()
         tr.write({"t": round(run.start, 3), "run": {"profile": run.profile, "phase": run.phase,
-                                                     "resume": bool(self.journal.record().resume)}})
+                                                     "resume": bool(self.journal.record().resume),
+                                                     "baseline": run.baseline}})  # what replay judges against
 
     def trace_writer(self):
         if self._trace is None:

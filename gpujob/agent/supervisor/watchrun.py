@@ -7,6 +7,7 @@ import collections
 import subprocess
 
 from gpujob.agent.base.fsio import now
+from gpujob.agent.judge.coalesce import Verdicts
 
 TAIL_LINES = 200
 
@@ -36,9 +37,12 @@ class Run:
         self.save_time = 0.0  # the longest checkpoint save seen (GPUs idle meanwhile)
         self.held = None  # an automatic rollback waiting for the first checkpoint
         self.held_at = 0.0
+        self.held_told = 0.0  # how long it had waited when job.log last said so
         self.ck_seen = False
+        self.ck_refused = None  # why the checkpoint glob, resolved through links, is refused (said once)
         self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
         self.last_verdict = None
+        self.verdicts = Verdicts()  # decision events: one per change of verdict (agent/judge/coalesce.py)
         self.idle_cfg = job.rb.get("gpu_idle") if logname == "train.log" else None
         gpus = job.spec.get("gpus") or {}
         self.idle_gpus: list = []

@@ -18,6 +18,7 @@ from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now, read_json
+from gpujob.agent.verbs import lifecycle
 
 class Refused(Exception):
     pass
@@ -220,3 +221,20 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
     led.note(profile, cold_proof=rec, **extra)
     return dict(rec, profile=profile, name=spec["name"], ledger_proof=led.read()["profiles"][profile].get("proof"))
 
+
+def cmd_cache(home: Home, args) -> None:
+    try:
+        if args.action == "ls":
+            lifecycle.emit(ls(home))
+        elif args.action == "clear":
+            lifecycle.emit(clear(home, args.profile, force=args.force, with_snapshots=args.snapshots,
+                                 active=lifecycle.active_keys(home)))
+        elif not args.profile:
+            raise lifecycle.Refused(f"cache {args.action} needs --profile")
+        elif args.action == "restore":
+            lifecycle.emit(restore(home, args.profile, active=lifecycle.active_keys(home)))
+        else:
+            gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
+            lifecycle.emit(prove_cold(home, args.profile, gpus))
+    except Refused as e:
+        raise lifecycle.Refused(str(e)) from None

@@ -3,6 +3,7 @@ it is gone, the same end carried out by the agent itself."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from gpujob.agent.base.stages import Stage
@@ -14,6 +15,7 @@ from gpujob.agent.home.lock import Lock
 from gpujob.agent.judge.decide import pick
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import kill_group
+from gpujob.agent.home.trim import read_jsonl_from
 from gpujob.agent.verbs.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
 
 
@@ -36,7 +38,7 @@ def end_leftovers(home: Home, job_id: str, final: dict) -> tuple:
         st = j.state()
         child = st.get("child") or {}
         pgid = child.get("pgid") or st.get("child_pgid")
-        left = kill_group(int(pgid), 10) if pgid else []
+        left = kill_group(int(pgid), 10, first=5.0) if pgid else []  # quietly: the command first
         j.set_state(child=None, finished_at=now(), **final)
         j.event("state", state=final.get("state"), reason=final.get("reason"))
         return j.effective_state(), left
@@ -51,14 +53,22 @@ def cmd_stop(home: Home, args) -> None:
     if st.get("state") in FINAL_STATES:
         emit({"job_id": args.job, "state": st["state"], "already": True})
         return
+    waits: list = []
     if st.get("state") != JobState.LOST:
+        try:
+            mark = os.path.getsize(j.path("events.jsonl"))
+        except OSError:
+            mark = 0
         j.request("stop")  # stays queued until the job has ended: a stop always wins
         st = wait_final(j, args.wait)
+        waits = [{k: e.get(k) for k in ("waited", "finished", "left")}
+                 for e in read_jsonl_from(j.path("events.jsonl"), mark) if e.get("type") == "save_waited"]
     left = []
     if st.get("state") == JobState.LOST:  # no supervisor to ask: stop what it left ourselves
         st, left = end_leftovers(home, args.job, {"state": JobState.STOPPED, "phase": "done",
                                                   "reason": "stopped by hand after its supervisor was lost"})
-    emit({"job_id": args.job, "state": st.get("state"), "left": left or live_processes(st)})
+    emit({"job_id": args.job, "state": st.get("state"), "left": left or live_processes(st),
+          **({"save_waited": waits[-1]} if waits else {})})
 
 
 def cmd_rollback(home: Home, args) -> None:
@@ -107,4 +117,5 @@ def cmd_rollback(home: Home, args) -> None:
     except BaseException:
         held.release()
         raise
-    emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid})
+    emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid,
+          "was": st.get("state")})  # an ended job runs again: the CLI says so

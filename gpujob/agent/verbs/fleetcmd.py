@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from gpujob.agent.verbs import lifecycle
+
 
 def free_ports(count: int = 2) -> list:
     """Ports free on this node now (bound, then let go): the rendezvous and the channel."""
@@ -35,7 +37,7 @@ def primary_address() -> str:
         s.close()
 
 
-def cmd_fleet(home, args) -> dict:
+def fleet_answer(home, args) -> dict:
     """``fleet ports`` (node 0: free ports and its primary address), ``fleet go JOB``
     (the controller took every lock), ``fleet release JOB --reason R`` (another node
     was busy: end this held job, nothing started)."""
@@ -55,3 +57,10 @@ def cmd_fleet(home, args) -> dict:
     else:
         j.request("stop", reason=args.reason or "another node could not start")
     return {"job_id": args.job, "requested": args.action}
+
+
+def cmd_fleet(home, args) -> None:
+    try:
+        lifecycle.emit(fleet_answer(home, args))
+    except LookupError as e:
+        raise lifecycle.Refused(str(e)) from None

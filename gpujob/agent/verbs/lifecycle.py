@@ -75,8 +75,10 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
     held = lock.try_acquire(job_id, by=by)
     if held is None:
         h = lock.holder() or {}
-        raise Refused(f"container busy: {holder_text(h.get('job_id'), h.get('by'), h.get('since'))} "
-                      f"holds it (supervisor pid {h.get('pid') or '?'})")
+        other = h.get("job_id")
+        raise Refused(f"container busy: {holder_text(other, h.get('by'), h.get('since'))} "
+                      f"holds it (supervisor pid {h.get('pid') or '?'})"
+                      + (f"; `gpujob stop {other}` ends it, `gpujob logs -f {other}` waits for its end" if other else ""))
     taken_over = None
     for other in home.job_ids():
         if other == job_id:
@@ -87,7 +89,8 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
             continue
         if oj.supervisor_alive(st):  # a supervisor of an older agent, which knew no flock
             held.release()
-            raise Refused(f"container busy: job {other}'s supervisor (pid {st.get('supervisor_pid')}) runs")
+            raise Refused(f"container busy: job {other}'s supervisor (pid {st.get('supervisor_pid')}) runs; "
+                          f"`gpujob stop {other}` ends it")
         left = live_processes(st)
         if left:
             held.release()
@@ -218,3 +221,12 @@ def job_or_refuse(home: Home, job_id: str) -> Journal:
         raise Refused(f"no job {job_id} in this container")
     j.state()  # NewerFormat (refused in one line) when a newer agent wrote it
     return j
+
+
+def active_keys(home: Home) -> set:
+    keys = set()
+    for i in home.job_ids():
+        st = Journal(home, i).effective_state()
+        if st.get("state") not in ENDED and st.get("env_key"):
+            keys.add(st["env_key"])
+    return keys

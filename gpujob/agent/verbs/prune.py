@@ -23,10 +23,11 @@ import os
 import shutil
 import time
 
-from gpujob.agent.home import ckregister
-from gpujob.agent.base import ckpaths
+from gpujob.agent.home import ckregister, ckscan, gc
+from gpujob.agent.base import ckpaths, envs
 from gpujob.agent.base.protocol import ENDED
-from gpujob.agent.home.journal import Journal
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.verbs.lifecycle import active_keys, emit, live_processes
 
 TRASH = ".gc"
 
@@ -66,7 +67,6 @@ def select_checkpoints(groups: list, keep: int) -> list:
 
 def _live(home, job_id: str) -> tuple:
     """(live, ended_at, state) of a job, as its directory says now."""
-    from gpujob.agent.verbs.lifecycle import live_processes  # the agent's one definition of what still runs
     j = Journal(home, job_id)
     st = j.state()
     eff = j.effective_state() if st else {}
@@ -92,8 +92,10 @@ def jobs_of(home) -> list:
 
 def checkpoint_groups(home) -> list:
     """One group per job with a register: the checkpoints its runs wrote that are
-    still there as they were written (a path now holding a file where a directory
-    was, or the reverse, is someone else's), [(path, mtime)]."""
+    still there as they were written, [(path, mtime)]: the same object (inode and
+    newest mtime as registered, a file where a file was) in the directory it was
+    registered in, resolved through links (agent/home/ckscan.py same_object), and
+    never where a checkpoint may not lie."""
     groups = []
     for reg in ckregister.all_registers(home.root):
         job_id = reg["job_id"]
@@ -106,10 +108,11 @@ def checkpoint_groups(home) -> list:
                 st = os.lstat(path)
             except OSError:
                 continue
-            if (e["sig"][0] == "d") != (os.path.isdir(path) and not os.path.islink(path)):
+            if ckscan.same_object(path, e) is not None:
                 continue
-            if ckpaths.refusal(path, home=home.root):  # a register from before the checks: never such a path
-                continue
+            real = ckscan.real_dir(path)
+            if ckpaths.refusal(path, home=home.root) or ckscan.refused(real, home.root):
+                continue  # a register from before the checks: never such a path
             files.append((path, st.st_mtime))
         groups.append({"job_id": job_id, "live": live, "files": files})
     return groups
@@ -185,6 +188,9 @@ def remove_tree(home, path: str, tag: str) -> None:
 
 
 def remove_checkpoint(home, path: str) -> None:
+    """Remove a checkpoint where it really lies (its directory resolved through links
+    once, so a link changed meanwhile cannot lead the removal elsewhere)."""
+    path = os.path.join(ckscan.real_dir(path), os.path.basename(path))
     if os.path.isdir(path) and not os.path.islink(path):
         hidden = os.path.join(os.path.dirname(path), f".gc-{os.path.basename(path)}-{os.getpid()}")
         record = os.path.join(_trash(home), f"ckpt-{time.time_ns()}.json")
@@ -242,3 +248,28 @@ def _size(path: str) -> int:
             except OSError:
                 pass
     return total
+
+
+def cmd_gc(home: Home, args) -> None:
+    """Remove venvs not used for --days days, never an active or known-good one; job
+    directories ended --older-than days ago and all but the newest
+    --keep-checkpoints checkpoints each job's runs wrote (the checkpoint register),
+    never a live job's (agent/verbs/prune.py)."""
+    res = prune(home, args.older_than, args.keep_checkpoints, args.dry_run, time.time())
+    root = home.path("envs")
+    items = []
+    for key in (sorted(os.listdir(root)) if os.path.isdir(root) else []) if args.days is not None else []:
+        if not key.startswith("."):
+            marker = envs.read_marker(home.root, key)
+            items.append({"env_key": key, "profile": marker.get("profile"),
+                          "last_used": gc.last_used(os.path.join(root, key), marker)})
+    good_keys, good_names = gc.protected_by_ledgers(gc.read_ledgers(home.path("ledger")))
+    rows = []
+    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names):
+        du = gc.disk_usage([os.path.join(root, e["env_key"])])
+        remove = why == "remove" and not args.dry_run
+        if remove:  # through the trash: a venv cut halfway never stays where it was
+            remove_tree(home, os.path.join(root, e["env_key"]), "env")
+        rows.append(dict(e, why=why, removed=remove, disk=du))
+    emit(dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
+              keep_checkpoints=args.keep_checkpoints))

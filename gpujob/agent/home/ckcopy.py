@@ -1,0 +1,64 @@
+"""A trial's start point: a copy of another job's checkpoint in the trial's own workdir
+(stdlib only). ``gpujob bisect`` and ``tune --from JOB`` start each trial from the same
+finished checkpoint of the job, and the trial's trainer must never write into the job's
+files: the checkpoint is copied, at the same place relative to the trial's workdir as it
+had in the job's (a trainer that resumes from its own output dir finds it there), else
+under ``.gpujob-start/``. A copy is made beside its place and renamed into it (an
+interrupted copy never looks whole); what was there before (an earlier trial's start) is
+removed first, a link as a link (never followed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+
+def source_workdir(home_root: str, job_id: str) -> str | None:
+    """The workdir of job ``job_id`` as its job.json says (None when unreadable)."""
+    try:
+        with open(os.path.join(home_root, "jobs", job_id, "job.json")) as f:
+            spec = json.load(f)["spec"]
+        wd = os.path.expanduser(spec.get("workdir") or os.path.join("work", spec["name"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return wd if os.path.isabs(wd) else os.path.join(home_root, wd)
+
+
+def place(path: str, src_workdir: str | None, workdir: str) -> str:
+    """Where the copy of ``path`` goes in ``workdir``."""
+    if src_workdir:
+        rel = os.path.relpath(os.path.realpath(path), os.path.realpath(src_workdir))
+        if rel != "." and not rel.startswith(".." + os.sep) and rel != "..":
+            return os.path.join(workdir, rel)
+    return os.path.join(workdir, ".gpujob-start", os.path.basename(path.rstrip(os.sep)))
+
+
+def _remove(path: str) -> None:
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+
+
+def copy_start(entry: dict, home_root: str, workdir: str) -> dict:
+    """``entry`` (submit --resume-from's resolved point: path, job, step) with its path
+    replaced by a copy in ``workdir``; ``copied_from`` keeps the original."""
+    src = entry["path"]
+    dest = place(src, source_workdir(home_root, entry["job"]) if entry.get("job") else None, workdir)
+    at = os.path.dirname(dest)
+    while at.startswith(workdir.rstrip(os.sep) + os.sep) or at == workdir:  # never through a linked folder
+        if os.path.islink(at):
+            raise ValueError(f"the trial's start {dest}: {at} is a link (into another place); refused")
+        at = os.path.dirname(at)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.gpujob-copy{os.getpid()}")
+    _remove(tmp)
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, tmp, symlinks=True)
+    else:
+        shutil.copy2(src, tmp, follow_symlinks=False)
+    _remove(dest)
+    os.replace(tmp, dest)
+    return dict(entry, path=dest, copied_from=src)

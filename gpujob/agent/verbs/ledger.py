@@ -1,0 +1,78 @@
+"""``ledger`` (show, set, history, undo: what each profile of a job name is known to be) and
+``profiles`` (the venvs installed and every ledger). Stdlib only."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gpujob.agent.base import envs
+from gpujob.agent.base.fsio import read_json
+from gpujob.agent.home import gc
+from gpujob.agent.home.journal import Home
+from gpujob.agent.home.ledger import Ledger
+from gpujob.agent.verbs.lifecycle import Refused, emit
+
+
+LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?")  # a job name (@ fleet shape)
+
+
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def cmd_ledger(home: Home, args) -> None:
+    """``ledger show NAME`` (a job name's ledger) or ``ledger set NAME PROFILE STATUS``
+    (by hand: good, bad, or untried, which removes the entry)."""
+    if not LEDGER_NAME.fullmatch(args.name):
+        raise Refused(f"job name {args.name!r}: expected lowercase letters, digits and '-' (at most 40)")
+    led = Ledger(home, args.name)
+    if args.action == "show":
+        emit({"name": args.name, "ledger": led.read()})
+        return
+    if args.action == "history":
+        emit({"name": args.name, "history": led.history()})
+        return
+    if args.action == "undo":
+        if not args.profile:
+            raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)")
+        try:
+            rec = led.undo(args.profile, by_hand=True)
+        except KeyError:
+            raise Refused(f"no verdict {args.profile!r} in the ledger of {args.name} "
+                          f"(gpujob ledger history lists them)") from None
+        emit({"name": args.name, "undone": rec, "profile": rec["profile"],
+              "status": led.status(rec["profile"]), "ledger": led.read()})
+        return
+    if not args.profile or not args.status:
+        raise Refused("ledger set needs a profile and a status (good, bad or untried)")
+    if not PROFILE_NAME.fullmatch(args.profile):
+        raise Refused(f"profile {args.profile!r}: expected letters, digits, '_', '.' and '-'")
+    before = led.status(args.profile)
+    reason = args.reason or "set by hand"
+    if args.status == "untried":
+        led.forget(args.profile, reason=reason, by_hand=True)
+    else:
+        led.mark(args.profile, args.status, reason=reason, by_hand=True)
+    emit({"name": args.name, "profile": args.profile, "before": before, "status": args.status,
+          "reason": None if args.status == "untried" else reason, "ledger": led.read()})
+
+
+def cmd_profiles(home: Home, args) -> None:
+    installed = []
+    root = home.path("envs")
+    for key in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        if key.startswith("."):
+            continue
+        marker = envs.read_marker(home.root, key)
+        du = gc.disk_usage([os.path.join(root, key)])
+        installed.append({"env_key": key, "installed": bool(marker), "profile": marker.get("profile"),
+                          "packages": marker.get("packages"), "torch": marker.get("torch"),
+                          "size": du["apparent"], "disk": du, "built_at": marker.get("built_at"),
+                          "last_used": gc.last_used(os.path.join(root, key), marker)})
+    ledgers = {}
+    ldir = home.path("ledger")
+    for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
+        if name.endswith(".json"):
+            ledgers[name[:-5]] = read_json(os.path.join(ldir, name), {})
+    emit({"envs": installed, "ledgers": ledgers,
+          "disk_total": gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])})

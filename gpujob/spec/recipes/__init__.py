@@ -1,0 +1,1 @@
+"""The trainers' conventions (``recipe:``): one module per trainer and the registry that names them."""
