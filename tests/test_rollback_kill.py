@@ -5,7 +5,9 @@ mark or a message is preceded by a sync, and the rollback's timing is written af
 the spawn. A supervisor SIGKILLed at each point between the decision and the
 last of those writes (GPUJOB_TEST_DIE_AT, proc.die_here) is followed by a new one that
 ends with the same job: one trainer, on fast, the rollback recorded once, slow marked
-bad once after fast held (the suspect survives), and job.log's trainer lines each once."""
+bad once after fast held (the suspect survives; killed between the ledger's mark and the
+state write, the new supervisor's confirmation finds its verdict there: one verdict, not
+two), and job.log's trainer lines each once."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ POINTS = [
     "train_starting:fast",   # child_starting written durably, fast's trainer not yet spawned
     "train_started:fast",    # fast's trainer spawned, not yet written down as the child
     "rollback_done",         # the rollback's timing written, right after the spawn
+    "suspect_marked",        # slow marked bad in the ledger, the suspect not yet cleared in state.json
 ]
 
 

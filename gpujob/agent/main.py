@@ -16,6 +16,7 @@ import sys
 from gpujob.agent.base import protocol
 from gpujob.agent.base.proc import die_here
 from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home.ledgerfile import LedgerError
 from gpujob.agent.verbs import control, files, ledger, status, submit, tail
 from gpujob.agent.verbs.lifecycle import Refused, emit, would_revive
 
@@ -85,7 +86,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--reason")
     s.add_argument("--mark-bad", action="store_true", help="also record the profile left bad")
     s = sub.add_parser("ledger")
-    s.add_argument("action", choices=["show", "set", "history", "undo"])
+    s.add_argument("action", choices=["show", "set", "history", "undo", "recover"])
     s.add_argument("name")
     s.add_argument("profile", nargs="?")
     s.add_argument("status", nargs="?", choices=["good", "bad", "untried"])
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     except _Usage as e:
         emit(protocol.error_result(str(e)))
         return protocol.USAGE
-    except (Refused, protocol.NewerFormat) as e:
+    except (Refused, protocol.NewerFormat, LedgerError) as e:
         emit(protocol.error_result(str(e), refused=True))
         return REFUSED
     except BrokenPipeError:

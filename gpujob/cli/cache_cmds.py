@@ -76,6 +76,22 @@ def ledger_undo(target: str = typer.Argument(..., help="container name or host/n
                          f"in the ledger of {res['name']} on {t.label}"))
 
 
+@ledger_app.command("recover")
+def ledger_recover(target: str = typer.Argument(..., help="container name or host/name"),
+                   job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status shows it)"),
+                   as_json: bool = typer.Option(False, "--json")):
+    """A damaged ledger put aside (kept as NAME.json.damaged-TIME) and its last good copy restored."""
+    t = ctx.target(target)
+    res = t.agent_json("ledger", "recover", _ledger_name(job_name))
+    if as_json:
+        out.print_json(json.dumps(res))
+        return
+    src = f"its last good copy ({res['restored_from']}, {res['verdicts']} verdicts)" if res.get("restored_from") \
+        else "an empty ledger (no good copy was found)"
+    out.print(render.lit(f"ledger of {res['name']} on {t.label}: {res['problem']}; kept as {res['kept_as']}; "
+                         f"restored {src}; the next verdict id is {res['next_id']}"))
+
+
 @app.command()
 def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
     """Installed profile venvs (size) and the known-good / bad ledger of each job."""
@@ -87,6 +103,9 @@ def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
     ledgers = res["ledgers"]
     out.print(render.profiles_table(res, t.label))
     for name, led in ledgers.items():
+        if "error" in led:  # a damaged ledger: its line; the others' tables as ever
+            err.print(render.lit(str(led["error"])))
+            continue
         out.print(render.ledger_table(led.get("profiles", {})), render.lit(f"(job {name})"))
 
 

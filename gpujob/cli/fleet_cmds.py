@@ -56,9 +56,13 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
     labels = [t.label for t in targets]
     if not force:  # the fleet's ledger (per shape) as node 0 has it; nothing changes when refused
         name = ledger_name({"spec": {"name": spec.name}, "fleet": {"nnodes": len(labels), "nodes": labels}})
-        entry = (targets[0].agent_json("ledger", "show", name)["ledger"].get("profiles") or {}).get(profile) or {}
+        from gpujob.errors import JobError
+        try:
+            led = targets[0].agent_json("ledger", "show", name)["ledger"]
+        except JobError as e:  # a damaged ledger: nothing starts until it is recovered (or --force)
+            raise JobError(f"{e.message}; or start without it: submit --force") from None
+        entry = (led.get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
-            from gpujob.errors import JobError
             raise JobError(render.bad_profile_refusal(profile, name, f"{len(labels)} nodes", entry, targets[0].name))
     state = m.ctx.state()
     state.reserve(job_id, spec.name, labels[0], str(spec_path.resolve()), spec_hash(spec), profile)

@@ -10,7 +10,7 @@ import typer
 
 from gpujob.agent.base.protocol import JobState
 from gpujob.ops import bodies
-from gpujob.show import plainjson, render
+from gpujob.show import ledgerview, plainjson, render
 from gpujob.errors import (ConnectError, ConnectionLost, GpujobError, InputError, Interrupted, JobError,
                            RemoteError, SpecError)
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                        help="override caches.clear_on_submit"),
            job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
                                                     "NAME-xxxx); refused if this laptop knows it already"),
-           force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad"),
+           force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad, or with "
+                                                "the job name's ledger unreadable (damaged)"),
            resume_from: Optional[str] = typer.Option(None, "--resume-from", metavar="PATH|JOB",
                                                      help="start the trainer resumed from an earlier job's "
                                                           "checkpoint: a path (relative: the workdir) or a job "
@@ -81,6 +82,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
             raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         steps = build_plan(spec, t, job_id, profile, resume_from=resume_from)
         steps.insert(0, _inventory_note(t))
+        steps += ledgerview.rollback_target_note(spec)
         if as_json:
             out.print_json(json.dumps({"job_id": job_id, "target": t.label, "profile": profile, "steps": [
                 {k: getattr(st, k) for k in ("kind", "where", "what", "when", "argv")} for st in steps]}))
@@ -94,7 +96,13 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     from gpujob.ops.demofiles import ensure_local_indexes  # the demo's wheels, when missing
     ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
-        entry = (t.agent_json("ledger", "show", spec.name)["ledger"].get("profiles") or {}).get(profile) or {}
+        try:
+            led = t.agent_json("ledger", "show", spec.name)["ledger"]
+        except JobError as e:  # a damaged ledger: nothing starts until it is recovered (or --force)
+            raise JobError(f"{e.message}; or start without it: submit --force") from None
+        entry = (led.get("profiles") or {}).get(profile) or {}
+        for line in ledgerview.unlisted_goods_lines(led, spec.name, [p.name for p in spec.profiles]):
+            err.print(render.lit(line, "dim"))
         if entry.get("status") == "bad":
             raise JobError(render.bad_profile_refusal(profile, spec.name, t.label, entry, t.name))
     res = _start(spec, spec_path, t, profile, job_id, clear, quiet=as_json, resume_from=resume_from,

@@ -140,6 +140,7 @@ def status_view(st: dict, target: str) -> dict:
         "exit_code": rec.exit_code, "signal": rec.signal,
         "rollbacks": rec.rollback_list,
         "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
+        "ledger_error": ledger.get("error") if isinstance(ledger, dict) else None,  # a damaged one's line
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
         "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
         "suspect": rec.suspect,
@@ -191,6 +192,8 @@ def print_status(console: Console, v: dict) -> None:
         console.print(whole(rt, "from → to"))
     if v["ledger"]:
         console.print(ledger_table(v["ledger"]))
+    if v["ledger_error"]:
+        console.print(lit(str(v["ledger_error"]), "red"))
 
 
 def ledger_table(ledger: dict) -> Table:
@@ -305,8 +308,8 @@ def plan_lines(header: str, steps) -> list[Text]:
 def profiles_table(res: dict, label: str) -> Table:
     """The agent's ``profiles`` answer: venvs and, per profile, its status in each job's ledger."""
     status: dict = {}
-    for name, led in res["ledgers"].items():
-        for p, e in led.get("profiles", {}).items():
+    for name, led in res["ledgers"].items():  # a damaged one ({"error"}) has none: said below the table
+        for p, e in (led.get("profiles") or {}).items():
             status.setdefault(p, []).append(f"{name}: {e.get('status')}")
     table = Table(title=f"profiles on {label}", title_justify="left", show_edge=False)
     for col in ("profile", "venv", "installed", "disk: own / real / apparent", "packages", "ledger"):

@@ -9,7 +9,6 @@ job still running and never one of a profile that a ledger calls known-good.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -67,9 +66,11 @@ def protected_by_ledgers(ledgers: dict) -> tuple:
     return keys, names
 
 
-def select(envs: list, days: float, now: float, active: set, good_keys: set, good_names: set) -> list:
+def select(envs: list, days: float, now: float, active: set, good_keys: set, good_names: set,
+           hold: str | None = None) -> list:
     """Pure: [(env, why)] for every venv; why is "remove" or the reason it stays.
-    ``envs`` holds dicts with env_key, profile and last_used."""
+    ``envs`` holds dicts with env_key, profile and last_used. ``hold``: why nothing may be
+    removed (a ledger that cannot be read may call any of them known-good)."""
     out = []
     for e in envs:
         age = (now - e["last_used"]) / 86400
@@ -79,19 +80,22 @@ def select(envs: list, days: float, now: float, active: set, good_keys: set, goo
             why = "known-good"  # by name too: a ledger entry may predate env keys in it
         elif age < days:
             why = f"used {age:.1f} days ago"
+        elif hold:
+            why = hold
         else:
             why = "remove"
         out.append((e, why))
     return out
 
 
-def read_ledgers(ldir: str) -> dict:
-    out = {}
+def read_ledgers(ldir: str) -> tuple:
+    """({name: ledger}, [the line of each ledger that cannot be read])."""
+    from gpujob.agent.home import ledgerfile
+    out, bad = {}, []
     for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if name.endswith(".json"):
             try:
-                with open(os.path.join(ldir, name)) as f:
-                    out[name[:-5]] = json.load(f)
-            except (OSError, ValueError):
-                pass
-    return out
+                out[name[:-5]] = ledgerfile.load(os.path.join(ldir, name))
+            except ledgerfile.LedgerError as e:
+                bad.append(str(e))
+    return out, bad

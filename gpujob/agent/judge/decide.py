@@ -55,12 +55,14 @@ class Action:
 
 
 def pick(ledger: dict, current: str, profiles, fallback, exclude=()) -> Optional[str]:
-    """Where to roll back to from ``current``: the most recently proven good profile, else
-    the first ``fallback`` profile not known to be bad; None when there is nowhere to go."""
+    """Where to roll back to from ``current``: the most recently proven good profile that
+    this spec lists (a known-good profile it does not list, tried elsewhere or renamed, is
+    passed over: ``unlisted_goods``), else the first ``fallback`` profile not known to be
+    bad; None when there is nowhere to go."""
     entries = (ledger or {}).get("profiles") or {}
     goods = [(e.get("at", 0), p) for p, e in entries.items()
-             if e.get("status") == "good" and p != current and p not in exclude]
-    if goods and max(goods)[1] in profiles:
+             if e.get("status") == "good" and p != current and p not in exclude and p in profiles]
+    if goods:
         return max(goods)[1]
     for name in fallback or []:
         if name != current and name in profiles and name not in exclude and \
@@ -77,6 +79,12 @@ _COMPILER_CRASH = re.compile(r"BackendCompilerFailed|InductorError|torch\._dynam
 def compiler_crash(failure: str, reason: str | None) -> bool:
     """A crash (or an error signature) whose last line names torch's compiler stack."""
     return failure in ("crash", FailureSignal.ERROR_SIGNATURE) and bool(_COMPILER_CRASH.search(reason or ""))
+
+
+def unlisted_goods(ledger: dict, profiles) -> list:
+    """The known-good profiles of a ledger that the spec does not list (never rolled back to)."""
+    return sorted(p for p, e in ((ledger or {}).get("profiles") or {}).items()
+                  if isinstance(e, dict) and e.get("status") == "good" and p not in profiles)
 
 
 def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> Optional[str]:

@@ -70,7 +70,8 @@ class Supervisor:
         self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
         self.jobv = jobv = Job.of(self.journal.home, job_id, self.journal.job())  # the shared pieces (parts.py)
         self.job_id, self.job, self.spec, self.profiles, self.rb = job_id, jobv.job, jobv.spec, jobv.profiles, jobv.rb
-        self.ledger = Ledger(self.journal.home, planshare.ledger_name(self.job))  # per fleet shape
+        self.ledger = Ledger(self.journal.home, planshare.ledger_name(self.job),  # per fleet shape
+                             report=self._ledger_trouble)  # damaged or locked: said, never a crash
         self.stop = StopFlag()
         self._planned_at = None  # decided_at of the rollback this supervisor planned
         self.history = History(self.journal.state())
@@ -304,6 +305,13 @@ class Supervisor:
             self.journal.sync()  # spawn's (switch): what it does before that only writes state.json
         return self.verdicts.carry_out(action, out, profile)
 
+    def _ledger_trouble(self, line: str) -> None:
+        """The ledger cannot be read or written (damaged, or its lock held too long): said in
+        the journal and job.log; the verdict stays in the journal's events."""
+        self.journal.event("warning", message=line)
+        if self.report.joblog is not None:
+            self.say(line)
+
     def next_action(self, out: Outcome, profile: str) -> decide.Action:
         """What to do after ``out`` on ``profile``: decide.next_action over what this job knows."""
         return decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
@@ -331,9 +339,13 @@ class Supervisor:
     def switch(self, p: dict) -> None:
         """Carry out a written-down rollback (again, if a supervisor died during it)."""
         if not p.get("recorded"):
+            marked = {}
             if p.get("mark_bad"):
                 self.journal.sync()
-                self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id)
+                done = self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id,
+                                        op=f"{self.job_id}:rollback:{p['decided_at']}")  # once, after a death too
+                die_here("rollback_marked")  # a new supervisor redoes the switch: the op makes it one verdict
+                marked = {"ledger": "written" if done is not None else "not written (see the warning)"}
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
                    "decided_at": p["decided_at"], "request": p.get("request")}
             self.history.add_rollback(rec)
@@ -342,7 +354,7 @@ class Supervisor:
             again = p["decided_at"] != self._planned_at and any(
                 e.get("type") == "rollback" and e.get("decided_at") == p["decided_at"] for e in self.journal.events()[0])
             if not again:
-                self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec)
+                self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec, **marked)
             acted = bool(p.get("mark_bad")) or self.notifier.wants("rollback")
             if self.notifier.wants("rollback"):
                 self.journal.sync()

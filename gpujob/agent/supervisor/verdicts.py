@@ -135,8 +135,11 @@ class Verdicts:
         ev = dict(s.get("evidence") or {}, confirmed_by={"target": s["target"], "how": how,
                                                          "held_for": s.get("held_for"),
                                                          "at": s.get("confirmed_at")})
-        self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job.job_id)
-        self.journal.event("suspect_confirmed", suspect=s["profile"], target=s["target"], how=how)
+        written = self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job.job_id,
+                                   op=f"{self.job.job_id}:confirm:{s['profile']}:{s.get('since')}") is not None
+        die_here("suspect_marked")  # a new supervisor confirms again: the op makes it one verdict
+        self.journal.event("suspect_confirmed", suspect=s["profile"], target=s["target"], how=how,
+                           ledger="written" if written else "not written (see the warning)")
         self.say(f"{s['profile']} marked bad: {s['target']} recovered ({how})")
         self.journal.set_state(suspect=None)
 

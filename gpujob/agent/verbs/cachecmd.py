@@ -16,8 +16,9 @@ from gpujob.agent.base import defaults, envs, jobenv
 from gpujob.agent.base.protocol import FailureSignal
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.home import ledgerfile
 from gpujob.agent.home.ledger import Ledger
-from gpujob.agent.base.fsio import now, read_json
+from gpujob.agent.base.fsio import now
 from gpujob.agent.verbs import lifecycle
 
 class Refused(Exception):
@@ -43,7 +44,10 @@ def goods_by_key(home: Home) -> dict:
     for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if not name.endswith(".json"):
             continue
-        led = read_json(os.path.join(ldir, name), {}) or {}
+        try:  # a damaged ledger's entries are not known (gpujob profiles says which)
+            led = ledgerfile.load(os.path.join(ldir, name))
+        except ledgerfile.LedgerError:
+            continue
         for prof, e in (led.get("profiles") or {}).items():
             if e.get("status") == "good" and e.get("env_key"):
                 out.setdefault(e["env_key"], []).append((name[:-5], prof, e))

@@ -15,6 +15,7 @@ from gpujob.agent.supervisor import metrics, notify
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger
+from gpujob.agent.home.ledgerfile import LedgerError
 from gpujob.agent.base.fsio import now
 from gpujob.agent.home.lock import Held, Lock
 from gpujob.agent.base.protocol import JobState
@@ -206,7 +207,10 @@ def summary(home: Home, job_id: str) -> dict:
     if job.get("spec", {}).get("throughput"):
         tp = job["spec"]["throughput"]
         st["policy"] = {k: tp.get(k) for k in ("min", "min_ratio", "window", "failure_limit")}
-    st["ledger"] = Ledger(home, st["name"]).read() if st["name"] else {}
+    try:
+        st["ledger"] = Ledger(home, st["name"]).read() if st["name"] else {}
+    except LedgerError as e:  # the status still answers; the ledger's line says what is wrong
+        st["ledger"] = {"error": str(e)}
     st["metrics"] = metrics.gauges(st, job_id, st["name"])  # what the metrics textfile says
     st["notify"] = notify.outbox_summary(j.dir)
     t = now()  # durations on the container's own clock: the laptop's may be off

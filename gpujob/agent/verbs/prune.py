@@ -263,9 +263,11 @@ def cmd_gc(home: Home, args) -> None:
             marker = envs.read_marker(home.root, key)
             items.append({"env_key": key, "profile": marker.get("profile"),
                           "last_used": gc.last_used(os.path.join(root, key), marker)})
-    good_keys, good_names = gc.protected_by_ledgers(gc.read_ledgers(home.path("ledger")))
+    ledgers, damaged = gc.read_ledgers(home.path("ledger"))
+    good_keys, good_names = gc.protected_by_ledgers(ledgers)
+    hold = f"kept: a ledger cannot be read ({damaged[0]})" if damaged else None
     rows = []
-    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names):
+    for e, why in gc.select(items, args.days, time.time(), active_keys(home), good_keys, good_names, hold):
         du = gc.disk_usage([os.path.join(root, e["env_key"])])
         remove = why == "remove" and not args.dry_run
         if remove:  # through the trash: a venv cut halfway never stays where it was
