@@ -66,6 +66,11 @@ class ConnectionLost(ConnectError):
     """An established connection dropped while a command ran."""
 
 
+class HostMisbehaving(ConnectionLost):
+    """A host (or what runs there) sent more than an answer may hold (transport/base.py
+    MAX_ANSWER): the command's connection was closed, nothing more is read from it."""
+
+
 class RemoteError(GpujobError):
     """A remote step failed; carries the Result and shows its last lines."""
 

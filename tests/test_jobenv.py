@@ -55,3 +55,20 @@ def test_local_job_sees_no_cli_variables_but_the_passthrough(tmp_path):
     assert seen["NCCL_NVLS_ENABLE"] == "0" and seen["KEEP_ME"] == "yes" and seen["FROM_SPEC"] == "s"
     assert seen["TORCHINDUCTOR_CACHE_DIR"].startswith(str(tmp_path / "root" / "caches"))
     assert wait_for(lambda: cli_json(["status", job, "--json"], env)["state"] == "succeeded", 30)
+
+
+def test_a_login_profile_that_prints_noise_still_gives_the_login_env(tmp_path):
+    """Issue 35 row 11: a real bash login shell whose ~/.bash_profile prints (a motd, an echo,
+    no newline at the end) still hands its environment over; one that prints none says why."""
+    from gpujob.agent.base.jobenv import login_env
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bash_profile").write_text('printf "Welcome to CT 200 = hi"\nexport PATH=/opt/gj/bin:$PATH\n'
+                                        'export GJ_FROM_PROFILE=yes\necho noise\n')
+    env, where = login_env({"HOME": str(home), "USER": "u", "LOGNAME": "u"})
+    assert where == "login shell", where
+    assert env["GJ_FROM_PROFILE"] == "yes" and env["PATH"].startswith("/opt/gj/bin:")
+    assert not any("Welcome" in k or "noise" in k for k in env)
+    (home / ".bash_profile").write_text('echo "no env for you" >&2\nexit 3\n')
+    env, where = login_env({"HOME": str(home), "USER": "u", "LOGNAME": "u"})
+    assert where.startswith("fallback (exit 3, printed no environment; it said: no env for you)"), where

@@ -434,3 +434,29 @@ def test_a_job_restarted_by_hand_after_its_end_keeps_no_env_secret_but_sends_wha
     assert sorted(i.split(".")[1] for i in hooks.ids("/hook")) == ["failure", "known_good"]
     wait_for(lambda: not (d / "secrets.json").exists(), 30, what="the webhook secret to leave")
     assert "env-secret-value-8812" not in all_text(d)
+
+
+def test_an_answer_with_150_headers_is_a_failed_attempt_never_an_exception():
+    """Issue 35 row 7: http.client.HTTPException (too many headers) is one failed attempt,
+    counted against retries like any other, not an escape into the sender loop's catch-all."""
+    import socket
+    import threading
+
+    from gpujob.agent.supervisor.notify import post
+    ls = socket.socket()
+    ls.bind(("127.0.0.1", 0))
+    ls.listen(4)
+
+    def serve() -> None:
+        c, _ = ls.accept()
+        c.recv(65536)
+        c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(150))
+                  + b"Content-Length: 0\r\n\r\n")
+        c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        why = post(f"http://127.0.0.1:{ls.getsockname()[1]}/hook", b"{}", {}, timeout=10)
+    finally:
+        ls.close()
+    assert why is not None and ("HTTPException" in why or "headers" in why), why

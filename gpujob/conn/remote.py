@@ -14,7 +14,7 @@ from typing import Sequence
 from gpujob import errors
 from gpujob.conn import client, paths, proto
 from gpujob.errors import ConnectionLost, GpujobError
-from gpujob.transport.base import OnData, Result, Stdin, Transport, iter_chunks
+from gpujob.transport.base import OnData, Result, Stdin, Transport, iter_chunks, keep
 
 
 def _error(info: dict) -> GpujobError:
@@ -121,7 +121,7 @@ class KeptTransport(Transport):
                 if kind in sinks:
                     cb, buf = sinks[kind]
                     if cb is None:
-                        buf += payload
+                        keep(buf, payload, self.describe(), argv)  # past it: closed below
                     else:
                         cb(payload)
                 elif kind == b"x":

@@ -281,14 +281,19 @@ class Server:
             from gpujob.show import render
             if self.cutting:  # the drain's time was up (its connection closed under it)
                 code = self.say_cut(err, req)
+            elif req.get("json"):  # the full CLI's --json error line (cli/main.py), byte for byte
+                code = self.say_json(sinks[1], e.message, e.exit_code, e.hint)
             else:
                 err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
                 if e.hint:
                     err.print(render.lit(f"  hint: {e.hint}"), soft_wrap=True)
                 code = e.exit_code
         except KeyboardInterrupt:
-            err.print("\ninterrupted")
-            code = 130
+            if req.get("json"):
+                code = self.say_json(sinks[1], "interrupted", 130)
+            else:
+                err.print("\ninterrupted")
+                code = 130
         except OSError as e:
             if isinstance(e, ReaderGone) or any(sink.failed for sink in sinks):
                 code = 0  # the reader went away (`| head -2`): quiet, exit 0, as the full CLI ends
@@ -311,6 +316,15 @@ class Server:
             if entry is not None:
                 self.pool.release(entry)
         conn.sendall(proto.pack_json(b"x", {"code": code}))
+
+    @staticmethod
+    def say_json(sink, message: str, code: int, hint: str | None = None) -> int:
+        """An error as ``--json`` says it without the daemon: one JSON line on stderr."""
+        body: dict = {"error": message, "code": code}
+        if hint:
+            body["hint"] = hint
+        sink.write((json.dumps(body) + "\n").encode())
+        return code
 
     def say_cut(self, err, req: dict) -> int:
         from gpujob.show import render

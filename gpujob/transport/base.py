@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Protocol, Sequence, Union
 
+from gpujob.errors import HostMisbehaving
 
 
 class Readable(Protocol):
@@ -34,6 +35,26 @@ OnData = Callable[[bytes], None]
 TIMEOUT_EXIT = 124
 #: Seconds between SIGTERM and SIGKILL when a timeout ends a command.
 KILL_AFTER = 3
+#: The most one captured stream of a command (its answer read into memory: ``ps``/``status``
+#: listings, agent replies, pct output; never output handed to a sink as it comes, like
+#: exec's) may hold. Past it the host is misbehaving: the command's connection is closed and
+#: HostMisbehaving raised, so no host can make the CLI or the daemon grow (issue 35 row 2).
+MAX_ANSWER = 8 << 20
+
+
+def too_much(where: str, argv: Sequence[str]) -> str:
+    what = " ".join(str(a) for a in argv[:4])
+    return (f"{where} is misbehaving: it sent more than {MAX_ANSWER >> 20} MiB answering "
+            f"`{what[:80]}`; its connection was closed")
+
+
+def keep(buf: bytearray, chunk: bytes, where: str, argv: Sequence[str]) -> None:
+    """Add ``chunk`` to a captured answer; HostMisbehaving once it would pass MAX_ANSWER
+    (the caller closes the command's connection on its way out)."""
+    if len(buf) + len(chunk) > MAX_ANSWER:
+        buf.clear()
+        raise HostMisbehaving(too_much(where, argv))
+    buf += chunk
 
 
 @dataclass

@@ -12,7 +12,7 @@ import time
 from typing import IO, Any, Sequence
 
 from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
-                                   iter_chunks)
+                                   iter_chunks, keep)
 
 
 def _feed(pipe, stdin: Stdin) -> None:
@@ -101,7 +101,7 @@ class LocalTransport(Transport):
                     if cb is not None:
                         cb(chunk)
                     else:
-                        buf += chunk
+                        keep(buf, chunk, self.describe(), argv)
         except BaseException:
             _kill_group(proc)
             raise
@@ -145,7 +145,7 @@ class LocalStream:
     def stderr(self) -> bytes:
         os.set_blocking(self._err.fileno(), False)
         try:
-            return self._err.read() or b""
+            return self._err.read(64 << 10) or b""
         except (BlockingIOError, OSError):
             return b""
 

@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from gpujob.errors import ConnectionLost
-from gpujob.transport.base import KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, iter_chunks
+from gpujob.errors import ConnectionLost, HostMisbehaving
+from gpujob.transport.base import (KILL_AFTER, MAX_ANSWER, TIMEOUT_EXIT, OnData, Result, Stdin, iter_chunks,
+                                   too_much)
 
 HEADER = struct.Struct("!cII")
 MAGIC = b"GJMX"
@@ -41,6 +42,7 @@ VERSION = 1
 PREAMBLE = MAGIC + bytes([VERSION])
 MAX_STRAY = 64 << 10       # bytes skipped before the server's preamble, at most
 MAX_FRAME = 64 << 20       # the largest payload either side sends is far smaller (1 MiB reads)
+MAX_SERVER_FRAME = 2 << 20  # what the client takes from the server: its o/e frames are reads of 1 MiB
 SERVER_KINDS = (b"H", b"o", b"e", b"x")
 SERVER_SOURCE = (Path(__file__).parent / "mux_server.py").read_text()
 SINK_FAILED = b"!!"  # local only: a caller's sink raised (payload: the exception)
@@ -51,20 +53,28 @@ class _Call:
     """One command in flight. Output goes to its sinks straight from the reader
     thread; only the end (or a sink's error) travels to the waiting caller."""
 
-    def __init__(self, on_stdout: OnData | None, on_stderr: OnData | None):
+    def __init__(self, on_stdout: OnData | None, on_stderr: OnData | None, argv: Sequence[str] = ()):
+        self.argv = list(argv)
         self.out, self.err = bytearray(), bytearray()
         self.sinks = {b"o": (on_stdout, self.out), b"e": (on_stderr, self.err)}
         self.done: queue.Queue = queue.Queue()
         self.failed = False
 
-    def deliver(self, kind: bytes, payload: bytes) -> None:
+    def deliver(self, kind: bytes, payload: bytes) -> bool:
+        """Hand on one frame; False when a captured answer would pass MAX_ANSWER (the
+        host is misbehaving: the reader closes the channel)."""
         if kind in self.sinks:
             if self.failed:
-                return
+                return True
             cb, buf = self.sinks[kind]
             if cb is None:
+                if len(buf) + len(payload) > MAX_ANSWER:
+                    self.failed = True
+                    self.out.clear()
+                    self.err.clear()
+                    return False
                 buf += payload
-                return
+                return True
             try:
                 cb(payload)
             except BaseException as e:  # the caller's sink failed: end the command there
@@ -72,6 +82,7 @@ class _Call:
                 self.done.put((SINK_FAILED, e))
         else:
             self.done.put((kind, payload))
+        return True
 
 
 class Pending(NamedTuple):
@@ -92,6 +103,7 @@ class MuxClient:
         self.alive = True
         self.hello = threading.Event()
         self.error: str | None = None  # why the channel was dropped (a bad preamble or header)
+        self.misbehaving = False  # dropped because an answer passed MAX_ANSWER
         self.stray = b""  # what came before the server's preamble (kept to say what it was)
         self._calls: dict[int, _Call] = {}
         self._ids = itertools.count(1)
@@ -159,10 +171,10 @@ class MuxClient:
                 pos = 0  # parse every whole frame, then drop them from buf at once
                 while len(buf) - pos >= HEADER.size:
                     kind, cid, n = HEADER.unpack_from(buf, pos)
-                    if kind not in SERVER_KINDS or n > MAX_FRAME:
+                    if kind not in SERVER_KINDS or n > MAX_SERVER_FRAME:
                         self.error = (f"bad frame header on the exec channel from {self.where}: expected a "
-                                      f"kind in H, o, e, x and a length <= {MAX_FRAME}, got kind {kind!r}, "
-                                      f"length {n}")
+                                      f"kind in H, o, e, x and a length <= {MAX_SERVER_FRAME}, got kind "
+                                      f"{kind!r}, length {n}")
                         break
                     end = pos + HEADER.size + n
                     if len(buf) < end:
@@ -174,8 +186,10 @@ class MuxClient:
                         continue
                     with self._lock:
                         call = self._calls.get(cid)
-                    if call is not None:
-                        call.deliver(kind, payload)
+                    if call is not None and not call.deliver(kind, payload):
+                        self.misbehaving = True
+                        self.error = too_much(self.where, call.argv)
+                        break
                 del buf[:pos]
         except (OSError, EOFError):
             pass
@@ -211,7 +225,7 @@ class MuxClient:
         """Send one command and return at once; ``result`` awaits its end. Several sent
         before any is awaited run at the same time (``gpujob ps`` asks many channels
         from one thread this way)."""
-        p = Pending(list(argv), next(self._ids), _Call(on_stdout, on_stderr), time.monotonic(), timeout)
+        p = Pending(list(argv), next(self._ids), _Call(on_stdout, on_stderr, argv), time.monotonic(), timeout)
         with self._lock:
             self._calls[p.cid] = p.call
         try:
@@ -260,6 +274,8 @@ class MuxClient:
                                   time.monotonic() - started)
                 if kind == SINK_FAILED:
                     raise payload
+                if self.misbehaving:
+                    raise HostMisbehaving(self.error or too_much(self.where, argv))
                 raise ConnectionLost(self.error or f"lost the connection to {self.where} while running {argv[0]}")
         except BaseException:  # Ctrl-C, a deadline or an error on our side: it must not live on
             self.cancel(p)

@@ -31,7 +31,10 @@ else:
 
 from gpujob.errors import ConnectError, ConnectionLost, HostKeyError
 from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
-                                   iter_chunks, timed_out_by, with_timeout)
+                                   iter_chunks, keep, timed_out_by, with_timeout)
+
+#: what SshStream.stderr keeps of a stream's stderr (read when the stream failed, to say why)
+MAX_STDERR = 64 << 10
 
 # paramiko logs failed handshakes with a traceback; our errors say it in one line
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -338,7 +341,7 @@ class SshTransport(Transport):
         try:
             while True:
                 select.select([chan], [], [], 0.5)
-                got = self._drain(chan, on_stdout, on_stderr, out, err)
+                got = self._drain(chan, on_stdout, on_stderr, out, err, argv)
                 if chan.exit_status_ready() and not got and chan.eof_received:
                     break
                 if chan.closed and not got:
@@ -352,7 +355,11 @@ class SshTransport(Transport):
         except BaseException:
             chan.close()
             raise
-        self._drain(chan, on_stdout, on_stderr, out, err)
+        try:
+            self._drain(chan, on_stdout, on_stderr, out, err, argv)
+        except BaseException:
+            chan.close()
+            raise
         # paramiko reports -1 when no exit-status message came: either the link
         # died (a dropped connection) or sshd saw the command die of a signal
         code = chan.recv_exit_status() if chan.exit_status_ready() else -1
@@ -375,9 +382,9 @@ class SshTransport(Transport):
             raise ConnectionLost(f"lost the connection to {self.describe()}: {e}") from None
         return SshStream(chan)
 
-    @staticmethod
-    def _drain(chan, on_stdout, on_stderr, out: bytearray, err: bytearray) -> bool:
-        """Hand on whatever stdout and stderr data has arrived; True when there was some."""
+    def _drain(self, chan, on_stdout, on_stderr, out: bytearray, err: bytearray, argv) -> bool:
+        """Hand on whatever stdout and stderr data has arrived; True when there was some.
+        A captured stream past MAX_ANSWER is HostMisbehaving (the caller closes the channel)."""
         got = False
         for ready, recv, cb, buf in ((chan.recv_ready, chan.recv, on_stdout, out),
                                      (chan.recv_stderr_ready, chan.recv_stderr, on_stderr, err)):
@@ -389,7 +396,7 @@ class SshTransport(Transport):
                 if cb is not None:
                     cb(chunk)
                 else:
-                    buf += chunk
+                    keep(buf, chunk, self.describe(), argv)
         return got
 
     @staticmethod
@@ -422,9 +429,9 @@ class SshStream:
 
     def stderr(self) -> bytes:
         out = b""
-        while self.chan.recv_stderr_ready():
+        while self.chan.recv_stderr_ready() and len(out) < MAX_STDERR:
             out += self.chan.recv_stderr(65536)
-        return out
+        return out[:MAX_STDERR]
 
     def close(self) -> None:
         self.chan.close()

@@ -28,7 +28,11 @@ def login_command(environ: dict) -> list:
     keep = [f"{k}={environ[k]}" for k in ("HOME", "USER", "LOGNAME") if k in environ]
     if "HOME" not in environ:
         keep.append("HOME=/root" if os.geteuid() == 0 else "HOME=/")
-    return ["env", "-i", *keep, shell, "-l", "-c", "env -0"]
+    # the marker: what a profile prints on stdout (a motd, an echo) comes before it, never read as env
+    return ["env", "-i", *keep, shell, "-l", "-c", f"printf '\\0{MARK}\\0'; env -0"]
+
+
+MARK = "GPUJOB-LOGIN-ENV"
 
 
 def parse_env0(data: bytes) -> dict:
@@ -46,10 +50,14 @@ def login_env(environ: dict | None = None, timeout: float = 15.0) -> tuple[dict,
     try:
         p = subprocess.run(login_command(environ), stdin=subprocess.DEVNULL, capture_output=True,
                            timeout=timeout)
-        env = parse_env0(p.stdout)
-        if p.returncode == 0 and env.get("PATH"):
+        marker = f"\0{MARK}\0".encode()
+        _noise, found, printed = p.stdout.rpartition(marker)
+        env = parse_env0(printed) if found else {}
+        if env.get("PATH"):
             return env, "login shell"
-        why = f"exit {p.returncode}"
+        said = " | ".join(ln.strip() for ln in p.stderr.decode("utf-8", "replace").splitlines()[-2:])[:200]
+        why = (f"exit {p.returncode}, " + ("printed no PATH" if found else "printed no environment")
+               + (f"; it said: {said}" if said else ""))
     except (OSError, subprocess.TimeoutExpired) as e:
         why = type(e).__name__
     env = {k: environ[k] for k in LOGIN_KEEP if k in environ}

@@ -56,7 +56,7 @@ def open_line(key: bytes, nonce: str, expect_seq: int, line: bytes) -> dict:
     try:
         msg = json.loads(line)
         seq, body, got = int(msg["seq"]), msg["body"], str(msg["mac"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nesting past the stack
         raise Refused("not a channel message") from None
     if not isinstance(body, dict) or not hmac.compare_digest(got, mac(key, nonce, seq, body)):
         raise Refused("bad signature")
@@ -119,7 +119,7 @@ def read_hello(line: bytes) -> str:
     """The leader's nonce from its hello line, or Refused naming what came instead."""
     try:
         msg = json.loads(line or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         raise Refused(f"expected a {WIRE} hello, got {line[:60]!r}") from None
     if not isinstance(msg, dict) or msg.get("wire") != WIRE:
         raise Refused(f"expected a {WIRE} hello, got {line[:60]!r}")
@@ -203,7 +203,7 @@ class Server:
                 if body is None:
                     break
                 self.inbox.put((rank, body))
-        except (Refused, OSError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever a peer sends ends only its connection
             if rank is not None:
                 self.inbox.put((rank, {"kind": "refused", "why": str(e)}))
         finally:
@@ -281,25 +281,31 @@ class Client:
         while not self.stopped:
             try:
                 conn = self._connect()
-            except (OSError, Refused, ValueError) as e:
-                self.last_error = str(e)
+            except Exception as e:  # noqa: BLE001 - any answer (a glitch, a stranger) is retried
+                self.last_error = f"{type(e).__name__}: {e}"[:300]
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
-            backoff = 0.2
             self.conn = conn
             self.inbox.put({"kind": "connected"})
+            heard = False
             try:
                 while True:
                     body = conn.recv()
                     if body is None:
                         break
+                    heard = True
                     self.inbox.put(body)
-            except Refused as e:
-                self.last_error = str(e)
+            except Exception as e:  # noqa: BLE001 - the connection ends, the loop connects again
+                self.last_error = f"{type(e).__name__}: {e}"[:300]
                 conn.close()
             self.conn = None
             self.inbox.put({"kind": "disconnected"})
+            if heard:  # a link that worked: at once again; one that said nothing good: backing off
+                backoff = 0.2
+            else:
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
 
     def _beat(self) -> None:
         while not self.stopped:

@@ -117,6 +117,9 @@ def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
         return f"cannot reach the webhook: {type(e.reason).__name__}: {getattr(e.reason, 'strerror', None) or e.reason}"
     except (OSError, ValueError) as e:  # timeouts, resets, a malformed URL
         return f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
+    except Exception as e:  # noqa: BLE001 - http.client.HTTPException (150 headers, a bad status line)
+        # and whatever else an answer causes: a failed attempt like any other, counted against retries
+        return f"{type(e).__name__}: {str(e)[:200]}"
 
 
 # ---- the outbox and its sender -------------------------------------------------
