@@ -160,7 +160,7 @@ def _sup(tmp, signatures, pause_pattern, stop_at):
 
 
 def _run(sup, tp):
-    run = SimpleNamespace(start=0.0, profile="a", phase="train", tail=collections.deque(maxlen=200),
+    run = SimpleNamespace(start=0.0, profile="a", phase="train", baseline=None, tail=collections.deque(maxlen=200),
                           hits=[], hit_at=None, watch_tps=True, source=sources.line_source(tp))
     sup.pause.pause_setup(run)
     return run
