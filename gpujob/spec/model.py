@@ -26,6 +26,14 @@ from gpujob.spec.types import (Args, Command, Cuda, Duration, Env, EnvName, GpuL
                                _env_value, _local_path, remote_dest)
 
 
+def _is_file(path) -> bool:
+    """A file now (a name too long, a loop or no access: not one; submit says what is wrong)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 class Sync(Strict):
     src: PathText  # laptop path, relative to the spec's directory; checked at submit
     dest: PathText | None = None  # relative to workdir, or absolute; default: basename of src (set at load)
@@ -41,7 +49,7 @@ class Sync(Strict):
             raise At(("dest",), f"expected a path, got {describe(self.dest)}")
         dest = posixpath.normpath(self.dest)
         into = self.dest.endswith("/") or dest == "."  # "into this folder", as cp and rsync read it
-        if into and dest != "/" and _local_path(info, self.src).is_file():
+        if into and dest != "/" and _is_file(_local_path(info, self.src)):
             dest = posixpath.join(dest, _local_path(info, self.src).resolve().name) if dest != "." \
                 else _local_path(info, self.src).resolve().name
         if dest == "/":
