@@ -251,7 +251,7 @@ def test_ctrl_c_exits_130(box):
     try:
         assert p.stdout.readline() == b"started\n"
         p.send_signal(signal.SIGINT)
-        assert p.wait(timeout=30) == 130
+        assert p.wait(timeout=120) == 130  # a hang guard: on a loaded 2-core machine the cancel takes long
     finally:
         if p.poll() is None:
             p.kill()

@@ -213,7 +213,13 @@ def test_doctor_passes_non_gpu_checks_and_warns_on_gpus(inv, tmp_path):
     for name in ("host", "pct", "container", "python3", "venv"):
         assert checks[name] == "ok", checks
     assert checks["gpus"] == "warn" and checks["nvidia-uvm"] == "warn"
-    assert checks["uv"] == "warn"  # the bed's container has no uv: gpujob will ship one
+    uv = next(c for c in json.loads(p.stdout)["tb/ct200"] if c["name"] == "uv")
+    if checks["uv"] == "warn":  # the bed's container has no uv of its own: gpujob will ship one
+        assert uv["detail"] == "no uv in the container" and "ships its own uv" in uv["hint"], uv
+    else:  # an earlier test of the session shipped gpujob's uv there: doctor names it, and it is there
+        assert checks["uv"] == "ok", uv
+        there = cli(["exec", "tb/ct200", "--", "test", "-x", uv["detail"]], env_for(inv, tmp_path))
+        assert there.returncode == 0, uv
     human = cli(["doctor", "ct200", "--spec", "jobs/dflash.yaml"], env_for(inv, tmp_path))
     assert human.returncode == 0 and b"nvidia-smi not found" in human.stdout
     stopped = cli(["doctor", "ct201", "--json"], env_for(inv, tmp_path))
