@@ -24,7 +24,7 @@ CASES = {
     "hf_trainer": ("hf", "python standin.py hf --output_dir out --per_device_train_batch_size 1 "
                    "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None, "out/checkpoint-*/trainer_state.json"),
     "torchtitan": ("torchtitan", "python standin.py torchtitan --checkpoint.enable", None,
-                   "outputs/checkpoint/step-*/.metadata"),
+                   "outputs/checkpoint/r-torchtitan-*/step-*/.metadata"),  # a folder per job
     # 150 steps: the recipe reads Lightning's bar by its step counter over time (a sample per
     # 0.5 s), so the resumed fast run needs a few seconds to be judged (60 steps: 2.5 s)
     "lightning": ("lightning", "python standin.py lightning fit --trainer.callbacks+=ModelCheckpoint "
@@ -37,7 +37,9 @@ CASES = {
 RESUMED = {  # how the resumed run was told where to start: the checkpoint gpujob chose
     "specforge": r"training\.resume_from=\S*/outputs/tiny-step\d+$",
     "hf_trainer": r"--resume_from_checkpoint \S*/out/checkpoint-\d+$",
-    "torchtitan": r"--checkpoint\.enable$",
+    # its own folder per job (no earlier job's step-N is loaded), --checkpoint.enable once
+    "torchtitan": r"^(?!.*--checkpoint\.enable.*--checkpoint\.enable).*--checkpoint\.enable "
+                  r"--checkpoint\.folder checkpoint/r-torchtitan-\w+ ",
     "lightning": r"--ckpt_path '?\S*/lightning_logs/version_0/checkpoints/epoch=0-step=\d+\.ckpt'?$",
     "nanogpt": r"--init_from=resume$",
 }
