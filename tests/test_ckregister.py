@@ -154,6 +154,24 @@ def test_submit_finds_what_earlier_jobs_left_and_resolves_resume_from(tmp_path):
         ckregister.at_submit(home, {"resume_from_ask": "nope"}, str(tmp_path), [str(tmp_path / "w/ck-*")])
 
 
+def test_what_submit_finds_is_bounded_and_counted(tmp_path):
+    """A glob over many files left by others: the answer lists LEFT_SHOWN of them and counts all
+    (the 2026-12-04 CI run: 100k files made the submit answer pass the controller's 8 MiB cap),
+    and submit's note says the whole count."""
+    from gpujob.ops.submit import earlier_checkpoint_lines
+    w = tmp_path / "w"
+    w.mkdir()
+    for i in range(ckregister.LEFT_SHOWN + 7):
+        (w / f"ck-{i:03d}").write_text("x")
+    found = ckregister.at_submit(str(tmp_path / "home"), {}, str(tmp_path), [str(w / "ck-*")])
+    assert len(found["left"]) == ckregister.LEFT_SHOWN
+    assert found["left_count"] == ckregister.LEFT_SHOWN + 7
+    assert found["left"][0]["path"] == str(w / "ck-000")
+    [line] = earlier_checkpoint_lines({"checkpoints": found})
+    assert line.startswith(f"note: {ckregister.LEFT_SHOWN + 7} checkpoint(s)")
+    assert f"and {ckregister.LEFT_SHOWN + 2} more" in line
+
+
 WRITER = """
 import os, sys, time
 from gpujob.agent.home import ckregister

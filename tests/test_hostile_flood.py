@@ -69,16 +69,30 @@ def _limited():
 
 
 def run_measured(args, env) -> tuple[subprocess.CompletedProcess, int]:
-    """``gpujob ARGS`` and its peak RSS in KiB (wait4's ru_maxrss)."""
+    """``gpujob ARGS`` and its own peak RSS in KiB: wait4's ru_maxrss for this child alone
+    (RUSAGE_CHILDREN is the peak over every child this pytest ever reaped: in a full run,
+    some earlier test's 329 MiB process, as the 2026-12-04 CI run showed)."""
+    import threading
     p = subprocess.Popen([*gpujob_argv(), *args], env=env, cwd=str(REPO), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, preexec_fn=_limited)
-    try:
-        out, err = p.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
+    got: dict = {}
+
+    def drain(name, f):
+        got[name] = f.read()
+
+    readers = [threading.Thread(target=drain, args=(n, f), daemon=True)
+               for n, f in (("out", p.stdout), ("err", p.stderr))]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=180)
+    if any(t.is_alive() for t in readers):
         p.kill()
-        raise
-    rusage = resource.getrusage(resource.RUSAGE_CHILDREN)  # children's peak, this one the largest
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err), rusage.ru_maxrss
+        p.wait()
+        raise subprocess.TimeoutExpired(p.args, 180)
+    _pid, status, rusage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    return subprocess.CompletedProcess(p.args, p.returncode, got["out"], got["err"]), rusage.ru_maxrss
 
 
 def peak_kib(pid: int) -> int:

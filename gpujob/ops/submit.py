@@ -99,10 +99,11 @@ def earlier_checkpoint_lines(res: dict, note: str = selfload.earlier_note(None, 
     found = res.get("checkpoints") or {}
     lines = []
     left = found.get("left") or []
+    count = max(int(found.get("left_count") or 0), len(left))  # left_count: an agent that bounds the list
     if left:
         shown = ", ".join(f"{c['path']}" + (f" (job {c['job']})" if c.get("job") else "") for c in left[:5])
-        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
-        lines.append(f"note: {len(left)} checkpoint(s) that earlier jobs left under {found.get('where')}: "
+        more = f" and {count - 5} more" if count > 5 else ""
+        lines.append(f"note: {count} checkpoint(s) that earlier jobs left under {found.get('where')}: "
                      f"{shown}{more}. They stay as they are (a trainer that writes the same name overwrites "
                      f"them); {note}")
     if found.get("resume_from"):

@@ -402,6 +402,11 @@ def owners(home_root: str) -> dict:
             if not e.get("gone")}
 
 
+#: how many of the checkpoints found at submit the answer lists (a glob over a tree of 100k
+#: files must not become an answer past the controller's 8 MiB cap); ``left_count`` has all
+LEFT_SHOWN = 20
+
+
 def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
     """What a fresh job finds under its checkpoint globs (``patterns``: absolute, one per
     profile): the checkpoints earlier jobs left, listed with their owner when a register
@@ -412,8 +417,9 @@ def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
     for pattern in patterns:
         for path in matches(pattern):
             left[path] = {"path": path, "job": own.get(path)}
+    names = sorted(left)
     out = {"where": patterns[0] if len(set(patterns)) == 1 else ", ".join(sorted(set(patterns))),
-           "left": [left[p] for p in sorted(left)]}
+           "left": [left[p] for p in names[:LEFT_SHOWN]], "left_count": len(names)}
     ask = job.pop("resume_from_ask", None)
     if ask is None:
         return out
