@@ -256,3 +256,22 @@ def test_agent_refuses_a_relative_dest_outside_the_workdir(tmp_path):
     from gpujob.agent.home.lock import Lock
     assert Lock(str(tmp_path / "home")).holder() is None  # released
     assert not (tmp_path / "home" / "jobs" / "x-aaaa").exists()  # nothing written
+
+
+def test_the_manifest_looks_only_at_the_names_asked(tmp_path, monkeypatch):
+    """The container's manifest answers for the files the controller has, not for what the
+    trainer wrote beside them (a workdir of 100k outputs once made that answer pass the
+    controller's 8 MiB cap); a name that is not a plain relative path is not looked at."""
+    from gpujob.agent.verbs import files
+    root = tmp_path / "w"
+    (root / "sub").mkdir(parents=True)
+    (root / "train.py").write_text("print()")
+    (root / "sub" / "m.py").write_text("x = 1")
+    for i in range(500):
+        (root / f"out-{i}.bin").write_text("o")
+    (tmp_path / "secret").write_text("s")
+    os.symlink(tmp_path / "secret", root / "link.py")
+    got = files.manifest(str(root), ["train.py", "sub/m.py", "gone.py", "../secret", "/etc/passwd",
+                                     "sub", "link.py", "", 7])
+    assert set(got) == {"train.py", "sub/m.py"}
+    assert got["train.py"][0] == len("print()")

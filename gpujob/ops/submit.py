@@ -64,11 +64,14 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
     req["uv"] = uv
     streams, payload = [], []
     if sources:
+        locals_ = [local_manifest(s.src, s.exclude, s.name) for s in sources]
+        asked: dict[str, list[str]] = {}
+        for s, local in zip(sources, locals_):
+            asked.setdefault(s.dest, []).extend(local)
         remote = target.agent_json("manifest", "--name", spec.name,
                                    *(["--workdir", spec.workdir] if spec.workdir else []),
-                                   *[s.dest for s in sources])
-        for s in sources:
-            local = local_manifest(s.src, s.exclude, s.name)
+                                   *[s.dest for s in sources], stdin=json.dumps(asked).encode())
+        for s, local in zip(sources, locals_):
             todo = changed(local, remote.get(s.dest, {}))
             progress(f"sync {s.src} -> {s.dest}: {len(todo)} of {len(local)} files changed")
             if todo:

@@ -4,9 +4,11 @@ bounded tar extraction ``submit`` uses."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -68,23 +70,33 @@ def cmd_put(home: Home, args) -> None:
     emit({"written": dest, "size": os.path.getsize(dest)})
 
 
-def manifest(root: str) -> dict:
-    """{relative path: [size, mtime seconds]} of the files under ``root``."""
+def manifest(root: str, names: list) -> dict:
+    """{relative path: [size, mtime seconds]} of those of ``names`` that are files under
+    ``root``: only what the controller would ship is looked at, so the answer is as large as
+    the laptop's tree, never as large as what the trainer wrote there (a workdir of 100k
+    outputs once passed the controller's 8 MiB answer cap). A name that is not a plain
+    relative path is not answered for (it is shipped, and untar judges it)."""
     out = {}
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            p = os.path.join(dirpath, name)
-            try:
-                st = os.lstat(p)
-            except OSError:
-                continue
-            out[os.path.relpath(p, root)] = [st.st_size, int(st.st_mtime)]
+    for rel in names:
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel \
+                or ".." in rel.split("/"):
+            continue
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except (OSError, ValueError):
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out[rel] = [st.st_size, int(st.st_mtime)]
     return out
 
 
 def cmd_manifest(home: Home, args) -> None:
+    """stdin: {dest: [relative path, ...]}, the files the controller has for each dest."""
     workdir = home.workdir({"name": args.name, "workdir": args.workdir})
-    emit({d: manifest(os.path.join(workdir, d)) for d in args.dests})
+    asked = json.loads(sys.stdin.buffer.read() or b"{}")
+    if not isinstance(asked, dict):
+        raise ValueError("manifest: stdin is not a JSON object of {dest: [path, ...]}")
+    emit({d: manifest(os.path.join(workdir, d), asked.get(d) or []) for d in args.dests})
 
 
 def untar(stream, size: int, dest: str) -> int:
