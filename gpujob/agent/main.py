@@ -3,7 +3,9 @@
     python3 -c LAUNCHER agent.pyz --home H <command> ...   (protocol.LAUNCHER)
 
 Every command prints JSON (or raw log bytes for ``tail``) and exits 0, or prints
-one ``{"error": ...}`` line and exits non-zero; exit codes and result shapes are in protocol.py.
+one ``{"error": ...}`` line and exits non-zero: a refusal (``wire.Refused``) carries its code and
+exits ``protocol.REFUSED``. Each verb's request and answer are declared in base/wire.py and
+described in docs/wire.md; the exit codes are in protocol.py.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import sys
 
 from gpujob.agent.base import protocol
 from gpujob.agent.base.proc import die_here
+from gpujob.agent.base.wire import ErrorAnswer, Refused
 from gpujob.agent.home.journal import Home, Journal
-from gpujob.agent.home.ledgerfile import LedgerError
 from gpujob.agent.verbs import control, files, ledger, status, submit, tail
-from gpujob.agent.verbs.lifecycle import Refused, emit, would_revive
+from gpujob.agent.verbs.lifecycle import emit, would_revive
 
 
 REFUSED = protocol.REFUSED
@@ -135,15 +137,15 @@ def main(argv=None) -> int:
         args = parser().parse_args(argv)
         verb(args.cmd)(Home(args.home), args)
     except _Usage as e:
-        emit(protocol.error_result(str(e)))
+        emit(ErrorAnswer(str(e)))
         return protocol.USAGE
-    except (Refused, protocol.NewerFormat, LedgerError) as e:
-        emit(protocol.error_result(str(e), refused=True))
+    except Refused as e:  # NewerFormat and a ledger's LedgerError are refusals too, with their codes
+        emit(ErrorAnswer.of(e))
         return REFUSED
     except BrokenPipeError:
         return protocol.OK
     except Exception as e:  # every failure is one JSON line, never a traceback
-        emit(protocol.error_result(f"{type(e).__name__}: {e}"))
+        emit(ErrorAnswer.of(e))
         return protocol.FAILED
     return protocol.OK
 

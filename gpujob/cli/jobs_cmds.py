@@ -51,10 +51,9 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     from gpujob.spec.model import load_spec
     spec = load_spec(spec_path, sets or [], profile)
     if job_id_opt is not None:
-        import re
-        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", job_id_opt):
-            raise InputError(f"--job-id: expected lowercase letters, digits and '-' (at most 63), "
-                             f"got {job_id_opt[:70]!r}")
+        from gpujob.agent.base.wire import JOB_ID, JOB_ID_RULE
+        if not JOB_ID.fullmatch(job_id_opt):
+            raise InputError(f"--job-id: expected {JOB_ID_RULE}, got {job_id_opt[:70]!r}")
     if isinstance(spec.target, list):  # multi_node: a list of containers, one job over several nodes
         from gpujob.cli import fleet_cmds
         if as_json and (plan or follow):

@@ -15,6 +15,7 @@ from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo
 
 from gpujob.agent.base.placeholders import is_shell_c, quoted_placeholders
 from gpujob.agent.base.protocol import FailureSignal
+from gpujob.agent.base import wire
 from gpujob.yamlsrc import At, Strict, control_char, describe, kind_of, shorten
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
@@ -189,8 +190,8 @@ def _args(value: Any) -> Any:
 Duration = Annotated[float, BeforeValidator(_duration)]
 Size = Annotated[int, BeforeValidator(_size)]
 Rate = Annotated[float, BeforeValidator(_rate), Field(gt=0)]
-Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
-JobName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")]
+Name = Annotated[str, StringConstraints(pattern=f"^{wire.PROFILE_NAME.pattern}$")]  # profiles, as the agent checks
+JobName = Annotated[str, StringConstraints(pattern=f"^{wire.JOB_NAME.pattern}$")]  # the agent's rule too
 GroupName = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]*$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 Env = dict[EnvName, Annotated[str | SecretRef, BeforeValidator(_env_value)]]

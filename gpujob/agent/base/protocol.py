@@ -7,9 +7,9 @@ and the controller imports this same module).
   in state.json, events.jsonl and the agent's answers is what it always was;
 - the agent's exit codes: 0 ok, 1 failed, 2 bad usage, ``REFUSED``, and
   ``AGENT_MISSING`` (the launcher found no agent file: ship it and ask again);
-- the agent's result shapes: every answer is JSON lines on stdout, a failure one
-  ``{"error": ...}`` line (``error_result``); ``tail`` first sends one
-  ``{"offset": N, "skipped": M}`` line, then the log's raw bytes;
+- the agent's result shapes are declared in wire.py (each verb's request and answer, the
+  error answer with its refusal code); ``tail`` first sends one ``{"offset": N, "skipped": M}``
+  line (``wire.TailHead``), then the log's raw bytes;
 - the format version of state.json and job.json: a file without one is format 1;
   an agent reads every format up to its own and refuses a newer one in one line.
 """
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 from enum import Enum
+
+from gpujob.agent.base.wire import Code, Refused, TailHead
 
 
 class _StrEnum(str, Enum):
@@ -118,7 +120,7 @@ class OutcomeKind(_StrEnum):
 OK = 0
 FAILED = 1
 USAGE = 2
-REFUSED = 5        # busy, unknown job, a newer format: the error line says why
+REFUSED = 5        # busy, unknown job, a newer format: the error line says why, its code (wire.Code) what
 AGENT_MISSING = 6  # the launcher found no agent at the path: ship it first
 
 #: ``python3 -c LAUNCHER AGENT.pyz --home H CMD ...``: runs the agent zipapp as
@@ -133,16 +135,9 @@ LAUNCHER = ("import sys\ndel sys.path[0]\nimport os,runpy\n"
 
 
 # ---- result shapes ------------------------------------------------------------
-def error_result(message: str, refused: bool = False) -> dict:
-    out = {"error": message}
-    if refused:
-        out["refused"] = True
-    return out
-
-
 def offset_record(offset: int, skipped: int) -> bytes:
     """``tail``'s first line: where its bytes start, and how many were trimmed before."""
-    return (json.dumps({"offset": offset, "skipped": skipped}, sort_keys=True) + "\n").encode()
+    return (json.dumps(TailHead(offset, skipped).to_dict(), sort_keys=True) + "\n").encode()
 
 
 class OffsetSplitter:
@@ -185,8 +180,10 @@ FORMAT = 1
 FORMAT_KEY = "format"
 
 
-class NewerFormat(Exception):
+class NewerFormat(Refused):
     """A file written by a newer agent: this one must not touch it."""
+
+    code = Code.NEWER_FORMAT
 
 
 def check_format(data: dict, what: str) -> dict:

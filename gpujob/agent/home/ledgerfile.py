@@ -28,6 +28,7 @@ import threading
 import time
 
 from gpujob.agent.base.fsio import write_bytes
+from gpujob.agent.base.wire import Code, Refused
 
 FORMAT = 2
 MAX_BYTES = 8 << 20  # a ledger of 10 000 verdicts is ~5 MB
@@ -37,16 +38,18 @@ COPY = ".last-good"
 DAMAGED = ".damaged-"
 
 
-class LedgerError(Exception):
+class LedgerError(Refused):
     """One line for the user: the path, what is wrong, what to do."""
+
+    code = Code.CONFLICT  # a write refused as it stands (nothing to recover, a wrong new ledger)
 
 
 class Damaged(LedgerError):
-    pass
+    code = Code.DAMAGED
 
 
 class Busy(LedgerError):
-    pass
+    code = Code.BUSY
 
 
 def wait_s(default: float) -> float:

@@ -19,10 +19,8 @@ from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home import ledgerfile
 from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now
+from gpujob.agent.base.wire import Code, Refused
 from gpujob.agent.verbs import lifecycle
-
-class Refused(Exception):
-    pass
 
 
 def live_keys(home: Home) -> list:
@@ -81,7 +79,8 @@ def clear(home: Home, profile: str | None, *, force: bool, with_snapshots: bool,
     skeys = matching(snapshots.keys(home.root), profile) if with_snapshots else []
     busy = active & (set(keys) | set(skeys))
     if busy and not force:
-        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first or pass --force")
+        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first or pass --force",
+                      Code.BUSY)
     goods = goods_by_key(home)
     warnings, kept = [], {}
     for k in keys:
@@ -108,10 +107,11 @@ def clear(home: Home, profile: str | None, *, force: bool, with_snapshots: bool,
 def restore(home: Home, profile: str, *, active: set) -> dict:
     keys = matching(snapshots.keys(home.root), profile)
     if not keys:
-        raise Refused(f"no snapshot of profile {profile} in this container (gpujob cache ls lists them)")
+        raise Refused(f"no snapshot of profile {profile} in this container (gpujob cache ls lists them)",
+                      Code.NOT_FOUND)
     busy = active & set(keys)
     if busy:
-        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first")
+        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first", Code.BUSY)
     done = []
     for k in keys:
         meta = snapshots.restore(home.root, k)
@@ -158,11 +158,13 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
     from gpujob.agent.base.placeholders import command_argv
     job_id, job = latest_job_with(home, profile)
     if job is None:
-        raise Refused(f"no job in this container has profile {profile} and a warmup to prove it with")
+        raise Refused(f"no job in this container has profile {profile} and a warmup to prove it with",
+                      Code.NOT_FOUND)
     spec = job["spec"]
     key = job["env_keys"][profile]
     if not envs.is_installed(home.root, key):
-        raise Refused(f"profile {profile}'s venv {key} is not installed; submit a job on it first")
+        raise Refused(f"profile {profile}'s venv {key} is not installed; submit a job on it first",
+                      Code.NOT_FOUND)
     w = spec["warmup"]
     groups = spec.get("gpus") or {}
     if gpus is None:
@@ -170,7 +172,7 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
             sorted({g for ids in groups.values() for g in ids})
     why = refusal(gpus, gpus_in_use(home))
     if why:
-        raise Refused(f"prove-cold refused: {why}")
+        raise Refused(f"prove-cold refused: {why}", Code.BUSY)
     prof = next(p for p in spec["profiles"] if p["name"] == profile)
     scratch = home.path("caches", f".prove-{key}-{os.getpid()}")
     envs.remove_tree(scratch)
@@ -227,18 +229,15 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
 
 
 def cmd_cache(home: Home, args) -> None:
-    try:
-        if args.action == "ls":
-            lifecycle.emit(ls(home))
-        elif args.action == "clear":
-            lifecycle.emit(clear(home, args.profile, force=args.force, with_snapshots=args.snapshots,
-                                 active=lifecycle.active_keys(home)))
-        elif not args.profile:
-            raise lifecycle.Refused(f"cache {args.action} needs --profile")
-        elif args.action == "restore":
-            lifecycle.emit(restore(home, args.profile, active=lifecycle.active_keys(home)))
-        else:
-            gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
-            lifecycle.emit(prove_cold(home, args.profile, gpus))
-    except Refused as e:
-        raise lifecycle.Refused(str(e)) from None
+    if args.action == "ls":
+        lifecycle.emit(ls(home))
+    elif args.action == "clear":
+        lifecycle.emit(clear(home, args.profile, force=args.force, with_snapshots=args.snapshots,
+                             active=lifecycle.active_keys(home)))
+    elif not args.profile:
+        raise Refused(f"cache {args.action} needs --profile", Code.BAD_REQUEST)
+    elif args.action == "restore":
+        lifecycle.emit(restore(home, args.profile, active=lifecycle.active_keys(home)))
+    else:
+        gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
+        lifecycle.emit(prove_cold(home, args.profile, gpus))

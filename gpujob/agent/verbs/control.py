@@ -16,7 +16,8 @@ from gpujob.agent.judge.decide import pick
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import kill_group
 from gpujob.agent.home.trim import read_jsonl_from
-from gpujob.agent.verbs.lifecycle import Refused, acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
+from gpujob.agent.base.wire import Code, Refused, RollbackAnswer, StopAnswer
+from gpujob.agent.verbs.lifecycle import acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
 
 
 def wait_final(j: Journal, timeout: float) -> dict:
@@ -51,7 +52,7 @@ def cmd_stop(home: Home, args) -> None:
     j = job_or_refuse(home, args.job)
     st = j.effective_state()
     if st.get("state") in FINAL_STATES:
-        emit({"job_id": args.job, "state": st["state"], "already": True})
+        emit(StopAnswer(args.job, st["state"], already=True))
         return
     waits: list = []
     if st.get("state") != JobState.LOST:
@@ -67,8 +68,8 @@ def cmd_stop(home: Home, args) -> None:
     if st.get("state") == JobState.LOST:  # no supervisor to ask: stop what it left ourselves
         st, left = end_leftovers(home, args.job, {"state": JobState.STOPPED, "phase": "done",
                                                   "reason": "stopped by hand after its supervisor was lost"})
-    emit({"job_id": args.job, "state": st.get("state"), "left": left or live_processes(st),
-          **({"save_waited": waits[-1]} if waits else {})})
+    emit(StopAnswer(args.job, st.get("state"), left=left or live_processes(st),
+                    save_waited=waits[-1] if waits else None))
 
 
 def cmd_rollback(home: Home, args) -> None:
@@ -77,29 +78,29 @@ def cmd_rollback(home: Home, args) -> None:
     job = j.job()
     if (job.get("fleet") or {}).get("node_rank"):  # one decision for every node: node 0's
         raise Refused(f"job {args.job} is node {job['fleet']['node_rank']} of a multi-node job: "
-                      "roll it back through node 0, whose supervisor leads")
+                      "roll it back through node 0, whose supervisor leads", Code.CONFLICT)
     profiles = [p["name"] for p in job["spec"]["profiles"]]
     if args.to and args.to not in profiles:
-        raise Refused(f"no profile {args.to!r} in job {args.job}; profiles: {', '.join(profiles)}")
+        raise Refused(f"no profile {args.to!r} in job {args.job}; profiles: {', '.join(profiles)}",
+                      Code.BAD_REQUEST)
     pending = st.get("pending_rollback")
     current = st.get("profile") or job["profile"]  # the profile that ran last (a switch not done: its 'from')
     if pending and args.to in (None, pending["to"]) and st.get("state") not in ENDED:
-        emit({"job_id": args.job, "requested": True, "from": pending["from"], "to": pending["to"],
-              "already": True})
+        emit(RollbackAnswer(args.job, pending["from"], pending["to"], requested=True, already=True))
         return
     if args.to == current and not pending:
-        raise Refused(f"job {args.job} already runs on profile {current}")
+        raise Refused(f"job {args.job} already runs on profile {current}", Code.CONFLICT)
     reason = args.reason or "rolled back by hand"
     target = args.to or pick(
         Ledger(home, job["spec"]["name"]).read(), current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
-        raise Refused(f"no known-good profile other than {current}; name one with --to")
+        raise Refused(f"no known-good profile other than {current}; name one with --to", Code.CONFLICT)
     if st.get("state") == JobState.LOST and st.get("lost_reason") is None:
         revive(home, args.job)  # a supervisor again, which finishes what the last one began
         st = j.effective_state()
     if st.get("state") not in ENDED:
         j.request("rollback", to=target, reason=reason, mark_bad=bool(args.mark_bad))
-        emit({"job_id": args.job, "requested": True, "from": current, "to": target})
+        emit(RollbackAnswer(args.job, current, target, requested=True))
         return
     held, _stale = acquire(home, args.job)
     try:
@@ -117,5 +118,5 @@ def cmd_rollback(home: Home, args) -> None:
     except BaseException:
         held.release()
         raise
-    emit({"job_id": args.job, "restarted": True, "from": current, "to": target, "supervisor_pid": pid,
-          "was": st.get("state")})  # an ended job runs again: the CLI says so
+    emit(RollbackAnswer(args.job, current, target, restarted=True, supervisor_pid=pid,
+                        was=st.get("state")))  # an ended job runs again: the CLI says so

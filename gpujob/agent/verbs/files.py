@@ -15,12 +15,13 @@ import tarfile
 
 from gpujob.agent.home.journal import Home
 from gpujob.agent.base.fsio import temp_beside
+from gpujob.agent.base.wire import BadShape, Code, ManifestAnswer, ManifestRequest, ProbeAnswer, PutAnswer, Refused
 from gpujob.agent.verbs.lifecycle import emit, expand
 
 
 def cmd_probe(home: Home, args) -> None:
-    info = {"python": platform.python_version(), "machine": platform.machine(),
-            "system": platform.system(), "home": home.root, "pid": os.getpid()}
+    info: dict = {"python": platform.python_version(), "machine": platform.machine(),
+                  "system": platform.system(), "home": home.root, "pid": os.getpid()}
     try:
         import ensurepip  # noqa: F401  (Debian ships it in python3-venv)
         import venv  # noqa: F401
@@ -52,7 +53,7 @@ def cmd_probe(home: Home, args) -> None:
                                   "error": p.stderr.decode().strip()[-300:]}
         except (OSError, subprocess.TimeoutExpired) as e:
             info["nvidia_smi"] = {"ok": False, "gpus": [], "error": str(e)}
-    emit(info)
+    emit(ProbeAnswer.from_dict(info))
 
 
 def cmd_put(home: Home, args) -> None:
@@ -67,7 +68,7 @@ def cmd_put(home: Home, args) -> None:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
-    emit({"written": dest, "size": os.path.getsize(dest)})
+    emit(PutAnswer(dest, os.path.getsize(dest)))
 
 
 def manifest(root: str, names: list) -> dict:
@@ -91,12 +92,13 @@ def manifest(root: str, names: list) -> dict:
 
 
 def cmd_manifest(home: Home, args) -> None:
-    """stdin: {dest: [relative path, ...]}, the files the controller has for each dest."""
+    """stdin: ``wire.ManifestRequest``, the files the controller has for each dest."""
     workdir = home.workdir({"name": args.name, "workdir": args.workdir})
-    asked = json.loads(sys.stdin.buffer.read() or b"{}")
-    if not isinstance(asked, dict):
-        raise ValueError("manifest: stdin is not a JSON object of {dest: [path, ...]}")
-    emit({d: manifest(os.path.join(workdir, d), asked.get(d) or []) for d in args.dests})
+    try:
+        asked = ManifestRequest.from_dict(json.loads(sys.stdin.buffer.read() or b"{}")).files
+    except (ValueError, BadShape) as e:
+        raise Refused(f"manifest: {e}", Code.BAD_REQUEST) from None
+    emit(ManifestAnswer({d: manifest(os.path.join(workdir, d), asked.get(d) or []) for d in args.dests}))
 
 
 def untar(stream, size: int, dest: str) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from gpujob.agent.base.wire import Code, Refused
 from gpujob.agent.verbs import lifecycle
 
 
@@ -46,10 +47,10 @@ def fleet_answer(home, args) -> dict:
     if args.action == "ports":
         return {"ports": free_ports(2), "address": primary_address(), "hostname": os.uname().nodename}
     if not args.job:
-        raise LookupError(f"fleet {args.action} needs a job id")
+        raise Refused(f"fleet {args.action} needs a job id", Code.BAD_REQUEST)
     j = Journal(home, args.job)
     if not os.path.exists(j.path("job.json")):
-        raise LookupError(f"no job {args.job} in this container")
+        raise Refused(f"no job {args.job} in this container", Code.UNKNOWN_JOB)
     if j.effective_state().get("state") in ENDED:
         return {"job_id": args.job, "state": j.effective_state().get("state"), "already": True}
     if args.action == "go":
@@ -60,7 +61,4 @@ def fleet_answer(home, args) -> dict:
 
 
 def cmd_fleet(home, args) -> None:
-    try:
-        lifecycle.emit(fleet_answer(home, args))
-    except LookupError as e:
-        raise lifecycle.Refused(str(e)) from None
+    lifecycle.emit(fleet_answer(home, args))

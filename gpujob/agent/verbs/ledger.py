@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import re
 
 from gpujob.agent.base import envs
 from gpujob.agent.home import gc
@@ -12,13 +11,9 @@ from gpujob.agent.home.journal import Home
 from gpujob.agent.home import ledgerfile
 from gpujob.agent.home.ledger import Ledger, Superseded
 from gpujob.agent.home.ledgerfile import LedgerError
-from gpujob.agent.verbs.lifecycle import Refused, emit
-
-
-LEDGER_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?")  # a job name (@ fleet shape)
-
-
-PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+from gpujob.agent.base.wire import (JOB_NAME_RULE, LEDGER_NAME, PROFILE_NAME, PROFILE_NAME_RULE, Code,
+                                    LedgerAnswer, Refused)
+from gpujob.agent.verbs.lifecycle import emit
 
 
 def cmd_ledger(home: Home, args) -> None:
@@ -26,47 +21,48 @@ def cmd_ledger(home: Home, args) -> None:
     hand: good, bad, or untried, which removes the entry), ``history``, ``undo NAME ID``,
     ``recover NAME`` (a damaged ledger put aside, its last good copy restored)."""
     if not LEDGER_NAME.fullmatch(args.name):
-        raise Refused(f"job name {args.name!r}: expected lowercase letters, digits and '-' (at most 40)")
+        raise Refused(f"job name {args.name!r}: expected {JOB_NAME_RULE}", Code.BAD_REQUEST)
     led = Ledger(home, args.name)
     if args.action == "show":
-        emit({"name": args.name, "ledger": led.read()})
+        emit(LedgerAnswer(args.name, ledger=led.read()))
         return
     if args.action == "history":
-        emit({"name": args.name, "history": led.history()})
+        emit(LedgerAnswer(args.name, history=led.history()))
         return
     if args.action == "recover":
-        emit(dict(led.recover(), name=args.name, ledger=led.read()))
+        done = led.recover()
+        emit(LedgerAnswer.from_dict(dict(done, name=args.name, ledger=led.read())))
         return
     if args.action == "undo":
         if not args.profile:
-            raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)")
+            raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)", Code.BAD_REQUEST)
         try:
             rec = led.undo(args.profile, by_hand=True)
         except KeyError:
             raise Refused(f"no verdict {args.profile!r} in the ledger of {args.name} "
-                          f"(gpujob ledger history lists them)") from None
+                          f"(gpujob ledger history lists them)", Code.NOT_FOUND) from None
         except Superseded as e:
             h = e.args[0]
             raise Refused(f"verdict {args.profile} of {args.name} is not undone: verdict {h['id']} "
                           f"({h['profile']} {h['status']}, {h.get('reason') or 'no reason'}) came after it "
                           f"on the same profile; undo {h['id']} first, or set {h['profile']} by hand "
-                          f"(gpujob ledger set)") from None
+                          f"(gpujob ledger set)", Code.CONFLICT) from None
         after = led.read()
-        emit({"name": args.name, "undone": rec, "id": led.last.get("id"), "profile": rec["profile"],
-              "status": (after["profiles"].get(rec["profile"]) or {}).get("status", "untried"), "ledger": after})
+        emit(LedgerAnswer(args.name, undone=rec, id=led.last.get("id"), profile=rec["profile"], ledger=after,
+                          status=(after["profiles"].get(rec["profile"]) or {}).get("status", "untried")))
         return
     if not args.profile or not args.status:
-        raise Refused("ledger set needs a profile and a status (good, bad or untried)")
+        raise Refused("ledger set needs a profile and a status (good, bad or untried)", Code.BAD_REQUEST)
     if not PROFILE_NAME.fullmatch(args.profile):
-        raise Refused(f"profile {args.profile!r}: expected letters, digits, '_', '.' and '-'")
+        raise Refused(f"profile {args.profile!r}: expected {PROFILE_NAME_RULE}", Code.BAD_REQUEST)
     reason = args.reason or "set by hand"
     if args.status == "untried":
         res = led.forget(args.profile, reason=reason, by_hand=True)
     else:
         res = led.mark(args.profile, args.status, reason=reason, by_hand=True)
-    emit({"name": args.name, "profile": args.profile, "id": led.last.get("id"),
-          "before": (led.last.get("before") or {}).get("status", "untried"), "status": args.status,
-          "reason": None if args.status == "untried" else reason, "ledger": res})
+    emit(LedgerAnswer(args.name, profile=args.profile, id=led.last.get("id"),
+                      before=(led.last.get("before") or {}).get("status", "untried"), status=args.status,
+                      reason=None if args.status == "untried" else reason, ledger=res))
 
 
 def cmd_profiles(home: Home, args) -> None:

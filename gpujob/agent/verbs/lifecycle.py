@@ -1,5 +1,5 @@
 """Jobs' lives in the container, shared by the agent's commands (stdlib only): the
-one-line answers (``emit``, ``Refused``), starting a detached supervisor under the
+one-line answers (``emit``; a refusal is ``base/wire.Refused`` with its code), starting a detached supervisor under the
 container's lock (``acquire``, ``spawn_supervisor``), giving a job whose supervisor
 died a new one (``revive``), and a job's summary."""
 
@@ -20,13 +20,13 @@ from gpujob.agent.base.fsio import now
 from gpujob.agent.home.lock import Held, Lock
 from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import group_pids
-
-
-class Refused(Exception):
-    pass
+from gpujob.agent.base.wire import Code, Record, Refused
 
 
 def emit(obj) -> None:
+    """One answer line: a declared record (base/wire.py), or a verb's plain dict."""
+    if isinstance(obj, Record):
+        obj = obj.to_dict()
     sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
     sys.stdout.flush()
 
@@ -79,7 +79,8 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
         other = h.get("job_id")
         raise Refused(f"container busy: {holder_text(other, h.get('by'), h.get('since'))} "
                       f"holds it (supervisor pid {h.get('pid') or '?'})"
-                      + (f"; `gpujob stop {other}` ends it, `gpujob logs -f {other}` waits for its end" if other else ""))
+                      + (f"; `gpujob stop {other}` ends it, `gpujob logs -f {other}` waits for its end" if other else ""),
+                      Code.BUSY)
     taken_over = None
     for other in home.job_ids():
         if other == job_id:
@@ -91,14 +92,14 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
         if oj.supervisor_alive(st):  # a supervisor of an older agent, which knew no flock
             held.release()
             raise Refused(f"container busy: job {other}'s supervisor (pid {st.get('supervisor_pid')}) runs; "
-                          f"`gpujob stop {other}` ends it")
+                          f"`gpujob stop {other}` ends it", Code.BUSY)
         left = live_processes(st)
         if left:
             held.release()
             who = oj.job().get("by")
             raise Refused(f"job {other}{f' of {who}' if who else ''} has no supervisor but its {(st.get('child') or {}).get('phase') or 'phase'} "
                           f"command still runs (pids {', '.join(map(str, left[:5]))}); `gpujob status {other}` "
-                          f"restarts its supervisor, `gpujob stop {other}` ends it")
+                          f"restarts its supervisor, `gpujob stop {other}` ends it", Code.BUSY)
         # nothing of it runs and nobody holds the lock: that job is over, as its trainer's
         # recorded exit says (else lost); its log's last bytes reach its job.log first
         settle_orphan(Journal(home, other, held.generation), st, job_id)
@@ -222,7 +223,7 @@ def summary(home: Home, job_id: str) -> dict:
 def job_or_refuse(home: Home, job_id: str) -> Journal:
     j = Journal(home, job_id)
     if not os.path.exists(j.path("job.json")):
-        raise Refused(f"no job {job_id} in this container")
+        raise Refused(f"no job {job_id} in this container", Code.UNKNOWN_JOB)
     j.state()  # NewerFormat (refused in one line) when a newer agent wrote it
     return j
 

@@ -8,6 +8,7 @@ import os
 from gpujob.agent.base.protocol import ENDED, JobState
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.lock import Lock
+from gpujob.agent.base.wire import StatusAnswer
 from gpujob.agent.verbs.lifecycle import emit, job_or_refuse, revive, summary
 
 
@@ -33,7 +34,7 @@ def cmd_status(home: Home, args) -> None:
         jobs.append(st)
     jobs += [{"job_id": i, "state": JobState.NOT_FOUND, "reason": "no such job in this container (its submit "
               "never got there)"} for i in missing]
-    emit({"jobs": jobs, "lock": Lock(home.root).holder()})
+    emit(StatusAnswer(jobs, Lock(home.root).holder()))
 
 
 def cmd_boot(home: Home, args) -> None:

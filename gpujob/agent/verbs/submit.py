@@ -15,34 +15,51 @@ from gpujob.agent.base.stages import Stage
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.supervisor import boothook
 from gpujob.agent.verbs.files import untar
-from gpujob.agent.verbs.lifecycle import Refused, acquire, emit, spawn_supervisor
+from gpujob.agent.base.wire import JOB_ID, JOB_NAME, BadShape, Code, Refused, SubmitAnswer, SubmitRequest
+from gpujob.agent.verbs.lifecycle import acquire, emit, spawn_supervisor
+
+
+def read_request(line: bytes) -> SubmitRequest:
+    """submit's first stdin line as its record; Refused (bad_request) when it is none."""
+    try:
+        req = SubmitRequest.from_dict(json.loads(line))
+    except (ValueError, BadShape) as e:  # BadShape names the field
+        raise Refused(f"submit: the request is not one this agent reads: {e}", Code.BAD_REQUEST) from None
+    name = req.spec.get("name")
+    if not (isinstance(name, str) and JOB_NAME.fullmatch(name)):
+        raise Refused(f"submit: spec name {name!r} is no job name", Code.BAD_REQUEST)
+    if not JOB_ID.fullmatch(req.job_id):
+        raise Refused(f"submit: job id {req.job_id!r} is no job id", Code.BAD_REQUEST)
+    return req
 
 
 def cmd_submit(home: Home, args) -> None:
-    """stdin: one JSON line (the job), then the tar streams of the sync entries."""
+    """stdin: one JSON line (the job, ``wire.SubmitRequest``), then the tar streams of the sync entries."""
     stdin = sys.stdin.buffer
-    job = json.loads(stdin.readline())
-    job_id = job["job_id"]
-    secrets = job.pop("secrets", None)  # kept out of job.json, the job's record
+    req = read_request(stdin.readline())
+    streams = req.streams()
+    job = req.job_record()  # job.json: without the secrets (kept apart) and the streams
+    job_id = req.job_id
+    secrets = req.secrets
     j = Journal(home, job_id)
     if os.path.exists(j.dir):
-        raise Refused(f"job id {job_id} already exists in this container; nothing was changed")
+        raise Refused(f"job id {job_id} already exists in this container; nothing was changed", Code.EXISTS)
     held, stale = acquire(home, job_id, job.get("by"))
     made = None  # the job's folder, once this submit made it
     try:
         j = Journal(home, job_id, held.generation)
         workdir = home.workdir(job["spec"])
-        for entry in job.get("sync_streams", []):  # checked again here, before anything is written
-            inside = os.path.abspath(os.path.join(workdir, entry["dest"])) + os.sep
-            if not (os.path.isabs(entry["dest"]) or inside.startswith(os.path.abspath(workdir) + os.sep)):
-                raise ValueError(f"sync dest {entry['dest']!r} resolves outside the workdir")
+        for entry in streams:  # checked again here, before anything is written
+            inside = os.path.abspath(os.path.join(workdir, entry.dest)) + os.sep
+            if not (os.path.isabs(entry.dest) or inside.startswith(os.path.abspath(workdir) + os.sep)):
+                raise ValueError(f"sync dest {entry.dest!r} resolves outside the workdir")
         found = submit_checkpoints(home, job, workdir)  # before job.json, which holds resume_from
         os.makedirs(j.dir, exist_ok=False)
         made = j.dir
         synced = {}
-        for entry in job.pop("sync_streams", []):
-            dest = entry["dest"] if os.path.isabs(entry["dest"]) else os.path.join(workdir, entry["dest"])
-            synced[entry["dest"]] = untar(stdin, entry["size"], dest)
+        for entry in streams:
+            dest = entry.dest if os.path.isabs(entry.dest) else os.path.join(workdir, entry.dest)
+            synced[entry.dest] = untar(stdin, entry.size, dest)
         job["submitted_at"] = now()
         if secrets:
             write_json(j.path("secrets.json"), secrets, mode=0o600)
@@ -63,7 +80,7 @@ def cmd_submit(home: Home, args) -> None:
         if made is not None:  # no supervisor started: no job of this id (ps shows none, the id is free)
             shutil.rmtree(made, ignore_errors=True)
         raise
-    emit({"job_id": job_id, "supervisor_pid": pid, "synced": synced, "stale_lock": stale, "checkpoints": found})
+    emit(SubmitAnswer(job_id, pid, synced, stale_lock=stale, checkpoints=found))
 
 
 def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
@@ -77,7 +94,7 @@ def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
         return None
     why = ckpaths.refusal(ck["path"], workdir, home.root)
     if why:
-        raise Refused(f"train.checkpoint.path {ck['path']!r} refused: {why}")
+        raise Refused(f"train.checkpoint.path {ck['path']!r} refused: {why}", Code.BAD_REQUEST)
     patterns = []
     for p in job["spec"]["profiles"]:
         pat = substitute(ck["path"], planshare.template_values(job["spec"], job_id=job["job_id"], profile=p["name"],
@@ -86,4 +103,4 @@ def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
     try:
         return ckregister.at_submit(home.root, job, workdir, patterns)
     except ValueError as e:
-        raise Refused(str(e)) from None
+        raise Refused(str(e), Code.NOT_FOUND) from None
