@@ -18,6 +18,8 @@ class GpujobError(Exception):
     """Base of every error gpujob reports to a user."""
 
     exit_code = 1
+    #: the agent's refusal code (agent/base/wire.py Code) when the agent refused
+    refusal: str | None = None
 
     def __init__(self, message: str, hint: str | None = None):
         message = one_line(message)

@@ -102,7 +102,7 @@ def test_relative_find_links_start_at_the_spec_folder(tmp_path):
         "name: fl\nprofiles:\n  - {name: a, index_url: 'file:///opt/pypi/simple', find_links: ['file:wheels',"
         " 'file:///opt/wheels'], packages: [x==1]}\ntrain: {command: t}\n")
     spec = load_spec(tmp_path / "job.yaml")
-    prof = job_request(spec, "fl-1", "a", clear_caches=False)["spec"]["profiles"][0]
+    prof = job_request(spec, "fl-1", "a", clear_caches=False).spec["profiles"][0]
     assert prof["find_links"] == [(tmp_path / "wheels").as_uri(), "file:///opt/wheels"]
 
 

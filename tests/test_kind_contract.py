@@ -10,6 +10,7 @@ import json
 import pytest
 
 from gpujob import kinds
+from gpujob.agent.base.wire import ProbeAnswer, StatusAnswer
 from gpujob.ops import doctor
 from gpujob.inventory.hosts import load_inventory
 from gpujob.ops.target import Targets
@@ -87,14 +88,14 @@ def test_status_says_the_container_takes_commands(target):
 def test_home_is_absolute_and_the_agent_lands_there(target):
     assert target.home.startswith("/") and not target.home.endswith("/")
     assert target.agent_path.startswith(target.home + "/bin/")
-    out = target.agent_json("status")  # ships the agent on first use
-    assert isinstance(out["jobs"], list)
+    out = target.ask(StatusAnswer, "status")  # ships the agent on first use
+    assert isinstance(out.jobs, list)
     assert target.run(["test", "-f", target.agent_path], timeout=30).exit_code == 0
 
 
 def test_agent_round_trip(target):
-    probe = target.agent_json("probe")
-    assert probe["python"] and probe["system"] == "Linux"
+    probe = target.ask(ProbeAnswer, "probe")
+    assert probe.python and probe.system == "Linux"
     r = target.agent("tail", "no-such-job")  # an agent refusal comes back as one JSON line
     assert r.exit_code != 0 and "error" in json.loads(r.stdout.decode().splitlines()[-1])
 
@@ -135,11 +136,11 @@ def test_plan_steps_and_boot_hooks_are_declared(target):
 
 
 def test_reconnect_after_the_link_died(target, request):
-    assert target.agent_json("status")["jobs"] is not None  # the link and its exec channel are open
+    assert target.ask(StatusAnswer, "status").jobs is not None  # the link and its exec channel are open
     cut = CUTS[target.kind]
     if cut is not None:
         assert cut(request) >= 1
     target.driver.reconnect(target)
     r = target.run(["python3", "-c", "print('back')"], timeout=60)
     assert (r.exit_code, r.stdout) == (0, b"back\n"), r.stderr
-    assert isinstance(target.agent_json("status")["jobs"], list)
+    assert isinstance(target.ask(StatusAnswer, "status").jobs, list)

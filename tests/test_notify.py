@@ -187,12 +187,12 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     assert secrets["notify"] == {"0": {"url": "https://hooks.slack.com/services/T/B/sekret99"},
                                  "1": {"token": "tok-123456"}}
     req = job_request(spec, "nt-1", "fast", clear_caches=False, secrets=secrets)
-    assert req["secret_names"] == ["notify[0].url", "notify[1].token"]
-    assert [h["url"] for h in req["spec"]["notify"]] == ["***", "https://ntfy.sh/t"]
-    assert "sekret99" not in json.dumps(req["spec"]) and "tok-123456" not in json.dumps(req["spec"])
+    assert req.secret_names == ["notify[0].url", "notify[1].token"]
+    assert [h["url"] for h in req.spec["notify"]] == ["***", "https://ntfy.sh/t"]
+    assert "sekret99" not in json.dumps(req.spec) and "tok-123456" not in json.dumps(req.spec)
     assert secrets_env.scrub("posting to https://hooks.slack.com/services/T/B/sekret99 failed", secrets) == \
         "posting to *** failed"
-    assert planshare.describe(0, req["spec"]["notify"][0]) == "notify[0] (slack, a secret URL)"
+    assert planshare.describe(0, req.spec["notify"][0]) == "notify[0] (slack, a secret URL)"
 
 
 SENDER = """

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from gpujob import __version__
+from gpujob.agent.base import wire
 from gpujob.agent.base.protocol import FINAL_STATES, JobState
 from gpujob.cli import conventions
 from gpujob.show import render
@@ -134,10 +135,10 @@ def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Tar
     by_target: dict[str, list[str]] = {}
     for r in rows:
         by_target.setdefault(r["target"], []).append(r["job_id"])
-    fetched: dict[str, str] = {}
+    fetched: dict[str, str | None] = {}
     for name, ids in by_target.items():
         try:  # look only: no dead supervisor is restarted by asking
-            jobs_ = ctx.target(name).agent_json("status", "--no-revive", "--missing-ok", *ids)["jobs"]
+            jobs_ = ctx.target(name).ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok", *ids).jobs
         except GpujobError:
             continue  # out of reach: as last seen
         for st in jobs_:

@@ -12,6 +12,7 @@ import typer
 
 from gpujob.show import render
 from gpujob.cli.app import _fresh_id, app, ctx, err, out
+from gpujob.agent.base import wire
 from gpujob.agent.base.protocol import JobState
 from gpujob.errors import ConnectError, InputError, JobError, SpecError
 
@@ -94,7 +95,7 @@ def _trials(spec, spec_path: Path, t, cfg, trial_time: float, slower: float, qui
 
 
 def _ledger(t, name: str) -> dict:
-    return t.agent_json("ledger", "show", name)["ledger"]
+    return t.ask(wire.LedgerAnswer, "ledger", "show", name).ledger or {}
 
 
 def _defaults(spec, t, good: Optional[str], bad: Optional[str]) -> tuple:
@@ -181,7 +182,7 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     sentence = result.sentence()
     recorded = None
     if apply and result.answer.culprit:
-        recorded = t.agent_json("ledger", "set", spec.name, bad, "bad", f"--reason=bisect: {sentence}")
+        recorded = t.ask(wire.LedgerAnswer, "ledger", "set", spec.name, bad, "bad", f"--reason=bisect: {sentence}")
     if as_json:
         out.print_json(json.dumps({
             "good": good, "bad": bad, "changes": [core.describe([g_]) for g_ in result.groups],
@@ -231,7 +232,8 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     recorded = None
     if apply and ranked[0][1] is not None:
         rates = "; ".join(f"{n} {show.rate(st)}" for n, st, _m, _tr in ranked)
-        recorded = t.agent_json("ledger", "set", spec.name, ranked[0][0], "good", f"--reason=tune: {rates}")
+        recorded = t.ask(wire.LedgerAnswer, "ledger", "set", spec.name, ranked[0][0], "good",
+                         f"--reason=tune: {rates}")
     if as_json:
         out.print_json(json.dumps({"ranked": [dict(tr.view(), profile=n, margin=m) for n, _st, m, tr in ranked],
                                    "answer": sentence, "recorded": bool(recorded)}))

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from gpujob.agent.base import wire
 from gpujob.show import render
 from gpujob.errors import InputError, JobError
 from gpujob.cli.app import app, cache_app, ctx, err, ledger_app, out
@@ -20,26 +21,24 @@ def ledger_set(target: str = typer.Argument(..., help="container name or host/na
                reason: Optional[str] = typer.Option(None, "--reason", help="why (default: set by hand)"),
                as_json: bool = typer.Option(False, "--json")):
     """Set a profile's ledger entry by hand: good, bad, or untried (forgotten)."""
-    import re
     if status_ not in ("good", "bad", "untried"):
         raise InputError(f"expected good, bad or untried, got {status_[:40]!r}")
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?", job_name):  # @: a fleet's
-        raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), got {job_name[:50]!r}")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile):
-        raise InputError(f"profile: expected letters, digits, '_', '.' and '-', got {profile[:50]!r}")
+    if not wire.LEDGER_NAME.fullmatch(job_name):  # @: a fleet's
+        raise InputError(f"job name: expected {wire.JOB_NAME_RULE}, got {job_name[:50]!r}")
+    if not wire.PROFILE_NAME.fullmatch(profile):
+        raise InputError(f"profile: expected {wire.PROFILE_NAME_RULE}, got {profile[:50]!r}")
     t = ctx.target(target)
-    res = t.agent_json("ledger", "set", job_name, profile, status_,
-                       *([f"--reason={reason}"] if reason is not None else []))
+    res = t.ask(wire.LedgerAnswer, "ledger", "set", job_name, profile, status_,
+                *([f"--reason={reason}"] if reason is not None else []))
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
     out.print(render.ledger_set_line(res, t.label))
 
 
 def _ledger_name(job_name: str) -> str:
-    import re
-    if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}(@x[0-9]{1,2}-[0-9a-f]{6})?", job_name):  # @: a fleet's
-        raise InputError(f"job name: expected lowercase letters, digits and '-' (at most 40), or a "
+    if not wire.LEDGER_NAME.fullmatch(job_name):  # @: a fleet's
+        raise InputError(f"job name: expected {wire.JOB_NAME_RULE}, or a "
                          f"multi-node ledger's name as status shows it (NAME@xN-hhhhhh), got {job_name[:50]!r}")
     return job_name
 
@@ -50,11 +49,11 @@ def ledger_history(target: str = typer.Argument(..., help="container name or hos
                    as_json: bool = typer.Option(False, "--json")):
     """Every verdict of a job name's ledger, oldest first, with its id and evidence."""
     t = ctx.target(target)
-    res = t.agent_json("ledger", "history", _ledger_name(job_name))
+    res = t.ask(wire.LedgerAnswer, "ledger", "history", _ledger_name(job_name))
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
-    for h in res["history"]:
+    for h in res.history or []:
         out.print(render.lit(render.ledger_history_line(h)))
 
 
@@ -68,12 +67,12 @@ def ledger_undo(target: str = typer.Argument(..., help="container name or host/n
     if not re.fullmatch(r"[0-9]{1,9}|legacy-[A-Za-z0-9][A-Za-z0-9_.-]*", verdict_id):
         raise InputError(f"ID: expected a number or legacy-PROFILE from gpujob ledger history, got {verdict_id[:50]!r}")
     t = ctx.target(target)
-    res = t.agent_json("ledger", "undo", _ledger_name(job_name), verdict_id)
+    res = t.ask(wire.LedgerAnswer, "ledger", "undo", _ledger_name(job_name), verdict_id)
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
-    out.print(render.lit(f"verdict {res['undone']['id']} undone: {res['profile']} is {res['status']} again "
-                         f"in the ledger of {res['name']} on {t.label}"))
+    out.print(render.lit(f"verdict {(res.undone or {}).get('id')} undone: {res.profile} is {res.status} again "
+                         f"in the ledger of {res.name} on {t.label}"))
 
 
 @ledger_app.command("recover")
@@ -82,7 +81,7 @@ def ledger_recover(target: str = typer.Argument(..., help="container name or hos
                    as_json: bool = typer.Option(False, "--json")):
     """A damaged ledger put aside (kept as NAME.json.damaged-TIME) and its last good copy restored."""
     t = ctx.target(target)
-    res = t.agent_json("ledger", "recover", _ledger_name(job_name))
+    res = t.ask(wire.LedgerAnswer, "ledger", "recover", _ledger_name(job_name)).to_dict()
     if as_json:
         out.print_json(json.dumps(res))
         return

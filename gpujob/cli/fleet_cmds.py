@@ -14,6 +14,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from gpujob.agent.base import wire
 from gpujob.ops import fleet
 from gpujob.agent.judge.throughput import fmt_rate
 from gpujob.show import render
@@ -58,7 +59,7 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
         name = ledger_name({"spec": {"name": spec.name}, "fleet": {"nnodes": len(labels), "nodes": labels}})
         from gpujob.errors import JobError
         try:
-            led = targets[0].agent_json("ledger", "show", name)["ledger"]
+            led = targets[0].ask(wire.LedgerAnswer, "ledger", "show", name).ledger or {}
         except JobError as e:  # a damaged ledger: nothing starts until it is recovered (or --force)
             raise JobError(f"{e.message}; or start without it: submit --force") from None
         entry = (led.get("profiles") or {}).get(profile) or {}
@@ -187,9 +188,10 @@ def stop(job_id: str, labels: list, as_json: bool) -> None:
     # node 0 first: its supervisor ends every node as stopped. Stopping the followers at the same
     # time would let the leader see a peer's trainer end before its own stop and call it a failure.
     targets = targets_of(labels)
-    got = fleet.act_all(targets[:1], lambda t: t.agent_json("stop", job_id, timeout=600))
-    got += [(r + 1, res) for r, res in
-            fleet.act_all(targets[1:], lambda t: t.agent_json("stop", job_id, timeout=600))]
+    def stop_one(t) -> dict:
+        return t.ask(wire.StopAnswer, "stop", job_id, timeout=600).to_dict()
+    got = fleet.act_all(targets[:1], stop_one)
+    got += [(r + 1, res) for r, res in fleet.act_all(targets[1:], stop_one)]
     rows = [{"node": r, "target": labels[r], **(res if not isinstance(res, GpujobError) else
                                                  {"state": "unreachable", "error": res.message})}
             for r, res in got]
@@ -209,10 +211,10 @@ def rollback(job_id: str, labels: list, to: Optional[str], mark_bad: bool, as_js
     """Asked of node 0, whose supervisor decides for every node: all stop, switch, resume together."""
     m = _m()
     t = m.ctx.target(labels[0])
-    res = t.agent_json("rollback", job_id, *(["--to", to] if to else []),
-                       *(["--mark-bad"] if mark_bad else []), timeout=120)
+    res = t.ask(wire.RollbackAnswer, "rollback", job_id, *(["--to", to] if to else []),
+                *(["--mark-bad"] if mark_bad else []), timeout=120)
     if as_json:
-        m.out.print_json(json.dumps(dict(res, mark_bad=mark_bad, nodes=labels)))
+        m.out.print_json(json.dumps(dict(res.to_dict(), mark_bad=mark_bad, nodes=labels)))
         return
     m.out.print(render.rollback_line(job_id, res, mark_bad))
     m.out.print(render.lit(f"node 0 ({labels[0]}) relaunches all {len(labels)} nodes on that profile together"))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from gpujob.agent.base import wire
 from gpujob.agent.base.protocol import JobState
 from gpujob.ops import bodies
 from gpujob.show import ledgerview, plainjson, render
@@ -96,7 +97,7 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     ensure_local_indexes(spec, lambda m: err.print(render.lit(f"· {m}", "dim")))
     if not force:  # the ledger as the container has it; nothing is changed there when refused
         try:
-            led = t.agent_json("ledger", "show", spec.name)["ledger"]
+            led = t.ask(wire.LedgerAnswer, "ledger", "show", spec.name).ledger or {}
         except JobError as e:  # a damaged ledger: nothing starts until it is recovered (or --force)
             raise JobError(f"{e.message}; or start without it: submit --force") from None
         entry = (led.get("profiles") or {}).get(profile) or {}
@@ -108,13 +109,13 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                  accept_baseline=accept_baseline)
     if as_json and follow:
         from gpujob.show import jsonl
-        jsonl.emit(dict(res, job_id=job_id, target=t.label))
+        jsonl.emit(dict(res.to_dict(), job_id=job_id, target=t.label))
         _follow(job_id, t, "job.log", None, as_json=True)
         st = _status(job_id, t)
         jsonl.emit(render.status_view(st, t.label))
         raise typer.Exit(0 if st.get("state") == JobState.SUCCEEDED else 1)
     if as_json:
-        out.print_json(json.dumps(dict(res, job_id=job_id, target=t.label)))
+        out.print_json(json.dumps(dict(res.to_dict(), job_id=job_id, target=t.label)))
         return
     if follow:
         _follow(job_id, t, "job.log", None)
@@ -145,7 +146,7 @@ def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
         return (f"interrupted before the supervisor started: nothing runs on {t.label} for job {job_id} "
                 "(files already synced stay); submit again when ready")
     try:  # the request went out: look (briefly, without reviving anything) whether it took
-        jobs_ = t.agent_json("status", "--no-revive", "--missing-ok", job_id, timeout=15)["jobs"]
+        jobs_ = t.ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok", job_id, timeout=15).jobs
         st = jobs_[0].get("state") if jobs_ else None
     except (GpujobError, KeyboardInterrupt, OSError):
         st = None
@@ -167,7 +168,7 @@ def _profile(spec: JobSpec, name: str | None) -> str:
 
 
 def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: bool, quiet: bool = False,
-           resume_from: str | None = None, accept_baseline: bool = False) -> dict:
+           resume_from: str | None = None, accept_baseline: bool = False) -> wire.SubmitAnswer:
     """Record the job on this laptop, submit it, say so. The record comes first, so
     an id this laptop already knows is refused before anything starts remotely."""
     from gpujob.ops import submit as submit_op
@@ -220,13 +221,13 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         state.seen(job_id, JobState.UNKNOWN)
         raise
     state.seen(job_id, JobState.PREPARING)
-    if res.get("stale_lock"):
+    if res.stale_lock:
         err.print(render.styled(("note:", "yellow"), f" took over the container from job "
-                                f"{res['stale_lock'].get('job_id')} (its supervisor, pid "
-                                f"{res['stale_lock'].get('pid')}, was gone and nothing of it ran)"))
+                                f"{res.stale_lock.get('job_id')} (its supervisor, pid "
+                                f"{res.stale_lock.get('pid')}, was gone and nothing of it ran)"))
     if not quiet:
         out.print(render.styled("submitted ", (job_id, "bold"), f" to {t.label} (profile {profile}, "
-                                f"supervisor pid {res['supervisor_pid']})"))
+                                f"supervisor pid {res.supervisor_pid})"))
     return res
 
 
@@ -368,7 +369,7 @@ def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
     if target is None:
         raise InputError("ps --all: name the container: gpujob ps --all TARGET")
     t = ctx.target(target)
-    jobs_ = t.agent_json("status", "--no-revive")["jobs"]
+    jobs_ = t.ask(wire.StatusAnswer, "status", "--no-revive").jobs
     jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
     mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
     views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
@@ -389,20 +390,20 @@ def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the on
     if labels:  # every node of a multi-node job
         fleet_cmds.stop(job_id, labels, as_json)
         return
-    res = t.agent_json("stop", job_id, timeout=600)
-    if res.get("state"):
-        ctx.state().seen(job_id, res["state"])
+    res = t.ask(wire.StopAnswer, "stop", job_id, timeout=600)
+    if res.state:
+        ctx.state().seen(job_id, res.state)
     if as_json:
-        out.print_json(json.dumps(res))
-    if res.get("left"):
-        err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res['left']}", "red"))
+        out.print_json(json.dumps(res.to_dict()))
+    if res.left:
+        err.print(render.lit(f"gpujob: processes of {job_id} still alive: {res.left}", "red"))
         raise typer.Exit(1)
     if not as_json:
-        saved = res.get("save_waited") or {}
+        saved = res.save_waited or {}
         if isinstance(saved.get("waited"), (int, float)):  # a save in progress was let finish first
             out.print(render.lit(f"waited {saved['waited']:g}s for a checkpoint save before signalling the trainer"
                                  + ("" if saved.get("finished") else f" (unfinished: {saved.get('left')})")))
-        out.print(render.lit(f"{job_id}: {res['state']}" + (" (it had already ended)" if res.get("already") else "")))
+        out.print(render.lit(f"{job_id}: {res.state}" + (" (it had already ended)" if res.already else "")))
 
 
 @app.command()
@@ -419,10 +420,10 @@ def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: th
     if labels:  # node 0 decides for every node
         fleet_cmds.rollback(job_id, labels, to, mark_bad, as_json)
         return
-    res = t.agent_json("rollback", job_id, *(["--to", to] if to else []),
-                       *(["--mark-bad"] if mark_bad else []), timeout=120)
+    res = t.ask(wire.RollbackAnswer, "rollback", job_id, *(["--to", to] if to else []),
+                *(["--mark-bad"] if mark_bad else []), timeout=120)
     if as_json:
-        out.print_json(json.dumps(dict(res, mark_bad=mark_bad)))
+        out.print_json(json.dumps(dict(res.to_dict(), mark_bad=mark_bad)))
         return
     out.print(render.rollback_line(job_id, res, mark_bad))
     out.print(f"follow it: gpujob logs -f {job_id}")

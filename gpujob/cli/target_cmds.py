@@ -11,6 +11,7 @@ from typing import Any, List, Optional
 
 import typer
 
+from gpujob.agent.base import wire
 from gpujob.agent.base.protocol import ENDED
 from gpujob.show import render
 from gpujob.ops import bodies
@@ -133,7 +134,7 @@ def hosts(as_json: bool = typer.Option(False, "--json"),
                 row["vmid"] = t.vmid
                 row["status"] = t.driver.status(t)
                 if row["status"] in kinds.READY:
-                    jobs = t.agent_json("status").get("jobs", [])
+                    jobs = t.ask(wire.StatusAnswer, "status").jobs
                     live = [j for j in jobs if j.get("state") not in ENDED]
                     row["job"] = live[-1]["job_id"] if live else None
             except GpujobError as e:

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from gpujob.agent.base import wire
 from gpujob.agent.base import defaults
 from gpujob.agent.base.fsio import json_objects
 from gpujob.agent.base.protocol import JobState
@@ -148,7 +149,7 @@ class Trials:
         try:
             self.follow(tr)
         except KeyboardInterrupt:  # Ctrl-C: the trial ends with the command (its own timeout otherwise)
-            self.t.agent_json("stop", tr.job_id, timeout=600)
+            self.t.ask(wire.StopAnswer, "stop", tr.job_id, timeout=600)
             raise
         tr.seconds = time.monotonic() - t0
         if not tr.samples and self.env_failed(tr):
@@ -180,12 +181,12 @@ class Trials:
             if first_train is not None and (time.monotonic() - first_train > self.trial_time
                                             or core.enough(tr.steady, self.slower)):
                 self.progress(tr, "stopping")
-                self.t.agent_json("stop", tr.job_id, timeout=600)
+                self.t.ask(wire.StopAnswer, "stop", tr.job_id, timeout=600)
                 continue
             time.sleep(self.poll)
 
     def status(self, job_id: str) -> dict:
-        jobs_ = self.t.agent_json("status", "--no-revive", "--missing-ok", job_id, timeout=60)["jobs"]
+        jobs_ = self.t.ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok", job_id, timeout=60).jobs
         return jobs_[0] if jobs_ else {"state": JobState.NOT_FOUND}
 
     def read(self, job_id: str, offset: int, buf: bytearray) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+from gpujob.agent.base import wire
 from gpujob.errors import GpujobError, InputError
 
 #: ``ps`` asks this many hosts at once (over their kept connections, or new ones), and
@@ -53,7 +54,7 @@ def multi_node(ctx, job: Optional[str]) -> bool:
 
 
 def fetch_status(ctx, job_id: str, t, err) -> dict:
-    st = t.agent_json("status", job_id)["jobs"][0]
+    st = t.ask(wire.StatusAnswer, "status", job_id).jobs[0]
     say_revived(st, err)
     ctx.state().seen(job_id, st.get("state"), st.get("ledger"), t.label, st.get("name"))
     return st
@@ -102,7 +103,7 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
         by_target.setdefault(r["target"], []).append(r["job_id"])
 
     def fetch(target: str) -> dict:
-        return by_job(ctx.target(target).agent_json("status", "--missing-ok", *by_target[target]))
+        return by_job(ctx.target(target).ask(wire.StatusAnswer, "status", "--missing-ok", *by_target[target]))
 
     opened: dict = {}
 
@@ -111,11 +112,11 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
         return t.agent_begin("status", "--missing-ok", *by_target[target])
 
     def end(target: str, begun, until: float):
-        answer = opened[target].agent_json_end(begun, until)
+        answer = opened[target].ask_end(wire.StatusAnswer, begun, until)
         return fanout.FETCH if answer is None else by_job(answer)  # None: its agent is shipped first
 
-    def by_job(answer: dict) -> dict:
-        return {s["job_id"]: s for s in answer["jobs"]}
+    def by_job(answer: wire.StatusAnswer) -> dict:
+        return answer.by_id()
 
     states = {}
     answers = fanout.gather(list(by_target), fetch, workers=workers, deadline=timeout, begin=begin, end=end)

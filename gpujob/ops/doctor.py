@@ -51,7 +51,7 @@ def gather(target: Target, workdir: str | None = None) -> dict:
     if not target.driver.gather(target, facts):
         return facts
     try:
-        facts["probe"] = target.probe(workdir)
+        facts["probe"] = target.probe(workdir).to_dict()  # facts stay JSON (doctor --json)
     except GpujobError as e:
         facts["probe_error"] = e.message
     return facts

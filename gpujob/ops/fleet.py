@@ -20,6 +20,7 @@ from typing import Callable
 from gpujob.ops import plan, ship
 from gpujob.ops import submit as submit_op
 from gpujob.steps import Step
+from gpujob.agent.base import wire
 from gpujob.agent.base.placeholders import fleet_env, fleet_values
 from gpujob.errors import GpujobError, JobError
 from gpujob.spec.model import JobSpec, Nodes
@@ -89,7 +90,7 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
              f"; leader channel port {channel_port})")
     key = secrets.token_hex(32)  # the channel's key: a secret like the spec's (stdin, 0600)
 
-    def start(rank: int) -> dict:
+    def start(rank: int) -> wire.SubmitAnswer:
         t = targets[rank]
         info = node_info(spec, labels, rank, addr, master_port, channel_port)
         return submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear_caches,
@@ -110,17 +111,17 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
     went = _parallel(lambda r: targets[r].agent_json("fleet", "go", job_id), list(range(len(targets))))
     bad = [(r, e) for r, e in went if isinstance(e, GpujobError)]
     if bad:
-        _parallel(lambda r: targets[r].agent_json("stop", job_id, timeout=600), list(range(len(targets))))
+        _parallel(lambda r: targets[r].ask(wire.StopAnswer, "stop", job_id, timeout=600), list(range(len(targets))))
         raise JobError(f"node {bad[0][0]} ({labels[bad[0][0]]}) could not be told to go: "
                        f"{bad[0][1].message}; the job was stopped on every node")
-    return {"nodes": [{"rank": r, "target": labels[r], "supervisor_pid": res.get("supervisor_pid"),
-                       "stale_lock": res.get("stale_lock")} for r, res in results],
+    return {"nodes": [{"rank": r, "target": labels[r], "supervisor_pid": res.supervisor_pid,
+                       "stale_lock": res.stale_lock} for r, res in results],
             "rendezvous": f"{addr}:{master_port}", "address_source": "hosts.yaml" if lead.address else "asked"}
 
 
 def statuses(targets: list, job_id: str) -> list:
     """[(rank, target, the agent's status of the job there, or the error)], fetched in parallel."""
-    got = _parallel(lambda r: targets[r].agent_json("status", "--missing-ok", job_id)["jobs"][0],
+    got = _parallel(lambda r: targets[r].ask(wire.StatusAnswer, "status", "--missing-ok", job_id).jobs[0],
                     list(range(len(targets))))
     return [(r, targets[r], st) for r, st in got]
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import secrets
 import shlex
-from typing import Any
 
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
 from gpujob.agent.base.placeholders import command_argv
+from gpujob.agent.base.wire import SubmitRequest
 from gpujob.spec import cmdfiles, secrets as secrets_env
 from gpujob.errors import SpecError
 from gpujob.spec.model import JobSpec, remote_dest, spec_hash
@@ -32,8 +32,8 @@ def new_job_id(name: str) -> str:
 
 def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
                 env_passthrough: list | None = None, secrets: dict | None = None,
-                fleet: dict | None = None) -> dict:
-    """What ``agent submit`` receives (besides the code), as JSON. Secret env values
+                fleet: dict | None = None) -> SubmitRequest:
+    """What ``agent submit`` receives (besides the code): its first stdin line. Secret env values
     are ``***`` in the spec; their values (``secrets``) ride apart, for secrets.json."""
     data = spec.to_agent_dict()
     names = secrets_env.mask(data)
@@ -46,16 +46,15 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
         p["index_url"] = resolved(p["index_url"])
         p["extra_index_urls"] = [resolved(u) for u in p.get("extra_index_urls") or []]
         p["find_links"] = [resolved(u) for u in p.get("find_links") or []]
-    req: dict[str, Any] = {"job_id": job_id, "spec": data, "profile": profile,
-           "env_keys": {p["name"]: p["env_key"] for p in data["profiles"]},
-           "clear_caches": clear_caches, "spec_hash": spec_hash(spec), "secret_names": names,
-           "env_passthrough": list(env_passthrough or [])}
+    req = SubmitRequest(job_id, data, profile, {p["name"]: p["env_key"] for p in data["profiles"]},
+                        spec_hash(spec), clear_caches=clear_caches, secret_names=names,
+                        env_passthrough=list(env_passthrough or []))
     if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")
                     or secrets.get("fleet_key")):
-        req["secrets"] = secrets
+        req.secrets = secrets
     if fleet is not None:  # one node of a multi-node job (gpujob/ops/fleet.py): its place, its own env
-        req["fleet"] = {k: v for k, v in fleet.items() if k != "env"}
-        req["spec"]["env"].update(fleet.get("env") or {})
+        req.fleet = {k: v for k, v in fleet.items() if k != "env"}
+        req.spec["env"].update(fleet.get("env") or {})
     return req
 
 
@@ -130,9 +129,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           "secrets.json (read by the supervisor, removed when the job ends; a webhook's once "
                           "the job's last messages are out): " + ", ".join(
                               f"{name}={secrets_env.MASK} ({ref.describe()})" for _, name, ref in refs)))
-    prof = next(p for p in req["spec"]["profiles"] if p["name"] == profile)
+    prof = next(p for p in req.spec["profiles"] if p["name"] == profile)
     venv = envs.env_dir(home, prof["env_key"])
-    for argv in planshare.env_build_commands(prof, venv, target.python, uv="uv", home=home, spec=req["spec"]):
+    for argv in planshare.env_build_commands(prof, venv, target.python, uv="uv", home=home, spec=req.spec):
         if argv[1:3] == ["-c", envs.LINK_BASE_SCRIPT]:
             argv = [argv[0], "-c", "<link the base interpreter's site-packages: _gpujob_base.pth>", argv[3]]
         steps.append(Step("env", "supervisor", f"build venv {prof['env_key']}", argv,
@@ -150,15 +149,15 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     steps.append(Step("env", "supervisor", "job environment: the container's login environment "
                       f"(bash -l from env -i), pass-through {keep}, the spec's env, the profile's "
                       "env, the cache variables, the venv first on PATH"))
-    values = planshare.template_values(req["spec"], job_id=job_id, profile=profile, workdir=workdir, fleet=fleet)
+    values = planshare.template_values(req.spec, job_id=job_id, profile=profile, workdir=workdir, fleet=fleet)
     warmup = spec.warmup
     if warmup is not None:  # (warmup_gpus is [] without one)
-        for gpu in planshare.warmup_gpus(req["spec"]):
+        for gpu in planshare.warmup_gpus(req.spec):
             visible = planshare.warmup_env(gpu).get("CUDA_VISIBLE_DEVICES")
             steps.append(Step("warmup", "supervisor",
                               "warmup" + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
-                              command_argv(req["spec"]["warmup"]["command"],
-                                           planshare.template_values(req["spec"], job_id=job_id, profile=profile,
+                              command_argv(req.spec["warmup"]["command"],
+                                           planshare.template_values(req.spec, job_id=job_id, profile=profile,
                                                                      workdir=workdir, fleet=fleet, gpu=gpu)),
                               when={"cold": "unless a warmup of this command and profile succeeded "
                                             "before (marker in the profile's cache)",
@@ -167,11 +166,11 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     if spec.throughput is not None and spec.throughput.start_timeout is not None:
         hang_note = (f"; no throughput sample within {spec.throughput.start_timeout:g}s of its start is a "
                      f"start_hang (a compile_race on a cold cache): its Python stacks are saved, then it is ended")
-    resume_args = list(req["spec"]["train"].get("resume_args") or [])
+    resume_args = list(req.spec["train"].get("resume_args") or [])
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])}{hang_note})"
                       + (f", resuming on purpose from {resume_from} (submit --resume-from)" if resume_from else ""),
-                      command_argv(req["spec"]["train"]["command"], values,
+                      command_argv(req.spec["train"]["command"], values,
                                    [a.replace("{resume_from}", f"<{resume_from}>") for a in resume_args]
                                    if resume_from else ())))
     steps += checkpoint_steps(spec, ck_where, values, resume_args)
@@ -189,7 +188,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           ["<rollback target's venv>/bin/python", "-c", "<standby: preload, wait on "
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
-    for i, hook in enumerate(req["spec"].get("notify") or []):
+    for i, hook in enumerate(req.spec.get("notify") or []):
         steps.append(Step("notify", "supervisor", f"post to {planshare.describe(i, hook)} from the container's "
                           f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
                           when="on " + ", ".join(hook["events"])))

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Callable
 
+from gpujob.agent.base import wire
 from gpujob.agent.judge import checkpoint
 from gpujob.spec import secrets as secrets_env, selfload
 from gpujob.errors import GpujobError, InputError
@@ -31,7 +32,7 @@ def submitter() -> str:
 def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
            clear_caches: bool, progress: Callable[[str], None], fleet: dict | None = None,
            fleet_key: str | None = None, resume_from: str | None = None,
-           accept_baseline: bool = False, resume_copy: bool = False) -> dict:
+           accept_baseline: bool = False, resume_copy: bool = False) -> wire.SubmitAnswer:
     """Ship what is needed and start the supervisor; returns the agent's answer. A node
     of a multi-node job (``fleet``) gets its place and the job's channel key (a secret).
     ``resume_from`` (PATH or JOB, ``submit --resume-from``) is resolved in the container."""
@@ -45,44 +46,44 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
         secrets = dict(secrets, fleet_key=fleet_key)
     req = job_request(spec, job_id, profile, clear_caches=clear_caches, secrets=secrets,
                       env_passthrough=target.env_passthrough, fleet=fleet)
-    req["by"] = submitter()  # the container's lock says who holds it
+    req.by = submitter()  # the container's lock says who holds it
     if resume_from is not None:
-        req["resume_from_ask"] = resume_from
-        req["resume_from_copy"] = resume_copy  # a trial: a copy in its own workdir (agent/home/ckcopy.py)
-    req["accept_baseline"] = accept_baseline  # submit --accept-baseline (agent/judge/decide.promotion)
-    req["boot_hook"] = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
+        req.resume_from_ask = resume_from
+        req.resume_from_copy = resume_copy  # a trial: a copy in its own workdir (agent/home/ckcopy.py)
+    req.accept_baseline = accept_baseline  # submit --accept-baseline (agent/judge/decide.promotion)
+    req.boot_hook = spec.resume_after_reboot and target.driver.boot_hooks  # never a laptop's rc.local
     if spec.resume_after_reboot and not target.driver.boot_hooks:
         progress(f"note: resume_after_reboot installs no boot hook on a {target.kind} target (its "
                  "rc.local would be this machine's); `gpujob status` after a restart brings the job back")
-    for w in checkpoint.warnings(req["spec"]):
+    for w in checkpoint.warnings(req.spec):
         progress(f"warning: {w}")
     progress(f"probing {target.label}")
     target.probe(spec.workdir)
     uv = target.ensure_uv()
     if uv is None:
         progress("no uv in the container and ours cannot run there: the venv will be built with pip")
-    req["uv"] = uv
+    req.uv = uv
     streams, payload = [], []
     if sources:
         locals_ = [local_manifest(s.src, s.exclude, s.name) for s in sources]
         asked: dict[str, list[str]] = {}
         for s, local in zip(sources, locals_):
             asked.setdefault(s.dest, []).extend(local)
-        remote = target.agent_json("manifest", "--name", spec.name,
-                                   *(["--workdir", spec.workdir] if spec.workdir else []),
-                                   *[s.dest for s in sources], stdin=json.dumps(asked).encode())
+        remote = target.ask(wire.ManifestAnswer, "manifest", "--name", spec.name,
+                            *(["--workdir", spec.workdir] if spec.workdir else []),
+                            *[s.dest for s in sources], stdin=json.dumps(wire.ManifestRequest(asked).to_dict()).encode())
         for s, local in zip(sources, locals_):
-            todo = changed(local, remote.get(s.dest, {}))
+            todo = changed(local, remote.found.get(s.dest, {}))
             progress(f"sync {s.src} -> {s.dest}: {len(todo)} of {len(local)} files changed")
             if todo:
                 tar = TarStream(s.src, todo)  # read while it is sent: memory stays flat
-                streams.append({"dest": s.dest, "size": tar.size})
+                streams.append(wire.SyncStream(s.dest, tar.size).to_dict())
                 payload.append(tar)
-    req["sync_streams"] = streams
-    stdin = Concat([json.dumps(req).encode() + b"\n", *payload], getattr(progress, "on_read", None))
+    req.sync_streams = streams
+    stdin = Concat([json.dumps(req.to_dict()).encode() + b"\n", *payload], getattr(progress, "on_read", None))
     progress("starting the supervisor")
     try:
-        res = target.agent_json("submit", stdin=stdin, timeout=600)
+        res = target.ask(wire.SubmitAnswer, "submit", stdin=stdin, timeout=600)
     except GpujobError as e:  # an agent error could quote what it read: never a secret
         e.message = secrets_env.scrub(e.message, secrets)
         e.args = (e.message,)
@@ -91,7 +92,7 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
         for path in tar.changed:
             progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
                      "submit again once it is written")
-    for line in earlier_checkpoint_lines(res, selfload.earlier_note(spec.recipe, spec.train.command)):
+    for line in earlier_checkpoint_lines(res.to_dict(), selfload.earlier_note(spec.recipe, spec.train.command)):
         progress(line)
     return res
 

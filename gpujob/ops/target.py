@@ -17,11 +17,12 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence, TypeVar
 
 from gpujob import kinds
-from gpujob.agent.base import protocol
-from gpujob.errors import InputError, JobError, RemoteError
+from gpujob.agent.base import protocol, wire
+from gpujob.agent.base.wire import Code
+from gpujob.errors import GpujobError, InputError, JobError, RemoteError
 from gpujob.transport.base import OnData, Result, Stdin, Transport
 
 if TYPE_CHECKING:  # (its pydantic models: a cold exec may run on a cached View, gpujob/inventory/cache.py)
@@ -74,6 +75,25 @@ def agent_zip() -> tuple[bytes, str]:
     return data, hashlib.sha256(data).hexdigest()[:12]
 
 
+#: how the laptop reports each refusal of the agent (``wire.Code``): the error, so the exit code
+#: (errors.py: InputError 2, JobError 5); a code this gpujob does not know is a JobError
+REFUSALS: dict[str, type[GpujobError]] = {
+    Code.BUSY: JobError, Code.UNKNOWN_JOB: JobError, Code.EXISTS: JobError, Code.NOT_FOUND: JobError,
+    Code.CONFLICT: JobError, Code.NEWER_FORMAT: JobError, Code.DAMAGED: JobError,
+    Code.BAD_REQUEST: InputError}
+
+_R = TypeVar("_R", bound=wire.Record)
+
+
+def refusal_error(answer: dict) -> GpujobError:
+    """The error a refusal answer (``wire.ErrorAnswer``) reaches the user as."""
+    code = answer.get("code")
+    code = code if isinstance(code, str) else None
+    e = REFUSALS.get(code or "", JobError)(str(answer.get("error") or "refused"))
+    e.refusal = code
+    return e
+
+
 def uv_binary() -> Path | None:
     try:
         import uv
@@ -106,7 +126,7 @@ class Target:
     expected_gpus: int | None = None
     env_passthrough: list = field(default_factory=list)  # glob patterns (hosts.yaml)
     address: str | None = None  # where other nodes reach it (hosts.yaml; None: ask it)
-    _probe: dict | None = field(default=None, repr=False)
+    _probe: wire.ProbeAnswer | None = field(default=None, repr=False)
 
     @property
     def driver(self) -> kinds.Kind:
@@ -150,24 +170,38 @@ class Target:
         return self._found_python(r)
 
     def agent_json(self, *args: str, stdin: Stdin = None, timeout: float | None = 120) -> dict:
+        """An undeclared verb's answer (gc, cache, profiles, fleet) as JSON; a verb that
+        wire.ANSWERS declares is asked with ``ask``."""
+        if args and args[0] in wire.ANSWERS:
+            raise TypeError(f"agent verb {args[0]!r} is declared: ask(wire.{wire.ANSWERS[args[0]].__name__}, ...)")
         return self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout))
+
+    def ask(self, answer: type[_R], *args: str, stdin: Stdin = None, timeout: float | None = 120) -> _R:
+        """A declared verb (``wire.ANSWERS``) asked, its answer read as its record."""
+        return self.read_answer(answer, args, self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout)))
+
+    def read_answer(self, answer: type[_R], args, out: dict) -> _R:
+        try:
+            return answer.from_dict(out)
+        except wire.BadShape as e:
+            raise RemoteError(f"gpujob agent `{args[0]}` on {self.name} answered out of shape: {e}") from None
 
     def agent_begin(self, *args: str, timeout: float | None = 120):
         """An agent command sent on an exec channel that is open already, its end not
-        awaited (``agent_json_end``); None when the transport cannot (``agent_json`` then)."""
+        awaited (``ask_end``); None when the transport cannot (``ask`` then)."""
         begin = getattr(self.transport, "begin", None)
         begun = begin(self.agent_argv(*args), timeout=timeout) if begin is not None else None
         return None if begun is None else AgentCall(args, timeout, *begun)
 
-    def agent_json_end(self, begun, until: float | None = None) -> dict | None:
-        """``agent_json``'s answer to what ``agent_begin`` sent; ``until`` a monotonic
-        deadline (TimeoutError past it). None when the agent is not there yet: ``agent_json``
+    def ask_end(self, answer: type[_R], begun, until: float | None = None) -> _R | None:
+        """``ask``'s answer to what ``agent_begin`` sent; ``until`` a monotonic
+        deadline (TimeoutError past it). None when the agent is not there yet: ``ask``
         ships it and asks again (a caller asking many targets does that on a thread)."""
         r = begun.channel.result(begun.pending, until=until)
         if r.exit_code == protocol.AGENT_MISSING:
             return None
         args = begun.args
-        return self._json_of(args, self._found_python(r))
+        return self.read_answer(answer, args, self._json_of(args, self._found_python(r)))
 
     def _found_python(self, r: Result) -> Result:
         if r.exit_code == 127:
@@ -180,35 +214,37 @@ class Target:
             out = json.loads(r.stdout.decode().strip().splitlines()[-1])
         except (ValueError, IndexError):
             raise RemoteError(f"gpujob agent `{args[0]}` on {self.name} failed", r) from None
+        if not isinstance(out, dict):
+            raise RemoteError(f"gpujob agent `{args[0]}` on {self.name} answered no JSON object", r)
         if r.exit_code == protocol.REFUSED:
-            raise JobError(out.get("error", "refused"))
+            raise refusal_error(out)
         if not r.ok or "error" in out:
             e = RemoteError(f"gpujob agent `{args[0]}` on {self.name}: {out.get('error', 'failed')}")
             e.answered = True  # the agent ran to its end and said why: a submit started nothing
             raise e
         return out
 
-    def probe(self, workdir: str | None = None) -> dict:
+    def probe(self, workdir: str | None = None) -> wire.ProbeAnswer:
         if self._probe is None:
-            self._probe = self.agent_json("probe", *(["--workdir", workdir] if workdir else []))
+            self._probe = self.ask(wire.ProbeAnswer, "probe", *(["--workdir", workdir] if workdir else []))
         return self._probe
 
     def ensure_uv(self) -> str | None:
         """The uv the container will use: its own, or ours shipped there when our
         binary can run there (same OS and CPU); None means pip (with a warning)."""
         info = self.probe()
-        if info.get("uv"):
-            return info["uv"]
+        if info.uv:
+            return info.uv
         ours = uv_binary()
         if ours is None:
             return None
         if not self.driver.ships_uv:
             return str(ours)
-        if info.get("system") != platform.system() or info.get("machine") != platform.machine():
+        if info.system != platform.system() or info.machine != platform.machine():
             return None
         dest = f"{self.home}/bin/uv"
         with open(ours, "rb") as f:
-            self.agent_json("put", dest, "--mode", "755", stdin=f, timeout=600)
+            self.ask(wire.PutAnswer, "put", dest, "--mode", "755", stdin=f, timeout=600)
         self._probe = None
         return dest
 

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from gpujob.agent.judge import timings
 from gpujob.agent.base.protocol import ENDED, JobState
+from gpujob.agent.base import wire
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.judge.throughput import fmt_rate, sparkline
 from gpujob.show import status_rows, waiting
@@ -374,19 +375,19 @@ def bad_profile_refusal(profile: str, name: str, target: str, entry: dict, targe
             f"or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
 
 
-def rollback_line(job_id: str, res: dict, mark_bad: bool) -> Text:
-    judged = f"; {res['from']} recorded bad" if mark_bad else f"; {res['from']} is not judged (--mark-bad would)"
-    if res.get("requested"):
-        to = f" (to {res['to']})" if res.get("to") else " (to the last known-good profile)"
-        return lit(f"{job_id}: rollback from {res['from']} asked of its supervisor{to}{judged}")
-    was = f"had ended ({res['was']}): it runs again, " if res.get("was") else ""
-    return lit(f"{job_id}: {was}restarted on {res['to']} (was {res['from']}), supervisor pid "
-               f"{res['supervisor_pid']}{judged}")
+def rollback_line(job_id: str, res: wire.RollbackAnswer, mark_bad: bool) -> Text:
+    judged = f"; {res.from_} recorded bad" if mark_bad else f"; {res.from_} is not judged (--mark-bad would)"
+    if res.requested:
+        to = f" (to {res.to})" if res.to else " (to the last known-good profile)"
+        return lit(f"{job_id}: rollback from {res.from_} asked of its supervisor{to}{judged}")
+    was = f"had ended ({res.was}): it runs again, " if res.was else ""
+    return lit(f"{job_id}: {was}restarted on {res.to} (was {res.from_}), supervisor pid "
+               f"{res.supervisor_pid}{judged}")
 
 
-def ledger_set_line(res: dict, label: str) -> Text:
-    why = f" ({res['reason']})" if res.get("reason") else ""
-    return lit(f"ledger of {res['name']} on {label}: {res['profile']} {res['before']} -> {res['status']}{why}")
+def ledger_set_line(res: wire.LedgerAnswer, label: str) -> Text:
+    why = f" ({res.reason})" if res.reason else ""
+    return lit(f"ledger of {res.name} on {label}: {res.profile} {res.before} -> {res.status}{why}")
 
 
 def gc_tables(res: dict, label: str) -> list:

@@ -46,6 +46,9 @@ class Code(str, Enum):
     def __str__(self) -> str:
         return str(self.value)
 
+    def __hash__(self) -> int:  # equal to its value, so hashed as it: a table keyed by codes takes "busy"
+        return hash(self.value)
+
 
 class Refused(Exception):
     """The agent will not do what was asked: ``code`` says why, the message in one line what
