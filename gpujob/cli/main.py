@@ -74,11 +74,13 @@ def _reader_gone() -> None:
 def main() -> None:
     as_json = _wants_json(sys.argv[1:])
 
-    def say(message: str, code: int, hint: str | None = None) -> None:
+    def say(message: str, code: int, hint: str | None = None, refused: str | None = None) -> None:
         if as_json:
-            body = {"error": message, "code": code}
+            body: dict = {"error": message, "code": code}
             if hint:
                 body["hint"] = hint
+            if refused:  # the agent's refusal code (agent/base/wire.py Code)
+                body["refused"] = refused
             sys.stderr.write(json.dumps(body) + "\n")
             return
         err.print(render.lit(message), soft_wrap=True)
@@ -93,7 +95,7 @@ def main() -> None:
         if usage:
             say(usage[-1].removeprefix("gpujob: "), code)
     except GpujobError as e:
-        say(f"gpujob: {e.message}" if not as_json else e.message, e.exit_code, e.hint)
+        say(f"gpujob: {e.message}" if not as_json else e.message, e.exit_code, e.hint, e.refusal)
         sys.exit(e.exit_code)
     except _ReaderGone:
         _reader_gone()

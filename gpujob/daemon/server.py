@@ -282,7 +282,7 @@ class Server:
             if self.cutting:  # the drain's time was up (its connection closed under it)
                 code = self.say_cut(err, req)
             elif req.get("json"):  # the full CLI's --json error line (cli/main.py), byte for byte
-                code = self.say_json(sinks[1], e.message, e.exit_code, e.hint)
+                code = self.say_json(sinks[1], e.message, e.exit_code, e.hint, e.refusal)
             else:
                 err.print(render.lit(f"gpujob: {e.message}"), soft_wrap=True)
                 if e.hint:
@@ -318,11 +318,13 @@ class Server:
         conn.sendall(proto.pack_json(b"x", {"code": code}))
 
     @staticmethod
-    def say_json(sink, message: str, code: int, hint: str | None = None) -> int:
+    def say_json(sink, message: str, code: int, hint: str | None = None, refused: str | None = None) -> int:
         """An error as ``--json`` says it without the daemon: one JSON line on stderr."""
         body: dict = {"error": message, "code": code}
         if hint:
             body["hint"] = hint
+        if refused:
+            body["refused"] = refused
         sink.write((json.dumps(body) + "\n").encode())
         return code
 
