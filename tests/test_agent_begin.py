@@ -38,7 +38,8 @@ def test_begin_needs_an_open_channel_and_a_missing_agent_is_left_to_ask(target):
     assert target.ask_end(StatusAnswer, begun, time.monotonic() + 60) is None  # no agent there yet: ask's
     got = target.ask(StatusAnswer, "status", "--missing-ok", "nojob")  # (which ships it and asks again)
     assert [j["job_id"] for j in got.jobs] == ["nojob"]
-    again = target.ask_end(StatusAnswer, target.agent_begin("status", "--missing-ok", "nojob"), time.monotonic() + 60)
+    again = target.ask_end(StatusAnswer, target.agent_begin("status", "--missing-ok", "nojob"),
+                           time.monotonic() + 60)
     assert again == got
 
 

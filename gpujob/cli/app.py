@@ -138,7 +138,8 @@ def live_job_target(job: Optional[str], target: Optional[str]) -> tuple[str, Tar
     fetched: dict[str, str | None] = {}
     for name, ids in by_target.items():
         try:  # look only: no dead supervisor is restarted by asking
-            jobs_ = ctx.target(name).ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok", *ids).jobs
+            jobs_ = ctx.target(name).ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok",
+                                         *ids).jobs
         except GpujobError:
             continue  # out of reach: as last seen
         for st in jobs_:

@@ -182,7 +182,8 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     sentence = result.sentence()
     recorded = None
     if apply and result.answer.culprit:
-        recorded = t.ask(wire.LedgerAnswer, "ledger", "set", spec.name, bad, "bad", f"--reason=bisect: {sentence}")
+        recorded = t.ask(wire.LedgerAnswer, "ledger", "set", spec.name, bad, "bad",
+                         f"--reason=bisect: {sentence}")
     if as_json:
         out.print_json(json.dumps({
             "good": good, "bad": bad, "changes": [core.describe([g_]) for g_ in result.groups],

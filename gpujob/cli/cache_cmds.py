@@ -71,7 +71,8 @@ def ledger_undo(target: str = typer.Argument(..., help="container name or host/n
     if as_json:
         out.print_json(json.dumps(res.to_dict()))
         return
-    out.print(render.lit(f"verdict {(res.undone or {}).get('id')} undone: {res.profile} is {res.status} again "
+    undone = (res.undone or {}).get("id")
+    out.print(render.lit(f"verdict {undone} undone: {res.profile} is {res.status} again "
                          f"in the ledger of {res.name} on {t.label}"))
 
 

@@ -186,7 +186,8 @@ class Trials:
             time.sleep(self.poll)
 
     def status(self, job_id: str) -> dict:
-        jobs_ = self.t.ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok", job_id, timeout=60).jobs
+        jobs_ = self.t.ask(wire.StatusAnswer, "status", "--no-revive", "--missing-ok", job_id,
+                           timeout=60).jobs
         return jobs_[0] if jobs_ else {"state": JobState.NOT_FOUND}
 
     def read(self, job_id: str, offset: int, buf: bytearray) -> int:

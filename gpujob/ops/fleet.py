@@ -111,7 +111,8 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
     went = _parallel(lambda r: targets[r].agent_json("fleet", "go", job_id), list(range(len(targets))))
     bad = [(r, e) for r, e in went if isinstance(e, GpujobError)]
     if bad:
-        _parallel(lambda r: targets[r].ask(wire.StopAnswer, "stop", job_id, timeout=600), list(range(len(targets))))
+        _parallel(lambda r: targets[r].ask(wire.StopAnswer, "stop", job_id, timeout=600),
+                  list(range(len(targets))))
         raise JobError(f"node {bad[0][0]} ({labels[bad[0][0]]}) could not be told to go: "
                        f"{bad[0][1].message}; the job was stopped on every node")
     return {"nodes": [{"rank": r, "target": labels[r], "supervisor_pid": res.supervisor_pid,

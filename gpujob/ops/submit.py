@@ -69,9 +69,10 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
         asked: dict[str, list[str]] = {}
         for s, local in zip(sources, locals_):
             asked.setdefault(s.dest, []).extend(local)
+        asking = json.dumps(wire.ManifestRequest(asked).to_dict()).encode()
         remote = target.ask(wire.ManifestAnswer, "manifest", "--name", spec.name,
                             *(["--workdir", spec.workdir] if spec.workdir else []),
-                            *[s.dest for s in sources], stdin=json.dumps(wire.ManifestRequest(asked).to_dict()).encode())
+                            *[s.dest for s in sources], stdin=asking)
         for s, local in zip(sources, locals_):
             todo = changed(local, remote.found.get(s.dest, {}))
             progress(f"sync {s.src} -> {s.dest}: {len(todo)} of {len(local)} files changed")
@@ -92,7 +93,8 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
         for path in tar.changed:
             progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
                      "submit again once it is written")
-    for line in earlier_checkpoint_lines(res.to_dict(), selfload.earlier_note(spec.recipe, spec.train.command)):
+    note = selfload.earlier_note(spec.recipe, spec.train.command)
+    for line in earlier_checkpoint_lines(res.to_dict(), note):
         progress(line)
     return res
 

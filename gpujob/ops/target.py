@@ -173,12 +173,14 @@ class Target:
         """An undeclared verb's answer (gc, cache, profiles, fleet) as JSON; a verb that
         wire.ANSWERS declares is asked with ``ask``."""
         if args and args[0] in wire.ANSWERS:
-            raise TypeError(f"agent verb {args[0]!r} is declared: ask(wire.{wire.ANSWERS[args[0]].__name__}, ...)")
+            raise TypeError(f"agent verb {args[0]!r} is declared: "
+                            f"ask(wire.{wire.ANSWERS[args[0]].__name__}, ...)")
         return self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout))
 
     def ask(self, answer: type[_R], *args: str, stdin: Stdin = None, timeout: float | None = 120) -> _R:
         """A declared verb (``wire.ANSWERS``) asked, its answer read as its record."""
-        return self.read_answer(answer, args, self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout)))
+        out = self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout))
+        return self.read_answer(answer, args, out)
 
     def read_answer(self, answer: type[_R], args, out: dict) -> _R:
         try:

@@ -190,7 +190,7 @@ def _args(value: Any) -> Any:
 Duration = Annotated[float, BeforeValidator(_duration)]
 Size = Annotated[int, BeforeValidator(_size)]
 Rate = Annotated[float, BeforeValidator(_rate), Field(gt=0)]
-Name = Annotated[str, StringConstraints(pattern=f"^{wire.PROFILE_NAME.pattern}$")]  # profiles, as the agent checks
+Name = Annotated[str, StringConstraints(pattern=f"^{wire.PROFILE_NAME.pattern}$")]  # the agent's rule too
 JobName = Annotated[str, StringConstraints(pattern=f"^{wire.JOB_NAME.pattern}$")]  # the agent's rule too
 GroupName = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]*$")]
 EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]

@@ -1,8 +1,9 @@
 """The laptop <-> agent API, declared once (stdlib only: it ships in the agent zip, and the
 controller imports this same module). docs/wire.md describes it verb by verb.
 
-- the names both sides check: a job name (``JOB_NAME``), a job id (``JOB_ID``), a ledger's name (a job name, or a
-  multi-node job's ``NAME@xN-hhhhhh``: ``LEDGER_NAME``), a profile's (``PROFILE_NAME``);
+- the names both sides check: a job name (``JOB_NAME``), a job id (``JOB_ID``), a ledger's
+  name (a job name, or a multi-node job's ``NAME@xN-hhhhhh``: ``LEDGER_NAME``), a profile's
+  (``PROFILE_NAME``);
 - ``Refused``: the agent will not do what was asked, with a ``Code`` that says why (busy,
   unknown job, bad request, a newer format, ...); its answer is ``ErrorAnswer`` and the agent
   exits ``protocol.REFUSED``; the laptop maps each code to its own exit code (ops/target.py);

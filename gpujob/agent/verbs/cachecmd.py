@@ -79,8 +79,8 @@ def clear(home: Home, profile: str | None, *, force: bool, with_snapshots: bool,
     skeys = matching(snapshots.keys(home.root), profile) if with_snapshots else []
     busy = active & (set(keys) | set(skeys))
     if busy and not force:
-        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first or pass --force",
-                      Code.BUSY)
+        raise Refused(f"a running job uses the cache of {', '.join(sorted(busy))}; stop it first "
+                      "or pass --force", Code.BUSY)
     goods = goods_by_key(home)
     warnings, kept = [], {}
     for k in keys:

@@ -17,7 +17,8 @@ from gpujob.agent.base.protocol import JobState
 from gpujob.agent.base.proc import kill_group
 from gpujob.agent.home.trim import read_jsonl_from
 from gpujob.agent.base.wire import Code, Refused, RollbackAnswer, StopAnswer
-from gpujob.agent.verbs.lifecycle import acquire, emit, job_or_refuse, live_processes, revive, spawn_supervisor
+from gpujob.agent.verbs.lifecycle import (acquire, emit, job_or_refuse, live_processes, revive,
+                                          spawn_supervisor)
 
 
 def wait_final(j: Journal, timeout: float) -> dict:

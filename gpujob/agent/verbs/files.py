@@ -15,7 +15,8 @@ import tarfile
 
 from gpujob.agent.home.journal import Home
 from gpujob.agent.base.fsio import temp_beside
-from gpujob.agent.base.wire import BadShape, Code, ManifestAnswer, ManifestRequest, ProbeAnswer, PutAnswer, Refused
+from gpujob.agent.base.wire import (BadShape, Code, ManifestAnswer, ManifestRequest, ProbeAnswer, PutAnswer,
+                                    Refused)
 from gpujob.agent.verbs.lifecycle import emit, expand
 
 

@@ -35,7 +35,8 @@ def cmd_ledger(home: Home, args) -> None:
         return
     if args.action == "undo":
         if not args.profile:
-            raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)", Code.BAD_REQUEST)
+            raise Refused("ledger undo needs a verdict id (gpujob ledger history lists them)",
+                          Code.BAD_REQUEST)
         try:
             rec = led.undo(args.profile, by_hand=True)
         except KeyError:

@@ -1,7 +1,7 @@
 """Jobs' lives in the container, shared by the agent's commands (stdlib only): the
-one-line answers (``emit``; a refusal is ``base/wire.Refused`` with its code), starting a detached supervisor under the
-container's lock (``acquire``, ``spawn_supervisor``), giving a job whose supervisor
-died a new one (``revive``), and a job's summary."""
+one-line answers (``emit``; a refusal is ``base/wire.Refused`` with its code), starting a
+detached supervisor under the container's lock (``acquire``, ``spawn_supervisor``), giving a
+job whose supervisor died a new one (``revive``), and a job's summary."""
 
 from __future__ import annotations
 
@@ -79,8 +79,8 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
         other = h.get("job_id")
         raise Refused(f"container busy: {holder_text(other, h.get('by'), h.get('since'))} "
                       f"holds it (supervisor pid {h.get('pid') or '?'})"
-                      + (f"; `gpujob stop {other}` ends it, `gpujob logs -f {other}` waits for its end" if other else ""),
-                      Code.BUSY)
+                      + (f"; `gpujob stop {other}` ends it, `gpujob logs -f {other}` waits for its end"
+                         if other else ""), Code.BUSY)
     taken_over = None
     for other in home.job_ids():
         if other == job_id:
