@@ -49,6 +49,7 @@ def test_each_refusal_code_reaches_the_user_as_its_exit_code(box):
     job("wj-new1", {"state": "training", "format": 99, "supervisor_pid": 999999})
     refused(["status", "nosuch-1", "-t", "box"], env, 5, "unknown_job", "no job nosuch-1 in this container")
     refused(["status", "wj-new1", "-t", "box"], env, 5, "newer_format", "newer than this agent's")
+    refused(["logs", "nosuch-1", "-t", "box"], env, 5, "unknown_job", "no job nosuch-1 in this container")
     refused(["rollback", "wj-old1", "-t", "box", "--to", "zz"], env, 2, "bad_request",
             "no profile 'zz' in job wj-old1; profiles: a, b")
     refused(["rollback", "wj-old1", "-t", "box", "--to", "a"], env, 5, "conflict",

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from gpujob.agent.base import protocol
 from gpujob.agent.base.protocol import OffsetSplitter
 from gpujob.errors import ConnectError, ConnectionLost, RemoteError
-from gpujob.ops.target import Target
+from gpujob.ops.target import Target, refusal_error
 
 
 def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bool = True,
@@ -43,6 +44,8 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
             args = ["tail", job_id, "--file", file, *start] + (["--follow"] if follow else [])
             head = OffsetSplitter(sink, started_at)
             r = target.agent(*args, timeout=None, on_stdout=head)
+            if r.exit_code == protocol.REFUSED and head.answer is not None:  # as every verb's refusal
+                raise refusal_error(head.answer)
             if r.exit_code != 0:
                 raise RemoteError(f"reading {file} of {job_id} failed" + (f": {head.error}" if head.error else ""), r)
             return base + got

@@ -143,13 +143,15 @@ def offset_record(offset: int, skipped: int) -> bytes:
 class OffsetSplitter:
     """The controller's side of ``tail``: takes the first line as the offset record
     (``on_offset(dict)``) and hands every byte after it to ``sink``. A first line
-    that is no offset record (the agent's ``{"error"}`` answer) is kept in ``error``."""
+    that is no offset record (the agent's ``{"error"}`` answer) is kept in ``error``, and
+    the answer itself (``wire.ErrorAnswer``'s object, a refusal's code in it) in ``answer``."""
 
     def __init__(self, sink, on_offset):
         self.sink, self.on_offset = sink, on_offset
         self._head = b""
         self.located = False
         self.error = None
+        self.answer: dict | None = None
 
     def __call__(self, chunk: bytes) -> None:
         if self.located:
@@ -168,6 +170,7 @@ class OffsetSplitter:
         if not isinstance(rec, dict) or not isinstance(rec.get("offset"), int):
             self.error = rec.get("error") if isinstance(rec, dict) and rec.get("error") else \
                 line.decode("utf-8", "replace")
+            self.answer = rec if isinstance(rec, dict) else None
             self.on_offset = self.sink = lambda _x: None  # nothing after an error is log
             return
         self.on_offset(rec)
