@@ -96,12 +96,12 @@ def ledger_recover(target: str = typer.Argument(..., help="container name or hos
 def profiles(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
     """Installed profile venvs (size) and the known-good / bad ledger of each job."""
     t = ctx.target(target)
-    res = t.agent_json("profiles", timeout=300)
+    res = t.ask(wire.ProfilesAnswer, "profiles", timeout=300)
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
-    ledgers = res["ledgers"]
-    out.print(render.profiles_table(res, t.label))
+    ledgers = res.ledgers
+    out.print(render.profiles_table(res.to_dict(), t.label))
     for name, led in ledgers.items():
         if "error" in led:  # a damaged ledger: its line; the others' tables as ever
             err.print(render.lit(str(led["error"])))

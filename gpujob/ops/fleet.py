@@ -22,7 +22,7 @@ from gpujob.ops import submit as submit_op
 from gpujob.steps import Step
 from gpujob.agent.base import wire
 from gpujob.agent.base.placeholders import fleet_env, fleet_values
-from gpujob.errors import GpujobError, JobError
+from gpujob.errors import GpujobError, JobError, RemoteError
 from gpujob.spec.model import JobSpec, Nodes
 from gpujob.ops.target import Target
 
@@ -82,9 +82,11 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
     labels = [t.label for t in targets]
     ship.sync_sources(spec)  # local problems first, before any node is touched
     lead: Target = targets[0]
-    ports = lead.agent_json("fleet", "ports")
-    master_port, channel_port = ports["ports"]
-    addr = lead.address or ports["address"]
+    ports = lead.ask(wire.FleetAnswer, "fleet", "ports")
+    if not (ports.ports and len(ports.ports) == 2 and ports.address):
+        raise RemoteError(f"gpujob agent `fleet ports` on {lead.label} answered no two ports and address")
+    master_port, channel_port = ports.ports
+    addr = lead.address or ports.address
     progress(f"rendezvous on node 0 {lead.label} at {addr}:{master_port} "
              f"({'its address: in hosts.yaml (127.0.0.1 by default on a local host)' if lead.address else 'its primary IP, asked; set address: in hosts.yaml to choose another'}"
              f"; leader channel port {channel_port})")
@@ -101,14 +103,15 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
     if failed:
         rank, e = failed[0]
         why = f"node {rank} ({labels[rank]}) could not start: {e.message}"
-        released = _parallel(lambda r: targets[r].agent_json("fleet", "release", job_id, "--reason",
-                                                             f"not started: {why}"),
+        released = _parallel(lambda r: targets[r].ask(wire.FleetAnswer, "fleet", "release", job_id,
+                                                      "--reason", f"not started: {why}"),
                              [r for r, res in results if not isinstance(res, GpujobError)])
         left = [f"node {r}" for r, res in released if isinstance(res, GpujobError)]
         raise JobError(f"{why}; nothing started on any node" +
                        (f" (could not release {', '.join(left)}: `gpujob stop {job_id}`)" if left else ""),
                        hint=e.hint)
-    went = _parallel(lambda r: targets[r].agent_json("fleet", "go", job_id), list(range(len(targets))))
+    went = _parallel(lambda r: targets[r].ask(wire.FleetAnswer, "fleet", "go", job_id),
+                     list(range(len(targets))))
     bad = [(r, e) for r, e in went if isinstance(e, GpujobError)]
     if bad:
         _parallel(lambda r: targets[r].ask(wire.StopAnswer, "stop", job_id, timeout=600),

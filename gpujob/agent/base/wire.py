@@ -252,6 +252,31 @@ class LedgerAnswer(Record):
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class ProfilesAnswer(Record):
+    """``profiles``: the venvs installed (env_key, installed, profile, packages, torch, size,
+    disk, built_at, last_used), every ledger by name (a damaged one: ``{"error": LINE}``)."""
+    envs: List[dict]
+    ledgers: Dict[str, dict]
+    disk_total: dict
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---- fleet -------------------------------------------------------------------------
+@dataclass
+class FleetAnswer(Record):
+    """``fleet ports`` (node 0: ports, address, hostname), ``fleet go|release JOB``
+    (job_id, requested; or state and already when the job had ended)."""
+    ports: Optional[List[int]] = None
+    address: Optional[str] = None
+    hostname: Optional[str] = None
+    job_id: Optional[str] = None
+    requested: Optional[str] = None
+    state: Optional[str] = None
+    already: Optional[bool] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
 # ---- files -------------------------------------------------------------------------
 @dataclass
 class ManifestRequest(Record):
@@ -318,4 +343,4 @@ class TailHead(Record):
 ANSWERS: Dict[str, Type[Record]] = {
     "submit": SubmitAnswer, "status": StatusAnswer, "stop": StopAnswer, "rollback": RollbackAnswer,
     "ledger": LedgerAnswer, "manifest": ManifestAnswer, "probe": ProbeAnswer, "put": PutAnswer,
-    "tail": TailHead}
+    "tail": TailHead, "profiles": ProfilesAnswer, "fleet": FleetAnswer}

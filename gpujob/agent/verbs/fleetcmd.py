@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent.base.wire import Code, Refused
+from gpujob.agent.base.wire import Code, FleetAnswer, Refused
 from gpujob.agent.verbs import lifecycle
 
 
@@ -38,26 +38,26 @@ def primary_address() -> str:
         s.close()
 
 
-def fleet_answer(home, args) -> dict:
+def fleet_answer(home, args) -> FleetAnswer:
     """``fleet ports`` (node 0: free ports and its primary address), ``fleet go JOB``
     (the controller took every lock), ``fleet release JOB --reason R`` (another node
     was busy: end this held job, nothing started)."""
     from gpujob.agent.base.protocol import ENDED
     from gpujob.agent.home.journal import Journal
     if args.action == "ports":
-        return {"ports": free_ports(2), "address": primary_address(), "hostname": os.uname().nodename}
+        return FleetAnswer(ports=free_ports(2), address=primary_address(), hostname=os.uname().nodename)
     if not args.job:
         raise Refused(f"fleet {args.action} needs a job id", Code.BAD_REQUEST)
     j = Journal(home, args.job)
     if not os.path.exists(j.path("job.json")):
         raise Refused(f"no job {args.job} in this container", Code.UNKNOWN_JOB)
     if j.effective_state().get("state") in ENDED:
-        return {"job_id": args.job, "state": j.effective_state().get("state"), "already": True}
+        return FleetAnswer(job_id=args.job, state=j.effective_state().get("state"), already=True)
     if args.action == "go":
         j.request("go")
     else:
         j.request("stop", reason=args.reason or "another node could not start")
-    return {"job_id": args.job, "requested": args.action}
+    return FleetAnswer(job_id=args.job, requested=args.action)
 
 
 def cmd_fleet(home, args) -> None:

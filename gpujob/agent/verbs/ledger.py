@@ -12,7 +12,7 @@ from gpujob.agent.home import ledgerfile
 from gpujob.agent.home.ledger import Ledger, Superseded
 from gpujob.agent.home.ledgerfile import LedgerError
 from gpujob.agent.base.wire import (JOB_NAME_RULE, LEDGER_NAME, PROFILE_NAME, PROFILE_NAME_RULE, Code,
-                                    LedgerAnswer, Refused)
+                                    LedgerAnswer, ProfilesAnswer, Refused)
 from gpujob.agent.verbs.lifecycle import emit
 
 
@@ -86,5 +86,5 @@ def cmd_profiles(home: Home, args) -> None:
                 ledgers[name[:-5]] = ledgerfile.load(os.path.join(ldir, name))
             except LedgerError as e:
                 ledgers[name[:-5]] = {"error": str(e)}
-    emit({"envs": installed, "ledgers": ledgers,
-          "disk_total": gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])})
+    total = gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])
+    emit(ProfilesAnswer(installed, ledgers, total))
