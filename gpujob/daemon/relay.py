@@ -2,7 +2,7 @@
 kept connection, for the full CLI's :class:`gpujob.conn.remote.KeptTransport`.
 
 Unlike ``exec``, output comes back as frames (``o``, ``e``) because the caller handles
-it (``agent_json`` parses it; ``logs`` writes it); stdin arrives as ``I`` frames, ``E``
+it (``Target.ask`` reads it; ``logs`` writes it); stdin arrives as ``I`` frames, ``E``
 at its end. The end is ``x`` (code, timed_out, duration) or ``!`` (a GpujobError by
 class name, message and hint); the client going away ends the command as Ctrl-C does.
 

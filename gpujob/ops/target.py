@@ -170,7 +170,7 @@ class Target:
         return self._found_python(r)
 
     def agent_json(self, *args: str, stdin: Stdin = None, timeout: float | None = 120) -> dict:
-        """An undeclared verb's answer (gc, cache, profiles, fleet) as JSON; a verb that
+        """An undeclared verb's answer (gc, cache) as JSON; a verb that
         wire.ANSWERS declares is asked with ``ask``."""
         if args and args[0] in wire.ANSWERS:
             raise TypeError(f"agent verb {args[0]!r} is declared: "
