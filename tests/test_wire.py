@@ -47,10 +47,13 @@ EXAMPLES = [
     wire.ManifestAnswer({"code": {"a.py": [10, 1700000000]}, "data": {}}),
     wire.ProbeAnswer("3.9.2", "x86_64", "Linux", "/h", 12, True, 10 ** 12, "/h", False, None, None, None),
     wire.PutAnswer("/h/bin/uv", 123),
-    wire.ProfilesAnswer([{"env_key": "k1", "installed": True}], {"wj": {"profiles": {}}, "bad": {"error": "x"}},
-                        {"apparent": 10}),
+    wire.ProfilesAnswer([{"env_key": "k1", "installed": True}],
+                        {"wj": {"profiles": {}}, "bad": {"error": "x"}}, {"apparent": 10}),
     wire.FleetAnswer(ports=[4000, 4001], address="10.0.0.2", hostname="n0"),
     wire.FleetAnswer(job_id="wj-1", state="stopped", already=True),
+    wire.GcAnswer([{"env_key": "k", "why": "remove"}], [], [], [], True, 30.0, None, 2),
+    wire.CacheAnswer(caches=[{"env_key": "k"}], uv_cache=0),
+    wire.CacheAnswer(ok=False, extra={"reason": "exit 1", "gpus": [0], "ledger_proof": None}),
     wire.TailHead(1234, 34),
     wire.ErrorAnswer("container busy: …", True, "busy"),
     wire.ErrorAnswer("TypeError: x"),
@@ -77,11 +80,13 @@ def test_the_json_keys_are_the_ones_the_agent_always_wrote():
 @pytest.mark.parametrize("cls, data, line", [
     (wire.StatusAnswer, {"jobs": "x", "lock": None}, "StatusAnswer: jobs: expected List[dict], got str"),
     (wire.StatusAnswer, {"lock": None}, "StatusAnswer: jobs: missing"),
-    (wire.SubmitAnswer, {"job_id": "j", "supervisor_pid": True}, "SubmitAnswer: supervisor_pid: expected int, got bool"),
+    (wire.SubmitAnswer, {"job_id": "j", "supervisor_pid": True},
+     "SubmitAnswer: supervisor_pid: expected int, got bool"),
     (wire.StopAnswer, {"job_id": 3, "state": None}, "StopAnswer: job_id: expected str, got int"),
     (wire.RollbackAnswer, {"job_id": "j", "to": "b"}, "RollbackAnswer: from: missing"),
     (wire.SubmitRequest, [1, 2], "SubmitRequest: expected a JSON object, got list"),
-    (wire.ManifestRequest, {"code": "a.py"}, "ManifestRequest: expected a JSON object of {dest: [path, ...]}"),
+    (wire.ManifestRequest, {"code": "a.py"},
+     "ManifestRequest: expected a JSON object of {dest: [path, ...]}"),
     (wire.ProbeAnswer, {"python": "3.9"}, "ProbeAnswer: machine: missing"),
 ])
 def test_a_record_of_another_shape_is_one_line_naming_the_field(cls, data, line):
@@ -118,7 +123,8 @@ def test_every_refused_raised_in_the_agent_names_its_code():
     bare = []
     for path in (REPO / "gpujob" / "agent").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Refused" \
+            name = getattr(node, "func", None) and getattr(node.func, "id", getattr(node.func, "attr", ""))
+            if isinstance(node, ast.Call) and name == "Refused" \
                     and len(node.args) < 2 and not any(k.arg == "code" for k in node.keywords):
                 if "fleet/channel.py" not in str(path):  # the fleet channel's own (a peer refused)
                     bare.append(f"{path.relative_to(REPO)}:{node.lineno}")
@@ -178,10 +184,12 @@ def test_submit_refuses_a_request_of_another_shape_and_an_id_that_exists(tmp_pat
 def test_the_agent_answers_each_refusal_with_its_code(tmp_path):
     d = Home(str(tmp_path)).job_dir("wj-1")
     os.makedirs(d)
-    write_json(os.path.join(d, "job.json"), {"spec": {"name": "wj", "profiles": [{"name": "a"}]}, "profile": "a"})
+    write_json(os.path.join(d, "job.json"),
+               {"spec": {"name": "wj", "profiles": [{"name": "a"}]}, "profile": "a"})
     write_json(os.path.join(d, "state.json"), {"state": "stopped", "profile": "a"})
     cases = [(["status", "nosuch"], "unknown_job"), (["rollback", "wj-1", "--to", "a"], "conflict"),
-             (["rollback", "wj-1", "--to", "zz"], "bad_request"), (["ledger", "undo", "wj", "9"], "not_found"),
+             (["rollback", "wj-1", "--to", "zz"], "bad_request"),
+             (["ledger", "undo", "wj", "9"], "not_found"),
              (["ledger", "show", "Bad_Name"], "bad_request"), (["cache", "restore"], "bad_request"),
              (["fleet", "go", "nosuch"], "unknown_job")]
     for args, code in cases:

@@ -24,8 +24,8 @@ def box(tmp_path):
     def job(job_id: str, state: dict) -> None:
         d = Home(str(root)).job_dir(job_id)
         os.makedirs(d)
-        write_json(os.path.join(d, "job.json"), {"spec": {"name": "wj", "profiles": [{"name": "a"}, {"name": "b"}]},
-                                                 "profile": "a"})
+        spec = {"name": "wj", "profiles": [{"name": "a"}, {"name": "b"}]}
+        write_json(os.path.join(d, "job.json"), {"spec": spec, "profile": "a"})
         write_json(os.path.join(d, "state.json"), dict({"profile": "a"}, **state))
     yield root, env, job
     cli(["disconnect"], env)

@@ -133,7 +133,7 @@ def gc(target: str = typer.Argument(...),
             *(["--older-than", f"{older_than:g}"] if older_than is not None else []),
             *(["--keep-checkpoints", str(keep_checkpoints)] if keep_checkpoints is not None else []),
             *(["--dry-run"] if dry_run else [])]
-    res = t.agent_json("gc", *args, timeout=600)
+    res = t.ask(wire.GcAnswer, "gc", *args, timeout=600).to_dict()  # the tables read it whole
     if as_json:
         out.print_json(json.dumps(res))
         return
@@ -146,13 +146,13 @@ def gc(target: str = typer.Argument(...),
 def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")):
     """Live compile caches per profile venv and their snapshots (sizes, ages, proof)."""
     t = ctx.target(target)
-    res = t.agent_json("cache", "ls", timeout=300)
+    res = t.ask(wire.CacheAnswer, "cache", "ls", timeout=300)
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
-    out.print(render.cache_table(res["caches"], f"compile caches on {t.label}"))
-    out.print(render.snapshot_table(res["caches"], f"snapshots on {t.label}"))
-    out.print(f"uv download cache (shared): {render.size(res['uv_cache'])}")
+    out.print(render.cache_table(res.caches or [], f"compile caches on {t.label}"))
+    out.print(render.snapshot_table(res.caches or [], f"snapshots on {t.label}"))
+    out.print(f"uv download cache (shared): {render.size(res.uv_cache or 0)}")
 
 
 @cache_app.command("clear")
@@ -168,17 +168,17 @@ def cache_clear(target: str = typer.Argument(...),
     if profile and all_:
         raise InputError("cache clear: -p and --all do not go together")
     t = ctx.target(target)
-    res = t.agent_json("cache", "clear", *(["--profile", profile] if profile else []),
-                       *(["--snapshots"] if snapshots else []), *(["--force"] if force else []), timeout=300)
+    res = t.ask(wire.CacheAnswer, "cache", "clear", *(["--profile", profile] if profile else []),
+                *(["--snapshots"] if snapshots else []), *(["--force"] if force else []), timeout=300)
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
-    for w in res.get("warnings") or []:
+    for w in res.warnings or []:
         err.print(f"warning: {w}", markup=False, soft_wrap=True)
-    out.print(render.lit(f"cleared: {', '.join(res['cleared']) or 'nothing'}"))
-    for key, text in sorted((res.get("snapshots_kept") or {}).items()):
+    out.print(render.lit(f"cleared: {', '.join(res.cleared or []) or 'nothing'}"))
+    for key, text in sorted((res.snapshots_kept or {}).items()):
         out.print(f"{key}: snapshot kept; {text}", markup=False, soft_wrap=True)
-    for key, names in sorted((res.get("snapshots_removed") or {}).items()):
+    for key, names in sorted((res.snapshots_removed or {}).items()):
         out.print(f"{key}: snapshots deleted ({len(names)})", markup=False)
 
 
@@ -188,11 +188,11 @@ def cache_restore(target: str = typer.Argument(...),
                   as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
     """Restore a profile's live compile cache from its newest snapshot."""
     t = ctx.target(target)
-    res = t.agent_json("cache", "restore", "--profile", profile, timeout=1800)
+    res = t.ask(wire.CacheAnswer, "cache", "restore", "--profile", profile, timeout=1800)
     if as_json:
-        out.print_json(json.dumps(res))
+        out.print_json(json.dumps(res.to_dict()))
         return
-    for r in res["restored"]:
+    for r in res.restored or []:
         out.print(f"{r['env_key']}: restored {r['text']} in {r['seconds']:.2f}s", markup=False)
 
 
@@ -208,8 +208,8 @@ def cache_prove_cold(target: str = typer.Argument(...),
         if not parts or not all(g.isdigit() for g in parts):
             raise InputError(f"--gpus: expected comma-separated GPU ids like 0,1, got {gpus!r}")
     t = ctx.target(target)
-    res = t.agent_json("cache", "prove-cold", "--profile", profile, *(["--gpus", gpus] if gpus else []),
-                       timeout=None)
+    res = t.ask(wire.CacheAnswer, "cache", "prove-cold", "--profile", profile,
+                *(["--gpus", gpus] if gpus else []), timeout=None).to_dict()  # the proof the ledger records
     if as_json:
         out.print_json(json.dumps(res))
         raise typer.Exit(0 if res["ok"] else 1)

@@ -169,16 +169,9 @@ class Target:
                                    on_stderr=on_stderr)
         return self._found_python(r)
 
-    def agent_json(self, *args: str, stdin: Stdin = None, timeout: float | None = 120) -> dict:
-        """An undeclared verb's answer (gc, cache) as JSON; a verb that
-        wire.ANSWERS declares is asked with ``ask``."""
-        if args and args[0] in wire.ANSWERS:
-            raise TypeError(f"agent verb {args[0]!r} is declared: "
-                            f"ask(wire.{wire.ANSWERS[args[0]].__name__}, ...)")
-        return self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout))
-
     def ask(self, answer: type[_R], *args: str, stdin: Stdin = None, timeout: float | None = 120) -> _R:
-        """A declared verb (``wire.ANSWERS``) asked, its answer read as its record."""
+        """An agent verb asked (``wire.ANSWERS`` declares each verb's answer), its answer read as
+        its record: a refusal raises its mapped error (``REFUSALS``), another failure RemoteError."""
         out = self._json_of(args, self.agent(*args, stdin=stdin, timeout=timeout))
         return self.read_answer(answer, args, out)
 

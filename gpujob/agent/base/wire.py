@@ -262,6 +262,37 @@ class ProfilesAnswer(Record):
     extra: Dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class GcAnswer(Record):
+    """``gc``: each venv, job directory and checkpoint looked at, with why it went or stayed
+    (``why``: ``remove`` or ``kept: …``), and the arguments it ran with."""
+    envs: List[dict]
+    jobs: List[dict]
+    checkpoints: List[dict]
+    finished: List[Any]
+    dry_run: bool
+    days: Optional[float]
+    older_than: Optional[float]
+    keep_checkpoints: Optional[int]
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CacheAnswer(Record):
+    """``cache ls`` (caches, uv_cache), ``clear`` (cleared, snapshots_kept, snapshots_removed,
+    warnings), ``restore`` (restored), ``prove-cold`` (ok, reason, gpus, seconds, log, name,
+    profile, ledger_proof, ...: the cold proof the ledger records, kept in ``extra``)."""
+    caches: Optional[List[dict]] = None
+    uv_cache: Optional[int] = None
+    cleared: Optional[List[str]] = None
+    snapshots_kept: Optional[dict] = None
+    snapshots_removed: Optional[dict] = None
+    warnings: Optional[List[str]] = None
+    restored: Optional[List[dict]] = None
+    ok: Optional[bool] = None
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+
 # ---- fleet -------------------------------------------------------------------------
 @dataclass
 class FleetAnswer(Record):
@@ -343,4 +374,5 @@ class TailHead(Record):
 ANSWERS: Dict[str, Type[Record]] = {
     "submit": SubmitAnswer, "status": StatusAnswer, "stop": StopAnswer, "rollback": RollbackAnswer,
     "ledger": LedgerAnswer, "manifest": ManifestAnswer, "probe": ProbeAnswer, "put": PutAnswer,
-    "tail": TailHead, "profiles": ProfilesAnswer, "fleet": FleetAnswer}
+    "tail": TailHead, "profiles": ProfilesAnswer, "fleet": FleetAnswer, "gc": GcAnswer,
+    "cache": CacheAnswer}

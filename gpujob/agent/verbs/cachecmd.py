@@ -19,7 +19,7 @@ from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home import ledgerfile
 from gpujob.agent.home.ledger import Ledger
 from gpujob.agent.base.fsio import now
-from gpujob.agent.base.wire import Code, Refused
+from gpujob.agent.base.wire import CacheAnswer, Code, Refused
 from gpujob.agent.verbs import lifecycle
 
 
@@ -230,14 +230,15 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
 
 def cmd_cache(home: Home, args) -> None:
     if args.action == "ls":
-        lifecycle.emit(ls(home))
+        res = ls(home)
     elif args.action == "clear":
-        lifecycle.emit(clear(home, args.profile, force=args.force, with_snapshots=args.snapshots,
-                             active=lifecycle.active_keys(home)))
+        res = clear(home, args.profile, force=args.force, with_snapshots=args.snapshots,
+                    active=lifecycle.active_keys(home))
     elif not args.profile:
         raise Refused(f"cache {args.action} needs --profile", Code.BAD_REQUEST)
     elif args.action == "restore":
-        lifecycle.emit(restore(home, args.profile, active=lifecycle.active_keys(home)))
+        res = restore(home, args.profile, active=lifecycle.active_keys(home))
     else:
         gpus = [int(g) for g in args.gpus.split(",") if g.strip()] if args.gpus else None
-        lifecycle.emit(prove_cold(home, args.profile, gpus))
+        res = prove_cold(home, args.profile, gpus)
+    lifecycle.emit(CacheAnswer.from_dict(res))

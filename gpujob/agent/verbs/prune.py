@@ -26,6 +26,7 @@ import time
 from gpujob.agent.home import ckregister, ckscan, gc
 from gpujob.agent.base import ckpaths, envs
 from gpujob.agent.base.protocol import ENDED
+from gpujob.agent.base.wire import GcAnswer
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.verbs.lifecycle import active_keys, emit, live_processes
 
@@ -273,5 +274,5 @@ def cmd_gc(home: Home, args) -> None:
         if remove:  # through the trash: a venv cut halfway never stays where it was
             remove_tree(home, os.path.join(root, e["env_key"]), "env")
         rows.append(dict(e, why=why, removed=remove, disk=du))
-    emit(dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
-              keep_checkpoints=args.keep_checkpoints))
+    emit(GcAnswer.from_dict(dict(res, envs=rows, dry_run=args.dry_run, days=args.days,
+                                 older_than=args.older_than, keep_checkpoints=args.keep_checkpoints)))
