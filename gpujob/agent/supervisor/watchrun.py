@@ -31,6 +31,7 @@ class Run:
         self.hits: list = []
         self.hit_at = None  # (when, signal) of the first error signature printed
         self.last_state = self.last_check = self.last_gpu = 0.0
+        self.good_asked = float("-inf")  # when known_good was last asked (watch.KNOWN_GOOD_EVERY)
         self.last_trim = self.start
         self.minute: list = []  # sample values since the last samples_1m summary
         self.minute_start = self.start
