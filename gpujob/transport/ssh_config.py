@@ -43,7 +43,9 @@ class SshHost:
     keepalive: float = 15.0
 
 
-_JUMP = re.compile(r"(?:(?P<user>[^@]+)@)?(?P<host>[^:@,]+)(?::(?P<port>\d+))?")
+#: one jump host, [user@]host[:port]; ``ssh -G`` writes the host in brackets: jumper@[10.1.1.1]:2022
+_JUMP = re.compile(r"(?:(?P<user>[^@]+)@)?(?:\[(?P<bracketed>[^\]@,]+)\]|(?P<host>[^:@,\[\]]+))"
+                   r"(?::(?P<port>\d+))?")
 
 
 def ssh_settings(host_name: str, host, ssh_config_path: str | Path = "~/.ssh/config") -> SshSettings:
@@ -69,7 +71,7 @@ def _settings(config: Path, host: SshHost, nested: bool) -> SshSettings:
             raise InputError(f"proxy_jump '{proxy_jump}' of jump host '{host.address}': "
                              "only one level of jump is supported")
         port = int(match["port"]) if match["port"] else None
-        jump_host = replace(host, address=match["host"], user=match["user"], port=port,
+        jump_host = replace(host, address=match["host"] or match["bracketed"], user=match["user"], port=port,
                             identity_file=None, proxy_jump=None)
         jump = _settings(config, jump_host, nested=True)
         if not jump.identity_files and host.identity_file:  # no key of its own: try the host's
@@ -137,7 +139,8 @@ def _notes(alias: str, config: Path, found, identity: list[str]) -> list[str]:
         notes.append(f"{where}: HostKeyAlias is not honoured: the host key is looked up under "
                      "the host name and port")
     strict = (found.get("stricthostkeychecking") or "ask").lower()
-    if strict in ("no", "false", "off", "accept-new"):
+    strict = "no" if strict in ("false", "off") else strict  # ssh -G writes `no` as false
+    if strict in ("no", "accept-new"):
         notes.append(f"{where}: StrictHostKeyChecking {strict} is not honoured: gpujob refuses "
                      "unknown host keys (add one with --accept-new)")
     agent = found.get("identityagent")
