@@ -131,8 +131,7 @@ def test_identities_only_offers_only_the_configured_identities(testbed, tmp_path
                    check=True, timeout=30, capture_output=True)
     base = f"  HostName 127.0.0.1\n  Port {testbed.port}\n  User root\n"
     home = _home(tmp_path, testbed, {
-        "config": "Include *.conf\n",
-        "ids.conf": f"Host lab2\n{base}  IdentityFile ~/.ssh/wrongkey\n  IdentitiesOnly yes\n"
+        "config": f"Host lab2\n{base}  IdentityFile ~/.ssh/wrongkey\n  IdentitiesOnly yes\n"
                     f"Host lab3\n{base}  IdentityFile ~/.ssh/wrongkey\n"
                     f"Host lab4\n{base}  IdentityFile ~/.ssh/locked\n  IdentitiesOnly yes\n"})
     os.chmod(locked, 0o600)
