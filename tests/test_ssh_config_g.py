@@ -92,6 +92,13 @@ def test_an_include_loop_is_one_line_not_a_hang(tmp_path, with_ssh):
             else "nested more than 16 levels" in said), said
 
 
+def test_a_config_ssh_refuses_is_one_line_naming_file_and_line(tmp_path):
+    home = tmp_path / "home"
+    write(home, {"config": "Include bad.conf\n", "bad.conf": "Host lab\n  HostName 10.0.0.5\n  Bogus yes\n"})
+    said = settings(home, "lab")["lab"].get("error", "")
+    assert "bad.conf" in said and "line 3" in said and "ogus" in said and "\n" not in said, said
+
+
 COUNT = r"""
 import sys
 from gpujob.inventory.hosts import Container, Host

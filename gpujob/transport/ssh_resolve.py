@@ -15,6 +15,7 @@ from __future__ import annotations
 import getpass
 import os
 import pwd
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ def _by_ssh(ssh: str, alias: str, config: Path) -> Resolved:
         said = [line for line in p.stderr.decode("utf-8", "replace").splitlines()
                 if line.strip() and "Pseudo-terminal" not in line]
         raise InputError(f"ssh config for host '{alias}': {said[0] if said else 'ssh -G failed'}"[:400],
-                         hint=f"`ssh -G {alias}` says the same; fix {config}")
+                         hint=f"`{shlex.join(['ssh', *argv[1:]])}` says the same; fix {config}")
     options: dict[str, list[str]] = {}
     for line in p.stdout.decode("utf-8", "replace").splitlines():
         k, _, v = line.partition(" ")
