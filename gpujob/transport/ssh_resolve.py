@@ -36,6 +36,7 @@ class Resolved:
     files: list[str]          # the config files (and glob folders) the answer depends on
     by: str                   # "ssh -G" or "paramiko"
     stamp: list = field(default_factory=list)
+    user_set: bool | None = None  # whether the files name a User (user_was_set), once known
 
     def get(self, key: str) -> str | None:
         values = self.options.get(key)
@@ -119,10 +120,12 @@ def user_was_set(alias: str, config: Path, resolved: Resolved) -> bool:
         return False
     if resolved.by == "paramiko" or user != getpass.getuser():
         return True
-    try:
-        return bool(_by_paramiko(alias, config).get("user"))
-    except InputError:
-        return False
+    if resolved.user_set is None:  # read the files once per answer
+        try:
+            resolved.user_set = bool(_by_paramiko(alias, config).get("user"))
+        except InputError:
+            resolved.user_set = False
+    return resolved.user_set
 
 
 def expand_tokens(value: str, *, alias: str, hostname: str, user: str, port: int) -> str:
