@@ -17,7 +17,7 @@ import gzip
 import json
 import os
 import zlib
-from typing import IO, Optional
+from typing import IO
 
 from gpujob.agent.base.fsio import json_objects
 
@@ -29,8 +29,8 @@ FLUSH = 1.0
 class TraceWriter:
     def __init__(self, directory: str, header: dict, limit: int = 64 << 20):
         self.dir, self.header, self.limit = directory, header, max(1 << 16, int(limit))
-        self.raw: Optional[IO[bytes]] = None
-        self.gz: Optional[gzip.GzipFile] = None
+        self.raw: IO[bytes] | None = None
+        self.gz: gzip.GzipFile | None = None
         self.last_flush = 0.0
         self._buf: list = []  # encoded records not yet in the gzip stream (until the next tick)
         self._size = 0

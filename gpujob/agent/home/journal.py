@@ -60,9 +60,9 @@ class Journal:
         self.job_id = job_id
         self.dir = home.job_dir(job_id)
         self.generation = generation
-        self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
+        self._events: int | None = None  # events.jsonl's descriptor, opened once (O_APPEND)
         self.on_internal_error = None  # called with one line (the supervisor notifies)
-        self._samples = None  # samples.jsonl's
+        self._samples: int | None = None  # samples.jsonl's
         self.unsynced = False  # state.json was replaced without fsync since its last durable write
         self._deferred: dict = {}  # set_state(durable=None)'s changes: written with the next write
 
