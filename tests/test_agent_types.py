@@ -85,3 +85,22 @@ def test_a_supervisor_handed_a_lock_without_its_generation_refuses_before_touchi
         os.close(fd)
     with open(j.path("state.json")) as f:
         assert (sorted(os.listdir(j.dir)), f.read()) == before
+
+
+def test_mypy_checks_the_agent_and_scripts_test_runs_it_at_python_3_9():
+    """The agent's errors are not ignored (pyproject's [tool.mypy]), its untyped functions are
+    checked, and both test commands run the 3.9 check (scripts/mypy-agent)."""
+    import configparser
+    import tomllib
+    root = Path(__file__).parent.parent
+    mypy = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert not any(o.get("ignore_errors") for o in mypy.get("overrides", []))
+    agent = [o for o in mypy["overrides"] if "gpujob.agent.*" in o["module"]]
+    assert agent and all(o.get("check_untyped_defs") for o in agent)
+    ini = configparser.ConfigParser()
+    ini.read(root / "scripts" / "mypy-agent.ini")
+    assert (ini["mypy"]["files"], ini["mypy"]["python_version"], ini["mypy"]["check_untyped_defs"]) == \
+        ("gpujob/agent", "3.9", "True")
+    script = (root / "scripts" / "test").read_text()
+    fast, full = script.split('\nfi\n', 1)[0].split('"--fast" ]', 1)[1], script.split('\nfi\n', 1)[1]
+    assert "scripts/mypy-agent" in fast and "scripts/mypy-agent" in full
