@@ -271,7 +271,7 @@ class Watch:
         owed = self._owed = [run, lines, 0, 0, t]  # [run, lines, given, up to, t]
         try:
             for i in src.candidates(lines) if src is not None else ():
-                got = src.from_line(lines[i], t)
+                got = src.from_line(lines[i], t) if src is not None else None  # (no candidates without one)
                 if got is None:
                     continue
                 owed[3] = i + 1
@@ -331,7 +331,7 @@ class Watch:
             run.last_state = t
         rollbacks = self.history.rollbacks
         rec = rollbacks[-1] if rollbacks and run.phase == "train" else None
-        if timings.pending(rec):  # decision -> first sample -> first good -> first ok
+        if rec is not None and timings.pending(rec):  # decision -> first sample -> first good -> first ok
             for mark, secs in timings.on_sample(rec, t, value, d.evidence.get("threshold"), d.verdict):
                 self.journal.event("rollback_timing", mark=mark, seconds=secs, profile=run.profile)
                 self.journal.set_state(rollbacks=rollbacks)
