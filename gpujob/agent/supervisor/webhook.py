@@ -115,6 +115,8 @@ def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
     try:
         watchdog.start()
         with _opener(attempt).open(req, timeout=timeout) as resp:
+            if attempt.expired:  # headers cut by the watchdog end early (an EOF ends them): no answer
+                raise TimeoutError
             if 200 <= resp.status < 300:
                 try:
                     resp.read(65536)  # the body is not needed: cut by the watchdog like the rest

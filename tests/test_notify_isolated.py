@@ -1,0 +1,333 @@
+"""Webhooks isolated from each other and bounded in time (issue 35 rows 6 and 7;
+agent/supervisor/notify.py, agent/supervisor/webhook.py), against real HTTP endpoints on
+loopback threads: one that answers a byte at a time (a per-read timeout never fires), one
+whose answer has 150 headers (http.client.HTTPException), a healthy one. The healthy one
+gets every message while the slow one is stalled; every failure counts against
+``retries``, an attempt cut by the sender's death too; a full queue drops its oldest and
+says so; a job's supervisor is not held past the notify deadline by a stalled webhook, and
+its SIGKILL while one stalls leaves nothing running. No duration is asserted: messages and
+attempts are counted, waits are bounded generously."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpujob.agent.base.proc import stat_fields
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.supervisor import notify
+from helpers import cli, cli_json, events, job_id_of, local_env, wait_for, write_spec
+from test_notify import HookServer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class RawHook:
+    """A webhook on a loopback socket that answers as ``mode`` says: ``drip`` (a status
+    line, then one header byte every ``every`` seconds, never done), ``headers150`` (a 200
+    with 150 headers), ``hold`` (reads the request, answers nothing until released). Counts
+    connections (each an attempt) and those still open."""
+
+    def __init__(self, mode: str, every: float = 0.5):
+        self.mode, self.every = mode, every
+        self.attempts = 0
+        self.open = 0
+        self.held = threading.Event()  # hold: a request is being held
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.conns: list = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/hook"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.attempts += 1
+                self.open += 1
+                self.conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        try:
+            c.settimeout(30)
+            c.recv(65536)
+            if self.mode == "headers150":
+                c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(150))
+                          + b"Content-Length: 0\r\n\r\n")
+            elif self.mode == "hold":
+                self.held.set()
+                while not self.stop.wait(0.1):
+                    if select.select([c], [], [], 0)[0] and c.recv(1, socket.MSG_PEEK) == b"":
+                        break  # the client is gone
+            else:
+                c.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                while not self.stop.wait(self.every):
+                    c.sendall(b"a")
+        except OSError:  # the client went away: its attempt was cut (or the sender died)
+            pass
+        finally:
+            with self.lock:
+                self.open -= 1
+            c.close()
+
+    def counts(self) -> tuple:
+        with self.lock:
+            return self.attempts, self.open
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def servers():
+    made: list = []
+
+    def make(kind: str, **kw):
+        s = HookServer() if kind == "healthy" else RawHook(kind, **kw)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def journal(root: Path, job_id: str = "ni-1") -> Journal:
+    (root / "jobs" / job_id).mkdir(parents=True, exist_ok=True)
+    (root / "jobs" / job_id / "state.json").write_text('{"state": "failed"}')
+    return Journal(Home(str(root)), job_id)
+
+
+def outbox(j: Journal) -> dict:
+    """{message id: its record} of the job's outbox, waiting or done."""
+    d = Path(j.path("notify"))
+    return {json.loads(p.read_text())["message"]["id"]: json.loads(p.read_text())
+            for p in d.iterdir() if p.suffix in (".json", ".done")}
+
+
+# ---- row 6: one slow webhook delays no other ---------------------------------------
+
+def test_a_healthy_webhook_gets_every_message_while_a_slow_drip_one_is_stalled(tmp_path, servers):
+    drip, ok = servers("drip"), servers("healthy")
+    j = journal(tmp_path)
+    hooks = [{"url": drip.url, "timeout": 1.0, "retries": 1, "deadline": 120.0},  # first: the old sender's order
+             {"url": f"{ok.url}/ok"}]
+    n = notify.Notifier(j, {"spec": {"name": "ni", "notify": hooks}}, j.path("secrets.json"))
+    n.start()
+    ids = [n.emit(kind, "k") for kind in ("rollback", "known_good", "success")]
+    try:
+        wait_for(lambda: len(ok.ids("/ok")) == 3, 60, what="the healthy webhook to take all three")
+        assert drip.counts()[0] >= 1  # the slow one was being tried meanwhile
+        assert sorted(ok.ids("/ok")) == sorted(ids)
+        # the slow one: each attempt cut at its timeout, each message given up after retries + 1 attempts
+        wait_for(lambda: not notify.waiting(j.dir), 120, what="the slow webhook's messages to be given up")
+        recs = outbox(j)
+        assert {i: (r["acked"], r["failed"], r["attempts"]) for i, r in recs.items()} == \
+            {i: ([1], [0], {"0": 2, "1": 1}) for i in ids}
+        assert drip.counts()[0] == 6
+        errors = [e for e in j.events()[0] if e["type"] == "notify_error"]
+        assert {i: [(e["webhook"], e["attempt"], e["gave_up"]) for e in errors if e["id"] == i] for i in ids} == \
+            {i: [(0, 1, False), (0, 2, True)] for i in ids}
+        assert all("no complete answer within the attempt's 1s" in e["error"] for e in errors)
+    finally:
+        n.close(limit=0)
+
+
+def test_a_full_queue_drops_its_oldest_message_and_counts_what_it_dropped(tmp_path, servers, monkeypatch):
+    monkeypatch.setattr(notify, "QUEUE_CAP", 3, raising=False)
+    drip, ok = servers("drip"), servers("healthy")
+    j = journal(tmp_path)
+    hooks = [{"url": drip.url, "retries": 0, "timeout": 60.0, "deadline": 120.0}, {"url": f"{ok.url}/ok"}]
+    n = notify.Notifier(j, {"spec": {"name": "ni", "notify": hooks}}, j.path("secrets.json"))
+    n.start()
+    ids = [n.emit("internal_error", "0", reason="boom 0")]
+    try:
+        wait_for(lambda: drip.counts()[1] == 1, 30, what="the first message in flight on the slow webhook")
+        for k in range(1, 7):  # one at a time: the healthy webhook's queue never fills
+            ids.append(n.emit("internal_error", str(k), reason=f"boom {k}"))
+            wait_for(lambda: len(ok.ids("/ok")) == k + 1, 30, what=f"the healthy webhook to take message {k}")
+        assert sorted(ok.ids("/ok")) == sorted(ids)
+        # the slow one's queue holds 3, the one in flight among them: the oldest waiting ones dropped
+        dropped = [e for e in j.events()[0] if e["type"] == "notify_dropped"]
+        assert [(e["id"], e["webhook"], e["dropped"]) for e in dropped] == \
+            [(ids[1], 0, 1), (ids[2], 0, 2), (ids[3], 0, 3), (ids[4], 0, 4)]
+        recs = outbox(j)
+        assert [recs[i]["pending"] for i in ids] == [[0], [], [], [], [], [0], [0]]
+        assert [recs[i].get("dropped") for i in ids] == [None, [0], [0], [0], [0], None, None]
+        summary = notify.outbox_summary(j.dir)
+        assert summary["dropped"] == 4 and summary["waiting"] == 3
+        assert drip.counts()[0] == 1
+    finally:
+        n.close(limit=0)
+
+
+# ---- row 7: every failure counts against retries ------------------------------------
+
+SENDER = """
+import json, sys
+from gpujob.agent.home.journal import Home, Journal
+from gpujob.agent.supervisor.notify import Notifier
+root, hooks = sys.argv[1], json.loads(sys.argv[2])
+j = Journal(Home(root), "ni-1")
+n = Notifier(j, {"spec": {"name": "ni", "notify": hooks}}, j.path("secrets.json"))
+n.emit("failure", "end", reason="boom")  # the same message when run again: kept once
+n.start()
+n.close(limit=60)
+"""
+
+
+def test_a_150_header_answer_gives_up_after_retries_and_an_attempt_cut_by_a_death_counts(tmp_path, servers):
+    bad, ok = servers("hold"), servers("healthy")
+    j = journal(tmp_path)
+    hooks = json.dumps([{"url": f"{ok.url}/ok"},
+                        {"url": bad.url, "retries": 1, "timeout": 30.0, "deadline": 120.0}])
+    argv = [sys.executable, "-c", SENDER, str(tmp_path), hooks]
+    first = subprocess.Popen(argv, cwd=str(REPO))
+    try:
+        assert bad.held.wait(60), "the first attempt never came"
+        wait_for(lambda: outbox(j).get("ni-1.failure.end", {}).get("acked") == [0], 30,
+                 what="the healthy webhook's acknowledgement, written down")
+        first.send_signal(signal.SIGKILL)  # the sender dies while its first attempt waits for an answer
+        assert first.wait(30) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert notify.waiting(j.dir)
+    bad.mode = "headers150"  # the next answers: 150 headers (http.client.HTTPException)
+    second = subprocess.run(argv, cwd=str(REPO), timeout=120)
+    assert second.returncode == 0
+    # attempt 1 cut by the death, attempt 2 the 150 headers: retries 1 means given up, never a 3rd
+    assert bad.counts()[0] == 2
+    rec = outbox(j)["ni-1.failure.end"]
+    assert (rec["acked"], rec["failed"], rec["pending"], rec["attempts"]) == ([0], [1], [], {"0": 1, "1": 2})
+    errors = [e for e in j.events()[0] if e["type"] == "notify_error"]
+    assert [(e["webhook"], e["attempt"], e["gave_up"]) for e in errors] == [(1, 2, True)]
+    assert "HTTPException" in errors[0]["error"] or "headers" in errors[0]["error"]
+    assert ok.ids("/ok") == ["ni-1.failure.end"]  # acknowledged once, never again
+    assert not notify.waiting(j.dir)
+
+
+# ---- a job's supervisor and a stalled webhook ---------------------------------------
+
+def jdir(tmp_path: Path, job_id: str) -> Path:
+    return tmp_path / "root" / "jobs" / job_id
+
+
+def alive(pid: int) -> bool:
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def left_running(root: Path, sessions: set) -> list:
+    """Live processes of the job: in one of the supervisors' sessions, or naming its root."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        fields = stat_fields(int(entry))
+        if not fields or fields[0] in ("Z", "X"):
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if int(fields[3]) in sessions or os.fsencode(str(root)) in cmd:
+            found.append((int(entry), cmd.replace(b"\0", b" ")[:200]))
+    return found
+
+
+def stalled_job(tmp_path: Path, index_urls: dict, drip: RawHook, ok: HookServer) -> tuple:
+    """(env, job id) of a short job whose first webhook stalls (2s an attempt, 20 retries,
+    8s a message) and whose second is healthy."""
+    env = local_env(tmp_path)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"], profile="fast", warmup=False, throughput=False,
+                      trainer_args="--steps 3 --interval 0.01",
+                      notify=[{"url": drip.url, "timeout": "2s", "retries": 20, "deadline": "8s"},
+                              {"url": f"{ok.url}/ok"}])
+    p = cli(["submit", str(spec), "--follow"], env, timeout=180)
+    assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()[-2000:]
+    return env, job_id_of(p.stdout)
+
+
+def test_a_stalled_webhook_does_not_hold_the_supervisor_past_the_notify_deadline(tmp_path, index_urls,
+                                                                                 servers):
+    drip, ok = servers("drip"), servers("healthy")
+    env, job_id = stalled_job(tmp_path, index_urls, drip, ok)
+    d = jdir(tmp_path, job_id)
+    st = json.loads((d / "state.json").read_text())
+    assert st["state"] == "succeeded"
+    pid = st["supervisor_pid"]
+    # the healthy one has both messages while the slow one still stalls
+    wait_for(lambda: len(ok.ids("/ok")) == 2, 60, what="known_good and success on the healthy webhook")
+    assert [i.split(".")[1] for i in ok.ids("/ok")] == ["known_good", "success"]
+    # the supervisor leaves once the deadline has given the slow one's messages up: with 20
+    # retries left, each cut at its timeout (without a deadline it would stay for all of them)
+    wait_for(lambda: not alive(pid), 120, what="the supervisor to leave after its job's end")
+    recs = {i.split(".")[1]: r for i, r in outbox(Journal(Home(str(tmp_path / "root")), job_id)).items()}
+    assert sorted(recs) == ["known_good", "success"]
+    for r in recs.values():
+        assert (r["acked"], r["failed"], r["pending"]) == ([1], [0], [])
+        assert 1 <= r["attempts"]["0"] < 21
+    given_up = [e for e in events(d) if e["type"] == "notify_error" and e["gave_up"]]
+    assert [e["webhook"] for e in given_up] == [0, 0]
+    assert all("deadline" in e["error"] for e in given_up), given_up
+    assert drip.counts()[0] == sum(r["attempts"]["0"] for r in recs.values())
+    wait_for(lambda: drip.counts()[1] == 0, 30, what="the slow webhook's connection to close")
+    assert cli_json(["status", job_id, "--json"], env)["notify"] == \
+        {"waiting": 0, "sent": 0, "given_up": [f"{job_id}.known_good.fast.0", f"{job_id}.success.end"],
+         "dropped": 0}
+    assert left_running(tmp_path / "root", {pid}) == []
+
+
+def test_a_supervisor_killed_while_a_webhook_stalls_leaves_nothing_running(tmp_path, index_urls, servers):
+    drip, ok = servers("drip"), servers("healthy")
+    env, job_id = stalled_job(tmp_path, index_urls, drip, ok)
+    d = jdir(tmp_path, job_id)
+    pid = json.loads((d / "state.json").read_text())["supervisor_pid"]
+    wait_for(lambda: any(e["type"] == "notify_queued" and ".success." in e["id"] for e in events(d)), 30,
+             what="the success message")
+    wait_for(lambda: drip.counts()[1] >= 1, 30, what="an attempt stalled on the slow webhook")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not alive(pid), 30, what="the supervisor to die")
+    # nothing of the job runs, and the stalled connection is gone with the supervisor
+    assert left_running(tmp_path / "root", {pid}) == []
+    wait_for(lambda: drip.counts()[1] == 0, 30, what="the stalled connection to close")
+    assert notify.waiting(str(d))
+    # status revives a supervisor for what waits; it too leaves by its deadline, the messages given up
+    revived = cli_json(["status", job_id, "--json"], env)
+    assert revived["state"] == "succeeded"
+    new = wait_for(lambda: (json.loads((d / "state.json").read_text())["supervisor_pid"] != pid
+                            and json.loads((d / "state.json").read_text())["supervisor_pid"]), 30,
+                   what="the revived supervisor")
+    wait_for(lambda: not alive(new), 120, what="the revived supervisor to leave")
+    assert not notify.waiting(str(d))
+    assert left_running(tmp_path / "root", {pid, new}) == []
+    recs = outbox(Journal(Home(str(tmp_path / "root")), job_id))
+    assert all(r["failed"] == [0] and r["attempts"]["0"] < 21 for r in recs.values())
+    assert sorted(i.split(".")[1] for i in ok.ids("/ok")) == ["known_good", "success"]
+    wait_for(lambda: drip.counts()[1] == 0, 30, what="the revived supervisor's connection to close")
