@@ -34,11 +34,13 @@ REPO = Path(__file__).resolve().parent.parent
 class RawHook:
     """A webhook on a loopback socket that answers as ``mode`` says: ``drip`` (a status
     line, then one header byte every ``every`` seconds, never done), ``headers150`` (a 200
-    with 150 headers), ``hold`` (reads the request, answers nothing until released). Counts
-    connections (each an attempt) and those still open."""
+    with 150 headers), ``hold`` (reads the request, answers nothing until released), ``ok``
+    (a 200), ``tlsdrip`` (a TLS record header announcing 16000 bytes, then one byte every
+    ``every`` seconds: a handshake that never ends). ``tls``: a server context, the
+    connection wrapped first. Counts connections (each an attempt) and those still open."""
 
-    def __init__(self, mode: str, every: float = 0.5):
-        self.mode, self.every = mode, every
+    def __init__(self, mode: str, every: float = 0.5, tls=None):
+        self.mode, self.every, self.tls = mode, every, tls
         self.attempts = 0
         self.open = 0
         self.held = threading.Event()  # hold: a request is being held
@@ -66,8 +68,19 @@ class RawHook:
     def _serve(self, c: socket.socket) -> None:
         try:
             c.settimeout(30)
-            c.recv(65536)
-            if self.mode == "headers150":
+            if self.tls is not None:
+                c = self.tls.wrap_socket(c, server_side=True)
+            if self.mode != "tlsdrip":
+                read_request(c)
+            else:
+                c.recv(65536)  # the ClientHello
+            if self.mode == "ok":
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            elif self.mode == "tlsdrip":
+                c.sendall(b"\x16\x03\x03\x3e\x80")
+                while not self.stop.wait(self.every):
+                    c.sendall(b"\x00")
+            elif self.mode == "headers150":
                 c.sendall(b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(150))
                           + b"Content-Length: 0\r\n\r\n")
             elif self.mode == "hold":
@@ -86,7 +99,7 @@ class RawHook:
                 self.open -= 1
             c.close()
 
-    def counts(self) -> tuple:
+    def counts(self) -> tuple:  # (connections, of which still open)
         with self.lock:
             return self.attempts, self.open
 
@@ -99,6 +112,25 @@ class RawHook:
                     c.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+def read_request(c: socket.socket) -> None:
+    """Read a whole request (headers, then Content-Length bytes): unread bytes at close
+    would answer the client with a reset that can discard the answer."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = c.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, body = data.split(b"\r\n\r\n", 1)
+    length = next((int(v) for k, _, v in (ln.partition(b":") for ln in head.split(b"\r\n")[1:])
+                   if k.strip().lower() == b"content-length"), 0)
+    while len(body) < length:
+        chunk = c.recv(65536)
+        if not chunk:
+            return
+        body += chunk
 
 
 @pytest.fixture
@@ -228,6 +260,81 @@ def test_a_150_header_answer_gives_up_after_retries_and_an_attempt_cut_by_a_deat
     assert "HTTPException" in errors[0]["error"] or "headers" in errors[0]["error"]
     assert ok.ids("/ok") == ["ni-1.failure.end"]  # acknowledged once, never again
     assert not notify.waiting(j.dir)
+
+
+# ---- one attempt over TLS: verified, acknowledged, cut at its timeout ----------------
+
+def bounded_post(url: str, timeout: float) -> str | None:
+    """notify.post in a thread, waited for generously: a post that never returns fails the
+    test instead of hanging it."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(notify.post(url, b"{}", {"X-Gpujob-Event-Id": "x"}, timeout)),
+                         daemon=True)
+    t.start()
+    t.join(120)
+    assert out, "the attempt never ended"
+    return out[0]
+
+
+def test_a_tls_webhook_is_verified_acknowledged_and_cut_at_its_timeout_even_mid_handshake(tmp_path, servers,
+                                                                                          monkeypatch):
+    import ssl
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+
+    def https(hook: RawHook) -> str:
+        return hook.url.replace("http://", "https://")
+    ok, drip = servers("ok", tls=ctx), servers("drip", tls=ctx)
+    # a certificate nobody vouches for: refused, the request never sent
+    why = bounded_post(https(ok), 5)
+    assert why is not None and "CERTIFICATE_VERIFY_FAILED" in why, why
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # now it is trusted (OpenSSL reads this at each context)
+    assert bounded_post(https(ok), 5) is None
+    assert bounded_post(https(drip), 1) == "no complete answer within the attempt's 1s (the connection was closed)"
+    # a handshake that drips (each byte within the socket timeout): cut by the watchdog too
+    handshake = servers("tlsdrip")
+    assert bounded_post(https(handshake), 1) == \
+        "no complete answer within the attempt's 1s (the connection was closed)"
+    assert (ok.counts()[0], drip.counts()[0], handshake.counts()[0]) == (2, 1, 1)
+    wait_for(lambda: drip.counts()[1] == handshake.counts()[1] == 0, 30, what="the cut connections to close")
+
+
+# ---- the spec's deadline --------------------------------------------------------------
+
+@pytest.mark.parametrize("block, message", [
+    ("notify:\n  - url: https://h/x\n    deadline: 5s\n",
+     "job.yaml:7: notify[0].deadline: expected at least the timeout (10s)"),
+    ("notify:\n  - url: https://h/x\n    timeout: 1s\n    deadline: 2h\n",
+     "job.yaml:8: notify[0].deadline: expected a duration of at least 1s and at most 1h"),
+    ("notify:\n  - url: https://h/x\n    timeout: 0.5s\n    deadline: 0.5s\n",
+     "job.yaml:8: notify[0].deadline: expected a duration of at least 1s and at most 1h"),
+    ("notify:\n  - url: https://h/x\n    deadline: soon\n", "job.yaml:7: notify[0].deadline:"),
+])
+def test_a_bad_deadline_is_one_line_with_file_and_line(tmp_path, block, message):
+    from gpujob.errors import SpecError
+    from gpujob.spec.model import load_spec
+    from test_notify import BASE
+    (tmp_path / "job.yaml").write_text(BASE + block)
+    with pytest.raises(SpecError) as e:
+        load_spec(tmp_path / "job.yaml")
+    assert "\n" not in str(e.value) and message in str(e.value), str(e.value)
+
+
+def test_the_plan_shows_each_webhooks_attempt_timeout_and_deadline(tmp_path, index_urls):
+    env = local_env(tmp_path)
+    spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
+                      slow_url=index_urls["slow"],
+                      notify=[{"url": "https://ntfy.sh/t", "format": "ntfy", "timeout": "3s", "deadline": "45s"},
+                              {"url": "https://hooks.example/j"}])
+    p = cli(["submit", str(spec), "--plan", "--job-id", "tjob-plan"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    out = " ".join(p.stdout.decode().split())
+    assert "its own sender; 3s an attempt, 5 retries with backoff, given up 45s after it was queued" in out
+    assert "its own sender; 10s an attempt, 5 retries with backoff, given up 120s after it was queued" in out
 
 
 # ---- a job's supervisor and a stalled webhook ---------------------------------------

@@ -5,8 +5,8 @@ A socket timeout bounds each read, not the answer: a receiver that sends one byt
 2 s keeps a 5 s timeout waiting for ever. So each attempt has a watchdog (a timer) that
 shuts the attempt's sockets down at its deadline: a read in progress ends at once, and
 the attempt is a failure like any other. The connections are urllib's (its proxies from
-the environment included), with their sockets recorded as they connect; a TLS socket is
-recorded before its handshake, so a handshake that drips is cut too. A name lookup
+the environment included), with their sockets recorded as they connect; a TLS handshake is
+bounded as a whole by its socket's timeout, set to what is left of the attempt. A name lookup
 (getaddrinfo) cannot be interrupted: that one stays bounded by the supervisor, which never
 waits for its sender past the notify deadline (Notifier.close).
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -34,7 +35,8 @@ class Attempt:
     """The sockets of one attempt; ``expire`` (the watchdog) shuts them down, and any
     connected after it."""
 
-    def __init__(self):
+    def __init__(self, timeout: float):
+        self.end = time.monotonic() + timeout
         self._lock = threading.Lock()
         self._socks: list = []
         self.expired = False
@@ -67,6 +69,7 @@ def _classes(attempt: Attempt) -> tuple:
 
     def create(*args, **kw):
         sock = socket.create_connection(*args, **kw)
+        sock.settimeout(max(0.01, attempt.end - time.monotonic()))  # a TLS handshake: within what is left
         attempt.add(sock)
         return sock
 
@@ -80,12 +83,9 @@ def _classes(attempt: Attempt) -> tuple:
             super().__init__(*a, **kw)
             self._create_connection = create
 
-        def connect(self):  # as http.client's, with the TLS socket recorded before its handshake
-            http.client.HTTPConnection.connect(self)
-            host = self._tunnel_host or self.host
-            self.sock = self._context.wrap_socket(self.sock, server_hostname=host, do_handshake_on_connect=False)
+        def connect(self):  # the TLS socket (the plain one is detached by the wrap); the handshake
+            super().connect()  # is bounded as a whole by the socket's timeout (CPython's _ssl)
             attempt.add(self.sock)
-            self.sock.do_handshake()
 
     return Plain, Tls
 
@@ -108,7 +108,7 @@ def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
     """One attempt, over within ``timeout`` seconds all told (connect, send, the answer's
     status line and headers); None when acknowledged (a 2xx to this POST itself, whatever
     then happens to its body), else why not (without the URL)."""
-    attempt = Attempt()
+    attempt = Attempt(timeout)
     watchdog = threading.Timer(max(0.0, timeout), attempt.expire)
     watchdog.daemon = True
     req = urllib.request.Request(url, data=body, headers=headers, method="POST")
@@ -129,8 +129,9 @@ def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
             return f"HTTP {e.code}: a redirect, not followed (a webhook URL must answer the POST itself)"
         return f"HTTP {e.code}"
     except Exception as e:  # noqa: BLE001 - any failure is one failed attempt, counted against retries
-        if attempt.expired:
-            return f"no complete answer within the attempt's {timeout:g}s (the connection was closed)"
+        timed_out = (socket.timeout, TimeoutError)  # one class from 3.10, two before
+        if attempt.expired or isinstance(e, timed_out) or isinstance(getattr(e, "reason", None), timed_out):
+            return f"no complete answer within the attempt's {round(timeout, 1):g}s (the connection was closed)"
         if isinstance(e, urllib.error.URLError):
             r = e.reason
             return f"cannot reach the webhook: {type(r).__name__}: {getattr(r, 'strerror', None) or r}"
