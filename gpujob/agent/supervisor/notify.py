@@ -249,7 +249,7 @@ class Notifier:
         """Write down how an attempt (``attempt`` None: a give-up without one) ended for
         webhook ``s``: acknowledged, retried after backoff, or given up; then its event.
         Under the lock, before the supervisor may leave (close holds the lock)."""
-        path, rec = self._recs[event_id]
+        path, rec = self._recs.get(event_id) or (None, {"pending": []})
         if s.index not in rec["pending"]:  # settled already (given up at the supervisor's end)
             return
         t = time.monotonic()
@@ -271,6 +271,8 @@ class Notifier:
             s.due.pop(event_id, None)
             s.ends.pop(event_id, None)
         self._record(path, rec)  # an acknowledgement is written down before anything else
+        if not rec["pending"]:
+            del self._recs[event_id]  # done: its .done file holds it
         self._cond.notify_all()
         attempts = int(rec["attempts"].get(str(s.index), 0))
         if dropped:
