@@ -249,9 +249,10 @@ class Notifier:
         """Write down how an attempt (``attempt`` None: a give-up without one) ended for
         webhook ``s``: acknowledged, retried after backoff, or given up; then its event.
         Under the lock, before the supervisor may leave (close holds the lock)."""
-        path, rec = self._recs.get(event_id) or (None, {"pending": []})
-        if s.index not in rec["pending"]:  # settled already (given up at the supervisor's end)
+        entry = self._recs.get(event_id)
+        if entry is None or s.index not in entry[1]["pending"]:  # settled already (given up at the end)
             return
+        path, rec = entry
         t = time.monotonic()
         rec["pending"].remove(s.index)
         if why is None:

@@ -99,7 +99,7 @@ def _opener(attempt: Attempt):
 
     class HttpsHandler(urllib.request.HTTPSHandler):
         def https_open(self, req):
-            return self.do_open(tls, req, context=self._context)
+            return self.do_open(tls, req)  # the default context: certificates and host names verified
 
     return urllib.request.build_opener(_NoRedirect, HttpHandler, HttpsHandler)
 
