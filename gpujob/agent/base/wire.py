@@ -70,7 +70,7 @@ class BadShape(ValueError):
 
 
 _T = TypeVar("_T", bound="Record")
-_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list,
+_TYPES: Dict[str, Any] = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list,
           "Dict": dict, "List": list}
 
 
@@ -207,7 +207,7 @@ class StatusAnswer(Record):
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def by_id(self) -> Dict[str, dict]:
-        return {j.get("job_id"): j for j in self.jobs}
+        return {str(j["job_id"]): j for j in self.jobs}
 
 
 # ---- stop, rollback ----------------------------------------------------------------
@@ -318,7 +318,7 @@ class ManifestRequest(Record):
         return dict(self.files)
 
     @classmethod
-    def from_dict(cls, data) -> "ManifestRequest":  # type: ignore[override]
+    def from_dict(cls, data) -> "ManifestRequest":
         if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
             raise BadShape("ManifestRequest: expected a JSON object of {dest: [path, ...]}")
         return cls({str(k): list(v) for k, v in data.items()})
@@ -333,7 +333,7 @@ class ManifestAnswer(Record):
         return dict(self.found)
 
     @classmethod
-    def from_dict(cls, data) -> "ManifestAnswer":  # type: ignore[override]
+    def from_dict(cls, data) -> "ManifestAnswer":
         if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
             raise BadShape("ManifestAnswer: expected a JSON object of {dest: {path: [size, mtime]}}")
         return cls(dict(data))
