@@ -46,7 +46,7 @@ def _job_dir(root, job_id: str):
     req = job_request(load_spec(root / "spec" / "job.yaml"), job_id, "fast", clear_caches=False)
     j = Journal(Home(str(root / "home")), job_id)
     os.makedirs(j.dir)
-    write_json(j.path("job.json"), dict(req, **{protocol.FORMAT_KEY: protocol.FORMAT}))
+    write_json(j.path("job.json"), dict(req.job_record(), **{protocol.FORMAT_KEY: protocol.FORMAT}))
     j.set_state(job_id=job_id, name="tj", state="preparing", phase="start", profile="fast")
     return j
 
