@@ -293,11 +293,12 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
     import sys
     import time
     from gpujob.ops.follow import follow_log
-    buf = bytearray()
-    follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
+    from gpujob.agent.base import jsonl
+    r, got = jsonl.Records("events.jsonl", strict=False), []  # bounded, as every reader of a journal
+    follow_log(t, job_id, file="events.jsonl", follow=False, write=lambda c: got.extend(r.feed(c)),
                notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
-    from gpujob.agent.base.fsio import json_objects
-    found = [rec for rec in json_objects(bytes(buf)) if rec.get("type") == "stacks"]
+    found = [rec for _n, rec in got + r.close() if rec.get("type") == "stacks"
+             and not render.event_error(rec)]
     so = sys.stdout
     if as_json:
         for rec in found:
@@ -313,8 +314,9 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
                  f"{rec.get('reason')}\n")
         if rec.get("note"):
             so.write(f"   {rec['note']}\n")
-        for st in rec.get("stacks") or []:
-            so.write(f"-- pid {st.get('pid')}: {' '.join(st.get('argv') or [])}\n")
+        for st in [st for st in rec.get("stacks") or [] if isinstance(st, dict)]:
+            argv = st.get("argv") if isinstance(st.get("argv"), list) else []
+            so.write(f"-- pid {st.get('pid')}: {' '.join(str(a) for a in argv)}\n")
             text = str(st.get("text") or "")
             so.write(text if text.endswith("\n") else text + "\n")
     so.flush()

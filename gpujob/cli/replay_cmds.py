@@ -14,11 +14,22 @@ from gpujob.cli.app import app, err, job_target, out
 from gpujob.errors import InputError
 
 
-def fetch_file(job_id: str, t, name: str) -> bytes:
-    """A file of the job's dir, fetched as logs are (the agent's tail, no follow)."""
+#: the most a fetched file of the job's dir may hold: a trace part rotates at 64 MiB (compressed)
+MAX_FETCH = 256 << 20
+
+
+def fetch_file(job_id: str, t, name: str, limit: int = MAX_FETCH) -> bytes:
+    """A file of the job's dir, fetched as logs are (the agent's tail, no follow); a host that
+    sends more than ``limit`` bytes is misbehaving (never held past it)."""
+    from gpujob.errors import HostMisbehaving
     from gpujob.ops.follow import follow_log
     buf = bytearray()
-    follow_log(t, job_id, file=name, follow=False, write=buf.extend,
+
+    def write(chunk: bytes) -> None:
+        if len(buf) + len(chunk) > limit:
+            raise HostMisbehaving(f"{t.label}: job {job_id}'s {name} is over {limit >> 20} MiB; not read further")
+        buf.extend(chunk)
+    follow_log(t, job_id, file=name, follow=False, write=write,
                notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     return bytes(buf)
 
@@ -133,7 +144,7 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
         else:
             job_id, t = job_target(source, target)
             if spec_d is None:
-                got = jsonl.loads(fetch_file(job_id, t, "job.json"))
+                got = jsonl.loads(fetch_file(job_id, t, "job.json", limit=16 << 20))
                 spec_d = got.get("spec") if isinstance(got, dict) else None
                 if not isinstance(spec_d, dict):
                     raise InputError(f"job {job_id}: its job.json holds no spec; give --spec SPEC")

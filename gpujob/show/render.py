@@ -225,8 +225,21 @@ def size(n: float | None) -> str:
     return str(n)
 
 
+#: the fields event_line reads as numbers or lists, by kind (an events file from outside may hold others)
+EVENT_FIELDS = {"": {"t": "number"}, "sample": {"value": "number", "step": "?number"},
+                "samples_1m": {"median": "number", "min": "number", "max": "number"}, "stacks": {"stacks": "?list"}}
+
+
+def event_error(ev: dict):
+    """What is wrong with an events record's fields for ``event_line`` (None when nothing)."""
+    from gpujob.agent.base.jsonl import field_error
+    kind = ev.get("type")
+    return field_error(ev, EVENT_FIELDS[""]) or (field_error(ev, EVENT_FIELDS[kind])
+                                                 if isinstance(kind, str) and kind in EVENT_FIELDS else None)
+
+
 def event_line(ev: dict) -> str:
-    """One events.jsonl record as a readable line."""
+    """One events.jsonl record as a readable line (its fields checked against EVENT_FIELDS first)."""
     t = time.strftime("%H:%M:%S", time.localtime(ev.get("t", 0)))
     kind = ev.get("type", "?")
     skip = {"t", "type", "evidence", "argv"}

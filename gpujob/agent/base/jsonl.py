@@ -172,55 +172,69 @@ class Stats:
             self.first = f"line {lineno}: {what}"
 
 
-def records(chunks: Iterable[bytes], name: str, *, check: Optional[Callable[[dict], Optional[str]]] = None,
-            strict: bool = True, stats: Optional[Stats] = None, max_line: int = MAX_LINE,
-            max_depth: int = MAX_DEPTH) -> Iterator[tuple]:
+class Records:
+    """The push form of :func:`records`: ``feed(chunk)`` and ``close()`` return the
+    ``[(line number, record)]`` that bytes completed (for a stream that comes in pieces)."""
+
+    def __init__(self, name: str, *, check: Optional[Callable[[dict], Optional[str]]] = None,
+                 strict: bool = True, stats: Optional[Stats] = None, max_line: int = MAX_LINE,
+                 max_depth: int = MAX_DEPTH):
+        self.name, self.check, self.strict = name, check, strict
+        self.stats = stats if stats is not None else Stats()
+        self.max_line, self.max_depth = max_line, max_depth
+        self.split = Splitter(max_line)
+
+    def feed(self, chunk: bytes) -> list:
+        return [(n, rec) for n, rec in ((n, self._one(n, line)) for n, line in self.split.feed(chunk))
+                if rec is not None]
+
+    def close(self) -> list:
+        last = self.split.close()
+        if last is None:
+            return []
+        try:  # no newline after it: a torn tail is tolerated, whatever it holds
+            rec = self._one(*last)
+        except BadFile:
+            self.stats.skip(last[0], "a torn last record")
+            return []
+        return [(last[0], rec)] if rec is not None else []
+
+    def _one(self, lineno: int, line: Optional[bytes]):
+        if line is None:
+            return self._bad(lineno, f"a line longer than {self.max_line} bytes")
+        line = line.lstrip(b"\0")  # a trimmed journal's punched-out start reads as NULs
+        if not line.strip():
+            return None
+        if too_deep(line, self.max_depth):
+            return self._bad(lineno, f"nested deeper than {self.max_depth} levels")
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            self.stats.skip(lineno, "not a whole JSON record")
+            return None
+        if not isinstance(rec, dict):
+            return self._bad(lineno, f"expected a JSON object, got {kind(rec)}")
+        why = self.check(rec) if self.check is not None else None
+        return self._bad(lineno, why) if why else rec
+
+    def _bad(self, lineno: int, what: str):
+        if self.strict:
+            raise BadFile(self.name, lineno, what)
+        self.stats.skip(lineno, what)
+        return None
+
+
+def records(chunks: Iterable[bytes], name: str, **kw) -> Iterator[tuple]:
     """``(line number, record)`` for each JSON object of a JSON Lines byte stream. A line
     too long or nested too deep, a record that is not an object and one that ``check``
     refuses (it returns what is wrong, or None) are BadFile when ``strict``, else skipped
     and counted in ``stats``. A line that does not parse is always skipped and counted
-    (a torn record: the journal's writer died mid-line), never an error."""
-    stats = stats if stats is not None else Stats()
-    sp = Splitter(max_line)
-
-    def one(lineno: int, line: Optional[bytes]):
-        if line is None:
-            return _bad(lineno, f"a line longer than {max_line} bytes")
-        line = line.lstrip(b"\0")  # a trimmed journal's punched-out start reads as NULs
-        if not line.strip():
-            return None
-        if too_deep(line, max_depth):
-            return _bad(lineno, f"nested deeper than {max_depth} levels")
-        try:
-            rec = json.loads(line)
-        except (ValueError, RecursionError):
-            stats.skip(lineno, "not a whole JSON record")
-            return None
-        if not isinstance(rec, dict):
-            return _bad(lineno, f"expected a JSON object, got {kind(rec)}")
-        why = check(rec) if check is not None else None
-        return _bad(lineno, why) if why else rec
-
-    def _bad(lineno: int, what: str):
-        if strict:
-            raise BadFile(name, lineno, what)
-        stats.skip(lineno, what)
-        return None
-
+    (a torn record: the journal's writer died mid-line), never an error; so is a last
+    line without a newline that is bad in any way. Keywords: those of :class:`Records`."""
+    r = Records(name, **kw)
     for chunk in chunks:
-        for lineno, line in sp.feed(chunk):
-            rec = one(lineno, line)
-            if rec is not None:
-                yield lineno, rec
-    last = sp.close()
-    if last is not None:  # no newline after it: a torn tail is tolerated, whatever it holds
-        try:
-            rec = one(*last)
-        except BadFile:
-            stats.skip(last[0], "a torn last record")
-            rec = None
-        if rec is not None:
-            yield last[0], rec
+        yield from r.feed(chunk)
+    yield from r.close()
 
 
 def file_chunks(f, limit: Optional[int] = None, name: str = "") -> Iterator[bytes]:
