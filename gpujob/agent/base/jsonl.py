@@ -96,7 +96,8 @@ def gunzip(chunks: Iterable[bytes], name: str, limit: int = MAX_TEXT) -> Iterato
 class Splitter:
     """Bytes in, whole lines out (``feed`` returns ``[(line number, bytes or None)]``); a
     line longer than ``max_line`` is never held: it comes out as ``None`` as soon as it is
-    past the bound, and its bytes are dropped up to its newline. ``close`` gives the last line when the data did not end in
+    past the bound, and its bytes are dropped up to its newline. NULs that start a line (a
+    trimmed journal's punched-out hole, as long as what was trimmed) are never held. ``close`` gives the last line when the data did not end in
     a newline (a torn record, as its reader sees fit)."""
 
     def __init__(self, max_line: int = MAX_LINE):
@@ -129,6 +130,8 @@ class Splitter:
     def _keep(self, rest: bytes, out: list) -> None:
         """The start of a line; one past ``max_line`` is said at once (``None``), then dropped."""
         if not self.dropping:
+            if not self.buf:
+                rest = rest.lstrip(b"\0")
             if len(self.buf) + len(rest) > self.max_line:
                 self.buf.clear()
                 self.dropping = True
@@ -141,6 +144,8 @@ class Splitter:
         if self.dropping:  # its end: already said
             self.dropping = False
             return
+        if not self.buf:
+            piece = piece.lstrip(b"\0")
         self.lineno += 1
         if len(self.buf) + len(piece) > self.max_line:
             out.append((self.lineno, None))
