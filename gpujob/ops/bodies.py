@@ -110,7 +110,7 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
     def cancel(target: str) -> None:  # given up on: its connection closed, so its thread ends
         t = opened.get(target)
         if t is not None:
-            for tr in (t.transport, t.host_transport):
+            for tr in (t.host_transport, t.transport):  # the connection first: it never waits
                 if tr is not None:
                     tr.close()
 
