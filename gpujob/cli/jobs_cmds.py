@@ -314,9 +314,11 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
                  f"{rec.get('reason')}\n")
         if rec.get("note"):
             so.write(f"   {rec['note']}\n")
-        for st in [st for st in rec.get("stacks") or [] if isinstance(st, dict)]:
-            argv = st.get("argv") if isinstance(st.get("argv"), list) else []
-            so.write(f"-- pid {st.get('pid')}: {' '.join(str(a) for a in argv)}\n")
+        stacks = rec.get("stacks")
+        for st in [st for st in (stacks if isinstance(stacks, list) else []) if isinstance(st, dict)]:
+            argv = st.get("argv")
+            words = [str(a) for a in argv] if isinstance(argv, list) else []
+            so.write(f"-- pid {st.get('pid')}: {' '.join(words)}\n")
             text = str(st.get("text") or "")
             so.write(text if text.endswith("\n") else text + "\n")
     so.flush()

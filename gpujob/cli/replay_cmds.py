@@ -97,7 +97,7 @@ def _replay_file(path: Path, source: str, spec_d, profile, baseline) -> tuple:
         f.seek(0)
         if gz:
             recs = trace.iter_records(jsonl.file_chunks(f), source)
-            head = next(recs, {})
+            head: dict = next(recs, {})
             if spec_d is None:  # the trace's first line: the throughput section it was judged with
                 spec_d = _trace_spec(head, source)
             return rp.replay_records(_chain(head, recs), spec_d, profile, baseline)

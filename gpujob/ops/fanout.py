@@ -101,8 +101,10 @@ def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=
         given_up = [k for k in rest if k not in threaded]
     if cancel is not None and given_up:  # its thread ends once what it reads from is closed; a close
         # that waits on the stuck thread's lock (a connection being opened) never holds the command
-        threading.Thread(target=lambda: [_quietly(lambda: cancel(k)) for k in given_up], daemon=True,
-                         name="gpujob-cancel").start()
+        def cancel_all() -> None:
+            for k in given_up:
+                _quietly(lambda: cancel(k))
+        threading.Thread(target=cancel_all, daemon=True, name="gpujob-cancel").start()
     return {k: results[k] if k in results else NoAnswer(f"no answer within {deadline:g}s") for k in keys}
 
 
