@@ -124,3 +124,26 @@ def test_a_begun_question_given_up_on_is_cancelled_on_its_channel():
 
     got = fanout.gather(["mute"], lambda k: None, workers=1, deadline=0.1, begin=lambda k: Handle(), end=end)
     assert isinstance(got["mute"], fanout.NoAnswer) and cancelled == [1]
+
+
+def test_ps_all_of_a_container_that_ran_thousands_of_jobs(tmp_path):
+    """3,000 job directories with a full state each (~8 KB: the last 120 samples, pauses): the
+    whole journal's status is ~24 MB; ``ps --all`` asks for the newest ``--limit`` only."""
+    env = local_env(tmp_path)
+    jobs = tmp_path / "root" / "jobs"
+    recent = [[1.7e9 + i, 12345.678 + i] for i in range(120)]
+    for n in range(3000):
+        j = jobs / f"job-{n:05d}"
+        j.mkdir(parents=True)
+        (j / "job.json").write_text(json.dumps({"format": 1, "job_id": j.name, "spec": {"name": "x"},
+                                                "submitted_at": 1.7e9 + n}))
+        (j / "state.json").write_text(json.dumps({"format": 1, "state": "finished", "job_id": j.name,
+                                                  "tps_recent": recent, "pauses": recent}))
+        os.utime(j / "job.json", (1.7e9 + n, 1.7e9 + n))
+    p = cli(["ps", "--all", "box", "--json"], env)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    rows = json.loads(p.stdout)
+    assert [r["job"] for r in rows] == [f"job-{n:05d}" for n in range(2999, 2979, -1)]
+    p = cli(["ps", "--all", "box", "--limit", "5"], env)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    assert "2995 older jobs in lab/box's journal not listed" in p.stderr.decode()

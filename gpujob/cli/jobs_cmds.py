@@ -373,8 +373,12 @@ def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
     if target is None:
         raise InputError("ps --all: name the container: gpujob ps --all TARGET")
     t = ctx.target(target)
-    jobs_ = t.agent_json("status", "--no-revive")["jobs"]
+    res = t.agent_json("status", "--no-revive", "--newest", str(max(0, limit)))  # bounded, however many ran
+    jobs_ = res["jobs"]
     jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
+    older = (res.get("more") or {}).get("jobs")
+    if older and not as_json:
+        err.print(render.lit(f"gpujob: {older} older jobs in {t.label}'s journal not listed (--limit N lists more)"))
     mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
     views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
     if as_json:
