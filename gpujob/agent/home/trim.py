@@ -72,7 +72,7 @@ class Trimmer:
         self.dir = job_dir
         self.path = os.path.join(job_dir, "trimmed.json")
         self.unsupported = False
-        self._starts = None  # read once: the supervisor is the only writer
+        self._starts: dict | None = None  # read once: the supervisor is the only writer
 
     def starts(self) -> dict:
         if self._starts is None:  # bounded and typed: a file the job's dir holds is data from outside
