@@ -257,10 +257,15 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     if trace or output is not None:
         if not (trace and output is not None):
             raise InputError("--trace needs -o FILE (and -o is only for --trace)")
-        from gpujob.cli.replay_cmds import fetch_trace
+        from gpujob.cli.replay_cmds import fetch_file, fetch_trace, trace_limit
+        from gpujob.agent.base import jsonl
         from gpujob.agent.base.fsio import write_bytes
         job_id, t = job_target(job, target)
-        write_bytes(str(output), fetch_trace(job_id, t))  # an atomic replace
+        try:  # each part at most what the job's journal.keep_log lets it grow to
+            limit = trace_limit(jsonl.loads(fetch_file(job_id, t, "job.json", limit=16 << 20)))
+        except ValueError:
+            raise InputError(f"job {job_id}: its job.json does not parse") from None
+        write_bytes(str(output), fetch_trace(job_id, t, limit))  # an atomic replace
         return
     from gpujob.cli import fleet_cmds
     fleet_id, labels = fleet_cmds.nodes_of(job, target)

@@ -4,6 +4,7 @@ the trace fetch behind it and ``gpujob logs JOB --trace -o FILE``."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -34,18 +35,31 @@ def fetch_file(job_id: str, t, name: str, limit: int = MAX_FETCH) -> bytes:
     return bytes(buf)
 
 
-def fetch_trace(job_id: str, t) -> bytes:
-    """The job's trace: the rotated older part (if any) then the current one."""
+def fetch_trace(job_id: str, t, limit: int = MAX_FETCH) -> bytes:
+    """The job's trace: the rotated older part (if any) then the current one, each at most
+    ``limit`` bytes (a part rotates past the job's journal.keep_log: ``trace_limit``)."""
     from gpujob.agent.base import trace
-    from gpujob.errors import GpujobError
+    from gpujob.errors import GpujobError, HostMisbehaving
     data = b""
     for name in (trace.OLD, trace.NAME):
         try:
-            data += fetch_file(job_id, t, name)
+            data += fetch_file(job_id, t, name, limit)
+        except HostMisbehaving:
+            raise
         except GpujobError:
             if name == trace.NAME and not data:
                 raise
     return data
+
+
+def trace_limit(job: object) -> int:
+    """The most one part of a job's trace may hold: it rotates once past the job's
+    journal.keep_log (checked once a second), so that and a quarter more."""
+    journal = ((job.get("spec") or {}).get("journal") or {}) if isinstance(job, dict) else {}
+    keep = journal.get("keep_log") if isinstance(journal, dict) else None
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
+        return max(MAX_FETCH, keep + keep // 4 + (16 << 20))
+    return MAX_FETCH
 
 
 def _spec_dict(spec: Optional[Path]) -> Optional[dict]:
@@ -96,7 +110,8 @@ def _replay_file(path: Path, source: str, spec_d, profile, baseline) -> tuple:
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
         if gz:
-            recs = trace.iter_records(jsonl.file_chunks(f), source)
+            size = os.fstat(f.fileno()).st_size
+            recs = trace.iter_records(jsonl.file_chunks(f), source, jsonl.text_limit(size))
             head: dict = next(recs, {})
             if spec_d is None:  # the trace's first line: the throughput section it was judged with
                 spec_d = _trace_spec(head, source)
@@ -143,12 +158,13 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
             decisions, summary = _replay_file(path, source, spec_d, profile, baseline)
         else:
             job_id, t = job_target(source, target)
+            got = jsonl.loads(fetch_file(job_id, t, "job.json", limit=16 << 20))
             if spec_d is None:
-                got = jsonl.loads(fetch_file(job_id, t, "job.json", limit=16 << 20))
                 spec_d = got.get("spec") if isinstance(got, dict) else None
                 if not isinstance(spec_d, dict):
                     raise InputError(f"job {job_id}: its job.json holds no spec; give --spec SPEC")
-            recs = trace.iter_records([fetch_trace(job_id, t)], f"job {job_id}'s {trace.NAME}")
+            data = fetch_trace(job_id, t, trace_limit(got))
+            recs = trace.iter_records([data], f"job {job_id}'s {trace.NAME}", jsonl.text_limit(len(data)))
             decisions, summary = rp.replay_records(recs, spec_d, profile, baseline)
     except jsonl.BadFile as e:
         raise InputError(str(e)) from None

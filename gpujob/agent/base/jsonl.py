@@ -23,7 +23,8 @@ import zlib
 from itertools import compress
 from typing import Callable, Iterable, Iterator, Optional
 
-MAX_TEXT = 1 << 30  # decompressed bytes of one gzip file (a trace is at most 64 MiB compressed)
+MAX_TEXT = 1 << 30  # decompressed bytes of a gzip file, at least (text_limit: more for a large one)
+MAX_RATIO = 200  # decompressed to compressed: a trainer's log compresses ~10-50x, a gzip bomb ~1000x
 MAX_LINE = 4 << 20  # one record (a trainer line in a trace is far shorter)
 MAX_DEPTH = 64  # nesting of one record (a trace record is 3 deep, a ledger 6)
 CHUNK = 1 << 16  # a file is read in pieces of this
@@ -31,6 +32,13 @@ PIECE = 1 << 20  # decompressed pieces
 
 _BRACKETS = re.compile(rb"[\[\]{}]")
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+
+
+def text_limit(compressed: int) -> int:
+    """The decompressed size a gzip file of ``compressed`` bytes may have: MAX_TEXT, or
+    MAX_RATIO times its size when that is more (a trace rotates at journal.keep_log, 256 MiB
+    by default: its text is far over MAX_TEXT; the reader streams it, never holding it)."""
+    return max(MAX_TEXT, MAX_RATIO * max(0, compressed))
 
 
 class BadFile(ValueError):

@@ -131,12 +131,12 @@ def iter_records(chunks, name: str, limit: int = jsonl.MAX_TEXT):
 def read_records(path: str) -> list:
     """Every record of a trace file (header included)."""
     with open(path, "rb") as f:
-        return list(iter_records(jsonl.file_chunks(f), path))
+        return list(iter_records(jsonl.file_chunks(f), path, jsonl.text_limit(os.fstat(f.fileno()).st_size)))
 
 
 def parse(data: bytes, name: str = "trace") -> list:
     """Every record of a trace's bytes (header included)."""
-    return list(iter_records([data], name))
+    return list(iter_records([data], name, jsonl.text_limit(len(data))))
 
 
 def job_records(directory: str) -> list:
