@@ -210,3 +210,24 @@ def test_logs_of_a_hostile_events_file(tmp_path, args):
         assert [r["t"] for r in recs] == [1, "soon", 2, 3, 5] and len(said) == 2  # deep, long
     else:
         assert b"first" in out and b"last" in out and len(said) == 4  # deep, two samples, long
+
+
+@pytest.mark.parametrize("case", ["deep", "long", "types"])
+def test_replay_of_a_job_whose_trace_is_hostile(tmp_path, case):
+    """``gpujob replay JOB``: the trace fetched from the container is read by the same reader."""
+    env = local_env(tmp_path)
+    make_job(tmp_path / "root", b"")
+    j = tmp_path / "root" / "jobs" / "j1"
+    (j / "job.json").write_text(json.dumps({"format": 1, "job_id": "j1", "spec": {
+        "name": "x", "throughput": {"format": "ktok", "min": 10, "window": 3}}}))
+    if case == "deep":
+        gz_lines(j / "trace.jsonl.gz", HEAD, b"[" * 100000 + b"]" * 100000 + b"\n")
+    elif case == "long":
+        gz_stream(j / "trace.jsonl.gz", (json.dumps(HEAD) + "\n").encode(), b"z" * (1 << 24), 64)
+    else:
+        gz_lines(j / "trace.jsonl.gz", HEAD, RUN, {"t": 2, "ckpt": ["c"]})
+    rc, out, err, peak = run_measured(["replay", "j1", "-t", "box"], env, tmp_path)
+    expect = {"deep": ":2: nested deeper than 64 levels", "long": ":2: a line longer than",
+              "types": ":3: field ckpt: expected a string, got a list"}[case]
+    assert rc == 2 and f"job j1's trace.jsonl.gz{expect}" in one_line(err), err.decode()[-2000:]
+    assert peak < BOUND_KIB, f"peak RSS {peak >> 10} MiB"
