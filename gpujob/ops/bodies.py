@@ -101,10 +101,18 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
     for r in rows:
         by_target.setdefault(r["target"], []).append(r["job_id"])
 
-    def fetch(target: str) -> dict:
-        return by_job(ctx.target(target).agent_json("status", "--missing-ok", *by_target[target]))
-
     opened: dict = {}
+
+    def fetch(target: str) -> dict:
+        t = opened[target] = ctx.target(target)
+        return by_job(t.agent_json("status", "--missing-ok", *by_target[target]))
+
+    def cancel(target: str) -> None:  # given up on: its connection closed, so its thread ends
+        t = opened.get(target)
+        if t is not None:
+            for tr in (t.host_transport, t.transport):  # the connection first: it never waits
+                if tr is not None:
+                    tr.close()
 
     def begin(target: str):  # sent now on an open exec channel (the daemon's), or None: fetch
         t = opened[target] = ctx.target(target)
@@ -118,7 +126,8 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
         return {s["job_id"]: s for s in answer["jobs"]}
 
     states = {}
-    answers = fanout.gather(list(by_target), fetch, workers=workers, deadline=timeout, begin=begin, end=end)
+    answers = fanout.gather(list(by_target), fetch, workers=workers, deadline=timeout, begin=begin, end=end,
+                            cancel=cancel)
     for target, res in answers.items():  # in the order of the rows
         if isinstance(res, (GpujobError, fanout.NoAnswer)):
             why = res.message if isinstance(res, GpujobError) else str(res)

@@ -62,6 +62,10 @@ MAX_GAP = 10.0  # ... and no later than this (a save is seen within it on any tr
 
 # ---- the file --------------------------------------------------------------------
 
+#: a register's size at most (its entries are bounded by the checkpoints kept; far more than that)
+MAX_BYTES = 256 << 20
+
+
 def path_of(home_root: str, job_id: str) -> str:
     return os.path.join(home_root, DIR, f"{job_id}.json")
 
@@ -72,9 +76,9 @@ def empty(job_id: str, name: str) -> dict:
 
 def load(home_root: str, job_id: str, name: str = "") -> dict:
     """The job's register ({} entries when it has none yet, or it cannot be read)."""
-    try:
-        with open(path_of(home_root, job_id), "rb") as f:
-            data = json.loads(f.read())
+    from gpujob.agent.base import jsonl
+    try:  # bounded as every reader of a file the job's dir holds (agent/base/jsonl.py)
+        data = jsonl.loads(jsonl.read_bounded(path_of(home_root, job_id), MAX_BYTES))
     except (OSError, ValueError):
         return empty(job_id, name)
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from gpujob.agent.base import envs
+from gpujob.agent.base import answers, envs
 from gpujob.agent.home import gc
 from gpujob.agent.home.journal import Home
 from gpujob.agent.home import ledgerfile
@@ -29,13 +29,14 @@ def cmd_ledger(home: Home, args) -> None:
         raise Refused(f"job name {args.name!r}: expected lowercase letters, digits and '-' (at most 40)")
     led = Ledger(home, args.name)
     if args.action == "show":
-        emit({"name": args.name, "ledger": led.read()})
+        emit({"name": args.name, "ledger": answers.ledger_view(led.read())})
         return
     if args.action == "history":
-        emit({"name": args.name, "history": led.history()})
+        emit(answers.cap({"name": args.name, "history": led.history()}, "history", answers.HISTORY_MAX,
+                         newest=True))
         return
     if args.action == "recover":
-        emit(dict(led.recover(), name=args.name, ledger=led.read()))
+        emit(dict(led.recover(), name=args.name, ledger=answers.ledger_view(led.read())))
         return
     if args.action == "undo":
         if not args.profile:
@@ -53,7 +54,8 @@ def cmd_ledger(home: Home, args) -> None:
                           f"(gpujob ledger set)") from None
         after = led.read()
         emit({"name": args.name, "undone": rec, "id": led.last.get("id"), "profile": rec["profile"],
-              "status": (after["profiles"].get(rec["profile"]) or {}).get("status", "untried"), "ledger": after})
+              "status": (after["profiles"].get(rec["profile"]) or {}).get("status", "untried"),
+              "ledger": answers.ledger_view(after)})
         return
     if not args.profile or not args.status:
         raise Refused("ledger set needs a profile and a status (good, bad or untried)")
@@ -66,7 +68,7 @@ def cmd_ledger(home: Home, args) -> None:
         res = led.mark(args.profile, args.status, reason=reason, by_hand=True)
     emit({"name": args.name, "profile": args.profile, "id": led.last.get("id"),
           "before": (led.last.get("before") or {}).get("status", "untried"), "status": args.status,
-          "reason": None if args.status == "untried" else reason, "ledger": res})
+          "reason": None if args.status == "untried" else reason, "ledger": answers.ledger_view(res)})
 
 
 def cmd_profiles(home: Home, args) -> None:
@@ -86,8 +88,9 @@ def cmd_profiles(home: Home, args) -> None:
     for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if name.endswith(".json"):  # a damaged one: its line, the others as they are
             try:
-                ledgers[name[:-5]] = ledgerfile.load(os.path.join(ldir, name))
+                ledgers[name[:-5]] = answers.ledger_view(ledgerfile.load(os.path.join(ldir, name)))
             except LedgerError as e:
                 ledgers[name[:-5]] = {"error": str(e)}
-    emit({"envs": installed, "ledgers": ledgers,
-          "disk_total": gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])})
+    res = {"envs": installed, "ledgers": ledgers,
+           "disk_total": gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])}
+    emit(answers.cap(res, "envs"))
