@@ -16,6 +16,10 @@ from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.protocol import OutcomeKind
 
+#: a file rewritten in place more often than its settle, unchanged this long while a stop
+#: waits for it: between two writes (each write of such a trainer is a burst well under this)
+QUIET = 1.0
+
 
 class Checkpoints:
     """Built with the job (``parts.Job``), the journal, the runner (its relay and nap,
@@ -185,6 +189,12 @@ class Checkpoints:
             for _ in self.runner.relay.drain():  # job.log keeps up meanwhile
                 pass
             self.poll_checkpoints(run, now(), force=True)
+            between = run.ckwatch.finish_between_writes(waiting, now(), QUIET)
+            if between:  # rewritten in place more often than settle: it never settles
+                self.on_ckpt_events(run, [], now())
+                self.say(f"checkpoint {', '.join(e['shown'] for e in between[:3])} is rewritten in place more "
+                         f"often than settle ({run.ckwatch.settle:g}s): unchanged for {QUIET:g}s now, between "
+                         "two writes")
             if not [e for e in run.ckwatch.saving() if e["path"] in waiting]:
                 break
             if now() - told >= 5.0:
