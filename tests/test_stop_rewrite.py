@@ -13,13 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from helpers import cli, job_id_of, local_env, wait_for
+from helpers import cli, cli_json, job_id_of, local_env, wait_for
 
 STANDIN = Path(__file__).parent / "data" / "recipes" / "standin.py"
 
 
-def test_stop_of_a_trainer_rewriting_its_checkpoint_every_2s_answers_and_keeps_it(tmp_path):
-    env = dict(local_env(tmp_path), STANDIN_INTERVAL="0.05")  # 20 steps/s: a save every 40 steps is ~2 s
+def rewriting(tmp_path: Path, env: dict) -> tuple[str, Path]:
+    """A nanoGPT-shaped job saving out/ckpt.pt in place every ~2 s, five saves in: (job, train.log)."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({
         "recipe": "nanogpt", "name": "rw", "target": "lab/box",
         "sync": [{"src": str(STANDIN), "dest": "standin.py"}],
@@ -33,6 +33,12 @@ def test_stop_of_a_trainer_rewriting_its_checkpoint_every_2s_answers_and_keeps_i
     log = tmp_path / "root" / "jobs" / job / "train.log"
     wait_for(lambda: log.exists() and log.read_text().count("saving checkpoint to out") >= 5, 120,
              what="five saves of out/ckpt.pt")
+    return job, log
+
+
+def test_stop_of_a_trainer_rewriting_its_checkpoint_every_2s_answers_and_keeps_it(tmp_path):
+    env = dict(local_env(tmp_path), STANDIN_INTERVAL="0.05")  # 20 steps/s: a save every 40 steps is ~2 s
+    job, log = rewriting(tmp_path, env)
     stop = cli(["stop", job], env, timeout=120)
     said = stop.stdout.decode()
     assert stop.returncode == 0 and f"{job}: stopped" in said, said + stop.stderr.decode()
@@ -48,3 +54,27 @@ def test_stop_of_a_trainer_rewriting_its_checkpoint_every_2s_answers_and_keeps_i
     resumed = int(re.search(r"resumed from checkpoint at step (\d+)", log.read_text()).group(1))
     assert resumed == saved
     assert cli(["stop", job], env, timeout=120).returncode == 0
+
+
+def test_a_supervisor_killed_once_it_took_the_file_as_whole_leaves_a_stopped_job_and_a_checkpoint(tmp_path):
+    """The death point (GPUJOB_TEST_DIE_AT=between_writes): the register holds the file as
+    finished, the trainer is not signalled yet. The stop ends the job (its supervisor lost),
+    nothing of the trainer is left, and that file is a resume point of the job."""
+    from test_jobs_local import trainers_of
+    marker = tmp_path / "died"
+    env = dict(local_env(tmp_path), STANDIN_INTERVAL="0.05", GPUJOB_TEST_DIE_AT=f"between_writes@{marker}")
+    job, log = rewriting(tmp_path, env)
+    cli(["stop", job], env, timeout=300)  # its supervisor dies mid-stop: the answer may say so
+    assert marker.exists()
+    wait_for(lambda: cli_json(["status", job, "--json"], env)["state"] in ("stopped", "failed", "lost"), 300,
+             what="the job to end under a new supervisor")
+    assert cli_json(["status", job, "--json"], env)["state"] == "stopped"
+    assert not trainers_of(tmp_path)
+    # the file the register took as whole is this job's checkpoint: a new job resumes from it
+    env.pop("GPUJOB_TEST_DIE_AT")
+    again = job_id_of(cli(["submit", str(tmp_path / "job.yaml"), "--resume-from", job], env, check=True).stdout)
+    log2 = tmp_path / "root" / "jobs" / again / "train.log"
+    wait_for(lambda: log2.exists() and "resumed from checkpoint at step" in log2.read_text(), 120, what="the resume")
+    resumed = int(re.search(r"resumed from checkpoint at step (\d+)", log2.read_text()).group(1))
+    assert resumed >= 42 and resumed % 40 == 2
+    assert cli(["stop", again], env, timeout=300).returncode == 0

@@ -14,6 +14,7 @@ from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import defaults
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base.fsio import now
+from gpujob.agent.base.proc import die_here
 from gpujob.agent.base.protocol import OutcomeKind
 
 #: a file rewritten in place more often than its settle, unchanged this long while a stop
@@ -191,6 +192,7 @@ class Checkpoints:
             self.poll_checkpoints(run, now(), force=True)
             between = run.ckwatch.finish_between_writes(waiting, now(), QUIET)
             if between:  # rewritten in place more often than settle: it never settles
+                die_here("between_writes")  # the suite's death point: finished in the register, not signalled
                 self.on_ckpt_events(run, [], now())
                 self.say(f"checkpoint {', '.join(e['shown'] for e in between[:3])} is rewritten in place more "
                          f"often than settle ({run.ckwatch.settle:g}s): unchanged for {QUIET:g}s now, between "
