@@ -5,7 +5,9 @@ beside tests/data/recipes/standin.py, which prints that trainer's progress lines
 its checkpoints with its layout and cadence) and its own flags; `gpujob init --recipe R -t
 ct200 -- COMMAND`; only the edits its CHANGE ME marks ask for (the profiles: a fast and a
 slow wheel from the index on loopback; tokens_per_step where it asks); --plan; submit; logs
--f; status; an automatic rollback; stop of a long run. It asserts what the person reads."""
+-f; status; an automatic rollback; stop of a long run while it saves, and a new job resumed
+from what the stopped one kept (`submit --resume-from`). It asserts what the person reads.
+Three journeys end on a gap left open (strict xfails on their own exception: KNOWN)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import wait_for
 from journey import QUICK, User, job_of, tokens_per_step, two_builds
 
 pytestmark = pytest.mark.testbed
@@ -39,6 +42,11 @@ CASES = {
 }
 
 
+#: the line of each trainer's progress at step 30 of the long run (in `gpujob logs`)
+PROGRESS = {"hf_trainer": r" 30/100000 ", "specforge": r"step 30: ", "torchtitan": r"step: 30 ",
+            "lightning": r" 30/100000 "}
+
+
 class ResumedByItself(AssertionError):
     """The trainer of a fresh job resumed by itself from an earlier job's checkpoint."""
 
@@ -52,8 +60,25 @@ HF_RESUMES = pytest.mark.xfail(raises=ResumedByItself, strict=True,
                                reason="hf_trainer: a fresh job's script resumes from an earlier job's checkpoint")
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=HF_RESUMES) if r == "hf_trainer" else r
-                                    for r in sorted(CASES)])
+class NotKept(AssertionError):
+    """A stopped job's last checkpoint was not there to resume from."""
+
+
+#: Left for the lead, strict (their fix shows): Lightning's .ckpt written every ~2 s (a new
+#: name each save, the previous one removed) never stays unchanged for the recipe's settle
+#: (5 s): no save of the fast run is ever finished. torchtitan's recipe passes no
+#: {resume_from} (the trainer loads the newest step-N of its own per-job folder): `submit
+#: --resume-from JOB` is accepted and the new job starts from scratch.
+KNOWN = {
+    "hf_trainer": HF_RESUMES,
+    "lightning": pytest.mark.xfail(raises=NotKept, strict=True,
+                                   reason="lightning: a .ckpt rewritten more often than settle is never finished"),
+    "torchtitan": pytest.mark.xfail(raises=NotKept, strict=True,
+                                    reason="torchtitan: submit --resume-from JOB is not passed to the trainer"),
+}
+
+
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=KNOWN[r]) if r in KNOWN else r for r in sorted(CASES)])
 def test_a_first_day_with_the_recipe(recipe, testbed, tmp_path, index):
     me = User(tmp_path)
     home = f"/root/gj-journey-{recipe}-{os.getpid()}"
@@ -110,8 +135,16 @@ def _journey(me: User, recipe: str, testbed, index, home: str) -> None:
     # a long run, stopped while it saves: stop says how it ended; logs -f then exits 1 saying so
     long = f"{command} {long_steps}"  # (its flag given again: the last one wins, as in argparse)
     job3 = job_of(me.ok("submit", spec.name, "-p", "fast", *QUICK, "--set", f"train.command={long}").out, name)
-    me.ok("logs", job3)
+    wait_for(lambda: re.search(PROGRESS[recipe], me.ok("logs", job3).out), 180, every=1.0,
+             what=f"step 30 of {job3} (it saves all the while)")
     stop = me.ok("stop", job3)
-    assert f"{job3}: stopped" in stop.out, stop.out
+    assert f"{job3}: stopped" in stop.out and "unfinished" not in stop.out, stop.out
     end = me.run("logs", "-f", job3)
     assert end.returncode == 1 and f"gpujob: job {job3} stopped" in end.err, end.err
+    # what it saved is kept: a new job resumes from the stopped one's last finished checkpoint
+    sub = me.run("submit", spec.name, "-p", "fast", *QUICK, "--resume-from", job3)
+    if sub.returncode != 0:
+        raise NotKept(f"submit --resume-from {job3} exited {sub.returncode}: {sub.err[-1500:]}")
+    follow = me.ok("logs", "-f", job_of(sub.out, name))
+    if "resumed from checkpoint at step" not in follow.out:
+        raise NotKept(f"the job resumed from {job3} started from scratch:\n{follow.out[-1500:]}")
