@@ -31,14 +31,16 @@ CASES = {
     "hf_trainer": ("train_hf.py", {}, "python train_hf.py --output_dir out --per_device_train_batch_size 4 "
                    "--max_seq_length 640 --max_steps 100", "--max_steps 100000"),
     "specforge": ("specforge_train.py", {"run.yaml": "model: tiny\n"},
-                  "python specforge_train.py train -c run.yaml output_dir=out run_id=tiny training.max_steps=100 "
+                  "python specforge_train.py train -c run.yaml output_dir=out run_id=tiny "
+                  "training.max_steps=100 "
                   "training.save_interval=10 training.log_interval=2", "training.max_steps=100000"),
     "torchtitan": ("titan_train.py", {"train.toml": "[training]\nsteps = 100\n"},
                    "python titan_train.py --job.config_file train.toml --training.steps 100",
                    "--training.steps 100000"),
     "lightning": ("main.py", {"config.yaml": "trainer: {}\n"},
                   "python main.py fit --config config.yaml --trainer.callbacks+=ModelCheckpoint "
-                  "--trainer.callbacks.every_n_train_steps=10 --trainer.max_steps=100", "--trainer.max_steps=100000"),
+                  "--trainer.callbacks.every_n_train_steps=10 --trainer.max_steps=100",
+                  "--trainer.max_steps=100000"),
 }
 
 
@@ -57,7 +59,8 @@ class ResumedByItself(AssertionError):
 #: gpujob says "this job never resumes from them". Left for the lead (a recipe change:
 #: a per-job --output_dir, as torchtitan's per-job checkpoint folder); strict: its fix shows.
 HF_RESUMES = pytest.mark.xfail(raises=ResumedByItself, strict=True,
-                               reason="hf_trainer: a fresh job's script resumes from an earlier job's checkpoint")
+                               reason="hf_trainer: a fresh job's script resumes from an earlier job's "
+                                      "checkpoint")
 
 
 class NotKept(AssertionError):
@@ -72,13 +75,14 @@ class NotKept(AssertionError):
 KNOWN = {
     "hf_trainer": HF_RESUMES,
     "lightning": pytest.mark.xfail(raises=NotKept, strict=True,
-                                   reason="lightning: a .ckpt rewritten more often than settle is never finished"),
+                                   reason="lightning: a .ckpt rewritten faster than settle never settles"),
     "torchtitan": pytest.mark.xfail(raises=NotKept, strict=True,
-                                    reason="torchtitan: submit --resume-from JOB is not passed to the trainer"),
+                                    reason="torchtitan: submit --resume-from JOB never reaches the trainer"),
 }
 
 
-@pytest.mark.parametrize("recipe", [pytest.param(r, marks=KNOWN[r]) if r in KNOWN else r for r in sorted(CASES)])
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=KNOWN[r]) if r in KNOWN else r
+                                    for r in sorted(CASES)])
 def test_a_first_day_with_the_recipe(recipe, testbed, tmp_path, index):
     me = User(tmp_path)
     home = f"/root/gj-journey-{recipe}-{os.getpid()}"
@@ -100,7 +104,8 @@ def _journey(me: User, recipe: str, testbed, index, home: str) -> None:
     me.cwd = repo
 
     init = me.ok("init", "--recipe", recipe, "-t", "ct200", "--", *command.split())
-    said = re.match(r"wrote (\S+)\.yaml: check the CHANGE ME lines, then `gpujob submit \1\.yaml --plan`$", init.err)
+    said = re.match(r"wrote (\S+)\.yaml: check the CHANGE ME lines, then `gpujob submit \1\.yaml --plan`$",
+                    init.err)
     assert said, init.err
     name = said.group(1)  # after the script, as the spec's `name:`
     spec = repo / f"{name}.yaml"
@@ -134,7 +139,8 @@ def _journey(me: User, recipe: str, testbed, index, home: str) -> None:
 
     # a long run, stopped while it saves: stop says how it ended; logs -f then exits 1 saying so
     long = f"{command} {long_steps}"  # (its flag given again: the last one wins, as in argparse)
-    job3 = job_of(me.ok("submit", spec.name, "-p", "fast", *QUICK, "--set", f"train.command={long}").out, name)
+    job3 = job_of(me.ok("submit", spec.name, "-p", "fast", *QUICK, "--set", f"train.command={long}").out,
+                  name)
     wait_for(lambda: re.search(PROGRESS[recipe], me.ok("logs", job3).out), 180, every=1.0,
              what=f"step 30 of {job3} (it saves all the while)")
     stop = me.ok("stop", job3)

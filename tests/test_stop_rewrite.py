@@ -72,9 +72,11 @@ def test_a_supervisor_killed_once_it_took_the_file_as_whole_leaves_a_stopped_job
     assert not trainers_of(tmp_path)
     # the file the register took as whole is this job's checkpoint: a new job resumes from it
     env.pop("GPUJOB_TEST_DIE_AT")
-    again = job_id_of(cli(["submit", str(tmp_path / "job.yaml"), "--resume-from", job], env, check=True).stdout)
+    again = job_id_of(cli(["submit", str(tmp_path / "job.yaml"), "--resume-from", job], env,
+                          check=True).stdout)
     log2 = tmp_path / "root" / "jobs" / again / "train.log"
-    wait_for(lambda: log2.exists() and "resumed from checkpoint at step" in log2.read_text(), 120, what="the resume")
+    wait_for(lambda: log2.exists() and "resumed from checkpoint at step" in log2.read_text(), 120,
+             what="the resume")
     resumed = int(re.search(r"resumed from checkpoint at step (\d+)", log2.read_text()).group(1))
     assert resumed >= 42 and resumed % 40 == 2
     assert cli(["stop", again], env, timeout=300).returncode == 0

@@ -137,7 +137,8 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
         if r["state"] == "submitting" and st.get("state") == JobState.NOT_FOUND:
             gone = ctx.state().abandoned(r)
             if gone is None:  # a submit going on now (another shell): it is not there yet
-                views.append(render.status_view(dict(st, job_id=r["job_id"], state="submitting"), r["target"]))
+                going = dict(st, job_id=r["job_id"], state="submitting")
+                views.append(render.status_view(going, r["target"]))
                 continue
             ctx.state().unreserve(r["job_id"])  # a phantom: its submit was killed before the container had it
             err.print(f"gpujob: {r['job_id']} was never started: its submit (gpujob pid {gone}) ended before "

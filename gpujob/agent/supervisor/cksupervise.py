@@ -194,9 +194,9 @@ class Checkpoints:
             if between:  # rewritten in place more often than settle: it never settles
                 die_here("between_writes")  # the suite's death point: finished in the register, not signalled
                 self.on_ckpt_events(run, [], now())
-                self.say(f"checkpoint {', '.join(e['shown'] for e in between[:3])} is rewritten in place more "
-                         f"often than settle ({run.ckwatch.settle:g}s): unchanged for {QUIET:g}s now, between "
-                         "two writes")
+                names = ", ".join(e["shown"] for e in between[:3])
+                self.say(f"checkpoint {names} is rewritten in place more often than settle "
+                         f"({run.ckwatch.settle:g}s): unchanged for {QUIET:g}s now, between two writes")
             if not [e for e in run.ckwatch.saving() if e["path"] in waiting]:
                 break
             if now() - told >= 5.0:
