@@ -18,6 +18,7 @@ SCRIPTS = "scripts"
 
 #: the modules over REVIEW_AT lines, each with the one role that keeps it one file
 REVIEWED = {
+    "bench/recipes_gpu/run.py": "the recipes' GPU bench driver: the acts of each lane and their figures",
     "gpujob/agent/home/ckregister.py": "the checkpoint register: one job's file and the live watch of a run",
     "gpujob/cli/jobs_cmds.py": "the typer commands of one job: submit, logs, status, stop, rollback",
     "gpujob/agent/judge/policy.py": "the throughput policy: one state machine over samples (pure)",

@@ -221,6 +221,8 @@ def test_a_sender_killed_mid_post_resends_that_message_only_where_it_was_not_ack
 
     def do_post(handler):  # the sender dies while /kill holds its message, before any answer
         if handler.path == "/kill" and not killed.is_set():
+            rec = tmp_path / "jobs" / "nt-1" / "notify" / "nt-1.failure.end.json"  # each webhook has its own
+            wait_for(lambda: 0 in json.loads(rec.read_text())["acked"], 30, what="/ok's acknowledgement")
             killed.set()
             os.kill(first.pid, signal.SIGKILL)
             first.wait()
@@ -312,7 +314,7 @@ def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(t
     assert got[("gpujob_rollbacks_total", job)] == 1 == st["metrics"]["rollbacks"]
     assert got[("gpujob_state", job | {("state", "succeeded")})] == 1
     assert st["metrics"]["state"] == "succeeded" and st["metrics"]["profile"] == "fast"
-    assert st["notify"] == {"waiting": 0, "sent": 3, "given_up": []}
+    assert st["notify"] == {"waiting": 0, "sent": 3, "given_up": [], "dropped": 0}
 
 
 def test_the_plan_shows_the_webhooks_and_the_textfile_never_a_secret(tmp_path, index_urls):
@@ -395,7 +397,7 @@ def test_a_webhook_that_never_answers_is_an_event_never_a_job_failure(tmp_path, 
     wait_for(lambda: not notify.waiting(str(d)), 10, what="the outbox to close")
     assert [p.name.split(".")[1] for p in (d / "notify").iterdir()] == ["success"]
     assert cli_json(["status", job_id_of(p.stdout), "--json"], env)["notify"] == \
-        {"waiting": 0, "sent": 0, "given_up": [f"{job_id_of(p.stdout)}.success.end"]}
+        {"waiting": 0, "sent": 0, "given_up": [f"{job_id_of(p.stdout)}.success.end"], "dropped": 0}
     # without throughput, a job that exits 0 makes its profile known-good: that is sent too
     hooks.down.clear()
     spec = write_spec(tmp_path / "job2.yaml", target="box", fast_url=index_urls["fast"],

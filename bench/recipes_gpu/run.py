@@ -191,8 +191,15 @@ def run_lane(b: Lanes, lane: Lane, figures: Figures, end: float, resumed_s: floa
     st2 = b.stop(name, job2, min(end, time.time() + 60))
     b.keep(name, job2, "act2")
     out["act2"].update(figures2(b, name, job2, st2, base))
-    out["act2"]["counter"] = counter_check(root / "jobs" / job2 / "trace.jsonl.gz", name, lane.tokens_per_step(b.args),
-                                           out["act2"].get("resumed_tok_s"))
+    trace2 = root / "jobs" / job2 / "trace.jsonl.gz"
+    out["act2"]["counter"] = counter_check(trace2, name, lane.tokens_per_step(b.args), out["act2"].get("resumed_tok_s"))
+    if lane.tokens_per_step(b.args):
+        for tag, job, resumed in (("act1", job1, False), ("act2", job2, True)):
+            try:
+                out[tag]["counter_vs_gpujob"] = counter_vs_samples(root / "jobs" / job / "trace.jsonl.gz", name,
+                                                                   lane.tokens_per_step(b.args), resumed)
+            except (OSError, KeyError, IndexError, ValueError) as e:
+                out[tag]["counter_vs_gpujob"] = {"error": f"{type(e).__name__}: {e}"}
     if b.args.via_init:
         try:
             out["hand_edits"] = json.loads((b.tmp / name / "hand_edits.json").read_text())
@@ -327,6 +334,58 @@ def counter_check(trace: Path, lane: str, tokens_per_step: float | None, gpujob_
         if gpujob_resumed:
             out["gpujob_over_counter"] = round(gpujob_resumed / out["counter_tok_s"], 3)
     return out
+
+
+def counter_vs_samples(trace: Path, lane: str, tokens_per_step: float, resumed: bool | None = None) -> dict:
+    """One train run of a kept trace (the resumed one, or the first with ``resumed=False``):
+    the median of the samples gpujob's own line source reads from its lines (its first quarter
+    left out) against the trainer's step counter over the same span: its mean (saves and evals
+    included) and the median of its 1 s windows (like gpujob's samples, between saves)."""
+    import gzip
+    import statistics
+    from gpujob.agent.judge.sources import line_source
+    recs = []
+    with gzip.open(trace, "rt", errors="replace") as f:
+        for ln in f:
+            try:
+                recs.append(json.loads(ln))
+            except ValueError:
+                pass
+    src = line_source(recs[0]["meta"]["throughput"])
+    rx = COUNTERS[lane]
+    runs: list = []
+    for r in recs[1:]:
+        if isinstance(r.get("run"), dict):
+            runs.append((r["run"], [], []))
+        elif "out" in r and runs and runs[-1][0].get("phase") == "train":
+            got = src.from_line(str(r["out"]), r["t"])
+            if got:
+                runs[-1][1].append((r["t"], got[0]))
+            m = rx.search(ANSI.sub("", str(r["out"])))
+            pts = runs[-1][2]
+            if m and (not pts or int(m.group(1)) > pts[-1][1]):
+                pts.append((r["t"], int(m.group(1))))
+    want = [x for x in runs if x[0].get("phase") == "train" and (resumed is None or bool(x[0].get("resume")) == resumed)
+            and len(x[1]) > 8]
+    if not want:
+        return {}
+    _run, samples, pts = want[-1] if resumed is not False else want[0]
+    q = len(samples) // 4
+    t0 = samples[q][0]
+    gj = statistics.median(v for _, v in samples[q:])
+    pts = [p for p in pts if p[0] >= t0]
+    if len(pts) < 3:
+        return {"gpujob_median": round(gj, 1)}
+    mean = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]) * tokens_per_step
+    win, j = [], 0
+    for t, n in pts:
+        while j < len(pts) and pts[j][0] < t + 1.0:
+            j += 1
+        if j < len(pts):
+            win.append((pts[j][1] - n) / (pts[j][0] - t) * tokens_per_step)
+    w = statistics.median(win) if win else None
+    return {"gpujob_median": round(gj, 1), "counter_mean": round(mean, 1), "counter_1s_median": round(w, 1) if w else None,
+            "over_mean": round(gj / mean, 3), "over_1s": round(gj / w, 3) if w else None, "samples": len(samples)}
 
 
 def main(argv=None) -> int:

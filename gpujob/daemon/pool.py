@@ -1,8 +1,9 @@
 """The daemon's connections, per inventory: one ``Targets`` (SSH connections, and the
 exec channel into each container) for each inventory file a request names, reused
-while that file's bytes, ~/.ssh/config and every known_hosts file it names are
-unchanged; otherwise a fresh one is opened and the old one closes when its last
-command ends."""
+while that file's bytes, ~/.ssh/config (and every file it includes) and every
+known_hosts file it or hosts.yaml names are unchanged; otherwise a fresh one is
+opened and the old one closes when its last command ends. A host whose ssh config
+sets what gpujob does not honour is left to the full CLI, which says so."""
 
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ class Entry:
         self.users = 0
         self.retired = False
         self.lock = threading.Lock()
+        kept = {n: h for n, h in self.inventory.hosts.items() if kinds.get(h.kind).kept_connection}
         self.watched = [Path("~/.ssh/config").expanduser()] + sorted(
-            {Path(h.known_hosts or "~/.ssh/known_hosts").expanduser()
-             for h in self.inventory.hosts.values() if kinds.get(h.kind).kept_connection})
+            {Path(h.known_hosts or "~/.ssh/known_hosts").expanduser() for h in kept.values()}
+            | {Path(f) for n, h in kept.items() for f in kinds.get(h.kind).reach_files(n, h)})
         self.stats = [_stat(p) for p in self.watched]
 
     def load(self, path: str | None):
@@ -54,8 +56,9 @@ class Entry:
 
     def target(self, name: str):
         host_name, host, cname, _ = self.inventory.resolve(name)
-        if not kinds.get(host.kind).kept_connection:
-            raise Fallback()
+        kind = kinds.get(host.kind)
+        if not kind.kept_connection or kind.unhonoured(host_name, host):
+            raise Fallback()  # the full CLI says each unhonoured setting on the user's stderr
         with self.lock:
             label = f"{host_name}/{cname}"
             if label not in self.opened:

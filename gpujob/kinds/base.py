@@ -64,6 +64,16 @@ class Kind(ABC):
     #: its known_hosts (a host field) is then watched for changes
     kept_connection: bool = False
 
+    def reach_files(self, host_name: str, host) -> list[str]:
+        """Files besides hosts.yaml that decide how the host is reached (the user's ssh
+        config, what it includes, the known_hosts it names): the daemon watches them."""
+        return []
+
+    def unhonoured(self, host_name: str, host) -> list[str]:
+        """One line for each setting that decides how to reach the host and that gpujob
+        does not honour (said on stderr; the daemon leaves such a host to the full CLI)."""
+        return []
+
     def connect(self, host_name: str, host, *, accept_new: bool) -> Transport | None:
         """The one connection to the host below this kind's containers (``host``: its
         hosts.yaml entry), or None when there is none."""

@@ -3,11 +3,20 @@
 
 from __future__ import annotations
 
-from gpujob.errors import ConnectError
+from pathlib import Path
+
+from gpujob.errors import ConnectError, GpujobError
 from gpujob.kinds.base import AddCheck, CheckStatus, Kind, Opened
 from gpujob.steps import Step
 from gpujob.transport.base import Transport
 from gpujob.transport.pct import PctTransport
+
+_said: set[str] = set()
+
+
+def _notes(settings) -> list[str]:
+    return settings.notes + (settings.jump.notes if settings.jump is not None else [])
+
 
 SSH_FIELDS = ("address", "port", "user", "identity_file", "known_hosts", "proxy_jump")
 
@@ -22,9 +31,33 @@ class SshKind(Kind):
     ships_uv = True
 
     def connect(self, host_name, host, *, accept_new: bool) -> Transport:
+        import sys
+
         from gpujob.transport.ssh import SshTransport  # paramiko: only for ssh hosts
         from gpujob.transport.ssh_config import ssh_settings
-        return SshTransport(ssh_settings(host_name, host), accept_new=accept_new)
+        settings = ssh_settings(host_name, host)
+        for note in _notes(settings):
+            if note not in _said:  # once per process
+                _said.add(note)
+                sys.stderr.write(f"gpujob: note: {note}\n")
+        return SshTransport(settings, accept_new=accept_new)
+
+    def reach_files(self, host_name, host) -> list[str]:
+        from gpujob.transport.ssh_config import ssh_settings
+        from gpujob.transport.ssh_include import config_files
+        files = config_files(Path("~/.ssh/config").expanduser())
+        try:
+            s = ssh_settings(host_name, host)
+        except GpujobError:  # the command that uses the host says what is wrong
+            return files
+        return files + [str(x.known_hosts) for x in (s, s.jump) if x is not None]
+
+    def unhonoured(self, host_name, host) -> list[str]:
+        from gpujob.transport.ssh_config import ssh_settings
+        try:
+            return _notes(ssh_settings(host_name, host))
+        except GpujobError:
+            return []
 
     def open(self, host, entry, cname, container) -> Opened:
         ssh = host()

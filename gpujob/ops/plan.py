@@ -192,7 +192,8 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                           when="when a known-good, installed rollback target exists"))
     for i, hook in enumerate(req["spec"].get("notify") or []):
         steps.append(Step("notify", "supervisor", f"post to {planshare.describe(i, hook)} from the container's "
-                          f"outbox (timeout {hook['timeout']:g}s, {hook['retries']} retries with backoff)",
+                          f"outbox (its own sender; {hook['timeout']:g}s an attempt, {hook['retries']} retries "
+                          f"with backoff, given up {hook['deadline']:g}s after it was queued)",
                           when="on " + ", ".join(hook["events"])))
     if spec.metrics is not None:
         where = planshare.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)

@@ -63,8 +63,10 @@ class Webhook(Strict):
     format: Literal["slack", "ntfy", "json"] = "json"
     token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
     events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]
-    timeout: Duration = 10.0  # per attempt
+    timeout: Duration = 10.0  # one attempt, all told (connect, send, the answer's headers): not per read
     retries: int = Field(5, ge=0, le=20)  # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
+    deadline: Duration = 120.0  # one message, all attempts and backoff: then it is given up; also how long the
+    # supervisor may outlive its job's end for its webhooks (the largest deadline of the job's webhooks)
 
     @model_validator(mode="after")
     def _consistent(self) -> Webhook:
@@ -75,6 +77,11 @@ class Webhook(Strict):
             raise At(("events",), "expected at least one of rollback, failure, success, known_good")
         if not 0 < self.timeout <= 300:
             raise At(("timeout",), "expected a duration > 0 and at most 5m")
+        if not 1 <= self.deadline <= 3600:
+            raise At(("deadline",), "expected a duration of at least 1s and at most 1h")
+        if self.deadline < self.timeout:
+            raise At(("deadline",), f"expected at least the timeout ({self.timeout:g}s): the deadline bounds "
+                                    "all of a message's attempts, the timeout one of them")
         return self
 
 

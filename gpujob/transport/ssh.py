@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gpujob import lazyimport
+from gpujob.transport import identities
 
 if TYPE_CHECKING:  # the checker reads paramiko's stubs; at run time it is the same module, loaded below
     import paramiko
@@ -155,6 +156,8 @@ def _no_key_where(settings) -> str:
     methods available')."""
     named = [str(k) for k in settings.identity_files]
     files = f"no file at {', '.join(named)}" if named else "no identity_file in hosts.yaml or ~/.ssh/config"
+    if getattr(settings, "identities_only", False):
+        return f"{files} (IdentitiesOnly yes: no other key is offered)"
     return f"{files}, no ~/.ssh/id_* key, and no key in an ssh-agent"
 
 
@@ -217,13 +220,18 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     client.set_missing_host_key_policy(_HostKeyPolicy(known, accept_new, revoked))
     keys = [str(Path(k).expanduser()) for k in settings.identity_files
             if Path(k).expanduser().exists()]
+    only = getattr(settings, "identities_only", False)
+    agent = identities.AgentKeys(keys if only and getattr(settings, "allow_agent", True) else [])
     try:
         client.connect(
             settings.hostname, port=settings.port, username=settings.user, sock=sock,
+            # IdentitiesOnly: the agent signs only for a configured identity (its first match)
+            pkey=agent.keys[0] if agent.keys else None,
             key_filename=keys or None,  # type: ignore[arg-type]  # paramiko takes a list of files too
             timeout=settings.connect_timeout,
             banner_timeout=settings.connect_timeout, auth_timeout=settings.connect_timeout,
-            allow_agent=True, look_for_keys=not keys)
+            allow_agent=getattr(settings, "allow_agent", True) and not only,
+            look_for_keys=not keys and not only)
     except HostKeyError:
         client.close()
         raise
@@ -240,7 +248,11 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
     except paramiko.AuthenticationException:
         client.close()
         tried = ", ".join(keys) if keys else "default keys"
-        raise ConnectError(f"authentication failed for {where} (tried {tried} and ssh-agent)",
+        if only:
+            tried += ", IdentitiesOnly yes: no other key of an ssh-agent"
+        elif getattr(settings, "allow_agent", True):
+            tried += " and ssh-agent"
+        raise ConnectError(f"authentication failed for {where} (tried {tried})",
                            hint="check `user` and `identity_file` in hosts.yaml") from None
     except (paramiko.SSHException, OSError, EOFError) as e:
         client.close()
@@ -251,6 +263,8 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
                      f"ssh-copy-id -p {settings.port} {settings.user}@{settings.hostname}; or name one with "
                      "`identity_file` in hosts.yaml") from None
         raise ConnectError(f"ssh to {where} failed: {e or type(e).__name__}", hint=_hint_for(e)) from None
+    finally:
+        agent.close()  # its keys sign only during the login
     offered = _link(client, where).get_remote_server_key()
     if offered.get_base64() in revoked:
         client.close()

@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 import pkgutil
 
-DEFAULTS: dict = json.loads(pkgutil.get_data("gpujob.agent.base", "spec_defaults.json"))
+_RAW = pkgutil.get_data("gpujob.agent.base", "spec_defaults.json")
+if _RAW is None:  # a loader that cannot read data files (the agent's, a directory or its zip, can)
+    raise ImportError("gpujob.agent.base: this loader cannot read spec_defaults.json")
+DEFAULTS: dict = json.loads(_RAW)
 
 
 def section(spec: dict, name: str):

@@ -237,9 +237,9 @@ def check_verify(profile: dict, report: dict) -> list:
             problems.append(f"{name} is {got}, the profile pins {want}")
     torch = report.get("torch")
     if torch:
-        want = dict(pin_of(p) for p in profile.get("packages") or []).get("torch")
-        if want and torch["version"] != want:
-            problems.append(f"torch.__version__ is {torch['version']}, the profile pins {want}")
+        pinned = dict(pin_of(p) for p in profile.get("packages") or []).get("torch")
+        if pinned and torch["version"] != pinned:
+            problems.append(f"torch.__version__ is {torch['version']}, the profile pins {pinned}")
         cuda = profile.get("cuda")
         if cuda and (torch.get("cuda") or "") != cuda and not (torch.get("cuda") or "").startswith(cuda + "."):
             problems.append(f"torch.version.cuda is {torch.get('cuda')}, the profile says {cuda}")

@@ -131,7 +131,8 @@ def json_objects(data: bytes) -> list:
 def read_records(path: str) -> tuple:
     """(records, skipped): the whole JSON lines of a .jsonl file, and how many lines
     could not be read (a torn tail left by a crash, or damage)."""
-    records, skipped = [], 0
+    records: list = []
+    skipped = 0
     try:
         f = open(path, "rb")
     except OSError:

@@ -134,7 +134,7 @@ LAUNCHER = ("import sys\ndel sys.path[0]\nimport os,runpy\n"
 
 # ---- result shapes ------------------------------------------------------------
 def error_result(message: str, refused: bool = False) -> dict:
-    out = {"error": message}
+    out: dict = {"error": message}
     if refused:
         out["refused"] = True
     return out

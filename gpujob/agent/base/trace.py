@@ -17,6 +17,7 @@ import gzip
 import json
 import os
 import zlib
+from typing import IO
 
 from gpujob.agent.base.fsio import json_objects
 
@@ -28,7 +29,8 @@ FLUSH = 1.0
 class TraceWriter:
     def __init__(self, directory: str, header: dict, limit: int = 64 << 20):
         self.dir, self.header, self.limit = directory, header, max(1 << 16, int(limit))
-        self.raw = self.gz = None
+        self.raw: IO[bytes] | None = None
+        self.gz: gzip.GzipFile | None = None
         self.last_flush = 0.0
         self._buf: list = []  # encoded records not yet in the gzip stream (until the next tick)
         self._size = 0
@@ -36,9 +38,9 @@ class TraceWriter:
     def _open(self) -> None:
         path = os.path.join(self.dir, NAME)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
-        self.raw = os.fdopen(fd, "ab")
-        self.gz = gzip.GzipFile(fileobj=self.raw, mode="ab", compresslevel=5)
-        if os.fstat(self.raw.fileno()).st_size == 0:
+        self.raw = raw = os.fdopen(fd, "ab")
+        self.gz = gzip.GzipFile(fileobj=raw, mode="ab", compresslevel=5)
+        if os.fstat(raw.fileno()).st_size == 0:
             self._put({"trace": 1, **self.header})
 
     def _put(self, rec: dict) -> None:
@@ -54,6 +56,7 @@ class TraceWriter:
 
     def _drain(self) -> None:
         if self._buf:
+            assert self.gz is not None  # records are buffered only once the file is open (_open)
             self.gz.write(b"".join(self._buf))
             self._buf, self._size = [], 0
 
@@ -81,13 +84,14 @@ class TraceWriter:
 
     def tick(self, t: float) -> None:
         """From the watch loop: a sync flush at most every FLUSH seconds; rotation."""
-        if self.gz is None or t - self.last_flush < FLUSH:
+        gz, raw = self.gz, self.raw
+        if gz is None or raw is None or t - self.last_flush < FLUSH:
             return
         self.last_flush = t
         self._drain()
-        self.gz.flush(zlib.Z_SYNC_FLUSH)
-        self.raw.flush()
-        if self.raw.tell() > self.limit:
+        gz.flush(zlib.Z_SYNC_FLUSH)
+        raw.flush()
+        if raw.tell() > self.limit:
             self.close()
             os.replace(os.path.join(self.dir, NAME), os.path.join(self.dir, OLD))
 
@@ -95,7 +99,8 @@ class TraceWriter:
         if self.gz is not None:
             self._drain()
             self.gz.close()
-            self.raw.close()
+            if self.raw is not None:
+                self.raw.close()
             self.gz = self.raw = None
 
 

@@ -145,7 +145,7 @@ class Server:
         self.conns: dict = {}
         self.lock = threading.Lock()
         self.error: str | None = None
-        self.sock = None
+        self.sock: socket.socket | None = None
         self.stopped = False
 
     def start(self) -> None:
@@ -168,9 +168,10 @@ class Server:
             except OSError as e:
                 self.error = f"cannot listen on port {self.port}: {e.strerror or e}"
                 time.sleep(1.0)
-        while not self.stopped:
+        sock = self.sock  # (None only when stopped before it listened)
+        while not self.stopped and sock is not None:
             try:
-                c, _addr = self.sock.accept()
+                c, _addr = sock.accept()
             except OSError:
                 return
             threading.Thread(target=self._serve, args=(c,), daemon=True).start()

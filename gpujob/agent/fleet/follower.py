@@ -39,11 +39,16 @@ class Follower(Node):
     def leader_gone_for(self, t: float) -> float:
         return t - self.last_heard
 
+    def channel(self) -> Client:
+        """The channel to the leader: start() opened it, and every use comes after."""
+        assert self.client is not None, "the follower's channel is used before start()"
+        return self.client
+
     def drain(self):
         """The leader's word: an Outcome to act on (relaunch, end), or None."""
         while True:
             try:
-                body = self.client.inbox.get_nowait()
+                body = self.channel().inbox.get_nowait()
             except queue.Empty:
                 return None
             kind = body.get("kind")
@@ -54,11 +59,11 @@ class Follower(Node):
                     self.away_said = False
                     self.port.say("leader reachable again")
                 if self.ready_msg:
-                    self.client.send(self.ready_msg)
-                self.client.hello["round"] = self.round
+                    self.channel().send(self.ready_msg)
+                self.channel().hello["round"] = self.round
             elif kind == "relaunch" and int(body.get("round") or 0) > self.round:
                 self.set_round(int(body["round"]))
-                self.client.hello["round"] = self.round
+                self.channel().hello["round"] = self.round
                 self.ready_msg = None
                 return Outcome(OutcomeKind.ROLLBACK, "fleet", f"node 0 decided: {body.get('reason')}",
                                to=body.get("profile"), mark_bad=False)
@@ -69,7 +74,7 @@ class Follower(Node):
                 return Outcome(OutcomeKind.FLEET_GO)
 
     def own_sample(self, run, value, step, t):
-        self.client.send({"kind": "sample", "value": value, "step": step, "round": self.round})
+        self.channel().send({"kind": "sample", "value": value, "step": step, "round": self.round})
         run.samples.append(Sample(t, value, step))
         del run.samples[:-1000]
         self.port.journal.sample(t=round(t, 3), value=value, step=step, verdict="reported",
@@ -106,7 +111,7 @@ class Follower(Node):
 
     def barrier(self, profile: str):
         self.ready_msg = {"kind": "ready", "round": self.round, "profile": profile}
-        self.client.send(self.ready_msg)
+        self.channel().send(self.ready_msg)
         self.port.say(f"ready (round {self.round}, profile {profile}); waiting for node 0's go")
         out = self.wait_word("waiting at the barrier")
         if out.kind == OutcomeKind.FLEET_GO:
@@ -131,7 +136,7 @@ class Follower(Node):
                 return None
             body = {"kind": "failed", "signal": out.signal_name, "reason": out.reason, "round": self.round,
                     "exit_code": out.exit_code, "tail": list((out.evidence or {}).get("tail") or [])[-5:]}
-            self.client.send(body)
+            self.channel().send(body)
             self.port.journal.event("fleet_failure_reported", signal=out.signal_name, reason=out.reason)
             self.port.say(f"reported to node 0: {out.reason}; waiting for its decision")
             self.ready_msg = None

@@ -40,12 +40,17 @@ class Leader(Node):
         t = now()
         self.heard = {r: t for r in range(1, self.n)}
 
+    def channel(self) -> Server:
+        """The followers' channel: start() opened it, and every use comes after."""
+        assert self.server is not None, "the leader's channel is used before start()"
+        return self.server
+
     def drain(self) -> list:
         """Take what followers sent; returns the new (rank, sample value) pairs."""
-        got = []
+        got: list = []
         while True:
             try:
-                rank, body = self.server.inbox.get_nowait()
+                rank, body = self.channel().inbox.get_nowait()
             except queue.Empty:
                 return got
             if not 0 < rank < self.n:
@@ -66,7 +71,7 @@ class Leader(Node):
                 if (self.port.journal.record().job_state or JobState.LOST).is_terminal():
                     continue
                 if self.last_relaunch and int(body.get("round") or 0) < self.round:
-                    self.server.send(rank, self.last_relaunch)  # it missed the decision
+                    self.channel().send(rank, self.last_relaunch)  # it missed the decision
             elif kind == "ready":
                 self.ready[rank] = int(body.get("round") or 0)
             elif kind == "sample" and int(body.get("round", -1)) == self.round:
@@ -149,7 +154,7 @@ class Leader(Node):
             missing = [r for r in range(1, self.n) if self.ready.get(r) != self.round]
             if not missing:
                 self.latest = {}
-                self.server.broadcast({"kind": "go", "round": self.round, "profile": profile})
+                self.channel().broadcast({"kind": "go", "round": self.round, "profile": profile})
                 self.port.journal.event("fleet_barrier", round=self.round, profile=profile)
                 self.port.say(f"all {self.n} nodes ready (round {self.round}, profile {profile}): go")
                 return None
@@ -172,7 +177,8 @@ class Leader(Node):
                 peer = self.failure_outcome()
                 out.reason = f"{peer.reason}; here: {out.reason}"
             else:
-                gone = [r for r in range(1, self.n) if r not in self.server.connected() and r not in self.done]
+                up = self.channel().connected()
+                gone = [r for r in range(1, self.n) if r not in up and r not in self.done]
                 if gone:  # a node whose supervisor died with its trainer says nothing: say it for it
                     out.reason = (f"{out.reason}; {', '.join(self.label(r) for r in gone)} unreachable "
                                   "(its supervisor is gone)")
@@ -191,7 +197,7 @@ class Leader(Node):
         self.set_round(self.round + 1)
         self.last_relaunch = msg
         self.port.journal.set_state(fleet_relaunch=msg)
-        self.server.broadcast(msg)
+        self.channel().broadcast(msg)
         self.port.journal.event("fleet_relaunch", **{k: v for k, v in msg.items() if k != "kind"})
         what = f"restart on {to}" if to == profile else f"switch to {to}"
         self.port.say(f"every node: stop, {what}, resume together (round {self.round})")

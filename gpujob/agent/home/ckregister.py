@@ -202,11 +202,11 @@ class CkWatch:
         self.last_poll = 0.0
         self.min_gap = 0.0  # LOOK_BUDGET x what the last look cost
         self.just_finished: list = []  # entries finished by the last poll
-        rec = next((r for r in reg["runs"] if r["run"] == run), {})
+        rec: dict = next((r for r in reg["runs"] if r["run"] == run), {})
         self.before = rec.get("before") or {}  # what the glob matched at the run's start
         self.started_at = float(rec.get("started_at") or 0.0)
         self.refused_dirs: dict = {}  # real directory -> why a checkpoint may not lie there (or None)
-        self.refused_why = None  # why the glob's fixed part, resolved now, is refused (or None)
+        self.refused_why: str | None = None  # why the glob's fixed part, resolved now, is refused (or None)
         self.lister = ckscan.Lister(pattern)
         self.new_paths: list = []  # matches the last listing brought that no look has seen yet
         self.looked: set = set()  # what the last look stat'ed

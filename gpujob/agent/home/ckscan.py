@@ -155,7 +155,7 @@ class Lister:
         self.pattern = pattern
         head, tail = os.path.split(pattern)
         self.dir = head if ckpaths.fixed_part(pattern) == head and tail and "**" not in tail else None
-        self.stamp = None
+        self.stamp: tuple | None = None
         self.paths: list = []
         self.set: set = set()
 
@@ -167,7 +167,7 @@ class Lister:
             except OSError:
                 st = None
             stamp = (st.st_dev, st.st_ino, st.st_mtime_ns) if st else None
-            if stamp is not None and stamp == self.stamp and time.time() - st.st_mtime > self.RECENT:
+            if st is not None and stamp == self.stamp and time.time() - st.st_mtime > self.RECENT:
                 return False
             self.stamp = stamp
         self.paths = matches(self.pattern)

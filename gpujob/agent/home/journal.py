@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import Callable
 
 from gpujob.agent.base.fsio import append_record, fsync_dir, now, pid_alive, read_json, read_records, write_json
 from gpujob.agent.base import staterec
@@ -60,9 +61,10 @@ class Journal:
         self.job_id = job_id
         self.dir = home.job_dir(job_id)
         self.generation = generation
-        self._events = None  # events.jsonl's descriptor, opened once (O_APPEND)
-        self.on_internal_error = None  # called with one line (the supervisor notifies)
-        self._samples = None  # samples.jsonl's
+        self._events: int | None = None  # events.jsonl's descriptor, opened once (O_APPEND)
+        # called with one line (the supervisor notifies)
+        self.on_internal_error: Callable[[str], object] | None = None
+        self._samples: int | None = None  # samples.jsonl's
         self.unsynced = False  # state.json was replaced without fsync since its last durable write
         self._deferred: dict = {}  # set_state(durable=None)'s changes: written with the next write
 
@@ -84,7 +86,7 @@ class Journal:
         """``state()`` as the typed record (what it cannot read as declared is in ``extra``)."""
         return StateRecord.from_dict(self.state())
 
-    def set_state(self, durable: bool = True, **changes) -> dict:
+    def set_state(self, durable: bool | None = True, **changes) -> dict:
         """Update state.json durably: the one function every write of it goes through; each
         change must be a key of ``staterec.StateRecord``, of its type (``staterec.check``).
         A writer whose lock generation is older than the one that last wrote the state is

@@ -246,7 +246,8 @@ class locked:
     every ledger write."""
 
     def __init__(self, path: str, wait: float, strict: bool = True):
-        self.path, self.wait, self.strict, self.fd = path, wait, strict, None
+        self.path, self.wait, self.strict = path, wait, strict
+        self.fd: int | None = None
         self.led: dict = {}
         self.fmt = 1
 

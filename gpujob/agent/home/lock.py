@@ -29,7 +29,8 @@ class Held:
     """An acquired lock: the open file description that holds the flock."""
 
     def __init__(self, lock: "Lock", fd: int, generation: int, job_id: str):
-        self.lock, self.fd, self.generation, self.job_id = lock, fd, generation, job_id
+        self.lock, self.generation, self.job_id = lock, generation, job_id
+        self.fd: int | None = fd  # None once released or closed
 
     def set_pid(self, pid: int) -> None:
         """Say which process now holds it (the supervisor, once started)."""

@@ -65,10 +65,10 @@ class Relay:
         self.dir = job_dir
         self.joblog = joblog
         self.cursor_path = os.path.join(job_dir, "relay.json")
-        self.src = None  # name of the phase log being relayed
+        self.src: str | None = None  # name of the phase log being relayed
         self.offset = 0
-        self._fd = None  # the source, kept open between polls
-        self._cur_fd = None  # relay.json, kept open for the in-place cursor writes
+        self._fd: int | None = None  # the source, kept open between polls
+        self._cur_fd: int | None = None  # relay.json, kept open for the in-place cursor writes
 
     def _cursor(self) -> dict | None:
         try:

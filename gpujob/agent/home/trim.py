@@ -73,7 +73,7 @@ class Trimmer:
         self.dir = job_dir
         self.path = os.path.join(job_dir, "trimmed.json")
         self.unsupported = False
-        self._starts = None  # read once: the supervisor is the only writer
+        self._starts: dict | None = None  # read once: the supervisor is the only writer
 
     def starts(self) -> dict:
         if self._starts is None:
@@ -132,7 +132,7 @@ class Trimmer:
 
 def read_jsonl_from(path: str, start: int) -> list:
     """Whole JSON records of ``path`` from byte ``start`` (a line start)."""
-    out = []
+    out: list = []
     try:
         f = open(path, "rb")
     except OSError:

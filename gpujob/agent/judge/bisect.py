@@ -274,11 +274,11 @@ def steady(samples: Sequence, cfg: PolicyConfig) -> Optional[Steady]:
     t0 = tail.t0
     if t0 is None:
         return None
-    vals = [s.value for s in ss if s.t >= t0]  # type: ignore[operator]
+    vals = [s.value for s in ss if s.t >= t0]
     if len(vals) < max(1, cfg.min_samples):
         return None
     m = median(vals)
-    return Steady(m, median(abs(v - m) for v in vals), len(vals), float(t0), ss[-1].t)  # type: ignore[arg-type]
+    return Steady(m, median(abs(v - m) for v in vals), len(vals), float(t0), ss[-1].t)
 
 
 def verdict(trial: Optional[Steady], good: Steady, slower: float) -> tuple:

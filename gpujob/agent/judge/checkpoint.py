@@ -53,7 +53,7 @@ def warnings(spec: dict) -> list:
     tp = spec.get("throughput")
     fix = "set rollback.wait_for_checkpoint: true, or a longer delay"
     earliest = _earliest_rollback(spec) if tp else None
-    if tp and FailureSignal.LOW_THROUGHPUT in on and earliest < every:
+    if tp and earliest is not None and FailureSignal.LOW_THROUGHPUT in on and earliest < every:
         out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s, counted from the first "
                    f"sample) with the time parts of window and failure_limit ({earliest:g}s in all) is shorter "
                    f"than train.checkpoint.every ({every:g}s): a low_throughput rollback can come before the "

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
+from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.base.protocol import FailureSignal, OutcomeKind, StrEnum, Verdict
 
 # a slowdown that may be the machine's rather than the wheels' (data, disk, another process)
@@ -112,7 +113,7 @@ def _nowhere(why: str, out, profile: str, rb: dict, suspect, verdict=None, event
                   verdict=verdict, events=events)
 
 
-def race_refusal(out, warmup: Optional[dict], restart_cfg: dict, default_restarts: Optional[dict],
+def race_refusal(out, warmup: Optional[dict], restart_cfg: dict, default_restarts: dict,
                  restarts: list, now: float) -> tuple:
     """A compile race: ``(None, warmup_again)`` when it is restarted on the same profile (the
     cache warmer each time), else ``(why not, False)``. A hang on a cache that was empty at
@@ -134,7 +135,10 @@ def next_action(out, profile: str, ledger: dict, profiles, rb: dict, restart_cfg
                 default_restarts: Optional[dict] = None, warmup: Optional[dict] = None) -> Action:
     """The one decision after a phase ended with ``out`` (an Outcome: kind, signal_name,
     reason, to, request, mark_bad) on ``profile``; ``warmup`` is the spec's warmup section
-    (None without one)."""
+    (None without one); ``default_restarts`` (None: the spec's) judges a restart that the job's
+    own restart policy does not name."""
+    if default_restarts is None:
+        default_restarts = DEFAULTS["restarts"]
     if out.kind == OutcomeKind.DONE:
         return Action(Do.SUCCEED, "train exited 0", suspect=suspect)
     if out.kind == OutcomeKind.STOP:

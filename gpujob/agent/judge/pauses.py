@@ -59,8 +59,9 @@ class Pauses:
     def __init__(self, tail: float, lead: float = LEAD, ckpt_every=None):
         self.tail, self.lead = float(tail), float(lead)
         self.ckpt = checkpoints_pause(ckpt_every, self.tail, self.lead)  # saves pause judging
-        self.save = None  # the save in progress or last seen: {key, start, files: {path: last event}}
-        self.rhythm = None  # why saves stopped pausing (they came as often as a pause lasts)
+        # the save in progress or last seen: {key, start, files: {path: last event}}
+        self.save: dict | None = None
+        self.rhythm: str | None = None  # why saves stopped pausing (they came as often as a pause lasts)
         self.intervals: List[List] = []  # [start, end, why]
         self._key: Optional[tuple] = None  # what spans() was built from
         self._spans: List[Tuple[float, float]] = []
@@ -82,7 +83,7 @@ class Pauses:
     def on_ckpt_events(self, events: Sequence[dict]) -> List[List]:
         """Checkpoint file events (CONTRACT: {t, ckpt, op, size}): ``new`` and ``changed``
         are a save in progress; ``gone`` (an old checkpoint rotated away) is not."""
-        opened = []
+        opened: List[List] = []
         if not self.ckpt:
             return opened
         for ev in events:
@@ -108,7 +109,7 @@ class Pauses:
             new = bool(_STEP_NAMED.search(key)) or t - max(cur["files"].values()) >= QUIET
         else:
             new = op == "changed" and path in cur["files"] and t - cur["files"][path] >= QUIET
-        if new:
+        if new or cur is None:  # (no save in progress: new)
             self.save = cur = {"key": key, "start": t, "files": {}}
         cur["files"][path] = t
         return new

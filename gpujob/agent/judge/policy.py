@@ -85,7 +85,11 @@ class PolicyConfig:
     window_s = cached_property(lambda self: span(self.window)[1])  # a time window (seconds), else None
     limit_n = cached_property(lambda self: span(self.failure_limit)[0])
     limit_s = cached_property(lambda self: span(self.failure_limit)[1])
-    thresholds = cached_property(lambda self: {})  # threshold()'s answers by baseline
+
+    @cached_property
+    def thresholds(self) -> dict:
+        """threshold()'s answers by baseline."""
+        return {}
 
     def needed_span(self) -> Optional[float]:
         """Seconds (active time) a breach must last before a rollback, None when the
@@ -264,7 +268,7 @@ def _windows(cfg, tail: Tail, thr, ctx) -> Decision:
         return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, why, n_win))
     streak, since, ev = tail.state[-1]
     span_needed = cfg.needed_span()
-    breach_for = tail.at_tau[-1] - since if streak else 0.0
+    breach_for = tail.at_tau[-1] - since if since is not None else 0.0  # (a breach since, while streak > 0)
     if streak == 0:
         verdict = Verdict.OK
     elif span_needed is None:

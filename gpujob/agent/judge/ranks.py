@@ -34,7 +34,7 @@ class RankMerge:
         self.how = how
         self.lowest: Optional[int] = None
         self.group: Dict[int, float] = {}
-        self.key = None
+        self.key: int | str | None = None
         self.world = 0
 
     def _emit(self):

@@ -29,6 +29,10 @@ class Decision:
     reason is read when the verdict changes and once a second)."""
 
     __slots__ = ("verdict", "_reason", "_evidence", "_make")
+    verdict: str
+    _reason: Optional[str]  # None: not built yet (then _make is given)
+    _evidence: Optional[Dict]
+    _make: Optional[tuple]
 
     def __init__(self, verdict, reason: str = "", evidence: Optional[Dict] = None, make: Optional[tuple] = None):
         _set(self, "verdict", verdict)
@@ -45,17 +49,23 @@ class Decision:
 
     @property
     def reason(self) -> str:
-        if self._reason is None:
+        reason = self._reason
+        if reason is None:
             make = self._make
-            _set(self, "_reason", make[0](*make[2:]))
-        return self._reason
+            assert make is not None  # a reason is missing only where a builder was given
+            reason = make[0](*make[2:])
+            _set(self, "_reason", reason)
+        return reason
 
     @property
     def evidence(self) -> Dict:
-        if self._evidence is None:
+        evidence = self._evidence
+        if evidence is None:
             make = self._make
-            _set(self, "_evidence", make[1](*make[2:]))
-        return self._evidence
+            assert make is not None  # evidence is missing only where a builder was given
+            evidence = make[1](*make[2:])
+            _set(self, "_evidence", evidence)
+        return evidence
 
     @property
     def built(self) -> bool:
@@ -68,6 +78,7 @@ class Decision:
         reads only it per sample (the samples.jsonl record) should ask."""
         if self._evidence is None:
             make = self._make
+            assert make is not None  # evidence is missing only where a builder was given
             return make[5] if make[1] is windows_evidence else None  # (ctx, considered, vals, med, ...)
         return self._evidence.get("median")
 
@@ -110,7 +121,8 @@ def given_reason(ctx: tuple, reason: str, considered: int = 0) -> str:
 
 
 def given_evidence(ctx: tuple, reason: str, considered: int = 0) -> Dict:
-    return evidence(*ctx, considered)
+    cfg, thr, src, baseline, now, last = ctx
+    return evidence(cfg, thr, src, baseline, now, last, considered)
 
 
 PLAIN = (given_reason, given_evidence)

@@ -41,13 +41,14 @@ class Segment:
         self.source = sources.line_source(tp, scale) if tp.get("format") else None
         self.pauses = Pauses(float(tp.get("pause_tail") or 0.0), ckpt_every=ckpt_every)
         self.rx = re.compile(tp["pause_pattern"]) if tp.get("pause_pattern") else None
-        self.samples, self.memo = [], {}
-        self.last = None
+        self.samples: list = []
+        self.memo: dict = {}
+        self.last: str | None = None
         self.decisions: list = []
         self.recorded: list = []
-        self.rolled_back_at = None
-        self.known_good = None
-        self.first_sample = None
+        self.rolled_back_at: float | None = None
+        self.known_good: float | None = None
+        self.first_sample: float | None = None
 
     def line(self, t: float, text: str) -> None:
         if self.rx is not None and self.rx.search(text):
@@ -81,7 +82,8 @@ class Segment:
         return {"profile": self.profile, "start": self.start, "samples": len(self.samples),
                 "breaches": verdicts.count("breach"), "rollback_at": self.rolled_back_at,
                 "time_to_decide": (round(self.rolled_back_at - self.first_sample, 3)
-                                   if self.rolled_back_at is not None else None),
+                                   if self.rolled_back_at is not None and self.first_sample is not None
+                                   else None),
                 "pauses": self.pauses.count, "known_good": self.known_good,
                 "recorded_rollback_at": next((r["t"] for r in self.recorded if r["verdict"] == "rollback"), None)}
 

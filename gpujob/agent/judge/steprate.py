@@ -3,7 +3,7 @@ agent/judge/throughput.py's ``make_parser`` builds it)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi
 
@@ -24,10 +24,10 @@ class StepRate:
 
     def __init__(self, tokens_per_step: float) -> None:
         self.tps = float(tokens_per_step)
-        self.ref = None  # (t, n) the next sample counts from
-        self.last_n = None
+        self.ref: Optional[Tuple[float, int]] = None  # (t, n) the next sample counts from
+        self.last_n: Optional[int] = None
         self.fresh = True
-        self.hints = None  # throughput.make_parser sets its prefilter
+        self.hints: Optional[tuple] = None  # throughput.make_parser sets its prefilter
 
     def __call__(self, line: str, t: Optional[float] = None) -> Optional[float]:
         text = strip_ansi(line)

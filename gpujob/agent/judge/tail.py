@@ -28,6 +28,7 @@ shallow one, or a quarter window's noise, waits for the full window.
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_left, bisect_right, insort
 from typing import List, Optional, Sequence, Tuple
 
@@ -116,7 +117,7 @@ class Tail:
         self.first_t: Optional[float] = None  # the run's first sample
         # before judging: the delays and the settle rule
         self.seen = 0  # active samples after the initial delay
-        self.recent: List[Tuple[float, float]] = []  # (t, value) of the settle candidates
+        self.recent: List[Tuple[float, float, float]] = []  # (t, tau, value) of the settle candidates
         self.tau_first: Optional[float] = None
         self.t0: Optional[float] = None  # judging starts here (a sample's time)
         self.tau_start: Optional[float] = None  # the first judged sample's active time
@@ -138,12 +139,12 @@ class Tail:
         """Take the samples not taken yet (and take back what changed pauses touched)."""
         k = self.k
         if k and (k > len(samples) or samples[k - 1] is not self.last_obj):
-            k = self._find(samples)
-            if k is None:  # not the list we followed: start over
+            found = self._find(samples)
+            if found is None:  # not the list we followed: start over
                 self.reset()
                 self.paused = Paused()
-                k = 0
-            self.k = k
+                found = 0
+            self.k = k = found
         changed = self.paused.update(spans)
         if changed is not None and k:
             if self.t0 is None or changed <= self.t0:
@@ -151,8 +152,10 @@ class Tail:
                 self.k = k = 0
             else:
                 self._retract(changed)
-                k = bisect_left(samples, changed, 0, self.k, key=_t) if _KEY else \
-                    _bisect_t(samples, changed, self.k)
+                if sys.version_info >= (3, 10):  # bisect's key= came with 3.10
+                    k = bisect_left(samples, changed, 0, self.k, key=_t)
+                else:  # pragma: no cover - Python 3.9
+                    k = _bisect_t(samples, changed, self.k)
                 self.k = k
         if thr != self.thr:
             self.thr = thr
@@ -336,13 +339,6 @@ def weight(m: float, thr: float) -> float:
 
 def _t(s):
     return s.t
-
-
-try:  # bisect's key= came with 3.10
-    bisect_left([], 0, key=_t)
-    _KEY = True
-except TypeError:  # pragma: no cover - Python 3.9
-    _KEY = False
 
 
 def _bisect_t(samples, t: float, hi: int) -> int:

@@ -240,7 +240,7 @@ def make_parser(
         if tokens_per_step is None:
             raise ValueError("fmt='tqdm_steps' needs tokens_per_step (tqdm counts steps, not tokens)")
         counter = StepRate(tokens_per_step * scale)
-        counter.hints = _HINTS["tqdm_steps"]  # type: ignore[attr-defined]
+        counter.hints = _HINTS["tqdm_steps"]
         return counter
 
     elif fmt == "hf":
@@ -285,7 +285,7 @@ def make_parser(
     # what every line this parser can read holds (a prefilter for a batch of lines,
     # agent/judge/sources.py): ``(lower, needles)``, a line is a candidate when one of
     # ``needles`` is in it (in ``line.lower()`` when ``lower``); None: every line is one
-    parse.hints = _HINTS.get(fmt)  # type: ignore[attr-defined]
+    parse.hints = _HINTS.get(fmt)  # type: ignore[attr-defined]  # a function's own attribute: mypy knows none
     return parse
 
 

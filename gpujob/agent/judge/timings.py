@@ -34,7 +34,9 @@ def on_sample(rec: dict, t: float, value: float, threshold, verdict: str) -> lis
 
 def pending(rec: dict | None) -> bool:
     """Whether a rollback still waits for one of its marks."""
-    return bool(rec) and "running_at" in rec and "first_ok" not in (rec.get("timings") or {})
+    if not rec:
+        return False
+    return "running_at" in rec and "first_ok" not in (rec.get("timings") or {})
 
 
 def describe(rec: dict) -> str:

@@ -101,6 +101,7 @@ class Caches:
         snap = self.usable_snapshot(profile)
         live = snapshots.cache_files(self.job.home.root, key)  # compile files (the warm marker aside)
         empty = envs.tree_stats(envs.cache_dir(self.job.home.root, key))["files"] == 0  # cleared
+        why: str | None
         if retry.get("profile") == profile and not retry.get("restored"):
             why = f"one retry on the restored cache after a cold start failed: {retry.get('reason')}"
         else:

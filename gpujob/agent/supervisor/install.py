@@ -34,7 +34,7 @@ class Envs:
         self.env_key, self.cache_key = job.env_key, job.cache_key
         self.say = report.say
 
-    def activate(self, profile: str, durable: bool = True, **then) -> None:
+    def activate(self, profile: str, durable: bool | None = True, **then) -> None:
         """Make sure the profile's venv exists, then point the job at it atomically
         (``durable``: as Journal.set_state's; a build makes the state durable first;
         ``then``: more state, written with the profile)."""
@@ -114,17 +114,17 @@ class Envs:
         """Run a preparation step with its output in ``logname`` and job.log. A stop
         ends it at once (its whole process group); so does its timeout."""
         self.say("$ " + shlex.join(argv))
-        tail = collections.deque(maxlen=5)
+        tail: collections.deque = collections.deque(maxlen=5)
         split = throughput.LineSplitter()
         proc = self.runner.start_phase(argv, None, None, logname, {"profile": None})
         deadline = now() + timeout
         last_check = 0.0
         while True:
-            chunk = self.runner.relay.poll()
+            chunk = self.runner.log_relay().poll()
             tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
             if not chunk:
                 if not proc.running():
-                    for chunk in self.runner.relay.drain():
+                    for chunk in self.runner.log_relay().drain():
                         tail.extend(ln.strip() for ln in split.feed(chunk) if ln.strip())
                     break
                 self.runner.nap(proc, POLL)

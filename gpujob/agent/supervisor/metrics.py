@@ -84,7 +84,7 @@ class MetricsFile:
         self.name = (job.get("spec") or {}).get("name")
         self.path = textfile_path(journal.dir, journal.job_id, cfg["textfile"]) if cfg else None
         self.every = float(cfg["every"]) if cfg else 0.0
-        self.last = None
+        self.last: float | None = None
         self.failed = False
 
     def write(self, force: bool = False) -> None:

@@ -2,14 +2,23 @@
 laptop may be off when a job rolls back or fails.
 
 Each message is written first to the job's outbox (``notify/<id>.json`` in the job
-dir), then a sender thread posts it to every webhook that asked for its kind, with a
-timeout and retries with backoff; the watch loop never waits on the network. An
-acknowledgement (HTTP 2xx) is written down before anything else, so a supervisor
+dir), then each webhook's own sender thread posts it (one thread and one bounded queue
+per webhook, so a slow or broken one delays no other), with retries and backoff; the
+watch loop never waits on the network. Each attempt is over within the webhook's
+``timeout`` all told (agent/supervisor/webhook.py: a watchdog shuts its socket), and a
+message is tried for at most the webhook's ``deadline``: then it is given up, whatever
+retries are left. Every failed attempt, whatever its cause, counts against ``retries``;
+an attempt is written down before it starts, so one cut by a death counts too. A queue
+that is full (``QUEUE_CAP`` messages) drops its oldest message, counted and reported.
+
+An acknowledgement (HTTP 2xx) is written down before anything else, so a supervisor
 killed mid-send re-sends only what was not acknowledged (at least once: each message
 carries its id, ``X-Gpujob-Event-Id`` and ``id`` in the JSON body, for receivers to
-drop a repeat) and never what was. A message no webhook waits for any more
-(taken, or out of retries) becomes ``<id>.done``. A failed attempt is an event in the journal (``notify_error``, the
-webhook named by its index, never its URL), never a job failure.
+drop a repeat) and never what was. A message no webhook waits for any more (taken, out
+of retries, past its deadline, dropped) becomes ``<id>.done``. A failed attempt is an
+event in the journal (``notify_error``, the webhook named by its index, never its URL),
+never a job failure. The supervisor waits for its senders at its end for at most the
+largest deadline of its webhooks (``Notifier.close``).
 
 Webhook URLs and tokens given as secrets live in the job's 0600 ``secrets.json``
 under ``notify``; they stay there after the job ends only until the outbox is empty.
@@ -17,112 +26,23 @@ under ``notify``; they stay there after the job ends only until the outbox is em
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from gpujob.agent.base.defaults import DEFAULTS
 from gpujob.agent.base.planshare import MASK
 from gpujob.agent.base.fsio import now, read_json, write_json
+from gpujob.agent.supervisor.notifytext import EVENTS, backoff, message, render
+from gpujob.agent.supervisor.webhook import post
+
+__all__ = ["EVENTS", "OUTBOX", "Notifier", "backoff", "message", "outbox_summary", "post", "render", "waiting"]
 
 OUTBOX = "notify"
-EVENTS = ("rollback", "failure", "success", "known_good", "no_recovery", "internal_error")
-BACKOFF_CAP = 60.0
-USER_AGENT = "gpujob-notify/1"
+QUEUE_CAP = 100  # messages waiting per webhook; a full queue drops its oldest (counted, reported)
+CLOSE_GRACE = 2.0  # past the deadline, at the supervisor's end: for a sender to write its last attempt down
 
-_TAGS = {"rollback": "warning", "failure": "rotating_light", "success": "white_check_mark",
-         "known_good": "+1", "no_recovery": "warning", "internal_error": "bug"}
-_PRIORITY = {"rollback": "high", "failure": "high", "success": "default", "known_good": "low", "no_recovery": "high",
-             "internal_error": "high"}
-
-
-# ---- pure: what is sent ------------------------------------------------------
-
-def backoff(attempt: int) -> float:
-    """Seconds before attempt ``attempt + 1`` (1 s, 2 s, 4 s ... at most 60 s)."""
-    return min(BACKOFF_CAP, 2.0 ** max(0, attempt - 1))
-
-
-def message(kind: str, event_id: str, job_id: str, name: str, at: float, **fields) -> dict:
-    """gpujob's own event (what the json format posts): id, type, job, text, and the facts."""
-    profile = fields.get("profile")
-    title = {"rollback": f"{name}: rolled back {fields.get('from')} -> {fields.get('to')}",
-             "failure": f"{name}: job failed",
-             "success": f"{name}: job succeeded",
-             "known_good": f"{name}: profile {profile} is known-good",
-             "no_recovery": f"{name}: no recovery on {fields.get('to')}: not the profile",
-             "internal_error": f"{name}: gpujob internal error (the job goes on)"}[kind]
-    detail = {"rollback": fields.get("reason"), "failure": fields.get("reason"),
-              "success": f"on profile {profile}" if profile else None,
-              "known_good": f"baseline {fields['baseline']:.0f} tok/s" if fields.get("baseline") else None,
-              "no_recovery": fields.get("reason"), "internal_error": fields.get("reason")}[kind]
-    text = f"gpujob {job_id}: {title.split(': ', 1)[1]}" + (f": {detail}" if detail else "")
-    return dict(fields, id=event_id, type=kind, job_id=job_id, name=name, at=round(at, 3),
-                title=f"gpujob {title}", text=text)
-
-
-def _latin1(text: str) -> str:
-    """An HTTP header value: latin-1, one line."""
-    return " ".join(text.encode("latin-1", "replace").decode("latin-1").split())[:250]
-
-
-def render(fmt: str, msg: dict, token: str | None = None) -> tuple:
-    """(body bytes, headers) of ``msg`` for a webhook of format ``fmt``: slack
-    ({"text": ...}), ntfy (the text as the body; Title, Tags, Priority headers) or json."""
-    headers = {"User-Agent": USER_AGENT, "X-Gpujob-Event-Id": _latin1(msg["id"])}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    if fmt == "slack":  # outside text is data: no <!channel>, no <url|link> (Slack's own escaping)
-        text = msg["text"].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        body = json.dumps({"text": text}).encode()
-        headers["Content-Type"] = "application/json"
-    elif fmt == "ntfy":
-        body = msg["text"].encode()
-        headers.update({"Content-Type": "text/plain; charset=utf-8", "Title": _latin1(msg["title"]),
-                        "Tags": _TAGS[msg["type"]], "Priority": _PRIORITY[msg["type"]]})
-    else:
-        body = json.dumps(msg, sort_keys=True).encode()
-        headers["Content-Type"] = "application/json"
-    return body, headers
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is never followed: urllib would resend the headers (the Bearer
-    token) to wherever the Location points, as a GET whose 2xx is not an answer to
-    the POST. The 3xx comes back as an HTTPError: a failed attempt, retried."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
-def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
-    """One attempt; None when acknowledged (a 2xx to this POST itself), else why not
-    (without the URL)."""
-    req = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with _OPENER.open(req, timeout=timeout) as resp:
-            resp.read(65536)
-            return None if 200 <= resp.status < 300 else f"HTTP {resp.status}"
-    except urllib.error.HTTPError as e:
-        if 300 <= e.code < 400:
-            return f"HTTP {e.code}: a redirect, not followed (a webhook URL must answer the POST itself)"
-        return f"HTTP {e.code}"
-    except urllib.error.URLError as e:
-        return f"cannot reach the webhook: {type(e.reason).__name__}: {getattr(e.reason, 'strerror', None) or e.reason}"
-    except (OSError, ValueError) as e:  # timeouts, resets, a malformed URL
-        return f"{type(e).__name__}: {getattr(e, 'strerror', None) or e}"
-    except Exception as e:  # noqa: BLE001 - http.client.HTTPException (150 headers, a bad status line)
-        # and whatever else an answer causes: a failed attempt like any other, counted against retries
-        return f"{type(e).__name__}: {str(e)[:200]}"
-
-
-# ---- the outbox and its sender -------------------------------------------------
+# ---- the outbox ---------------------------------------------------------------------
 
 def waiting(job_dir: str) -> bool:
     """Messages in the job's outbox that some webhook has not taken yet."""
@@ -134,21 +54,40 @@ def waiting(job_dir: str) -> bool:
 
 def outbox_summary(job_dir: str) -> dict | None:
     """How the job's messages stand (for status): waiting, taken by every webhook,
-    given up by some; None when the job has no outbox."""
+    given up by some, dropped from a full queue (per webhook); None when the job has no outbox."""
     try:
         names = os.listdir(os.path.join(job_dir, OUTBOX))
     except OSError:
         return None
-    done = [read_json(os.path.join(job_dir, OUTBOX, n)) or {} for n in names if n.endswith(".done")]
+    recs = {n: read_json(os.path.join(job_dir, OUTBOX, n)) or {} for n in names if n.endswith((".json", ".done"))}
+    done = [r for n, r in recs.items() if n.endswith(".done")]
     return {"waiting": sum(n.endswith(".json") for n in names),
             "sent": sum(1 for r in done if not r.get("failed")),
-            "given_up": sorted((r.get("message") or {}).get("id", "?") for r in done if r.get("failed"))}
+            "given_up": sorted((r.get("message") or {}).get("id", "?") for r in done if r.get("failed")),
+            "dropped": sum(len(r.get("dropped") or []) for r in recs.values())}
+
+
+# ---- the senders: one per webhook ----------------------------------------------------
+
+class _Sender:
+    """One webhook's queue (message ids, oldest first) and the times of each: its next
+    attempt and its deadline (monotonic). Guarded by the Notifier's lock."""
+
+    def __init__(self, index: int, hook: dict):
+        self.index = index
+        self.timeout, self.retries = float(hook["timeout"]), int(hook["retries"])
+        self.deadline = float(hook["deadline"])
+        self.queue: list = []
+        self.due: dict = {}
+        self.ends: dict = {}
+        self.inflight: str | None = None
+        self.dropped = 0
 
 
 class Notifier:
-    """One job's outbox and the thread that drains it. ``emit`` (any thread) writes a
-    message down and wakes the sender; ``close`` waits until the outbox is drained
-    (every webhook acknowledged or out of retries)."""
+    """One job's outbox and the threads that drain it, one per webhook. ``emit`` (any
+    thread) writes a message down and queues it for the webhooks that take it; ``close``
+    waits until the outbox is drained or the deadlines have passed."""
 
     def __init__(self, journal, job: dict, secrets_path: str):
         self.journal = journal
@@ -157,10 +96,14 @@ class Notifier:
         self.dir = journal.path(OUTBOX)
         self.secrets_path = secrets_path
         self._secrets: dict | None = None
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._next: dict = {}  # (id, webhook index) -> monotonic time of the next attempt
-        self._busy = False
+        self._cond = threading.Condition(threading.RLock())  # the records and the queues
+        self._senders = [_Sender(i, h) for i, h in enumerate(self.hooks)]
+        self._recs: dict = {}  # message id -> [path, record]
+        self._started = self._closed = False
+
+    def deadline(self) -> float:
+        """Seconds the supervisor may wait for its webhooks at its end (the largest deadline)."""
+        return max((s.deadline for s in self._senders), default=0.0)
 
     # -- writing messages down --
     def wants(self, kind: str) -> bool:
@@ -187,58 +130,166 @@ class Notifier:
         job_id = self.journal.job_id
         event_id = f"{job_id}.{kind}.{key}"
         path = os.path.join(self.dir, event_id + ".json")
-        if os.path.exists(path) or os.path.exists(os.path.join(self.dir, event_id + ".done")):
-            return event_id
-        os.makedirs(self.dir, exist_ok=True)
-        msg = message(kind, event_id, job_id, self.job.get("spec", {}).get("name", ""), now(), **fields)
-        write_json(path, {"message": msg, "pending": targets, "acked": [], "failed": [], "attempts": {},
-                          "seq": time.time_ns()})
-        self.journal.event("notify_queued", id=event_id, what=kind, webhooks=targets)
-        self._wake.set()
+        with self._cond:
+            if os.path.exists(path) or os.path.exists(os.path.join(self.dir, event_id + ".done")):
+                return event_id
+            os.makedirs(self.dir, exist_ok=True)
+            msg = message(kind, event_id, job_id, self.job.get("spec", {}).get("name", ""), now(), **fields)
+            rec = {"message": msg, "pending": targets, "acked": [], "failed": [], "attempts": {},
+                   "seq": time.time_ns()}
+            write_json(path, rec)
+            self._event("notify_queued", id=event_id, what=kind, webhooks=targets)
+            self._recs[event_id] = [path, rec]
+            if self._started:
+                for i in targets:
+                    self._enqueue(self._senders[i], event_id, time.monotonic())
+                self._cond.notify_all()
         return event_id
 
-    # -- the sender --
+    def _enqueue(self, s: _Sender, event_id: str, start: float) -> None:
+        """Queue ``event_id`` on ``s``, its deadline counted from ``start``; a full queue
+        drops its oldest message not in flight first."""
+        if event_id in s.ends:
+            return
+        if len(s.queue) >= QUEUE_CAP:
+            old = next((m for m in s.queue if m != s.inflight), None)
+            if old is not None:
+                s.dropped += 1
+                self._settle(s, old, "dropped from a full queue", None, dropped=True)
+        s.queue.append(event_id)
+        s.due[event_id], s.ends[event_id] = start, start + s.deadline
+
+    # -- the senders --
     def start(self) -> None:
-        if self.hooks and self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="gpujob-notify", daemon=True)
-            self._thread.start()
-            self._wake.set()  # what a previous supervisor left in the outbox goes at once
+        """Queue what is in the outbox (a previous supervisor's messages go at once, each
+        with a deadline counted from now) and start one sender thread per webhook."""
+        if not self.hooks or self._started:
+            return
+        with self._cond:
+            self._started = True
+            t = time.monotonic()
+            for path, rec in self.outbox():
+                event_id = rec["message"]["id"]
+                self._recs[event_id] = [path, rec]
+                for i in list(rec["pending"]):
+                    if 0 <= i < len(self._senders):
+                        self._enqueue(self._senders[i], event_id, t)
+                    else:
+                        rec["pending"].remove(i)
+                        rec["failed"].append(i)
+                        self._record(path, rec)
+                        self._event("notify_error", id=event_id, webhook=i, gave_up=True,
+                                    error="the job's spec has no such webhook")
+        for s in self._senders:
+            threading.Thread(target=self._run, args=(s,), name=f"gpujob-notify-{s.index}", daemon=True).start()
 
     def close(self, limit: float | None = None) -> None:
-        """Wait for the outbox to drain (at most ``limit`` seconds; None: as long as the
-        webhooks' retries take), then let the secrets go if the job is over."""
-        if self._thread is not None:
-            end = time.monotonic() + (limit if limit is not None else self._worst_case())
-            self._wake.set()
-            while time.monotonic() < end and (waiting(self.journal.dir) or self._busy):
-                time.sleep(0.05)
+        """Wait for the outbox to drain, at most ``limit`` seconds (None: the largest
+        deadline, and a little for the last write): what is past its deadline then is
+        given up (a sender hung where nothing can cut it, a name lookup); then let the
+        secrets go if the job is over. The sender threads stop."""
+        if self._started:
+            with self._cond:
+                end = time.monotonic() + (limit if limit is not None else self.deadline() + CLOSE_GRACE)
+                while any(s.queue for s in self._senders) and time.monotonic() < end:
+                    self._cond.wait(min(0.5, max(0.0, end - time.monotonic())))
+                self._closed = True  # what is past its deadline now is given up, in flight or not
+                for s in self._senders:
+                    self._expire(s, time.monotonic())
+                self._cond.notify_all()
         self.release_secrets()
 
-    def _worst_case(self) -> float:
-        per = [(int(h["retries"]) + 1) * float(h["timeout"])
-               + sum(backoff(a) for a in range(1, int(h["retries"]) + 1)) for h in self.hooks]
-        return 10.0 + 4 * sum(per)
-
-    def _loop(self) -> None:
+    def _run(self, s: _Sender) -> None:
         while True:
-            self._wake.wait(self._due_in())
-            self._wake.clear()
             try:
-                self._busy = True
-                self.drain_once()
-            except Exception as e:  # the sender never dies silently, and never takes the job along
-                try:
-                    self.journal.event("notify_error", error=f"{type(e).__name__}: {e}")
-                except Exception:
-                    pass
+                if not self._once(s):
+                    return
+            except Exception as e:  # a sender never dies silently, and never takes the job along
+                with self._cond:
+                    s.inflight = None
+                    self._event("notify_error", webhook=s.index, error=f"{type(e).__name__}: {e}")
                 time.sleep(1.0)
-            finally:
-                self._busy = False
 
-    def _due_in(self) -> float:
-        if not self._next:
-            return 5.0
-        return max(0.0, min(self._next.values()) - time.monotonic())
+    def _once(self, s: _Sender) -> bool:
+        """Wait for ``s``'s next due message and make one attempt; False once closed."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return False
+                t = time.monotonic()
+                self._expire(s, t)
+                due = [m for m in s.queue if s.due[m] <= t]
+                if due:
+                    break
+                self._cond.wait(min([s.due[m] - t for m in s.queue] + [5.0]))
+            picked = s.inflight = due[0]
+            path, rec = self._recs[picked]
+            attempt = int(rec["attempts"].get(str(s.index), 0)) + 1
+            rec["attempts"][str(s.index)] = attempt
+            self._record(path, rec)  # before the attempt: one cut by a death counts too
+            url, token = self._credentials(s.index, self.hooks[s.index])
+            msg, left = rec["message"], min(s.timeout, s.ends[picked] - t)
+        why = "its secret URL is gone from the container" if not url else None
+        if why is None:
+            body, headers = render(self.hooks[s.index]["format"], msg, token)
+            why = post(url, body, headers, left)
+        with self._cond:
+            s.inflight = None
+            self._settle(s, picked, why, attempt, final=not url)
+        return True
+
+    def _expire(self, s: _Sender, t: float) -> None:
+        """Give up ``s``'s messages whose deadline has passed (not the one in flight,
+        whose attempt ends by then, unless the supervisor is leaving)."""
+        for event_id in [m for m in s.queue if s.ends[m] <= t and (m != s.inflight or self._closed)]:
+            self._settle(s, event_id, f"its deadline passed ({s.deadline:g}s of trying)", None)
+
+    def _settle(self, s: _Sender, event_id: str, why: str | None, attempt: int | None, final: bool = False,
+                dropped: bool = False) -> None:
+        """Write down how an attempt (``attempt`` None: a give-up without one) ended for
+        webhook ``s``: acknowledged, retried after backoff, or given up; then its event.
+        Under the lock, before the supervisor may leave (close holds the lock)."""
+        entry = self._recs.get(event_id)
+        if entry is None or s.index not in entry[1]["pending"]:  # settled already (given up at the end)
+            return
+        path, rec = entry
+        t = time.monotonic()
+        rec["pending"].remove(s.index)
+        if why is None:
+            rec["acked"].append(s.index)
+        elif final or attempt is None or attempt > s.retries:
+            rec["failed"].append(s.index)
+            if dropped:
+                rec.setdefault("dropped", []).append(s.index)
+        elif t + backoff(attempt) >= s.ends[event_id]:
+            rec["failed"].append(s.index)
+            why += f"; its deadline ({s.deadline:g}s) passes before another attempt"
+        else:
+            rec["pending"].append(s.index)
+            s.due[event_id] = t + backoff(attempt)
+        if s.index not in rec["pending"]:
+            s.queue.remove(event_id)
+            s.due.pop(event_id, None)
+            s.ends.pop(event_id, None)
+        self._record(path, rec)  # an acknowledgement is written down before anything else
+        if not rec["pending"]:
+            del self._recs[event_id]  # done: its .done file holds it
+        self._cond.notify_all()
+        attempts = int(rec["attempts"].get(str(s.index), 0))
+        if dropped:
+            self._event("notify_dropped", id=event_id, webhook=s.index, dropped=s.dropped, queue=QUEUE_CAP)
+        elif why is None:
+            self._event("notify_sent", id=event_id, webhook=s.index, attempt=attempts)
+        else:
+            gave_up = s.index in rec["failed"]
+            self._event("notify_error", id=event_id, webhook=s.index, attempt=attempts, error=self._scrub(why),
+                        gave_up=gave_up, retry_in=None if gave_up else backoff(attempts))
+
+    def _event(self, kind: str, **data) -> None:
+        try:
+            self.journal.event(kind, **data)
+        except Exception:  # the journal's own trouble is its to report
+            pass
 
     def outbox(self) -> list:
         """[(path, record)] of the messages waiting, oldest first."""
@@ -248,40 +299,6 @@ class Notifier:
             return []
         out = [(os.path.join(self.dir, n), read_json(os.path.join(self.dir, n))) for n in names]
         return sorted(((p, r) for p, r in out if isinstance(r, dict)), key=lambda pr: pr[1].get("seq", 0))
-
-    def drain_once(self) -> None:
-        """Try every (message, webhook) that is due once."""
-        for path, rec in self.outbox():
-            msg = rec["message"]
-            for index in list(rec["pending"]):
-                key = (msg["id"], index)
-                if self._next.get(key, 0.0) > time.monotonic():
-                    continue
-                self._next.pop(key, None)
-                hook = self.hooks[index] if index < len(self.hooks) else dict(DEFAULTS["notify"], retries=0)
-                url, token = self._credentials(index, hook)
-                attempt = int(rec["attempts"].get(str(index), 0)) + 1
-                why = "its secret URL is gone from the container" if not url else None
-                if why is None:
-                    body, headers = render(hook["format"], msg, token)
-                    why = post(url, body, headers, float(hook["timeout"]))
-                rec["attempts"][str(index)] = attempt
-                rec["pending"].remove(index)
-                if why is None:
-                    rec["acked"].append(index)
-                elif attempt > int(hook["retries"]) or not url:
-                    rec["failed"].append(index)
-                else:
-                    rec["pending"].append(index)
-                    self._next[key] = time.monotonic() + backoff(attempt)
-                self._record(path, rec)  # an acknowledgement is written down before anything else
-                if why is None:
-                    self.journal.event("notify_sent", id=msg["id"], webhook=index, attempt=attempt)
-                else:
-                    gave_up = index in rec["failed"]
-                    self.journal.event("notify_error", id=msg["id"], webhook=index, attempt=attempt,
-                                       error=self._scrub(why), gave_up=gave_up,
-                                       retry_in=None if gave_up else backoff(attempt))
 
     def _record(self, path: str, rec: dict) -> None:
         if rec["pending"]:

@@ -27,6 +27,8 @@ from gpujob.agent.base.fsio import now, read_json, write_json
 from gpujob.agent.base.placeholders import fleet_env, placeholder_env
 from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import JobState
+from gpujob.agent.home.journal import Home
+from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.judge.outcome import EnvError
 from gpujob.agent.supervisor.boothook import boot_identity
 
@@ -40,7 +42,7 @@ class Job:
     job_id: str
     job: dict
     spec: dict
-    home: object  # home.journal.Home
+    home: Home
     workdir: str
     profiles: dict
     rb: dict
@@ -67,14 +69,17 @@ class Report:
 
     def __init__(self, journal, metrics, notifier):
         self.journal, self.metrics, self.notifier = journal, metrics, notifier
-        self.joblog = None  # home.relay.JobLog, opened by Supervisor.main
+        self.joblog: JobLog | None = None  # opened by Supervisor.main
 
     def say(self, text: str) -> None:
         """A gpujob banner line in job.log (the combined log `gpujob logs` follows),
-        always on a line of its own."""
+        always on a line of its own. None before job.log is open, or when it could not be
+        (Supervisor.main): the state and the events say what happened then."""
+        if self.joblog is None:
+            return
         self.joblog.banner(f"[gpujob {time.strftime('%H:%M:%S')}] {text}")
 
-    def set_state(self, state: JobState, durable: bool = True, **kw) -> None:
+    def set_state(self, state: JobState, durable: bool | None = True, **kw) -> None:
         self.journal.set_state(state=state, durable=durable, **kw)
         self.journal.event("state", state=state, **{k: v for k, v in kw.items()
                                                     if k in ("phase", "profile", "reason")})
@@ -177,7 +182,7 @@ class Runner:
 
     def __init__(self, journal):
         self.journal = journal
-        self.relay = None  # home.relay.Relay, opened by Supervisor.main
+        self.relay: Relay | None = None  # opened by Supervisor.main
         self.proc: Phase | None = None
         self.spawned_at: float | None = None
 
@@ -205,8 +210,13 @@ class Runner:
         self.proc = proc
         rec = dict(proc.record(), log_start=log_start, **rec)
         self.journal.set_state(child=rec, child_pid=proc.pgid, child_pgid=proc.pgid, child_starting=None)
-        self.relay.follow(logname, log_start)
+        self.log_relay().follow(logname, log_start)
         return proc
+
+    def log_relay(self) -> Relay:
+        """The relay into job.log: Supervisor.main opens it before any phase starts."""
+        assert self.relay is not None, "a phase started before Supervisor.main opened the relay"
+        return self.relay
 
     def end_phase(self, durable: bool = True) -> None:
         """The phase command is gone. From the watch not fsynced: the supervisor's

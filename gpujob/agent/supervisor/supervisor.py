@@ -11,6 +11,7 @@ import errno
 import os
 import signal
 import sys
+from typing import Any, Callable
 
 from gpujob.agent.fleet import nodes as fleet
 from gpujob.agent.judge import decide, policy, sources
@@ -54,7 +55,8 @@ class FleetPort:
         self.say, self.set_state, self.secrets = report.say, report.set_state, child_env.secrets
         self.finish, self.plan_rollback, self.requests = finish, plan_rollback, requests
         self._stop, self._history = stop, history
-        self.judge_sample = None
+
+    judge_sample: Callable[[Any, float, Any, float], Any]  # the watch's: the supervisor binds it once built
 
     stop_asked = property(lambda self: self._stop.asked)
     restarts = property(lambda self: self._history.restarts)
@@ -73,7 +75,7 @@ class Supervisor:
         self.ledger = Ledger(self.journal.home, planshare.ledger_name(self.job),  # per fleet shape
                              report=self._ledger_trouble)  # damaged or locked: said, never a crash
         self.stop = StopFlag()
-        self._planned_at = None  # decided_at of the rollback this supervisor planned
+        self._planned_at: float | None = None  # decided_at of the rollback this supervisor planned
         self.history = History(self.journal.state())
         self.runner = Runner(self.journal)
         tp = defaults.section(self.spec, "throughput")  # throughput is watched: a policy, a ledger, rollbacks
@@ -404,7 +406,11 @@ restart_refusal = decide.restart_refusal  # where it was
 
 
 def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | None = None) -> int:
-    held = Lock.inherit(lock_fd, generation, job_id, home) if lock_fd is not None else None
+    if (lock_fd is None) != (generation is None):  # a lock without its generation would fence nothing
+        raise ValueError("run: --lock-fd and --generation come together (the lock and its generation)")
+    held = None
+    if lock_fd is not None and generation is not None:
+        held = Lock.inherit(lock_fd, generation, job_id, home)
     try:
         sup = Supervisor(home, job_id, held)
     except Exception as e:  # a job it cannot even read must not look merely "lost"

@@ -27,10 +27,11 @@ class Run:
         self.baseline = (job.spec.get("throughput") or {}).get("baseline") or ledger.baseline(profile) or \
             ledger.baseline(ledger.last_good() or "")  # the user's (throughput.baseline) first
         self.good_known = ledger.status(profile) == "good"
-        self.tail = collections.deque(maxlen=TAIL_LINES)
+        self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         self.hits: list = []
-        self.hit_at = None  # (when, signal) of the first error signature printed
+        self.hit_at: tuple | None = None  # (when, signal) of the first error signature printed
         self.last_state = self.last_check = self.last_gpu = 0.0
+        self.good_asked = float("-inf")  # when known_good was last asked (watch.KNOWN_GOOD_EVERY)
         self.last_trim = self.start
         self.minute: list = []  # sample values since the last samples_1m summary
         self.minute_start = self.start
@@ -40,6 +41,8 @@ class Run:
         self.held_told = 0.0  # how long it had waited when job.log last said so
         self.ck_seen = False
         self.ck_refused = None  # why the checkpoint glob, resolved through links, is refused (said once)
+        self.cold_cache = False  # the run started on a cold compile cache (Watch.new_run)
+        self.source = None  # its throughput source (judge/sources.py), when throughput is watched
         self.ckwatch = None  # this run's checkpoint watch (ckregister.CkWatch), train only
         self.last_verdict = None
         self.verdicts = Verdicts()  # decision events: one per change of verdict (agent/judge/coalesce.py)

@@ -105,7 +105,8 @@ def untar(stream, size: int, dest: str) -> int:
     os.makedirs(dest, exist_ok=True)
     body = _Limited(stream, size)
     count = 0
-    with tarfile.open(fileobj=body, mode="r|") as tar:
+    # a stream ("r|") is only read; typeshed asks every mode's fileobj for write, seek, tell, close
+    with tarfile.open(fileobj=body, mode="r|") as tar:  # type: ignore[call-overload]
         for member in tar:
             target = os.path.realpath(os.path.join(dest, member.name))
             if not (target == os.path.realpath(dest) or target.startswith(os.path.realpath(dest) + os.sep)) \

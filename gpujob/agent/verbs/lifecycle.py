@@ -38,6 +38,7 @@ def expand(path: str) -> str:
 def spawn_supervisor(home: Home, job_id: str, held: Held) -> int:
     """Start the job's supervisor detached; it inherits the lock ``held`` (our copy
     of the descriptor is closed: from now on the lock lives as long as it does)."""
+    assert held.fd is not None, "the lock was let go before its supervisor started"
     j = Journal(home, job_id)
     log = open(j.path("supervisor.log"), "ab")
     p = subprocess.Popen([sys.executable, os.path.abspath(sys.argv[0]), "--home", home.root,
