@@ -174,8 +174,10 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     from gpujob.ops import submit as submit_op
     from gpujob.spec.model import spec_hash
     state = ctx.state()
+    from gpujob.agent.base.proc import die_here
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
+    die_here("submit_reserved")  # the suite's death points (GPUJOB_TEST_DIE_AT): a phantom row, a real job
     said = []
     if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
         from gpujob.spec.recipes.registry import RECIPES
@@ -220,6 +222,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
         raise
+    die_here("submit_answered")
     state.seen(job_id, JobState.PREPARING)
     if res.get("stale_lock"):
         err.print(render.styled(("note:", "yellow"), f" took over the container from job "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
+from gpujob.agent.base.protocol import JobState
 from gpujob.errors import GpujobError, InputError
 
 #: ``ps`` asks this many hosts at once (over their kept connections, or new ones), and
@@ -142,6 +143,16 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
     seen = {}
     for r in rows:
         st = states.get(r["job_id"], {})
+        if r["state"] == "submitting" and st.get("state") == JobState.NOT_FOUND:
+            gone = ctx.state().abandoned(r)
+            if gone is None:  # a submit going on now (another shell): it is not there yet
+                going = dict(st, job_id=r["job_id"], state="submitting")
+                views.append(render.status_view(going, r["target"]))
+                continue
+            ctx.state().unreserve(r["job_id"])  # a phantom: its submit was killed before the container had it
+            err.print(f"gpujob: {r['job_id']} was never started: its submit (gpujob pid {gone}) ended before "
+                      f"{r['target']} had the job; forgotten", markup=False, highlight=False)
+            continue
         if st.get("state") != "unreachable":
             seen[r["job_id"]] = st.get("state")
         views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))

@@ -389,6 +389,21 @@ class CkWatch:
         return [(p, e) for p, e in self.reg["files"].items() if e.get("run") == self.run
                 and not e.get("finished") and not e.get("gone") and not e.get("torn")]
 
+    def finish_between_writes(self, paths: set, t: float, quiet: float) -> list:
+        """A stop's (or rollback's) wait: the files among ``paths`` this run rewrites in place
+        more often than ``settle`` (changing for longer than settle, never unchanged that
+        long) and unchanged for ``quiet`` s now are whole between two writes: finished now
+        (a later write makes them a save in progress again). Returns their entries."""
+        self.just_finished = []
+        for path, e in self._unfinished():
+            began = e.get("began") or e["first_seen"]
+            if (path in paths and e["sig"][0] == "f" and not self.done_file
+                    and e["changed"] - began >= self.settle and t - e["changed"] >= quiet):
+                self._finish(path, e, t)
+        if self.just_finished:
+            save(self.home_root, self.reg)
+        return self.just_finished
+
     def saving(self) -> list:
         """This run's checkpoints not finished yet (a save in progress)."""
         return [dict(e, path=p) for p, e in self._unfinished()]
