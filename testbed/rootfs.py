@@ -73,6 +73,37 @@ def _trim_rootfs(rootfs: Path) -> None:
         p.unlink(missing_ok=True)
 
 
+def lock_holder(fd: int) -> int | None:
+    """The pid that holds a flock on the file open at ``fd`` (from /proc/locks), if known."""
+    st = os.fstat(fd)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if "->" in parts:  # a waiter's line (`1: -> FLOCK ...`), not the holder's
+                    continue
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == dev:
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def lock_saying_so(lock, path: Path, what: str) -> None:
+    """flock ``lock`` exclusively; when another process holds it, one line first: what is
+    waited for (the lock's path, its holder's pid when known), never a silent minute."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return
+    except BlockingIOError:
+        pid = lock_holder(lock.fileno())
+        held = f"held by pid {pid}" if pid else "its holder unknown"
+        log(f"waiting for the lock {path} ({held}: {what}) ...")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    log(f"got the lock {path}")
+
+
 def ensure_rootfs() -> tuple[Path, float]:
     """Return (path of the cached rootfs, seconds spent building it: 0.0 when cached).
 
@@ -85,7 +116,7 @@ def ensure_rootfs() -> tuple[Path, float]:
     ensure_host_tools()
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     with open(CACHE_DIR / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        lock_saying_so(lock, CACHE_DIR / ".lock", "a rootfs build")
         if (final / "usr/bin/python3").exists():
             return final, 0.0
         # leftovers of interrupted builds (we hold the lock, so nobody is building)

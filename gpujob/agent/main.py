@@ -72,6 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("jobs", nargs="*")
     s.add_argument("--no-revive", action="store_true", help="only look: restart no dead supervisor")
     s.add_argument("--missing-ok", action="store_true", help="list unknown ids as not_found")
+    s.add_argument("--newest", type=int, default=None, help="without ids: only the N newest jobs (the rest "
+                   "counted under more.jobs), so the answer stays bounded however many the container ran")
     s = sub.add_parser("tail")
     s.add_argument("job")
     s.add_argument("--file", default="job.log")

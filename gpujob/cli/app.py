@@ -5,7 +5,6 @@ register on ``app`` from their modules (cli/main.py imports them)."""
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from typing import TYPE_CHECKING, Optional
@@ -183,30 +182,33 @@ def _say_revived(st: dict) -> None:
 def _follow(job_id: str, t: Target, file: str, last: Optional[int], follow: bool = True,
             events: bool = False, as_json: bool = False) -> None:
     from gpujob.ops.follow import follow_log
+    from gpujob.agent.base.jsonl import Splitter, loads
     so = sys.stdout.buffer
-    buf = bytearray()
+    split = Splitter()  # the bounded reader's: a line past its length is never held
     lines = None
+
+    def damaged(n: int) -> None:
+        size = f"over {split.max_line} bytes" if n < 0 else f"{n} bytes"
+        err.print(render.lit(f"gpujob: skipped a damaged record in {file} ({size})"))
     if as_json:  # JSON Lines: the journal's records as written, or {"line": ...} a log line
         from gpujob.show import jsonl
-        lines = jsonl.Lines(events, damaged=lambda n: err.print(
-            render.lit(f"gpujob: skipped a damaged record in {file} ({n} bytes)")))
+        lines = jsonl.Lines(events, damaged=damaged)
 
     def write(chunk: bytes) -> None:
         if not events:
             so.write(chunk)
             so.flush()
             return
-        buf.extend(chunk)
-        *lines, rest = bytes(buf).split(b"\n")
-        buf[:] = rest
-        for ln in lines:
-            ln = ln.lstrip(b"\0")
-            if not ln.strip():
+        for _n, ln in split.feed(chunk):
+            ln = ln.lstrip(b"\0") if ln is not None else None
+            if ln is not None and not ln.strip():
                 continue
             try:
-                rec = json.loads(ln)
-            except ValueError:  # a torn record (the writer died mid-line): say so, go on
-                err.print(render.lit(f"gpujob: skipped a damaged record in {file} ({len(ln)} bytes)"))
+                rec = loads(ln) if ln is not None else None
+            except ValueError:  # a torn record (the writer died mid-line), nested too deep: say so, go on
+                rec = None
+            if not isinstance(rec, dict) or render.event_error(rec):
+                damaged(len(ln) if ln is not None else -1)
                 continue
             out.print(render.lit(render.event_line(rec)))
 

@@ -47,12 +47,15 @@ def _ledger_name(job_name: str) -> str:
 def ledger_history(target: str = typer.Argument(..., help="container name or host/name"),
                    job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status shows it)"),
                    as_json: bool = typer.Option(False, "--json")):
-    """Every verdict of a job name's ledger, oldest first, with its id and evidence."""
+    """The verdicts of a job name's ledger (the newest 500), oldest first, with their ids and evidence."""
     t = ctx.target(target)
     res = t.ask(wire.LedgerAnswer, "ledger", "history", _ledger_name(job_name))
     if as_json:
         out.print_json(json.dumps(res.to_dict()))
         return
+    more = (res.extra.get("more") or {}).get("history")
+    if more:  # the agent lists the newest (agent/base/answers.py HISTORY_MAX)
+        out.print(render.lit(f"({more} older verdicts not listed)"))
     for h in res.history or []:
         out.print(render.lit(render.ledger_history_line(h)))
 
@@ -150,8 +153,14 @@ def cache_ls(target: str = typer.Argument(...), as_json: bool = typer.Option(Fal
     if as_json:
         out.print_json(json.dumps(res.to_dict()))
         return
-    out.print(render.cache_table(res.caches or [], f"compile caches on {t.label}"))
-    out.print(render.snapshot_table(res.caches or [], f"snapshots on {t.label}"))
+    caches = res.caches or []
+    out.print(render.cache_table(caches, f"compile caches on {t.label}"))
+    out.print(render.snapshot_table(caches, f"snapshots on {t.label}"))
+    for c in caches:  # the agent lists a bounded number (agent/base/answers.py)
+        if (c.get("more") or {}).get("snapshots"):
+            out.print(render.lit(f"{c['env_key']}: {c['more']['snapshots']} older snapshots not listed"))
+    if (res.extra.get("more") or {}).get("caches"):
+        out.print(render.lit(f"{res.extra['more']['caches']} more caches not listed"))
     out.print(f"uv download cache (shared): {render.size(res.uv_cache or 0)}")
 
 

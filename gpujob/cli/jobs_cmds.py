@@ -174,8 +174,10 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     from gpujob.ops import submit as submit_op
     from gpujob.spec.model import spec_hash
     state = ctx.state()
+    from gpujob.agent.base.proc import die_here
     state.reserve(job_id, spec.name, t.label, str(spec_path.resolve()), spec_hash(spec), profile,
                   entry=ctx.entry(t))
+    die_here("submit_reserved")  # the suite's death points (GPUJOB_TEST_DIE_AT): a phantom row, a real job
     said = []
     if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
         from gpujob.spec.recipes.registry import RECIPES
@@ -220,6 +222,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     except BaseException:  # cut off mid-submit: the job may run there; ps and status will tell
         state.seen(job_id, JobState.UNKNOWN)
         raise
+    die_here("submit_answered")
     state.seen(job_id, JobState.PREPARING)
     if res.stale_lock:
         err.print(render.styled(("note:", "yellow"), f" took over the container from job "
@@ -257,10 +260,15 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     if trace or output is not None:
         if not (trace and output is not None):
             raise InputError("--trace needs -o FILE (and -o is only for --trace)")
-        from gpujob.cli.replay_cmds import fetch_trace
+        from gpujob.cli.replay_cmds import fetch_file, fetch_trace, trace_limit
+        from gpujob.agent.base import jsonl
         from gpujob.agent.base.fsio import write_bytes
         job_id, t = job_target(job, target)
-        write_bytes(str(output), fetch_trace(job_id, t))  # an atomic replace
+        try:  # each part at most what the job's journal.keep_log lets it grow to
+            limit = trace_limit(jsonl.loads(fetch_file(job_id, t, "job.json", limit=16 << 20)))
+        except ValueError:
+            raise InputError(f"job {job_id}: its job.json does not parse") from None
+        write_bytes(str(output), fetch_trace(job_id, t, limit))  # an atomic replace
         return
     from gpujob.cli import fleet_cmds
     fleet_id, labels = fleet_cmds.nodes_of(job, target)
@@ -293,11 +301,12 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
     import sys
     import time
     from gpujob.ops.follow import follow_log
-    buf = bytearray()
-    follow_log(t, job_id, file="events.jsonl", follow=False, write=buf.extend,
+    from gpujob.agent.base import jsonl
+    r, got = jsonl.Records("events.jsonl", strict=False), []  # bounded, as every reader of a journal
+    follow_log(t, job_id, file="events.jsonl", follow=False, write=lambda c: got.extend(r.feed(c)),
                notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
-    from gpujob.agent.base.fsio import json_objects
-    found = [rec for rec in json_objects(bytes(buf)) if rec.get("type") == "stacks"]
+    found = [rec for _n, rec in got + r.close() if rec.get("type") == "stacks"
+             and not render.event_error(rec)]
     so = sys.stdout
     if as_json:
         for rec in found:
@@ -313,8 +322,11 @@ def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
                  f"{rec.get('reason')}\n")
         if rec.get("note"):
             so.write(f"   {rec['note']}\n")
-        for st in rec.get("stacks") or []:
-            so.write(f"-- pid {st.get('pid')}: {' '.join(st.get('argv') or [])}\n")
+        stacks = rec.get("stacks")
+        for st in [st for st in (stacks if isinstance(stacks, list) else []) if isinstance(st, dict)]:
+            argv = st.get("argv")
+            words = [str(a) for a in argv] if isinstance(argv, list) else []
+            so.write(f"-- pid {st.get('pid')}: {' '.join(words)}\n")
             text = str(st.get("text") or "")
             so.write(text if text.endswith("\n") else text + "\n")
     so.flush()
@@ -369,8 +381,12 @@ def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
     if target is None:
         raise InputError("ps --all: name the container: gpujob ps --all TARGET")
     t = ctx.target(target)
-    jobs_ = t.ask(wire.StatusAnswer, "status", "--no-revive").jobs
+    res = t.ask(wire.StatusAnswer, "status", "--no-revive", "--newest", str(max(0, limit)))  # bounded
+    jobs_ = res.jobs
     jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
+    older = (res.extra.get("more") or {}).get("jobs")
+    if older and not as_json:
+        err.print(render.lit(f"gpujob: {older} older jobs in {t.label}'s journal not listed (--limit N lists more)"))
     mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
     views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
     if as_json:

@@ -4,6 +4,7 @@ the trace fetch behind it and ``gpujob logs JOB --trace -o FILE``."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -14,27 +15,51 @@ from gpujob.cli.app import app, err, job_target, out
 from gpujob.errors import InputError
 
 
-def fetch_file(job_id: str, t, name: str) -> bytes:
-    """A file of the job's dir, fetched as logs are (the agent's tail, no follow)."""
+#: the most a fetched file of the job's dir may hold: a trace part rotates at 64 MiB (compressed)
+MAX_FETCH = 256 << 20
+
+
+def fetch_file(job_id: str, t, name: str, limit: int = MAX_FETCH) -> bytes:
+    """A file of the job's dir, fetched as logs are (the agent's tail, no follow); a host that
+    sends more than ``limit`` bytes is misbehaving (never held past it)."""
+    from gpujob.errors import HostMisbehaving
     from gpujob.ops.follow import follow_log
     buf = bytearray()
-    follow_log(t, job_id, file=name, follow=False, write=buf.extend,
+
+    def write(chunk: bytes) -> None:
+        if len(buf) + len(chunk) > limit:
+            raise HostMisbehaving(f"{t.label}: job {job_id}'s {name} is over {limit >> 20} MiB; not read further")
+        buf.extend(chunk)
+    follow_log(t, job_id, file=name, follow=False, write=write,
                notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
     return bytes(buf)
 
 
-def fetch_trace(job_id: str, t) -> bytes:
-    """The job's trace: the rotated older part (if any) then the current one."""
+def fetch_trace(job_id: str, t, limit: int = MAX_FETCH) -> bytes:
+    """The job's trace: the rotated older part (if any) then the current one, each at most
+    ``limit`` bytes (a part rotates past the job's journal.keep_log: ``trace_limit``)."""
     from gpujob.agent.base import trace
-    from gpujob.errors import GpujobError
+    from gpujob.errors import GpujobError, HostMisbehaving
     data = b""
     for name in (trace.OLD, trace.NAME):
         try:
-            data += fetch_file(job_id, t, name)
+            data += fetch_file(job_id, t, name, limit)
+        except HostMisbehaving:
+            raise
         except GpujobError:
             if name == trace.NAME and not data:
                 raise
     return data
+
+
+def trace_limit(job: object) -> int:
+    """The most one part of a job's trace may hold: it rotates once past the job's
+    journal.keep_log (checked once a second), so that and a quarter more."""
+    journal = ((job.get("spec") or {}).get("journal") or {}) if isinstance(job, dict) else {}
+    keep = journal.get("keep_log") if isinstance(journal, dict) else None
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
+        return max(MAX_FETCH, keep + keep // 4 + (16 << 20))
+    return MAX_FETCH
 
 
 def _spec_dict(spec: Optional[Path]) -> Optional[dict]:
@@ -58,13 +83,55 @@ def _baseline(text: Optional[str]) -> Optional[float]:
     return value
 
 
-def _trace_spec(records: list, source: str) -> dict:
-    """The throughput section a trace's header recorded (its first line's meta)."""
-    head = records[0] if records and "trace" in records[0] else {}
-    tp = (head.get("meta") or {}).get("throughput")
+def _trace_spec(head: dict, source: str) -> dict:
+    """The throughput section a trace's header recorded (its first line's meta), checked
+    as a spec's throughput section is (its types: the judge takes its numbers as numbers)."""
+    tp = (head.get("meta") or {}).get("throughput") if "trace" in head else None
     if not isinstance(tp, dict):
         raise InputError(f"{source}: its first line records no throughput section; give --spec SPEC")
+    from pydantic import ValidationError
+    from gpujob.spec.throughput import Throughput
+    try:  # the keys this version knows (an older or newer writer may have recorded others)
+        Throughput.model_validate({k: v for k, v in tp.items() if k in Throughput.model_fields})
+        why = None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        why = f"field meta.throughput.{where}: {first.get('msg', 'not valid')[:120]}"
+    if why:
+        raise InputError(f"{source}:1: {why}")
     return {"throughput": tp}
+
+
+def _replay_file(path: Path, source: str, spec_d, profile, baseline) -> tuple:
+    from gpujob.agent.base import jsonl, trace
+    from gpujob.agent.judge import replay as rp
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        if gz:
+            size = os.fstat(f.fileno()).st_size
+            recs = trace.iter_records(jsonl.file_chunks(f), source, jsonl.text_limit(size))
+            head: dict = next(recs, {})
+            if spec_d is None:  # the trace's first line: the throughput section it was judged with
+                spec_d = _trace_spec(head, source)
+            return rp.replay_records(_chain(head, recs), spec_d, profile, baseline)
+        if spec_d is None:
+            raise InputError("--spec: needed to replay a samples file (it carries no throughput section; a "
+                             "trace file or a job id brings its own)")
+        recs = (rec for _n, rec in jsonl.records(jsonl.file_chunks(f), source, check=_sample_check))
+        return rp.replay_sample_records(recs, spec_d, profile, baseline)
+
+
+def _chain(head: dict, rest):
+    if head:
+        yield head
+    yield from rest
+
+
+def _sample_check(rec: dict):
+    from gpujob.agent.base import jsonl
+    return jsonl.field_error(rec, {"t": "number", "value": "?number", "step": "?number", "profile": "?string"})
 
 
 @app.command()
@@ -81,29 +148,28 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
            as_json: bool = typer.Option(False, "--json", help="JSON Lines: each decision, then "
                                         "{\"summary\": {...}}")):
     """Run the rollback policy offline over a recorded run and print each decision it takes."""
-    from gpujob.agent.base import trace
-    from gpujob.agent.base.fsio import json_objects
+    from gpujob.agent.base import jsonl, trace
     from gpujob.agent.judge import replay as rp
     baseline = _baseline(baseline_text)
     spec_d = _spec_dict(spec)
     path = Path(source)
-    if path.is_file():  # the file is read here, at the edge: judge/replay.py takes records
-        data = path.read_bytes()
-        if data[:2] == b"\x1f\x8b":
-            records = trace.parse(data)
-            if spec_d is None:  # the trace's first line: the throughput section it was judged with
-                spec_d = _trace_spec(records, source)
-            decisions, summary = rp.replay_records(records, spec_d, profile, baseline)
+    try:
+        if path.is_file():  # read here, at the edge, in bounded pieces: judge/replay.py takes records
+            decisions, summary = _replay_file(path, source, spec_d, profile, baseline)
         else:
+            job_id, t = job_target(source, target)
+            got = jsonl.loads(fetch_file(job_id, t, "job.json", limit=16 << 20))
             if spec_d is None:
-                raise InputError("--spec: needed to replay a samples file (it carries no throughput section; a "
-                                 "trace file or a job id brings its own)")
-            decisions, summary = rp.replay_sample_records(json_objects(data), spec_d, profile, baseline)
-    else:
-        job_id, t = job_target(source, target)
-        if spec_d is None:
-            spec_d = json.loads(fetch_file(job_id, t, "job.json"))["spec"]
-        decisions, summary = rp.replay_records(trace.parse(fetch_trace(job_id, t)), spec_d, profile, baseline)
+                spec_d = got.get("spec") if isinstance(got, dict) else None
+                if not isinstance(spec_d, dict):
+                    raise InputError(f"job {job_id}: its job.json holds no spec; give --spec SPEC")
+            data = fetch_trace(job_id, t, trace_limit(got))
+            recs = trace.iter_records([data], f"job {job_id}'s {trace.NAME}", jsonl.text_limit(len(data)))
+            decisions, summary = rp.replay_records(recs, spec_d, profile, baseline)
+    except jsonl.BadFile as e:
+        raise InputError(str(e)) from None
+    except ValueError as e:  # job.json that does not parse or nests too deep
+        raise InputError(f"{source}: {e}") from None
     for d in decisions:
         if as_json:
             out.print(render.lit(json.dumps(d, sort_keys=True)), soft_wrap=True)

@@ -12,6 +12,7 @@ import json
 from typing import Optional
 
 from gpujob.agent.base import wire
+from gpujob.agent.base.protocol import JobState
 from gpujob.errors import GpujobError, InputError
 
 #: ``ps`` asks this many hosts at once (over their kept connections, or new ones), and
@@ -102,10 +103,18 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
     for r in rows:
         by_target.setdefault(r["target"], []).append(r["job_id"])
 
-    def fetch(target: str) -> dict:
-        return by_job(ctx.target(target).ask(wire.StatusAnswer, "status", "--missing-ok", *by_target[target]))
-
     opened: dict = {}
+
+    def fetch(target: str) -> dict:
+        t = opened[target] = ctx.target(target)
+        return by_job(t.ask(wire.StatusAnswer, "status", "--missing-ok", *by_target[target]))
+
+    def cancel(target: str) -> None:  # given up on: its connection closed, so its thread ends
+        t = opened.get(target)
+        if t is not None:
+            for tr in (t.host_transport, t.transport):  # the connection first: it never waits
+                if tr is not None:
+                    tr.close()
 
     def begin(target: str):  # sent now on an open exec channel (the daemon's), or None: fetch
         t = opened[target] = ctx.target(target)
@@ -119,7 +128,8 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
         return answer.by_id()
 
     states = {}
-    answers = fanout.gather(list(by_target), fetch, workers=workers, deadline=timeout, begin=begin, end=end)
+    answers = fanout.gather(list(by_target), fetch, workers=workers, deadline=timeout, begin=begin, end=end,
+                            cancel=cancel)
     for target, res in answers.items():  # in the order of the rows
         if isinstance(res, (GpujobError, fanout.NoAnswer)):
             why = res.message if isinstance(res, GpujobError) else str(res)
@@ -134,6 +144,16 @@ def show_ps(ctx, rows: list, as_json: bool, timeout: float, workers: int, out, e
     seen = {}
     for r in rows:
         st = states.get(r["job_id"], {})
+        if r["state"] == "submitting" and st.get("state") == JobState.NOT_FOUND:
+            gone = ctx.state().abandoned(r)
+            if gone is None:  # a submit going on now (another shell): it is not there yet
+                going = dict(st, job_id=r["job_id"], state="submitting")
+                views.append(render.status_view(going, r["target"]))
+                continue
+            ctx.state().unreserve(r["job_id"])  # a phantom: its submit was killed before the container had it
+            err.print(f"gpujob: {r['job_id']} was never started: its submit (gpujob pid {gone}) ended before "
+                      f"{r['target']} had the job; forgotten", markup=False, highlight=False)
+            continue
         if st.get("state") != "unreachable":
             seen[r["job_id"]] = st.get("state")
         views.append(render.status_view(dict(st, job_id=r["job_id"]), r["target"]))

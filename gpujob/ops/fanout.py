@@ -7,8 +7,11 @@ Two ways, one call: a target whose question can be sent without waiting (``begin
 exec channel is open already, as in the kept connection's daemon) is sent it from this
 thread, all of them first, and their answers are then collected as they come (``end``),
 with no thread a target; the others get a thread each (at most ``workers`` at a time),
-whose ``fetch`` may open a connection first. A thread still waiting at the deadline is a
-daemon thread, so the CLI's exit does not wait for it."""
+whose ``fetch`` may open a connection first. A target given up on at the deadline is
+cancelled (``cancel(key)``: its connection closed, so its thread's read ends and the thread
+with it; a question begun on an exec channel is cancelled there) instead of being left
+running after the command printed its table; the thread is a daemon thread besides, so the
+CLI's exit never waits for it."""
 
 from __future__ import annotations
 
@@ -25,11 +28,12 @@ class NoAnswer(Exception):
 FETCH = object()
 
 
-def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=None) -> dict:
+def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=None, cancel=None) -> dict:
     """{key: its answer, or the exception it raised, or NoAnswer}. ``fetch(key)`` asks
     one target and waits; ``begin(key)`` sends the question and returns a handle (None:
     ``fetch`` it instead), ``end(key, handle, until)`` its answer, raising TimeoutError
-    past ``until`` (a ``time.monotonic()``), or FETCH: ``fetch`` it after all."""
+    past ``until`` (a ``time.monotonic()``), or FETCH: ``fetch`` it after all. ``cancel(key)``
+    ends a ``fetch`` still running at the deadline (it closes what that fetch reads from)."""
     until = time.monotonic() + deadline
     results: dict = {}
     begun: dict = {}
@@ -78,6 +82,7 @@ def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=
                     results[key] = res
             except TimeoutError:
                 results[key] = NoAnswer(f"no answer within {deadline:g}s")
+                _quietly(getattr(begun[key], "cancel", None))  # the question ends on its channel too
             except Exception as e:  # noqa: BLE001
                 results[key] = e
     except BaseException:  # Ctrl-C: the questions not awaited yet end there too
@@ -93,4 +98,21 @@ def gather(keys: list, fetch, *, workers: int, deadline: float, begin=None, end=
                 break
             cond.wait(left)
         results.update(threaded)
+        given_up = [k for k in rest if k not in threaded]
+    if cancel is not None and given_up:  # its thread ends once what it reads from is closed; a close
+        # that waits on the stuck thread's lock (a connection being opened) never holds the command
+        def cancel_all() -> None:
+            for k in given_up:
+                _quietly(lambda: cancel(k))
+        threading.Thread(target=cancel_all, daemon=True, name="gpujob-cancel").start()
     return {k: results[k] if k in results else NoAnswer(f"no answer within {deadline:g}s") for k in keys}
+
+
+def _quietly(call) -> None:
+    """A cancel: what it may raise (a connection closed twice) changes nothing now."""
+    if call is None:
+        return
+    try:
+        call()
+    except Exception:  # noqa: BLE001 - given up on already; nothing to tell
+        pass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpujob.agent.base.fsio import json_objects
+from gpujob.agent.base import jsonl
 from gpujob.errors import InputError
 from gpujob.ops.follow import follow_log
 from gpujob.show import plotdata, render
@@ -16,9 +16,9 @@ from gpujob.show.plot import FORMATS, terminal, write_file
 
 def read_jsonl(t, job_id: str, file: str) -> list[dict]:
     """Every whole record of a job's JSONL file (a torn or trimmed-away line is skipped)."""
-    buf = bytearray()
-    follow_log(t, job_id, file=file, follow=False, write=buf.extend, notice=lambda m: None)
-    return json_objects(bytes(buf))
+    r, got = jsonl.Records(file, strict=False), []  # bounded: a line too long or too deep is passed over
+    follow_log(t, job_id, file=file, follow=False, write=lambda c: got.extend(r.feed(c)), notice=lambda m: None)
+    return [rec for _n, rec in got + r.close()]
 
 
 def command(job_id: str, t, st: dict, output: Path | None, as_json: bool, out) -> None:

@@ -13,6 +13,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from gpujob.agent.base.proc import is_alive, start_ticks
 from gpujob.errors import JobError
 
 SCHEMA = """
@@ -64,10 +65,12 @@ class State:
         self.db.row_factory = sqlite3.Row
         self.db.executescript(SCHEMA)
         cols = {r["name"] for r in self.db.execute("PRAGMA table_info(jobs)")}
-        if "entry" not in cols:  # an index from before: its jobs have no recorded entry
+        for col in ("entry", "submitter"):  # an index from before: its jobs have none recorded
+            if col in cols:
+                continue
             try:
                 with self.db:
-                    self.db.execute("ALTER TABLE jobs ADD COLUMN entry TEXT")
+                    self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col} TEXT")
             except sqlite3.OperationalError as e:  # another gpujob added it at the same moment
                 if "duplicate column" not in str(e):
                     raise
@@ -85,9 +88,9 @@ class State:
             with self.db:
                 self.db.execute(
                     "INSERT INTO jobs (job_id, name, target, spec_path, spec_hash, profile, submitted_at,"
-                    " state, entry) VALUES (?, ?, ?, ?, ?, ?, ?, 'submitting', ?)",
+                    " state, entry, submitter) VALUES (?, ?, ?, ?, ?, ?, ?, 'submitting', ?, ?)",
                     (job_id, name, target, spec_path, spec_hash, profile, time.time(),
-                     json.dumps(entry) if entry else None))
+                     json.dumps(entry) if entry else None, f"{os.getpid()}:{start_ticks(os.getpid())}"))
         except sqlite3.IntegrityError:
             row = self.db.execute("SELECT target FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
             raise JobError(f"job id {job_id} is already taken on this laptop (a job on "
@@ -110,6 +113,17 @@ class State:
             gone = self.db.execute("DELETE FROM jobs WHERE job_id = ? AND state = 'submitting'", (job_id,))
             if gone.rowcount:
                 self.db.execute("DELETE FROM nodes WHERE job_id = ?", (job_id,))
+
+    @staticmethod
+    def abandoned(row: sqlite3.Row) -> int | None:
+        """The pid of the gpujob that reserved ``row`` and ended (killed) before the
+        submit's answer was recorded; None while it lives, or once the row has a state."""
+        if row["state"] != "submitting" or not row["submitter"]:
+            return None
+        pid, _, ticks = row["submitter"].partition(":")
+        if not pid.isdigit() or is_alive(int(pid), int(ticks) if ticks.isdigit() else None):
+            return None
+        return int(pid)
 
     def known(self, job_id: str) -> bool:
         return self.db.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None

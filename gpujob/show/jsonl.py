@@ -28,34 +28,40 @@ def emit(obj, out=None) -> None:
 
 
 class Lines:
+    """Records are read as the bounded reader reads them (agent/base/jsonl.py): a line past
+    its length is never held (a log line is cut there, a record is skipped as damaged), one
+    nested too deep is skipped too; ``damaged(n)`` says so."""
+
     def __init__(self, records: bool, *, extra: Optional[dict] = None,
                  damaged: Callable[[int], None] = lambda n: None, out=None):
+        from gpujob.agent.base.jsonl import Splitter
         self.records, self.extra, self.damaged, self.out = records, extra or {}, damaged, out
-        self.buf = bytearray()
+        self.split = Splitter()
 
     def __call__(self, chunk: bytes) -> None:
-        self.buf.extend(chunk)
-        *lines, rest = bytes(self.buf).split(b"\n")
-        self.buf[:] = rest
-        for ln in lines:
+        for _n, ln in self.split.feed(chunk):
             self._one(ln)
 
     def close(self) -> None:
         """The last line, when the stream did not end with a newline."""
-        if self.buf:
-            ln, self.buf = bytes(self.buf), bytearray()
-            self._one(ln)
+        last = self.split.close()
+        if last is not None:
+            self._one(last[1])
 
-    def _one(self, ln: bytes) -> None:
+    def _one(self, ln: Optional[bytes]) -> None:
+        if ln is None:  # past the bound: not held
+            self.damaged(-1)
+            return
         if not self.records:
             emit(dict(self.extra, line=ln.decode("utf-8", "replace")), self.out)
             return
         ln = ln.lstrip(b"\0")  # a trimmed journal's punched-out start reads as NULs
         if not ln.strip():
             return
+        from gpujob.agent.base.jsonl import loads
         try:
-            rec = json.loads(ln)
-        except ValueError:  # a torn record (its writer died mid-line): skipped, said on stderr
+            rec = loads(ln)
+        except ValueError:  # a torn record (its writer died mid-line), or nested too deep: skipped, said
             self.damaged(len(ln))
             return
         emit(rec, self.out)

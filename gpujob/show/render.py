@@ -226,8 +226,21 @@ def size(n: float | None) -> str:
     return str(n)
 
 
+#: the fields event_line reads as numbers or lists, by kind (an events file from outside may hold others)
+EVENT_FIELDS = {"": {"t": "number"}, "sample": {"value": "number", "step": "?number"},
+                "samples_1m": {"median": "number", "min": "number", "max": "number"}, "stacks": {"stacks": "?list"}}
+
+
+def event_error(ev: dict):
+    """What is wrong with an events record's fields for ``event_line`` (None when nothing)."""
+    from gpujob.agent.base.jsonl import field_error
+    kind = ev.get("type")
+    return field_error(ev, EVENT_FIELDS[""]) or (field_error(ev, EVENT_FIELDS[kind])
+                                                 if isinstance(kind, str) and kind in EVENT_FIELDS else None)
+
+
 def event_line(ev: dict) -> str:
-    """One events.jsonl record as a readable line."""
+    """One events.jsonl record as a readable line (its fields checked against EVENT_FIELDS first)."""
     t = time.strftime("%H:%M:%S", time.localtime(ev.get("t", 0)))
     kind = ev.get("type", "?")
     skip = {"t", "type", "evidence", "argv"}
@@ -426,12 +439,28 @@ def gc_tables(res: dict, label: str) -> list:
 
 
 def gc_summary(res: dict) -> str:
-    freed = sum(e["disk"]["own"] for e in res.get("envs") or [] if e["why"] == "remove")
-    freed += sum(e["bytes"] for e in (res.get("jobs") or []) + (res.get("checkpoints") or [])
-                 if e["why"] == "remove")
+    freed = res.get("freed")  # over every row (an answer lists at most a few hundred: agent/base/answers.py)
+    if freed is None:  # an older agent's answer: every row is in it
+        freed = sum(e["disk"]["own"] for e in res.get("envs") or [] if e["why"] == "remove")
+        freed += sum(e["bytes"] for e in (res.get("jobs") or []) + (res.get("checkpoints") or [])
+                     if e["why"] == "remove")
     text = f"{'would free' if res.get('dry_run') else 'freed'} {size(freed)}"
     if res.get("finished"):
-        text += f"; finished {len(res['finished'])} removal(s) a killed gc had left"
+        text += f"; finished {len(res['finished']) + (res.get('more') or {}).get('finished', 0)} removal(s) " \
+                f"a killed gc had left"
+    return text + more_note(res, {"envs": "venvs", "jobs": "job directories", "checkpoints": "checkpoints"})
+
+
+def more_note(res: dict, names: dict) -> str:
+    """``; N more checkpoints not listed (of M, K removed)`` for each listing an answer cut."""
+    more, counts = res.get("more") or {}, res.get("counts") or {}
+    text = ""
+    for key, name in names.items():
+        if more.get(key):
+            c = counts.get(key) or {}
+            of = f" (of {c['all']}, {c['remove']} {'to remove' if res.get('dry_run') else 'removed'})" \
+                if c.get("all") is not None else ""
+            text += f"; {more[key]} more {name} not listed{of}"
     return text
 
 

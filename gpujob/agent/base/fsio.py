@@ -11,6 +11,8 @@ import os
 import tempfile
 import time
 
+from gpujob.agent.base import jsonl
+
 
 def now() -> float:
     return time.time()
@@ -79,10 +81,15 @@ def write_bytes(path: str, payload: bytes, mode: int = 0o644, durable: bool = Tr
         fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def read_json(path: str, default=None):
+#: the most a JSON file the agent reads whole may hold (job.json, state.json, a request)
+MAX_JSON = 64 << 20
+
+
+def read_json(path: str, default=None, limit: int = MAX_JSON):
+    """A JSON file, or ``default`` when it cannot be read, does not parse, is over ``limit``
+    bytes or nests too deep (agent/base/jsonl.py's bounds: never a RecursionError)."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        return jsonl.loads(jsonl.read_bounded(path, limit))
     except (OSError, ValueError):
         return default
 
@@ -111,41 +118,25 @@ def _truncate(fd: int, size: int) -> None:
         pass
 
 
-def json_objects(data: bytes) -> list:
+def json_objects(data: bytes, name: str = "data") -> list:
     """The JSON objects of a run of JSON lines, in order: blank lines, a trimmed journal's
-    punched-out start (NULs), a torn line and anything not an object are passed over."""
-    out = []
-    for line in data.split(b"\n"):
-        line = line.lstrip(b"\0")
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    punched-out start (NULs), a torn line, anything not an object and a line past the
+    bounded reader's limits (agent/base/jsonl.py: length, nesting) are passed over."""
+    return [rec for _n, rec in jsonl.records([data], name, strict=False)]
 
 
 def read_records(path: str) -> tuple:
     """(records, skipped): the whole JSON lines of a .jsonl file, and how many lines
-    could not be read (a torn tail left by a crash, or damage)."""
-    records: list = []
-    skipped = 0
+    could not be read (a torn tail left by a crash, damage, a line too long or too deep:
+    read in chunks, never a line held whole past its bound)."""
+    stats = jsonl.Stats()
     try:
         f = open(path, "rb")
     except OSError:
-        return records, skipped
+        return [], 0
     with f:
-        for raw in f:
-            if not raw.strip():
-                continue
-            try:
-                records.append(json.loads(raw))
-            except ValueError:
-                skipped += 1
-    return records, skipped
+        records = [rec for _n, rec in jsonl.records(jsonl.file_chunks(f), path, strict=False, stats=stats)]
+    return records, stats.skipped
 
 
 def pid_alive(pid, needle: str | None = None, ticks=None) -> bool:

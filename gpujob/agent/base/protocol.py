@@ -146,6 +146,8 @@ class OffsetSplitter:
     that is no offset record (the agent's ``{"error"}`` answer) is kept in ``error``, and
     the answer itself (``wire.ErrorAnswer``'s object, a refusal's code in it) in ``answer``."""
 
+    MAX_HEAD = 64 << 10  # the first line: an offset record or an error, never more
+
     def __init__(self, sink, on_offset):
         self.sink, self.on_offset = sink, on_offset
         self._head = b""
@@ -160,16 +162,20 @@ class OffsetSplitter:
         self._head += chunk
         line, nl, rest = self._head.partition(b"\n")
         if not nl:
-            return
+            if len(self._head) > self.MAX_HEAD:  # no offset record is this long: not held
+                self._head, nl, line = b"", b"\n", self._head[:200] + b"..."
+            else:
+                return
         self._head = b""
         self.located = True
+        from gpujob.agent.base.jsonl import loads
         try:
-            rec = json.loads(line)
+            rec = loads(line)
         except ValueError:
             rec = None
         if not isinstance(rec, dict) or not isinstance(rec.get("offset"), int):
-            self.error = rec.get("error") if isinstance(rec, dict) and rec.get("error") else \
-                line.decode("utf-8", "replace")
+            self.error = rec.get("error") if isinstance(rec, dict) and isinstance(rec.get("error"), str) else \
+                line[:2000].decode("utf-8", "replace")
             self.answer = rec if isinstance(rec, dict) else None
             self.on_offset = self.sink = lambda _x: None  # nothing after an error is log
             return

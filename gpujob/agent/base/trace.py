@@ -19,7 +19,7 @@ import os
 import zlib
 from typing import IO
 
-from gpujob.agent.base.fsio import json_objects
+from gpujob.agent.base import jsonl
 
 NAME, OLD = "trace.jsonl.gz", "trace.1.jsonl.gz"
 _quote = json.encoder.encode_basestring_ascii  # what json.dumps(a str) returns
@@ -104,28 +104,39 @@ class TraceWriter:
             self.gz = self.raw = None
 
 
+#: the fields each kind of record may carry, with their types (a reader uses them as such)
+_FIELDS = {"t": "number", "out": "string", "run": "?object", "ckpt": "string", "op": "?string",
+           "size": "?number", "recorded": "?object", "meta": "?object"}
+_RUN = {"profile": "?string", "baseline": "?number", "phase": "?string", "resume": "?bool"}
+_RECORDED = {"verdict": "?string", "reason": "?string"}
+
+
+def check_record(rec: dict):
+    """What is wrong with a trace record's fields (None when nothing): a number where a
+    number is expected, an object where an object is."""
+    return (jsonl.field_error(rec, _FIELDS) or jsonl.field_error(rec.get("run") or {}, _RUN, "run.")
+            or jsonl.field_error(rec.get("recorded") or {}, _RECORDED, "recorded.")
+            or jsonl.field_error(rec.get("meta") or {}, {"throughput": "?object"}, "meta."))
+
+
+def iter_records(chunks, name: str, limit: int = jsonl.MAX_TEXT):
+    """Each record of a trace's gzip bytes (``chunks``: pieces of them), header included,
+    read as the bounded reader reads (agent/base/jsonl.py): ``BadFile`` with the file and
+    line of the first record that is too long, too deep or of the wrong types; a cut last
+    block or line is dropped. Several gzip members (one per writer) read as one stream."""
+    for _n, rec in jsonl.records(jsonl.gunzip(chunks, name, limit), name, check=check_record):
+        yield rec
+
+
 def read_records(path: str) -> list:
-    """Every record of a trace file (header included): ``parse`` of its bytes."""
+    """Every record of a trace file (header included)."""
     with open(path, "rb") as f:
-        return parse(f.read())
+        return list(iter_records(jsonl.file_chunks(f), path, jsonl.text_limit(os.fstat(f.fileno()).st_size)))
 
 
-def parse(data: bytes) -> list:
-    """Every record of a trace's bytes (header included); a cut last block or line is
-    dropped. Several gzip members (one per writer) read as one stream."""
-    d = zlib.decompressobj(zlib.MAX_WBITS | 16)
-    text = b""
-    while data:
-        try:
-            text += d.decompress(data)
-        except zlib.error:
-            break
-        data = d.unused_data
-        if d.eof and data:
-            d = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        else:
-            break
-    return json_objects(text)
+def parse(data: bytes, name: str = "trace") -> list:
+    """Every record of a trace's bytes (header included)."""
+    return list(iter_records([data], name, jsonl.text_limit(len(data))))
 
 
 def job_records(directory: str) -> list:

@@ -62,6 +62,10 @@ MAX_GAP = 10.0  # ... and no later than this (a save is seen within it on any tr
 
 # ---- the file --------------------------------------------------------------------
 
+#: a register's size at most (its entries are bounded by the checkpoints kept; far more than that)
+MAX_BYTES = 256 << 20
+
+
 def path_of(home_root: str, job_id: str) -> str:
     return os.path.join(home_root, DIR, f"{job_id}.json")
 
@@ -72,9 +76,9 @@ def empty(job_id: str, name: str) -> dict:
 
 def load(home_root: str, job_id: str, name: str = "") -> dict:
     """The job's register ({} entries when it has none yet, or it cannot be read)."""
-    try:
-        with open(path_of(home_root, job_id), "rb") as f:
-            data = json.loads(f.read())
+    from gpujob.agent.base import jsonl
+    try:  # bounded as every reader of a file the job's dir holds (agent/base/jsonl.py)
+        data = jsonl.loads(jsonl.read_bounded(path_of(home_root, job_id), MAX_BYTES))
     except (OSError, ValueError):
         return empty(job_id, name)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -384,6 +388,21 @@ class CkWatch:
     def _unfinished(self) -> list:
         return [(p, e) for p, e in self.reg["files"].items() if e.get("run") == self.run
                 and not e.get("finished") and not e.get("gone") and not e.get("torn")]
+
+    def finish_between_writes(self, paths: set, t: float, quiet: float) -> list:
+        """A stop's (or rollback's) wait: the files among ``paths`` this run rewrites in place
+        more often than ``settle`` (changing for longer than settle, never unchanged that
+        long) and unchanged for ``quiet`` s now are whole between two writes: finished now
+        (a later write makes them a save in progress again). Returns their entries."""
+        self.just_finished = []
+        for path, e in self._unfinished():
+            began = e.get("began") or e["first_seen"]
+            if (path in paths and e["sig"][0] == "f" and not self.done_file
+                    and e["changed"] - began >= self.settle and t - e["changed"] >= quiet):
+                self._finish(path, e, t)
+        if self.just_finished:
+            save(self.home_root, self.reg)
+        return self.just_finished
 
     def saving(self) -> list:
         """This run's checkpoints not finished yet (a save in progress)."""

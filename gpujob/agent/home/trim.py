@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import json
 import os
 
-from gpujob.agent.base.fsio import write_json
+from gpujob.agent.base.fsio import read_json, write_json
 
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
@@ -76,12 +75,10 @@ class Trimmer:
         self._starts: dict | None = None  # read once: the supervisor is the only writer
 
     def starts(self) -> dict:
-        if self._starts is None:
-            try:
-                with open(self.path) as f:
-                    self._starts = json.load(f)
-            except (OSError, ValueError):
-                self._starts = {}
+        if self._starts is None:  # bounded and typed: a file the job's dir holds is data from outside
+            got = read_json(self.path, {}, limit=1 << 20)
+            self._starts = {k: v for k, v in got.items() if isinstance(v, int) and not isinstance(v, bool)
+                            and v >= 0} if isinstance(got, dict) else {}
         return self._starts
 
     def start_of(self, name: str) -> int:
@@ -132,19 +129,11 @@ class Trimmer:
 
 def read_jsonl_from(path: str, start: int) -> list:
     """Whole JSON records of ``path`` from byte ``start`` (a line start)."""
-    out: list = []
+    from gpujob.agent.base import jsonl
     try:
         f = open(path, "rb")
     except OSError:
-        return out
+        return []
     with f:
-        f.seek(start)
-        for raw in f:
-            raw = raw.lstrip(b"\0")
-            if not raw.strip():
-                continue
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                pass
-    return out
+        f.seek(start)  # read as the bounded reader reads (a line too long or too deep: passed over)
+        return [rec for _n, rec in jsonl.records(jsonl.file_chunks(f), path, strict=False)]

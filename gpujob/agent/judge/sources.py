@@ -13,9 +13,9 @@ arrived since the last poll), each sample a ``(value, step)`` pair.
 
 from __future__ import annotations
 
-import json
 import math
 
+from gpujob.agent.base import jsonl
 from gpujob.agent.judge.ranks import RankMerge, split_rank
 
 
@@ -34,7 +34,7 @@ def field_value(record, field: str):
 def parse_record(line: bytes, field: str, step_field: str | None):
     """One JSONL line as a (value, step) sample, or None."""
     try:
-        rec = json.loads(line)
+        rec = jsonl.loads(line)  # a trainer's line nested deep is no sample, never a RecursionError
     except ValueError:
         return None
     value = field_value(rec, field)

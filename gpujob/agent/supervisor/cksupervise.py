@@ -14,7 +14,12 @@ from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import defaults
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base.fsio import now
+from gpujob.agent.base.proc import die_here
 from gpujob.agent.base.protocol import OutcomeKind
+
+#: a file rewritten in place more often than its settle, unchanged this long while a stop
+#: waits for it: between two writes (each write of such a trainer is a burst well under this)
+QUIET = 1.0
 
 
 class Checkpoints:
@@ -185,6 +190,13 @@ class Checkpoints:
             for _ in self.runner.relay.drain():  # job.log keeps up meanwhile
                 pass
             self.poll_checkpoints(run, now(), force=True)
+            between = run.ckwatch.finish_between_writes(waiting, now(), QUIET)
+            if between:  # rewritten in place more often than settle: it never settles
+                die_here("between_writes")  # the suite's death point: finished in the register, not signalled
+                self.on_ckpt_events(run, [], now())
+                names = ", ".join(e["shown"] for e in between[:3])
+                self.say(f"checkpoint {names} is rewritten in place more often than settle "
+                         f"({run.ckwatch.settle:g}s): unchanged for {QUIET:g}s now, between two writes")
             if not [e for e in run.ckwatch.saving() if e["path"] in waiting]:
                 break
             if now() - told >= 5.0:

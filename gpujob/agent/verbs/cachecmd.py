@@ -12,7 +12,7 @@ import subprocess
 
 from gpujob.agent.home import snapshots
 from gpujob.agent.judge import signals
-from gpujob.agent.base import defaults, envs, jobenv
+from gpujob.agent.base import answers, defaults, envs, jobenv
 from gpujob.agent.base.protocol import FailureSignal
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
@@ -71,7 +71,8 @@ def ls(home: Home) -> dict:
         rows.append({"env_key": k, "live": os.path.isdir(base), "size": stats["bytes"], "files": stats["files"],
                      "parts": parts, "age": (t - stats["newest"]) if stats["newest"] else None,
                      "proof": proofs, "snapshots": [snap_row(m, t) for m in snapshots.listing(home.root, k)]})
-    return {"caches": rows, "uv_cache": envs.dir_size(home.path("uv-cache"))}
+        answers.cap(rows[-1], "snapshots", 20)  # the newest (listed first); the rest counted (agent/base/answers.py)
+    return answers.cap({"caches": rows, "uv_cache": envs.dir_size(home.path("uv-cache"))}, "caches")
 
 
 def clear(home: Home, profile: str | None, *, force: bool, with_snapshots: bool, active: set) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from gpujob.agent.base import envs
+from gpujob.agent.base import answers, envs
 from gpujob.agent.home import gc
 from gpujob.agent.home.journal import Home
 from gpujob.agent.home import ledgerfile
@@ -24,14 +24,15 @@ def cmd_ledger(home: Home, args) -> None:
         raise Refused(f"job name {args.name!r}: expected {JOB_NAME_RULE}", Code.BAD_REQUEST)
     led = Ledger(home, args.name)
     if args.action == "show":
-        emit(LedgerAnswer(args.name, ledger=led.read()))
+        emit(LedgerAnswer(args.name, ledger=answers.ledger_view(led.read())))
         return
     if args.action == "history":
-        emit(LedgerAnswer(args.name, history=led.history()))
+        emit(LedgerAnswer.from_dict(answers.cap({"name": args.name, "history": led.history()}, "history",
+                                                answers.HISTORY_MAX, newest=True)))
         return
     if args.action == "recover":
         done = led.recover()
-        emit(LedgerAnswer.from_dict(dict(done, name=args.name, ledger=led.read())))
+        emit(LedgerAnswer.from_dict(dict(done, name=args.name, ledger=answers.ledger_view(led.read()))))
         return
     if args.action == "undo":
         if not args.profile:
@@ -49,7 +50,8 @@ def cmd_ledger(home: Home, args) -> None:
                           f"on the same profile; undo {h['id']} first, or set {h['profile']} by hand "
                           f"(gpujob ledger set)", Code.CONFLICT) from None
         after = led.read()
-        emit(LedgerAnswer(args.name, undone=rec, id=led.last.get("id"), profile=rec["profile"], ledger=after,
+        emit(LedgerAnswer(args.name, undone=rec, id=led.last.get("id"), profile=rec["profile"],
+                          ledger=answers.ledger_view(after),
                           status=(after["profiles"].get(rec["profile"]) or {}).get("status", "untried")))
         return
     if not args.profile or not args.status:
@@ -63,7 +65,7 @@ def cmd_ledger(home: Home, args) -> None:
         res = led.mark(args.profile, args.status, reason=reason, by_hand=True)
     emit(LedgerAnswer(args.name, profile=args.profile, id=led.last.get("id"),
                       before=(led.last.get("before") or {}).get("status", "untried"), status=args.status,
-                      reason=None if args.status == "untried" else reason, ledger=res))
+                      reason=None if args.status == "untried" else reason, ledger=answers.ledger_view(res)))
 
 
 def cmd_profiles(home: Home, args) -> None:
@@ -83,8 +85,9 @@ def cmd_profiles(home: Home, args) -> None:
     for name in sorted(os.listdir(ldir)) if os.path.isdir(ldir) else []:
         if name.endswith(".json"):  # a damaged one: its line, the others as they are
             try:
-                ledgers[name[:-5]] = ledgerfile.load(os.path.join(ldir, name))
+                ledgers[name[:-5]] = answers.ledger_view(ledgerfile.load(os.path.join(ldir, name)))
             except LedgerError as e:
                 ledgers[name[:-5]] = {"error": str(e)}
     total = gc.disk_usage([os.path.join(root, e["env_key"]) for e in installed])
-    emit(ProfilesAnswer(installed, ledgers, total))
+    emit(ProfilesAnswer.from_dict(answers.cap({"envs": installed, "ledgers": ledgers, "disk_total": total},
+                                              "envs")))

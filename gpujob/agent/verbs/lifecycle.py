@@ -12,6 +12,7 @@ import sys
 import time
 
 from gpujob.agent.supervisor import metrics, notify
+from gpujob.agent.base import answers
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.agent.home.ledger import Ledger
@@ -210,7 +211,7 @@ def summary(home: Home, job_id: str) -> dict:
         tp = job["spec"]["throughput"]
         st["policy"] = {k: tp.get(k) for k in ("min", "min_ratio", "window", "failure_limit")}
     try:
-        st["ledger"] = Ledger(home, st["name"]).read() if st["name"] else {}
+        st["ledger"] = answers.ledger_view(Ledger(home, st["name"]).read()) if st["name"] else {}
     except LedgerError as e:  # the status still answers; the ledger's line says what is wrong
         st["ledger"] = {"error": str(e)}
     st["metrics"] = metrics.gauges(st, job_id, st["name"])  # what the metrics textfile says

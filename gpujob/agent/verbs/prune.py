@@ -24,7 +24,7 @@ import shutil
 import time
 
 from gpujob.agent.home import ckregister, ckscan, gc
-from gpujob.agent.base import ckpaths, envs
+from gpujob.agent.base import answers, ckpaths, envs
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.base.wire import GcAnswer
 from gpujob.agent.home.journal import Home, Journal
@@ -274,5 +274,19 @@ def cmd_gc(home: Home, args) -> None:
         if remove:  # through the trash: a venv cut halfway never stays where it was
             remove_tree(home, os.path.join(root, e["env_key"]), "env")
         rows.append(dict(e, why=why, removed=remove, disk=du))
-    emit(GcAnswer.from_dict(dict(res, envs=rows, dry_run=args.dry_run, days=args.days,
-                                 older_than=args.older_than, keep_checkpoints=args.keep_checkpoints)))
+    res = dict(res, envs=rows, dry_run=args.dry_run, days=args.days, older_than=args.older_than,
+               keep_checkpoints=args.keep_checkpoints)
+    emit(GcAnswer.from_dict(bounded(res)))
+
+
+def bounded(res: dict) -> dict:
+    """``gc``'s answer with each listing cut to answers.LIST_MAX rows (what is removed listed
+    first): tens of thousands of checkpoints would pass the controller's answer cap. The
+    totals are over every row: ``counts`` (rows, removed or to remove) and ``freed`` bytes."""
+    res["freed"] = sum(e["disk"]["own"] for e in res["envs"] if e["why"] == "remove") + \
+        sum(e["bytes"] for e in res["jobs"] + res["checkpoints"] if e["why"] == "remove")
+    res["counts"] = {k: {"all": len(res[k]), "remove": sum(e["why"] == "remove" for e in res[k])}
+                     for k in ("envs", "jobs", "checkpoints")}
+    for key in ("envs", "jobs", "checkpoints", "finished"):
+        answers.cap(res, key, first=lambda e: isinstance(e, dict) and e.get("why") == "remove")
+    return res

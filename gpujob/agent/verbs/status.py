@@ -15,7 +15,11 @@ from gpujob.agent.verbs.lifecycle import emit, job_or_refuse, revive, summary
 def cmd_status(home: Home, args) -> None:
     """The jobs' states; a job whose supervisor died is given a new one (which
     re-adopts what still runs), and its entry says so under ``revived``."""
-    ids = args.jobs or home.job_ids()
+    ids = args.jobs or home.job_ids()  # oldest first
+    older = 0
+    if not args.jobs and getattr(args, "newest", None) is not None and len(ids) > max(0, args.newest):
+        older = len(ids) - max(0, args.newest)
+        ids = ids[older:]
     missing = [i for i in ids if not os.path.exists(Journal(home, i).path("job.json"))]
     if missing and not args.missing_ok:
         job_or_refuse(home, missing[0])
@@ -34,7 +38,7 @@ def cmd_status(home: Home, args) -> None:
         jobs.append(st)
     jobs += [{"job_id": i, "state": JobState.NOT_FOUND, "reason": "no such job in this container (its submit "
               "never got there)"} for i in missing]
-    emit(StatusAnswer(jobs, Lock(home.root).holder()))
+    emit(StatusAnswer(jobs, Lock(home.root).holder(), extra={"more": {"jobs": older}} if older else {}))
 
 
 def cmd_boot(home: Home, args) -> None:

@@ -2,7 +2,7 @@
 argument; it prints that trainer's progress lines, keeps its checkpoints where and
 how that trainer keeps them, and resumes the way it does. SLOW=1 in the
 environment makes it slow (the profile a rollback leaves). Its rate: about 20
-steps/s fast, 2 slow."""
+steps/s fast, 2 slow; STANDIN_INTERVAL (a step's seconds) sets it instead."""
 
 import glob
 import os
@@ -10,7 +10,8 @@ import re
 import sys
 import time
 
-import pydantic  # noqa: F401 - stands for the trainer's heavy imports (torch): what a standby preloads
+if "STANDIN_INTERVAL" not in os.environ:  # (the journeys' venvs hold only the kernels' wheel)
+    import pydantic  # noqa: F401 - stands for the trainer's heavy imports (torch): what a standby preloads
 
 style, args = sys.argv[1], sys.argv[2:]
 
@@ -29,7 +30,9 @@ def opt(*names, default=None):
 steps = int(opt("training.max_steps", "--max_steps", "--max_iters", "--training.steps", "--trainer.max_steps",
                 default=os.environ.get("STANDIN_STEPS", "60")))
 slow = os.environ.get("SLOW") == "1"
-interval = 0.5 if slow else 0.05
+# STANDIN_INTERVAL: a step's seconds, set by the journeys' launchers (tests/data/journeys) from
+# the kernels' wheel build in the venv, as a torch build sets a real trainer's
+interval = float(os.environ.get("STANDIN_INTERVAL") or (0.5 if slow else 0.05))
 start = 0
 
 if style == "specforge":
