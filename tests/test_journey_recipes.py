@@ -7,7 +7,7 @@ ct200 -- COMMAND`; only the edits its CHANGE ME marks ask for (the profiles: a f
 slow wheel from the index on loopback; tokens_per_step where it asks); --plan; submit; logs
 -f; status; an automatic rollback; stop of a long run while it saves, and a new job resumed
 from what the stopped one kept (`submit --resume-from`). It asserts what the person reads.
-Three journeys end on a gap left open (strict xfails on their own exception: KNOWN)."""
+Two journeys end on a gap left open (strict xfails on their own exception: KNOWN)."""
 
 from __future__ import annotations
 
@@ -67,15 +67,11 @@ class NotKept(AssertionError):
     """A stopped job's last checkpoint was not there to resume from."""
 
 
-#: Left for the lead, strict (their fix shows): Lightning's .ckpt written every ~2 s (a new
-#: name each save, the previous one removed) never stays unchanged for the recipe's settle
-#: (5 s): no save of the fast run is ever finished. torchtitan's recipe passes no
+#: Left for the lead, strict (its fix shows): torchtitan's recipe passes no
 #: {resume_from} (the trainer loads the newest step-N of its own per-job folder): `submit
 #: --resume-from JOB` is accepted and the new job starts from scratch.
 KNOWN = {
     "hf_trainer": HF_RESUMES,
-    "lightning": pytest.mark.xfail(raises=NotKept, strict=True,
-                                   reason="lightning: a .ckpt rewritten faster than settle never settles"),
     "torchtitan": pytest.mark.xfail(raises=NotKept, strict=True,
                                     reason="torchtitan: submit --resume-from JOB never reaches the trainer"),
 }

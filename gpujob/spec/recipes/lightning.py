@@ -38,8 +38,11 @@ def derive(data: dict) -> dict:
             else f"{root}/**/checkpoints/*.ckpt")
     # Each run logs into a new version_N, and `--ckpt_path last` looks only in the new
     # run's own (empty) folder: the resumed run gets the file gpujob chose. A .ckpt is
-    # written in place (no rename): finished once it has not changed for 5 s.
-    train: dict = {"checkpoint": {"path": path, "every": "15m", "settle": "5s"},
+    # written in one go (Lightning's _atomic_save: the whole file from a buffer, moved into
+    # place by an fsspec transaction) and never rewritten: finished once unchanged for 1 s. A
+    # fast run saves every few seconds under a new name and deletes the one before (save_top_k
+    # 1), so a 5 s settle never finished any: a stop or a rollback had nothing to resume from.
+    train: dict = {"checkpoint": {"path": path, "every": "15m", "settle": "1s"},
                    "resume_args": ["--ckpt_path", "{resume_from}"]}
     if rate and not any("ProgressBar" in a for a in argv):
         train["command"] = append(command, [LIGHTNING_BAR])
@@ -60,7 +63,7 @@ RECIPE = Recipe(name="lightning", trainer="lightning", revision=5,
                           "(torch 2.11.0+cu130; BENCHMARKS.md)",
                 summary="LightningCLI scripts: the TQDM progress bar's step counter over time x tokens_per_step (its it/s is the run's average; the bar "
                         "added: Lightning's rich bar prints nothing into a pipe), "
-                        "version_N/checkpoints/*.ckpt (settled 5 s), --ckpt_path {resume_from}",
+                        "version_N/checkpoints/*.ckpt (settled 1 s), --ckpt_path {resume_from}",
                 derive=derive, versions=("2.5", "2.6"),
                 preload=tuple(PRELOAD),
                 sample_command="python main.py fit --config config.yaml")
