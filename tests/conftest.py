@@ -16,6 +16,14 @@ import pytest
 _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, str(_REPO))
+# The tests live in tiers (tests/README.md): unit/, cli/, local/, bed/. The shared modules
+# (helpers, connkit, fuzzgen, limits) stay here, and a test may import another tier's test
+# module by its name (`from test_notify import HookServer`): tests/ and each tier are on the
+# path, whichever file or folder pytest was given. A test file's name is unique across tiers.
+TIERS = ("unit", "cli", "local", "bed")
+for _d in (_REPO / "tests", *(_REPO / "tests" / t for t in TIERS)):
+    if str(_d) not in sys.path:
+        sys.path.insert(1, str(_d))
 
 from testbed import TestBed, TestBedError  # noqa: E402
 

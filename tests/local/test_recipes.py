@@ -233,7 +233,7 @@ def test_profile_names_a_profile_that_a_set_brought_in_place_of_the_specs_own(tm
     with its profiles replaced, its own `profile: cu128` names none of them; --profile
     names one, and the spec is not refused for the name it had."""
     env = local_env(tmp_path)
-    spec = Path(__file__).resolve().parent.parent / "jobs" / "dflash.yaml"
+    spec = Path(__file__).resolve().parents[2] / "jobs" / "dflash.yaml"
     sets = ["--set", "profiles=[{name: compiled, system_site_packages: true}, {name: broken, "
             "system_site_packages: true, env: {TORCHDYNAMO_DISABLE: '1'}}]", "--set", "rollback.fallback=[compiled]",
             "--set", "requirements=[]"]

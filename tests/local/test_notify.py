@@ -215,7 +215,7 @@ def test_a_sender_killed_mid_post_resends_that_message_only_where_it_was_not_ack
     (tmp_path / "jobs" / "nt-1").mkdir(parents=True)
     (tmp_path / "jobs" / "nt-1" / "state.json").write_text('{"state": "failed"}')
     argv = [sys.executable, "-c", SENDER, str(tmp_path), hooks.url]
-    first = subprocess.Popen(argv, cwd=str(Path(__file__).parent.parent))
+    first = subprocess.Popen(argv, cwd=str(Path(__file__).resolve().parents[2]))
     killed = threading.Event()
     real = hooks.httpd.RequestHandlerClass.do_POST
 
@@ -229,7 +229,7 @@ def test_a_sender_killed_mid_post_resends_that_message_only_where_it_was_not_ack
     assert first.wait(60) == -signal.SIGKILL and killed.is_set()
     d = tmp_path / "jobs" / "nt-1"
     assert notify.waiting(str(d))
-    second = subprocess.run(argv, cwd=str(Path(__file__).parent.parent), timeout=60)
+    second = subprocess.run(argv, cwd=str(Path(__file__).resolve().parents[2]), timeout=60)
     assert second.returncode == 0
     assert not notify.waiting(str(d))
     assert hooks.ids("/ok") == ["nt-1.failure.end"]  # acknowledged before the death: never again

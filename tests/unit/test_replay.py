@@ -116,7 +116,7 @@ def test_cli_replay_samples_json(tmp_path):
     p = tmp_path / "samples.jsonl"
     p.write_text("".join(json.dumps({"t": 100 + i, "value": 30000.0 if i < 100 else 4000.0}) + "\n"
                          for i in range(300)))
-    spec = Path(__file__).resolve().parents[1] / "jobs" / "fleet-torch.yaml"
+    spec = Path(__file__).resolve().parents[2] / "jobs" / "fleet-torch.yaml"
     r = CliRunner().invoke(app, ["replay", str(p), "--spec", str(spec), "--json"])
     assert r.exit_code == 0, r.output
     recs = [json.loads(x) for x in r.output.splitlines() if x.strip()]
@@ -130,7 +130,7 @@ def test_cli_replay_reads_a_trace_file_at_the_edge(tmp_path):
     from typer.testing import CliRunner
     from gpujob.cli.main import app
     path = write_trace(tmp_path, [good_segment(1000.0), slow_segment(2000.0)])
-    spec = Path(__file__).resolve().parents[1] / "jobs" / "fleet-torch.yaml"
+    spec = Path(__file__).resolve().parents[2] / "jobs" / "fleet-torch.yaml"
     r = CliRunner().invoke(app, ["replay", path, "--spec", str(spec), "--json"])
     assert r.exit_code == 0, r.output
     recs = [json.loads(x) for x in r.output.splitlines() if x.strip()]

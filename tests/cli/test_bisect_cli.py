@@ -1,6 +1,6 @@
 """`gpujob bisect` / `tune` at the door, on the local target: bad input is one line and exit 2
 with nothing started; `--plan` shows the difference and what each trial runs, and runs
-nothing. The trials themselves run on the bed (tests/test_bisect_bed.py)."""
+nothing. The trials themselves run on the bed (tests/bed/test_bisect_bed.py)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ def at_end(samples, dt=1.0):
 
 
 def Cfg(**kw):
-    """The rules below predate the settle rule (tests/test_policy_time.py tests it): off here."""
+    """The rules below predate the settle rule (tests/unit/test_policy_time.py tests it): off here."""
     return PolicyConfig(**{"settle_samples": 0, **kw})
 
 

@@ -15,7 +15,7 @@ from gpujob.agent.judge import signals
 from gpujob.agent.base.protocol import FailureSignal as F
 from gpujob.spec.model import Rollback
 
-TRACES = Path(__file__).parent / "data" / "traces"
+TRACES = Path(__file__).parents[1] / "data" / "traces"
 SIGS = Rollback().error_signatures  # the spec's default signatures
 
 

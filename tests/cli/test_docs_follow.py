@@ -11,7 +11,7 @@ import yaml
 from gpujob.spec.recipes.registry import RECIPES
 from gpujob.spec.model import Rollback
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPEC_MD = (REPO / "docs" / "spec.md").read_text()
 
 
@@ -76,7 +76,7 @@ def test_commands_md_plan_excerpt_is_what_submit_plan_prints(tmp_path):
 
 
 def _cli_options(path: tuple) -> set:
-    """The options of a command path, from the CLI's own index (tests/test_complete.py holds
+    """The options of a command path, from the CLI's own index (tests/local/test_complete.py holds
     gpujob/complete_table.py to the CLI)."""
     from gpujob import complete_table
     return {name for opt in complete_table.TABLE[" ".join(path)]["options"] for name in opt[0]}

@@ -21,7 +21,7 @@ from gpujob.errors import SpecError
 from gpujob.spec.recipes.registry import PRELOAD, RECIPES, describe
 from gpujob.spec.model import load_spec
 
-REVISIONS = Path(__file__).parent / "data" / "recipes" / "revisions.json"
+REVISIONS = Path(__file__).parents[1] / "data" / "recipes" / "revisions.json"
 BASE = {"name": "j", "target": "box", "profiles": [{"name": "base", "system_site_packages": True}]}
 
 

@@ -15,7 +15,7 @@ from gpujob.spec.recipes.registry import RECIPES
 from helpers import cli, events, job_id_of, local_env, wait_for
 from test_jobs_local import journal, status
 
-STANDIN = Path(__file__).parent / "data" / "recipes"
+STANDIN = Path(__file__).parents[1] / "data" / "recipes"
 
 CASES = {
     "specforge": ("specforge", "python standin.py specforge -c run.yaml output_dir={workdir}/outputs run_id=tiny "

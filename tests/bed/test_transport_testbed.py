@@ -273,7 +273,7 @@ def test_revoked_and_unreadable_known_hosts_are_one_line_exit_3(testbed, tmp_pat
 def test_exec_over_ssh_with_an_idle_open_stdin_keeps_the_exit_code(inv, tmp_path):
     p = subprocess.Popen([*gpujob_argv(), "exec", "ct200", "--", "sh", "-c", "exit 7"],
                          env=env_for(inv, tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, cwd=str(Path(__file__).resolve().parent.parent))
+                         stderr=subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[2]))
     try:
         p.wait(timeout=60)  # stdin open and idle all along
         err = p.stderr.read()

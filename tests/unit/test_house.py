@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parent.parent / "gpujob"
+PKG = Path(__file__).resolve().parents[2] / "gpujob"
 AGENT = PKG / "agent"
 
 #: each wing, and the wings it may import (its own always)

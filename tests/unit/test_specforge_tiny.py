@@ -14,7 +14,7 @@ import yaml
 from bench.recipes_gpu import specforge_tiny as tiny
 from gpujob.spec.recipes.specforge import SPECFORGE_PATTERN
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 #: a line SpecForge 0.2.0 printed (offline DFlash, CPU rehearsal, step 30 of 30)
 REAL_LINE = ("step 30: {'acc': 0.0, 'loss': 6.968338489532471, 'grad_norm': 0.778773844242096, 'lr': 0.0, "

@@ -13,7 +13,7 @@ import pytest
 
 from helpers import cli, local_env
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

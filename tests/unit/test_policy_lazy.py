@@ -15,15 +15,15 @@ from gpujob.agent.base import trace
 from gpujob.agent.judge import policy, reasons, replay
 from gpujob.agent.judge.reasons import Decision
 
-TRACES = Path(__file__).parent / "data" / "traces"
-FORMATS = {  # as tests/test_real_traces.py replays the recordings without a spec of their own
+TRACES = Path(__file__).parents[1] / "data" / "traces"
+FORMATS = {  # as tests/unit/test_real_traces.py replays the recordings without a spec of their own
     "hf_trainer": {"format": "tqdm", "tokens_per_step": 16384},
     "nanogpt": {"format": "regex", "tokens_per_step": 16384,
                 "pattern": r"^iter (?P<step>\d+): loss [0-9.]+, time (?P<ms>[0-9.]+)ms"},
     "dflash_mini": {"format": "ktok"},
 }
 POLICY = {"window": "10s", "failure_limit": "20s", "min_ratio": 0.5, "good_after": 20.0, "pause_tail": 1.0}
-GPU_ACT2 = {  # act 1's known-good baselines, as tests/test_real_traces.py replays the supervisors' traces
+GPU_ACT2 = {  # act 1's known-good baselines, as tests/unit/test_real_traces.py replays the supervisors' traces
     "gpujob_hf_act2": 313262.08, "gpujob_nanogpt_act2": 1299286.28, "gpujob_nanogpt_act2_kept": 1234664.66,
     "gpujob_lightning_act2": 719421.44, "gpujob_specforge_act2": 8166.84, "gpujob_torchtitan_act2": 217443.0,
     "gpujob_dflash_mini_act2": 910000.0,

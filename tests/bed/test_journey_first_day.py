@@ -20,7 +20,7 @@ from helpers import gpujob_argv
 
 pytestmark = pytest.mark.testbed
 
-TRAINER = Path(__file__).parent / "data" / "firstday"
+TRAINER = Path(__file__).parents[1] / "data" / "firstday"
 
 
 class User:

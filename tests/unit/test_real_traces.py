@@ -25,7 +25,7 @@ def replay_trace(path: str, spec: dict, **kw) -> tuple:
     """The file read here (judge/replay.py takes parsed records)."""
     return replay_records(trace.read_records(path), spec, **kw)
 
-TRACES = Path(__file__).parent / "data" / "traces"
+TRACES = Path(__file__).parents[1] / "data" / "traces"
 SUMMARY = {json.loads(ln)["name"]: json.loads(ln) for f in ("summary.jsonl", "summary_2lanes.jsonl")
            for ln in (TRACES / f).read_text().splitlines() if ln.strip()}
 FORMATS = {

@@ -18,7 +18,7 @@ import pytest
 from gpujob.agent.base import defaults, trace
 from gpujob.agent.judge.replay import replay_records
 
-CORPUS = Path(__file__).parent / "data" / "corpus"
+CORPUS = Path(__file__).parents[1] / "data" / "corpus"
 # the source of the rate: what the recipe (or the spec's own throughput format) fills in;
 # with min_ratio this is all a spec written by `gpujob init` judges with
 SOURCE = ("format", "pattern", "field", "step_field", "tokens_per_step", "pause_pattern", "pause_tail",

@@ -25,9 +25,9 @@ REVIEWED = {
     "gpujob/agent/supervisor/watch.py": "the watch loop of one phase command (its pause side is watchpause.py)",
     "gpujob/show/render.py": "rich tables and lines for every command (outside text always as Text)",
     "gpujob/transport/ssh.py": "the SSH transport over paramiko: connect, exec, streams, errors",
-    "tests/test_house.py": "the house rules: the agent's and the controller's import tables",
-    "tests/test_notify.py": "the notify section end to end: webhooks, metrics, secrets kept out",
-    "tests/test_spec.py": "the spec model's validation, one line per bad input",
+    "tests/unit/test_house.py": "the house rules: the agent's and the controller's import tables",
+    "tests/local/test_notify.py": "the notify section end to end: webhooks, metrics, secrets kept out",
+    "tests/unit/test_spec.py": "the spec model's validation, one line per bad input",
 }
 
 

@@ -4,7 +4,7 @@ Runs only where an interpreter with torch exists: ``$GPUJOB_TORCH_PYTHON``, else
 interpreter if it imports torch, else ``/opt/torch/.venv/bin/python3``. Elsewhere the
 test is skipped *with its reason in the summary* (pytest runs with ``-rs``): it never
 passes by skipping. torch is not downloadable on every CI machine (the CPU wheel index
-is not PyPI), so the rollback across nodes is covered by tests/test_fleet_local.py
+is not PyPI), so the rollback across nodes is covered by tests/local/test_fleet_local.py
 (stand-in trainer) and on GPUs by ``python -m bench.fleet --torch`` (BENCHMARKS.md).
 
 The two nodes are two `local` gpujob homes sharing the one interpreter's torch as

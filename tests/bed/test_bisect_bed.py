@@ -23,7 +23,7 @@ from test_jobs_testbed import bed_env, home_path, status  # noqa: F401 (bed_env:
 
 pytestmark = pytest.mark.testbed
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/ (this file is in tests/bed)
 PACKAGES = "abcde"
 
 

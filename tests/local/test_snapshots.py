@@ -17,7 +17,7 @@ from pathlib import Path
 from gpujob.agent.home import snapshots
 from gpujob.agent.base import envs
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def fill(home: Path, key: str, tag: str, n: int = 40) -> None:

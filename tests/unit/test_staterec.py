@@ -18,7 +18,7 @@ from gpujob.agent.base.staterec import KEYS, BadStateKey, StateRecord
 from gpujob.agent.home.journal import Home, Journal
 from gpujob.show import render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECORDED = sorted((ROOT / "tests" / "data" / "state").glob("*.json"))
 # the functions that pass their keyword arguments on into one state write
 FORWARDERS = {"set_state", "finish", "activate", "cache_step", "train", "publish"}

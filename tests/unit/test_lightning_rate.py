@@ -16,7 +16,7 @@ from gpujob.agent.judge import throughput
 from gpujob.agent.judge.sources import line_source
 from gpujob.agent.judge.steprate import StepRate
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 TPS = 16384.0
 _N = re.compile(r"\| *(\d+)/(?:\d+|\?) \[")
 

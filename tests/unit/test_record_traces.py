@@ -8,9 +8,9 @@ import sys
 
 from bench.traces import record_traces as rt
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 # the recorder's traces; a supervisor's own trace (gpujob_*.jsonl.gz, with its decisions) is
-# checked by tests/test_real_traces.py
+# checked by tests/unit/test_real_traces.py
 TRACES = sorted(p for p in glob.glob(os.path.join(HERE, "data", "traces", "*.jsonl.gz"))
                 if not os.path.basename(p).startswith("gpujob_"))
 SUPERVISOR_TRACES = sorted(glob.glob(os.path.join(HERE, "data", "traces", "gpujob_*.jsonl.gz")))
