@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from helpers import cli, local_env
+from clirun import cli
+from helpers import local_env
 from test_cli import one_line_error
 
 

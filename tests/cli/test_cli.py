@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-from helpers import cli, local_env
+from clirun import cli
+from helpers import local_env
 
 REPO = Path(__file__).resolve().parents[2]
 
