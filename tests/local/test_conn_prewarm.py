@@ -17,7 +17,7 @@ from gpujob.conn import client
 from gpujob.daemon import server as daemon_server
 from gpujob.daemon.pool import Fallback
 from gpujob.errors import ConnectionLost
-from helpers import REPO, cli, wait_for
+from helpers import REPO, wait_for
 
 
 class Chan:
@@ -128,20 +128,6 @@ def mux_servers() -> list[int]:
                 b"far end of a multiplexed exec channel" in cmd[2]:
             found.append(int(d))
     return found
-
-
-@pytest.mark.testbed
-def test_on_the_bed_the_command_after_a_cold_one_finds_the_exec_channel_open(env):  # noqa: F811
-    before = set(mux_servers())
-    assert cli(["exec", "tb/ct200", "--", "true"], env).returncode == 0  # cold: no daemon yet
-    conn_log = sock_path(env).parent / "conn.log"
-    wait_for(lambda: conn_log.exists() and "connected ahead to tb/ct200" in conn_log.read_text(), 60,
-             what="the daemon to connect ahead")
-    ahead = set(mux_servers()) - before
-    assert len(ahead) == 1, ahead  # the daemon's exec channel, open before any command asked
-    p = cli(["exec", "tb/ct200", "--", "echo", "hi"], env)
-    assert p.returncode == 0 and p.stdout == b"hi\n"
-    assert set(mux_servers()) - before == ahead  # the second command ran on it: none opened
 
 
 def test_a_starting_marker_of_a_killed_daemon_or_another_process_is_not_a_daemon_on_its_way():
