@@ -37,11 +37,53 @@ def profiles(python: str, cpu: bool) -> list:
             {"name": "broken", "system_site_packages": True, "python": python, "env": broken_env}]
 
 
+def via_init(lane: "Lane", where: Path, args, command: str, **extra) -> tuple:
+    """--via-init: the spec as a user gets it: ``gpujob init --recipe R -t lab/LANE -- COMMAND``
+    run in the job's code folder (its sync entries, name and recipe keys are init's), then only
+    the edits its CHANGE ME lines ask for: the profiles (compiled and broken on the base
+    interpreter), tokens_per_step where the lane knows it; plus good_after 20s (act 1's
+    profile known-good in seconds) and the lane's env. init's own file is kept as job.init.yaml."""
+    import shlex
+    import sys
+
+    import yaml
+    code = where / "code"
+    init = code / "job.yaml"  # beside the files, as a user runs it: sync paths are relative to it
+    p = subprocess.run([sys.executable, "-m", "gpujob.entry", "init", "--recipe", lane.recipe,
+                        "-t", f"lab/{lane.name}", "-o", "job.yaml", "--", *shlex.split(command)],
+                       cwd=code, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, HOME=str(where / "init-home")))
+    if p.returncode:
+        from bench.gpu import BenchError
+        raise BenchError(f"{lane.name}: gpujob init failed (exit {p.returncode}): {(p.stdout + p.stderr)[-600:]}")
+    shutil.copy(init, where / "job.init.yaml")
+    spec = yaml.safe_load(init.read_text())
+    # init's comment: "add what else it reads": the lane's files init did not find (torchtitan's
+    # tokenizer and data, named inside train.toml), listed in the figures as a hand edit
+    synced = {Path(e["src"]).name for e in spec.get("sync") or []}
+    added = sorted(p.name for p in code.iterdir()
+                   if p.name not in synced and p.name not in ("__pycache__", "job.yaml"))
+    spec.setdefault("sync", []).extend({"src": n, "dest": n} for n in added)
+    spec["profiles"] = profiles(args.python, args.device == "cpu")
+    th = spec.setdefault("throughput", {})
+    th.update(extra.pop("throughput", {}), good_after="20s")
+    spec.setdefault("env", {}).update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+                                      **extra.pop("env", {}))
+    spec.update(extra)
+    path = init
+    path.write_text(json.dumps(spec, indent=1))  # JSON is YAML
+    (where / "hand_edits.json").write_text(json.dumps({"sync_added": added, "profiles": "compiled, broken",
+                                                       "throughput": th, "env": spec["env"]}))
+    return path, []
+
+
 def own_spec(lane: "Lane", where: Path, args, command: str, files: list, **extra) -> tuple:
     code = where / "code"
     code.mkdir(parents=True, exist_ok=True)
     for f in files:
         shutil.copy(f, code / Path(f).name)
+    if getattr(args, "via_init", False):
+        return via_init(lane, where, args, command, **extra)
     spec = {"recipe": lane.recipe, "name": f"r-{lane.name}", "target": f"lab/{lane.name}",
             "sync": [{"src": str(code), "dest": ".", "exclude": ["__pycache__"]}],
             "env": {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
@@ -81,6 +123,17 @@ class Lane:
     def spec(self, where: Path, args) -> tuple:
         where.mkdir(parents=True, exist_ok=True)
         return self.build(self, where, args)
+
+    def tokens_per_step(self, args) -> int | None:
+        """The tokens of one step, where the trainer's counter counts steps (its rate's check)."""
+        cpu = args.device == "cpu"
+        if self.name == "lightning":
+            return 2 * 64 if cpu else 16 * 1024
+        if self.name == "torchtitan":
+            from bench.recipes_gpu.torchtitan_tiny import SIZES
+            _flavor, batch, seq, _every = SIZES["cpu" if cpu else "cuda"]
+            return batch * seq
+        return None
 
     def between_acts(self, root: Path) -> None:
         if self.between:
@@ -156,10 +209,13 @@ def _torchtitan(lane, where, args):
     entry = "titan_cpu" if cpu else "torchtitan.train"
     command = (f"python -m torch.distributed.run --nproc_per_node 1 -m {entry} --job.config_file train.toml"
                + ("" if cpu else " --compile.enable"))
+    # datasets' json builder reads the local data/; nothing may reach for a hub
+    offline = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    if getattr(args, "via_init", False):
+        return own_spec(lane, where, args, command, [TRAINERS / "titan_cpu.py"] if cpu else [], env=offline)
     path, sets = own_spec(lane, where, args, command, [TRAINERS / "titan_cpu.py"] if cpu else [])
     spec = json.loads(path.read_text())
-    # datasets' json builder reads the local data/; nothing may reach for a hub
-    spec["env"].update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
+    spec["env"].update(offline)
     path.write_text(json.dumps(spec, indent=1))
     return path, sets
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--good-runs", type=int, default=0, help="between the acts: this many more jobs on "
                    "compiled, judged against act 1's baseline, each stopped after --good-s of samples")
     p.add_argument("--good-s", type=float, default=40.0)
+    p.add_argument("--via-init", action="store_true", help="each lane's spec written by `gpujob init --recipe "
+                   "R -t lab/LANE -- COMMAND`, then only its CHANGE ME edits (lanes.via_init)")
     p.add_argument("--specforge-data", default=None, help="specforge lane: the tiny target and features "
                    "(bench/recipes_gpu/specforge_tiny.py --out DIR)")
     return p.parse_args(argv)
@@ -188,6 +191,13 @@ def run_lane(b: Lanes, lane: Lane, figures: Figures, end: float, resumed_s: floa
     st2 = b.stop(name, job2, min(end, time.time() + 60))
     b.keep(name, job2, "act2")
     out["act2"].update(figures2(b, name, job2, st2, base))
+    out["act2"]["counter"] = counter_check(root / "jobs" / job2 / "trace.jsonl.gz", name, lane.tokens_per_step(b.args),
+                                           out["act2"].get("resumed_tok_s"))
+    if b.args.via_init:
+        try:
+            out["hand_edits"] = json.loads((b.tmp / name / "hand_edits.json").read_text())
+        except (OSError, ValueError):
+            pass
     figures.set(**{name: out})
     if not out["act2"].get("rollback"):
         raise BenchError(f"{name}: act 2: broken was not rolled back (state {st2.get('state')}: "
@@ -265,6 +275,57 @@ def figures2(b: Lanes, name: str, job: str, st: dict, base) -> dict:
                recovered_pct_of_baseline=round(100 * median(settled) / base, 1) if settled and base else None,
                ledger_events=ledger[-3:], train_argv=[e.get("argv") for e in ev if e["type"] == "phase"
                                                       and e.get("phase") == "train"])
+    return out
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: the trainer's own step counter in its lines: Lightning's bar (N/? or N/TOTAL), torchtitan's step: N
+COUNTERS = {"lightning": re.compile(r"\|\s*(\d+)/(?:\?|\d+) \["),
+            "torchtitan": re.compile(r"\bstep:\s*(\d+)\b")}
+
+
+def counter_runs(trace: Path, lane: str) -> list:
+    """Per run of a job's trace ({profile, phase, resume}): [(t, step), ...] as the trainer's own
+    counter printed them (one entry per new step)."""
+    import gzip
+    rx = COUNTERS.get(lane)
+    runs: list = []
+    if rx is None or not trace.exists():
+        return runs
+    with gzip.open(trace, "rt", errors="replace") as f:
+        for ln in f:
+            try:
+                rec = json.loads(ln)
+            except ValueError:
+                continue
+            if "run" in rec and isinstance(rec["run"], dict):
+                runs.append(dict(rec["run"], points=[]))
+            elif "out" in rec and runs:
+                m = rx.search(ANSI.sub("", str(rec["out"])))
+                pts = runs[-1]["points"]
+                if m and (not pts or int(m.group(1)) > pts[-1][1]):
+                    pts.append((rec["t"], int(m.group(1))))
+    return runs
+
+
+def counter_check(trace: Path, lane: str, tokens_per_step: float | None, gpujob_resumed: float | None) -> dict:
+    """The fresh run's first step, and the resumed run's rate by the trainer's own counter
+    (steps over time, its first quarter left out as gpujob's figure does) against gpujob's."""
+    runs = counter_runs(trace, lane)
+    train = [r for r in runs if r.get("phase") == "train"]
+    out: dict = {"fresh_first_step": next((r["points"][0][1] for r in train if not r.get("resume") and r["points"]),
+                                          None)}
+    resumed = next((r for r in train if r.get("resume") and len(r["points"]) > 8), None)
+    if resumed is None:
+        return out
+    pts = resumed["points"]
+    a, b = pts[len(pts) // 4], pts[-1]
+    steps_s = (b[1] - a[1]) / (b[0] - a[0]) if b[0] > a[0] else None
+    out.update(resumed_first_step=pts[0][1], counter_steps_s=round(steps_s, 2) if steps_s else None)
+    if steps_s and tokens_per_step:
+        out["counter_tok_s"] = round(steps_s * tokens_per_step, 1)
+        if gpujob_resumed:
+            out["gpujob_over_counter"] = round(gpujob_resumed / out["counter_tok_s"], 3)
     return out
 
 

@@ -105,7 +105,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     sources = sync_sources(spec, strict=False)
     dests = [s.dest for s in sources]
     if dests:
-        steps.append(Step("manifest", "container", "list the files already shipped",
+        steps.append(Step("manifest", "container", "which of the files to ship are there already (their names on stdin)",
                           (agent_shown(target, "manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
@@ -160,8 +160,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                               command_argv(req["spec"]["warmup"]["command"],
                                            planshare.template_values(req["spec"], job_id=job_id, profile=profile,
                                                                      workdir=workdir, fleet=fleet, gpu=gpu)),
-                              when={"cold": "unless a warmup of this command and profile succeeded "
-                                            "before (marker in the profile's cache)",
+                              when={"cold": "unless a warmup of this command"
+                                            + (" (less warmup.ignore_flags)" if warmup.ignore_flags else "")
+                                            + " and profile succeeded before (marker in the profile's cache)",
                                     "never": "never", "always": ""}[warmup.when]))
     hang_note = ""
     if spec.throughput is not None and spec.throughput.start_timeout is not None:

@@ -93,6 +93,9 @@ class Warmup(Strict):
     per_gpu: str | None = None  # a GPU group: one warmup per GPU of it
     timeout: Duration = 3600.0
     when: Literal["cold", "always", "never"] = "cold"
+    # flags of the command that change nothing compiled (a save interval, an output dir): a
+    # change of them alone keeps the cache warm (`--flag V`, `--flag=V`, `key=V`)
+    ignore_flags: list[Annotated[str, StringConstraints(pattern=r"^-{0,2}[A-Za-z_][A-Za-z0-9_.-]*$")]] = []
 
 
 class Restarts(Strict):

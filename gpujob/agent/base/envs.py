@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 
 from gpujob.agent.base.fsio import write_json
@@ -82,10 +83,37 @@ def cache_env(home: str, key: str) -> dict:
 WARM_MARKER = ".gpujob-warm"
 
 
+def keyed_command(command, ignore: list):
+    """The warmup command as its cache is keyed: without the ``ignore`` flags and their
+    values (``--flag V``, ``--flag=V``, ``key=V``), which change nothing compiled."""
+    if not ignore:
+        return command
+    if isinstance(command, list):
+        words = [str(w) for w in command]
+    else:
+        try:
+            words = shlex.split(command or "")
+        except ValueError:
+            return command
+    out, skip = [], False
+    for w in words:
+        if skip:
+            skip = False
+            if not w.startswith("-"):
+                continue
+        name = w.split("=", 1)[0]
+        if name in ignore:
+            skip = "=" not in w and w.startswith("-")  # --flag V: V goes too
+            continue
+        out.append(w)
+    return out
+
+
 def warm_hash(warmup: dict, gpus: list, profile: dict, env_key: str) -> str:
-    """What a warmup's result depends on: its command and GPUs, the profile's venv
-    (env_key) and env. A change of any of them makes the cache cold again."""
-    data = {"command": warmup.get("command"), "per_gpu": warmup.get("per_gpu"), "gpus": gpus,
+    """What a warmup's result depends on: its command (less its ``ignore_flags``) and GPUs,
+    the profile's venv (env_key) and env. A change of any of them makes the cache cold again."""
+    data = {"command": keyed_command(warmup.get("command"), list(warmup.get("ignore_flags") or [])),
+            "per_gpu": warmup.get("per_gpu"), "gpus": gpus,
             "env_key": env_key, "env": profile.get("env") or {}}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

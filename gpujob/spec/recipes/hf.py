@@ -11,6 +11,13 @@ PRELOAD = COMPILE + ["transformers", "transformers.trainer"]
 
 HF_EVAL_PATTERN = r"^\{'eval_loss'"
 
+#: TrainingArguments that change when and where a run saves, logs and stops, nothing compiled:
+#: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
+UNCOMPILED = ["--save_steps", "--save_total_limit", "--save_strategy", "--logging_steps", "--logging_strategy",
+              "--logging_dir", "--eval_steps", "--eval_strategy", "--evaluation_strategy", "--output_dir",
+              "--output-dir", "--report_to", "--run_name", "--max_steps", "--num_train_epochs",
+              "--resume_from_checkpoint", "--seed"]
+
 
 def _nproc(argv: list) -> int:
     return as_int(flag(argv, "--nproc_per_node", "--nproc-per-node")) or 1
@@ -45,11 +52,11 @@ def derive(data: dict) -> dict:
     train.update(standby(command, PRELOAD))
     warm = append(command, ["--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
                             "--output_dir", "{workdir}/gpujob-warmup"])
-    frag.update(train=train, warmup={"command": warm, "when": "cold", "timeout": "30m"})
+    frag.update(train=train, warmup={"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED})
     return frag
 
 
-RECIPE = Recipe(name="hf_trainer", trainer="transformers", revision=2,
+RECIPE = Recipe(name="hf_trainer", trainer="transformers", revision=3,
                 read_from="transformers 5.8.1 and 5.17 (Trainer)",
                 proven_on="transformers 5.17.0, a run_clm-style script, on one H200 through gpujob, "
                           "2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",

@@ -30,6 +30,12 @@ def nanogpt_tokens(argv: list) -> int | None:
     return ga * bs * block
 
 
+#: nanoGPT's config keys that change when and where a run evaluates, logs, saves and stops,
+#: nothing compiled: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
+UNCOMPILED = ["--eval_interval", "--log_interval", "--max_iters", "--out_dir", "--always_save_checkpoint",
+              "--wandb_log", "--wandb_project", "--wandb_run_name", "--init_from", "--eval_iters", "--seed"]
+
+
 def derive(data: dict) -> dict:
     """The spec's data -> the recipe's fragment (RecipeError for a spec it cannot complete)."""
     command = (data.get("train") or {}).get("command")
@@ -45,7 +51,7 @@ def derive(data: dict) -> dict:
     warm = append(train.get("command", command), ["--max_iters=3", "--eval_interval=1000000",
                                                   "--always_save_checkpoint=False",
                                                   "--out_dir={workdir}/gpujob-warmup"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"},
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED},
             "throughput": {"pause_pattern": NANOGPT_EVAL_PATTERN}}
     if own_rate(data, "regex"):
         return frag
@@ -61,7 +67,7 @@ def derive(data: dict) -> dict:
     return dict(frag, throughput=tput)
 
 
-RECIPE = Recipe(name="nanogpt", trainer="nanoGPT", revision=2,
+RECIPE = Recipe(name="nanogpt", trainer="nanoGPT", revision=3,
                 read_from="nanoGPT train.py (karpathy/nanoGPT master, 2024)",
                 proven_on="a trainer of ours with nanoGPT's flags, lines and out/ckpt.pt, on one H200 "
                           "through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",

@@ -14,6 +14,12 @@ SPECFORGE_PATTERN = r"^(?:\[?rank\d+\]?:\s*)?step (?P<step>\d+): \{.*'perf/globa
                     r"(?P<value>[0-9.eE+-]+)"
 
 
+#: SpecForge keys that change when and where a run saves, logs, evaluates and stops, nothing
+#: compiled: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
+UNCOMPILED = ["training.max_steps", "training.save_interval", "training.eval_interval", "training.log_interval",
+              "training.num_epochs", "training.resume_from", "output_dir", "run_id", "report_to"]
+
+
 def derive(data: dict) -> dict:
     """The spec's data -> the recipe's fragment (RecipeError for a spec it cannot complete)."""
     command = (data.get("train") or {}).get("command")
@@ -38,7 +44,7 @@ def derive(data: dict) -> dict:
     warm = append(train.get("command", command),
                   ["training.max_steps=3", "training.save_interval=0", "training.eval_interval=0",
                    "output_dir={workdir}/gpujob-warmup", "run_id=gpujob-warmup"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
     if own_rate(data, "regex"):
         return frag
     if "tokens_per_step" not in (data.get("throughput") or {}):
@@ -48,7 +54,7 @@ def derive(data: dict) -> dict:
     return dict(frag, throughput={"format": "regex", "pattern": SPECFORGE_PATTERN, "ranks": "first"})
 
 
-RECIPE = Recipe(name="specforge", trainer="specforge", revision=2,
+RECIPE = Recipe(name="specforge", trainer="specforge", revision=3,
                 read_from="specforge 0.2.0 (PyPI, Aug 2026)",
                 proven_on="specforge 0.2.0, offline DFlash, 1 process, on one H200 through gpujob, "
                           "2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",

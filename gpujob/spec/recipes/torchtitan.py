@@ -5,6 +5,14 @@ from __future__ import annotations
 from gpujob.spec.recipes.base import Recipe, append, argv_of, flag, own_rate
 
 
+#: torchtitan options that change when and where a run saves, logs and stops, nothing compiled:
+#: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
+UNCOMPILED = ["--training.steps", "--checkpoint.interval", "--checkpoint.folder", "--checkpoint.keep_latest_k",
+              "--checkpoint.enable", "--checkpoint.no-enable", "--checkpoint.no_enable", "--checkpoint.load_step",
+              "--metrics.log_freq", "--metrics.enable_tensorboard", "--metrics.enable_wandb", "--job.dump_folder",
+              "--job.description"]
+
+
 def derive(data: dict) -> dict:
     """The spec's data -> the recipe's fragment (RecipeError for a spec it cannot complete)."""
     command = (data.get("train") or {}).get("command")
@@ -33,14 +41,14 @@ def derive(data: dict) -> dict:
     # first one's step-3 and trains no step (and a big model's last-step save is slow)
     warm = append(train.get("command", command), ["--training.steps", "3", dump, "{workdir}/gpujob-warmup",
                                                   "--checkpoint.no-enable"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m"}}
+    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
     # every rank prints its own tps (tokens/s per device): the first rank's line is the
     # sample, so min and a given baseline are per device (scope per_gpu scales it by the GPUs)
     return frag if own_rate(data, "torchtitan") else dict(frag, throughput={"format": "torchtitan",
                                                                              "ranks": "first"})
 
 
-RECIPE = Recipe(name="torchtitan", trainer="torchtitan", revision=4,
+RECIPE = Recipe(name="torchtitan", trainer="torchtitan", revision=5,
                 read_from="torchtitan 0.2.2 (TOML config) and 0.3.0 (--module/--config)",
                 proven_on="torchtitan 0.2.2 through torchrun, 1 process, on one H200 through gpujob, "
                           "2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md); 0.3.0 not run: it needs "
