@@ -52,12 +52,10 @@ def test_commands_md_plan_excerpt_is_what_submit_plan_prints(tmp_path):
     skips steps; a line ending in ` …` is a prefix) is a line of today's plan of jobs/dflash.yaml
     with the clone's example hosts.yaml, in order."""
     import os
-    import subprocess
-    from helpers import gpujob_argv
+    from clirun import cli
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUJOB_", "XDG_"))}
-    env.update(HOME=str(tmp_path), COLUMNS="400", GPUJOB_NO_DAEMON="1")
-    p = subprocess.run([*gpujob_argv(), "--hosts", "hosts.yaml", "submit", "jobs/dflash.yaml", "--plan"],
-                       cwd=REPO, env=env, capture_output=True, timeout=120)
+    env.update(HOME=str(tmp_path), COLUMNS="400", GPUJOB_NO_DAEMON="1", GPUJOB_TEST_CWD=str(REPO))
+    p = cli(["--hosts", "hosts.yaml", "submit", "jobs/dflash.yaml", "--plan"], env)
     assert p.returncode == 0, p.stderr.decode()
     plan = [_norm(x) for x in p.stdout.decode().splitlines()]
     section = COMMANDS_MD[COMMANDS_MD.index("## What `submit --plan` shows"):]
