@@ -3,7 +3,7 @@
 The figures go through the agent (gpujob/agent/) and the transports (gpujob/transport/).
 ``bench/measured.json`` records, for every file there, a hash of its code as it was
 when the table was last run (or a written reason why a change needs no new run).
-``tests/test_bench_fresh.py`` recomputes the hashes and fails, naming the files, when
+``tests/local/test_bench_fresh.py`` recomputes the hashes and fails, naming the files, when
 one changed since. It compares content, not commits: a merge or a rebase that leaves
 these files as they were never fails it, and comment-only or blank-line edits do not
 count (the hash skips blank lines and lines that hold only a comment).

@@ -16,6 +16,14 @@ import pytest
 _REPO = Path(__file__).resolve().parent.parent
 if str(_REPO) not in sys.path:  # plain `pytest` (not `python -m pytest`) from anywhere
     sys.path.insert(0, str(_REPO))
+# The tests live in tiers (tests/README.md): unit/, cli/, local/, bed/. The shared modules
+# (helpers, connkit, fuzzgen, limits) stay here, and a test may import another tier's test
+# module by its name (`from test_notify import HookServer`): tests/ and each tier are on the
+# path, whichever file or folder pytest was given. A test file's name is unique across tiers.
+TIERS = ("unit", "cli", "local", "bed")
+for _d in (_REPO / "tests", *(_REPO / "tests" / t for t in TIERS)):
+    if str(_d) not in sys.path:
+        sys.path.insert(1, str(_d))
 
 from testbed import TestBed, TestBedError  # noqa: E402
 
@@ -32,6 +40,12 @@ SESSION_IDLE = "20"
 os.environ["XDG_RUNTIME_DIR"] = SESSION_RUNTIME
 os.environ["GPUJOB_CONN_IDLE"] = SESSION_IDLE
 os.environ.pop("GPUJOB_NO_DAEMON", None)
+# A suite started with SIGINT ignored (a background job of a non-interactive shell, nohup, some
+# CI runners) hands that ignore to every process it starts, and Python leaves an ignored SIGINT
+# ignored: the Ctrl-C tests would send a signal no gpujob hears (seen 2026-12-04, three of them,
+# a run started with `setsid nohup scripts/test &`). A handler here resets to the default on exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if os.environ.get("GPUJOB_TEST_FAST") == "1":  # scripts/test --fast: -m "not testbed"
     def _refuse(cls, *a, **kw):

@@ -1,4 +1,4 @@
-"""Seeded mutants of the shipped specs and of a hosts.yaml, for tests/test_fuzz.py.
+"""Seeded mutants of the shipped specs and of a hosts.yaml, for tests/local/test_fuzz.py.
 
 Each mutant is (class, bytes). Classes: types, delete, unknown, huge, unicode, nesting,
 alias, garbage, empty, duplicate, tabs, newline_name, numbers, tags, encoding, truncate.

@@ -1,4 +1,4 @@
-"""The journey driver the recipe journeys share (tests/test_journey_recipes.py): a person at
+"""The journey driver the recipe journeys share (tests/bed/test_journey_recipes.py): a person at
 a shell, from an empty HOME, `gpujob` on PATH (the installed entry point, the kept connection
 on), and the lines they read."""
 

@@ -2,7 +2,7 @@
 CLI with its options, arguments and short help, as typer's completion would list them,
 and what kind of value each parameter takes (a target, a job id, a fixed choice).
 
-Written to gpujob/complete_table.py; tests/test_complete.py fails when the CLI and the
+Written to gpujob/complete_table.py; tests/local/test_complete.py fails when the CLI and the
 file differ. After changing a command's parameters: ``python -m gpujob.cli.complete_index``.
 """
 

@@ -2,7 +2,7 @@
 daemon's own request handler (server.py) run here in a thread, not through the full CLI.
 The thin client (conn/client.py) speaks to it over a socket pair exactly as it speaks to
 a daemon: the same frames, our stdio as descriptors, Ctrl-C as ``K``. Output, errors and
-exit codes are therefore the daemon's, which tests/test_conn_contract.py holds byte for
+exit codes are therefore the daemon's, which tests/bed/test_conn_contract.py holds byte for
 byte to the full CLI's; what is left out is typer, its command tree and the CLI's other
 command modules (about a fifth of a cold ``exec``'s CPU).
 

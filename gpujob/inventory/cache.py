@@ -12,7 +12,7 @@ kinds, bounds) as on every other command, then the result written for the next t
 
 What is kept is ``Inventory.model_dump(mode="json")`` of the validated model, and a hit
 gives :class:`View`: the same attributes with the same values (every field is text, a
-number, a list or a mapping; tests/test_invcache.py holds this for every field), and
+number, a list or a mapping; tests/unit/test_invcache.py holds this for every field), and
 ``resolve`` is the model's own (gpujob/inventory/names.py). Checks that are not the inventory's
 (host keys, ~/.ssh/config, the container's home) happen after it, the same both ways.
 

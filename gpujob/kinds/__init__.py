@@ -6,7 +6,7 @@ steps, gathers and judges its own doctor facts, reports a container's status,
 reconnects after a drop, and says whether it may install boot hooks. Adding a
 kind (``docker exec`` over ssh, ``kubectl exec``) is one module and one line in
 ``REGISTRY``, its way in a small gpujob/transport/stacked.py subclass;
-tests/test_kind_contract.py runs the same contract on each. Kinds know neither
+tests/local/test_kind_contract.py runs the same contract on each. Kinds know neither
 the inventory nor Target: they see a target as ``base.Reached``.
 """
 

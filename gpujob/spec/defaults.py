@@ -1,6 +1,6 @@
 """The spec's defaults for the agent: gpujob/agent/base/spec_defaults.json is generated
 from spec.py's models (the one place defaults are defined; notify's and metrics'
-in spec_notify.py, which spec.py imports); tests/test_spec.py checks
+in spec_notify.py, which spec.py imports); tests/unit/test_spec.py checks
 it is up to date. Regenerate with
 ``python -m gpujob.spec.defaults > gpujob/agent/base/spec_defaults.json``."""
 

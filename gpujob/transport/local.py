@@ -14,6 +14,9 @@ from typing import IO, Any, Sequence
 from gpujob.transport.base import (KILL_AFTER, TIMEOUT_EXIT, OnData, Result, Stdin, Transport,
                                    iter_chunks, keep)
 
+#: the longest a command's read loop waits without looking up (see LocalTransport.run)
+WAKE = 0.5
+
 
 def _feed(pipe, stdin: Stdin) -> None:
     try:
@@ -85,7 +88,11 @@ class LocalTransport(Transport):
         timed_out = False
         try:
             while sel.get_map():
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                # never an unbounded wait: in the connection daemon this runs on a worker thread,
+                # and the client's Ctrl-C reaches it as an exception raised between bytecodes
+                # (proto.interrupt_thread), which a select() blocked until the command's next
+                # output (or its end) would hold back: `exec -- sleep 60` ran its 60 s
+                wait = WAKE if deadline is None else min(WAKE, max(0.0, deadline - time.monotonic()))
                 events = sel.select(wait)
                 if not events and deadline is not None and time.monotonic() >= deadline:
                     timed_out = True

@@ -1,4 +1,4 @@
-"""A stand-in for SpecForge's `specforge train` in the recipe journeys (tests/test_journey_recipes.py):
+"""A stand-in for SpecForge's `specforge train` in the recipe journeys (tests/bed/test_journey_recipes.py):
 standin.py beside it prints what that trainer prints and keeps its checkpoints as it does;
 a step takes 2,560 tokens at the speed of the kernels' wheel build in the venv (fast or slow),
 as a torch build sets a real trainer's."""

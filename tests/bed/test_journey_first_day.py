@@ -1,0 +1,156 @@
+"""Issue 34 item 4: a user's first day as a test, on the loopback Proxmox bed, in the order
+the issue's user went: from an empty HOME, through the installed entry point with the kept
+connection on (the default). README command 1 (the demo); a hosts.yaml written by hand after
+it (README step 2); `gpujob init` on a nanoGPT-shaped script with its own flags (config file,
+model.py, configurator.py); --plan; submit; logs -f; status; an automatic rollback (a fast
+and a slow wheel from a package index on loopback); rollback --to; stop; replay; plot -o.
+It asserts what the user reads (exit codes, lines), not internals."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import gpujob_argv
+
+pytestmark = pytest.mark.testbed
+
+TRAINER = Path(__file__).parents[1] / "data" / "firstday"
+
+
+class User:
+    """A person at a shell: an empty HOME, a folder of their own, `gpujob` on PATH."""
+
+    def __init__(self, tmp: Path):
+        self.home = tmp / "home"
+        self.home.mkdir()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUJOB_", "XDG_", "SSH_AUTH"))}
+        self.env.update(HOME=str(self.home), COLUMNS="200")
+        for k in ("XDG_RUNTIME_DIR", "GPUJOB_CONN_IDLE"):  # the suite's daemons' place (tests/conftest.py)
+            if k in os.environ:
+                self.env[k] = os.environ[k]
+        self.cwd = self.home
+
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        p = subprocess.run([*gpujob_argv(), *args], env=self.env, cwd=self.cwd, capture_output=True,
+                           timeout=timeout)
+        p.out, p.err = p.stdout.decode(), p.stderr.decode()  # type: ignore[attr-defined]
+        return p
+
+    def ok(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        p = self.run(*args, timeout=timeout)
+        assert p.returncode == 0, f"gpujob {' '.join(args)} exited {p.returncode}\n{p.out[-3000:]}\n{p.err[-3000:]}"
+        return p
+
+
+def job_of(text: str, name: str) -> str:
+    return re.search(rf"\b({name}-[a-z0-9]{{4}})\b", text).group(1)
+
+
+def test_a_first_day(testbed, tmp_path, index):
+    me = User(tmp_path)
+    home = f"/root/gj-first-day-{os.getpid()}"
+    try:
+        _first_day(me, testbed, index, home)
+    finally:
+        testbed.container_exec("sh", "-c", f"pkill -f '{home}/' ; rm -rf {home}")
+
+
+def _first_day(me: User, testbed, index, home: str) -> None:
+    # README command 1: the offline demo, a rollback live
+    demo = me.ok("demo", timeout=600)
+    assert "ROLLBACK slow -> fast" in demo.out and "What happened" in demo.out
+    demo_job = job_of(demo.out, "demo")
+
+    # README step 2, by hand: the user's own hosts.yaml (this bed's sshd and keys)
+    config = me.home / ".config" / "gpujob" / "hosts.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(f"""hosts:
+  pve1:
+    address: 127.0.0.1
+    port: {testbed.port}
+    user: root
+    identity_file: {testbed.user_key}
+    known_hosts: {testbed.known_hosts}
+    containers:
+      ct200: {{vmid: 200, home: {home}}}
+""")
+    # the demo lives on beside it (row 3): status of its job, and the demo itself, still reach it
+    st = me.ok("status", demo_job)
+    assert demo_job in st.out and "succeeded" in st.out
+    again = me.ok("demo", timeout=600)
+    assert "ROLLBACK slow -> fast" in again.out
+    assert me.ok("exec", "ct200", "--", "true").returncode == 0
+
+    # their own nanoGPT-shaped checkout; `gpujob init` on it (row 1, 7, 8)
+    repo = me.home / "nanoGPT"
+    shutil.copytree(TRAINER, repo)
+    me.cwd = repo
+    init = me.ok("init", "--recipe", "nanogpt", "-t", "ct200", "--", "python", "train.py", "config/train_tiny.py",
+                 "--batch_size=4", "--block_size=640", "--gradient_accumulation_steps=1")
+    assert "wrote train.yaml: check the CHANGE ME lines" in init.err
+    text = (repo / "train.yaml").read_text()
+    for shipped in ("train.py", "config/train_tiny.py", "model.py", "configurator.py"):
+        assert f'{{src: "{shipped}", dest: "{shipped}"}}' in text
+    # the CHANGE ME edits: two wheel builds of the kernels, from the index on loopback
+    text = text.replace("""  - name: base                # the container's own interpreter and packages
+    system_site_packages: true
+""", f"""  - name: fast
+    index_url: {index["fast"]}
+    packages: ["gpujob-demo-kernels==1.0.0+fast"]
+  - name: slow
+    index_url: {index["slow"]}
+    packages: ["gpujob-demo-kernels==1.0.0+slow"]
+""")
+    (repo / "train.yaml").write_text(text)
+    quick = ["--set", "throughput.good_after=4s", "--set", "throughput.window=3", "--set",
+             "throughput.failure_limit=2", "--set", "train.checkpoint.every=20s"]
+
+    plan = me.ok("submit", "train.yaml", "--plan", *quick)
+    assert "warning" not in plan.out and "no code to ship" not in plan.out
+    assert f"pve1/ct200: from {config}" in plan.out
+    assert f"{home}/work/train/train.py" in plan.out
+
+    # act 1: the fast build trains and becomes known-good
+    first = me.ok("submit", "train.yaml", "-p", "fast", *quick)
+    job1 = job_of(first.out, "train")
+    follow = me.ok("logs", "-f", job1)
+    assert "iter 60: loss" in follow.out
+    st = me.ok("status", job1)
+    assert "succeeded" in st.out and "fast" in st.out and "good" in st.out
+
+    # act 2: the slow build, rolled back automatically against act 1's baseline
+    second = me.ok("submit", "train.yaml", "-p", "slow", *quick)
+    job2 = job_of(second.out, "train")
+    assert me.ok("status", job2).returncode == 0
+    follow = me.ok("logs", "-f", job2)
+    assert "ROLLBACK slow -> fast" in follow.out, follow.out[-3000:]
+    assert "resuming training from out at iter" in follow.out
+    st = me.ok("status", job2)
+    assert "succeeded" in st.out and "slow → fast" in st.out
+
+    # replay judges it as it was judged live; plot -o draws it
+    replay = me.ok("replay", job2)
+    assert re.search(r"segment\(s\): [1-9]\d* rollback\(s\)", replay.out), replay.out
+    svg = repo / "act2.svg"
+    me.ok("plot", job2, "-o", str(svg), timeout=600)
+    assert svg.read_text().lstrip().startswith(("<?xml", "<svg"))
+
+    # rollback --to of the ended job says it runs again (from its last checkpoint: iter 60, the end)
+    again = me.ok("rollback", job2, "--to", "slow")
+    assert f"{job2}: had ended (succeeded): it runs again, restarted on slow" in again.out
+    assert me.ok("logs", "-f", job2).returncode == 0
+
+    # a long run, stopped: logs -f then says how it ended, with exit 1
+    long = me.ok("submit", "train.yaml", "-p", "fast", *quick, "--set", "train.command=python train.py "
+                 "config/train_tiny.py --batch_size=4 --block_size=640 --gradient_accumulation_steps=1 --max_iters=100000")
+    job3 = job_of(long.out, "train")
+    stop = me.ok("stop", job3)
+    assert job3 in stop.out
+    end = me.run("logs", "-f", job3)
+    assert end.returncode == 1 and f"gpujob: job {job3} stopped" in end.err, end.err
