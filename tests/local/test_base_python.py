@@ -42,7 +42,7 @@ def run_job(tmp_path, profile: dict, train: str) -> tuple[dict, str, dict]:
     agent.write_bytes(agent_zip()[0])
     spec = {"name": "basejob", "profiles": [profile], "train": {"command": train, "resume_args": []}}
     job = {"job_id": "basejob-aaaa", "spec": spec, "profile": profile["name"],
-           "env_keys": {profile["name"]: "p-0"}, "uv": str(uv_binary()), "sync_streams": []}
+           "env_keys": {profile["name"]: "p-0"}, "spec_hash": "basejob", "uv": str(uv_binary()), "sync_streams": []}
     r = subprocess.run([sys.executable, str(agent), "--home", str(home), "submit"],
                        input=json.dumps(job).encode() + b"\n", capture_output=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -60,7 +60,7 @@ def test_supervisor_builds_with_pip_when_there_is_no_uv(tmp_path):
     spec = {"name": "pipjob", "profiles": [{"name": "fast", "index_url": idx["fast"].as_uri(),
                                             "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
             "train": {"command": "python trainer.py --steps 2 --interval 0.01", "resume_args": []}}
-    job = {"job_id": "pipjob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"},
+    job = {"job_id": "pipjob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"}, "spec_hash": "h",
            "uv": None}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
@@ -124,7 +124,7 @@ def test_supervisor_installs_a_wheel_found_only_through_find_links(tmp_path):
                                            "find_links": [(tmp_path / "flat").as_uri()],
                                            "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
             "train": {"command": "python trainer.py --steps 2 --interval 0.01", "resume_args": []}}
-    job = {"job_id": "fljob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"},
+    job = {"job_id": "fljob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"}, "spec_hash": "h",
            "uv": str(uv)}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

@@ -122,8 +122,10 @@ def test_ps_hosts_doctor_with_an_unreachable_target(tmp_path, far_env):
     p = cli(["ps"], far_env, timeout=60)
     assert p.returncode == 0, p.stderr.decode()
     out = p.stdout.decode()
-    # the far host is a row of its own; the local container answers (it has no such job)
-    assert "x-aaaa" in out and "y-[/]b" in out and out.count("unreachable") == 1 and "not_found" in out
+    # the far host is a row of its own; the local container answers: it has no such job, and the
+    # row's submit (the process above) is gone, so it was never started: said in one line, literally
+    assert "x-aaaa" in out and out.count("unreachable") == 1
+    assert "gpujob: y-[/]b was never started" in p.stderr.decode(), p.stderr.decode()
     p = cli(["hosts"], far_env, timeout=60)
     assert p.returncode == 0, p.stderr.decode()
     assert "far/ct" in p.stdout.decode() and "unreachable" in p.stdout.decode() and "lab/box" in p.stdout.decode()
@@ -247,8 +249,8 @@ def test_concat_starts_over():
 def test_agent_refuses_a_relative_dest_outside_the_workdir(tmp_path):
     """The controller refuses it at load; the agent checks again before unpacking anything."""
     import json
-    req = {"job_id": "x-aaaa", "spec": {"name": "x"}, "profile": "p",
-           "sync_streams": [{"dest": "../../escaped", "size": 0}]}
+    req = {"job_id": "x-aaaa", "spec": {"name": "x"}, "profile": "p", "env_keys": {"p": "p-0"},
+           "spec_hash": "h", "sync_streams": [{"dest": "../../escaped", "size": 0}]}
     p = subprocess.run([sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path / "home"), "submit"],
                        input=json.dumps(req).encode() + b"\n", capture_output=True, timeout=60, cwd=str(REPO))
     assert p.returncode == 1 and "resolves outside the workdir" in p.stdout.decode()
