@@ -291,27 +291,32 @@ COUNTERS = {"lightning": re.compile(r"\|\s*(\d+)/(?:\?|\d+) \["),
             "torchtitan": re.compile(r"\bstep:\s*(\d+)\b")}
 
 
-def counter_runs(trace: Path, lane: str) -> list:
-    """Per run of a job's trace ({profile, phase, resume}): [(t, step), ...] as the trainer's own
-    counter printed them (one entry per new step)."""
-    import gzip
+def counter_runs(trace: Path, lane: str, samples: bool = False) -> list:
+    """Per run of a job's trace ({profile, phase, resume}): ``points``, [(t, step), ...] as the
+    trainer's own counter printed them (one entry per new step); with ``samples``, also the
+    train runs' [(t, value), ...] that gpujob's own line source reads from the same lines."""
+    from gpujob.agent.base.trace import read_records
     rx = COUNTERS.get(lane)
     runs: list = []
     if rx is None or not trace.exists():
         return runs
-    with gzip.open(trace, "rt", errors="replace") as f:
-        for ln in f:
-            try:
-                rec = json.loads(ln)
-            except ValueError:
-                continue
-            if "run" in rec and isinstance(rec["run"], dict):
-                runs.append(dict(rec["run"], points=[]))
-            elif "out" in rec and runs:
-                m = rx.search(ANSI.sub("", str(rec["out"])))
-                pts = runs[-1]["points"]
-                if m and (not pts or int(m.group(1)) > pts[-1][1]):
-                    pts.append((rec["t"], int(m.group(1))))
+    recs = read_records(str(trace))
+    src = None
+    if samples and recs:
+        from gpujob.agent.judge.sources import line_source
+        src = line_source(recs[0]["meta"]["throughput"])
+    for rec in recs[1:]:
+        if isinstance(rec.get("run"), dict):
+            runs.append(dict(rec["run"], points=[], samples=[]))
+        elif "out" in rec and runs:
+            run, line = runs[-1], str(rec["out"])
+            got = src.from_line(line, rec["t"]) if src is not None and run.get("phase") == "train" else None
+            if got:
+                run["samples"].append((rec["t"], got[0]))
+            m = rx.search(ANSI.sub("", line))
+            pts = run["points"]
+            if m and (not pts or int(m.group(1)) > pts[-1][1]):
+                pts.append((rec["t"], int(m.group(1))))
     return runs
 
 
@@ -341,35 +346,13 @@ def counter_vs_samples(trace: Path, lane: str, tokens_per_step: float, resumed: 
     the median of the samples gpujob's own line source reads from its lines (its first quarter
     left out) against the trainer's step counter over the same span: its mean (saves and evals
     included) and the median of its 1 s windows (like gpujob's samples, between saves)."""
-    import gzip
     import statistics
-    from gpujob.agent.judge.sources import line_source
-    recs = []
-    with gzip.open(trace, "rt", errors="replace") as f:
-        for ln in f:
-            try:
-                recs.append(json.loads(ln))
-            except ValueError:
-                pass
-    src = line_source(recs[0]["meta"]["throughput"])
-    rx = COUNTERS[lane]
-    runs: list = []
-    for r in recs[1:]:
-        if isinstance(r.get("run"), dict):
-            runs.append((r["run"], [], []))
-        elif "out" in r and runs and runs[-1][0].get("phase") == "train":
-            got = src.from_line(str(r["out"]), r["t"])
-            if got:
-                runs[-1][1].append((r["t"], got[0]))
-            m = rx.search(ANSI.sub("", str(r["out"])))
-            pts = runs[-1][2]
-            if m and (not pts or int(m.group(1)) > pts[-1][1]):
-                pts.append((r["t"], int(m.group(1))))
-    want = [x for x in runs if x[0].get("phase") == "train" and (resumed is None or bool(x[0].get("resume")) == resumed)
-            and len(x[1]) > 8]
+    want = [r for r in counter_runs(trace, lane, samples=True) if r.get("phase") == "train"
+            and (resumed is None or bool(r.get("resume")) == resumed) and len(r["samples"]) > 8]
     if not want:
         return {}
-    _run, samples, pts = want[-1] if resumed is not False else want[0]
+    run = want[-1] if resumed is not False else want[0]
+    samples, pts = run["samples"], run["points"]
     q = len(samples) // 4
     t0 = samples[q][0]
     gj = statistics.median(v for _, v in samples[q:])

@@ -8,27 +8,14 @@ the rollback, its signal, where it went, and the ledger's verdict; never how lon
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import yaml
 
 from helpers import cli, cli_json, job_id_of, wait_for, write_spec
+from test_jobs_testbed import bed_env  # noqa: F401  (the fixture: a container home of this test's own)
 
 pytestmark = pytest.mark.testbed
-
-
-@pytest.fixture
-def bed_env(testbed, tmp_path, request):
-    home = f"/root/gj-{request.node.name[:40]}"
-    inv = {"hosts": {"tb": {"address": "127.0.0.1", "port": testbed.port, "user": "root",
-                            "identity_file": str(testbed.user_key), "known_hosts": str(testbed.known_hosts),
-                            "containers": {"ct200": {"vmid": 200, "home": home}}}}}
-    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inv))
-    env = dict(os.environ, GPUJOB_HOSTS=str(tmp_path / "hosts.yaml"), XDG_STATE_HOME=str(tmp_path / "state"),
-               COLUMNS="200")
-    yield env
-    testbed.container_exec("rm", "-rf", home)
 
 
 def event_types(job_id: str, env) -> list:
