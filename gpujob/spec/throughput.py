@@ -99,6 +99,11 @@ class Throughput(Strict):
             if value is not None and value <= 0:
                 raise At((field,), "expected a duration > 0" +
                          (" (or null to turn stall detection off)" if field == "no_data_timeout" else ""))
+        window_s = _duration(self.window) if isinstance(self.window, str) else None
+        if window_s is not None and self.good_after < window_s:
+            raise At(("good_after",), f"expected at least the window ({self.window}): a profile is proven "
+                     f"known-good over a span that holds one full window, so {self.good_after:g}s never "
+                     "proves one")
         if self.pattern is not None:
             try:
                 groups = re.compile(self.pattern).groupindex

@@ -200,3 +200,13 @@ def test_lightning_saves_and_rewrites_in_place_are_told_apart_from_one_long_save
                          "size": i + 1} for i in range(41)])
     assert big.ckpt and big.rhythm is None and big.count == 1 and big.active_at(29.0) is not None
     assert QUIET > 0.5  # longer than the register's polls (a write in progress is seen every poll)
+
+
+def test_a_proving_span_shorter_than_the_time_window_never_proves_a_profile():
+    """The rule behind spec/throughput.py's refusal of ``good_after`` < a time window: the
+    span must hold one full window, so 5 s of steady samples under a 10 s window prove
+    nothing however long the run goes on; 10 s do."""
+    steady = series([2000] * 400, hz=2.0, t0=0.0)
+    never = PolicyConfig(min=1000, window="10s", good_after=5.0)
+    assert known_good(never, steady, 200.0, 0.0, None) is None
+    assert known_good(PolicyConfig(min=1000, window="10s", good_after=10.0), steady, 200.0, 0.0, None) == 2000

@@ -232,6 +232,12 @@ def test_profile_by_name(tmp_path):
     (BASE + "throughput:\n  format: ktok\n  min: 1\n  window: '5'\n",
      "job.yaml:11: throughput.window: expected a count (an integer) or a duration with a unit like 60s, got '5'"),
     (BASE + "throughput:\n  format: ktok\n  min: 1\n  window: 0\n", "job.yaml:11: throughput.window: expected a count from 1 to 10000, got 0"),
+    (BASE + "throughput:\n  format: ktok\n  min: 1\n  good_after: 5s\n",
+     "job.yaml:11: throughput.good_after: expected at least the window (10s): a profile is proven known-good "
+     "over a span that holds one full window, so 5s never proves one"),
+    (BASE + "throughput:\n  format: ktok\n  min: 1\n  window: 1m\n  good_after: 30s\n",
+     "job.yaml:12: throughput.good_after: expected at least the window (60s): a profile is proven known-good "
+     "over a span that holds one full window, so 30s never proves one"),
     (BASE + "throughput:\n  format: ktok\n  min_ratio: 1.5\n",
      "job.yaml:10: throughput.min_ratio: must be <= 1, got 1.5"),
     (BASE + "rollback:\n  on: [explode]\n",
