@@ -52,6 +52,7 @@ def job_request(spec: JobSpec, job_id: str, profile: str, *, clear_caches: bool,
     if secrets and (secrets.get("env") or secrets.get("profiles") or secrets.get("notify")
                     or secrets.get("fleet_key")):
         req.secrets = secrets
+    req.self_loads = selfload.self_loads(spec.recipe, spec.train.command)  # the supervisor's note says it
     if fleet is not None:  # one node of a multi-node job (gpujob/ops/fleet.py): its place, its own env
         req.fleet = {k: v for k, v in fleet.items() if k != "env"}
         req.spec["env"].update(fleet.get("env") or {})

@@ -8,9 +8,12 @@ command says:
   The recipe gives each job a folder of its own (``checkpoint/{job_id}``); a command
   that names its own ``--checkpoint.folder`` without ``{job_id}`` shares it with every
   earlier job.
-- HF's example scripts (``run_clm.py`` and the like) take the newest ``checkpoint-N``
-  of ``--output_dir`` unless ``--overwrite_output_dir`` is given; a script that calls
-  ``Trainer.train()`` without ``resume_from_checkpoint`` loads none.
+- HF's example scripts of transformers 4.x (``run_clm.py`` and the scripts made from
+  them) take the newest ``checkpoint-N`` of ``--output_dir`` unless
+  ``--overwrite_output_dir`` is given (5.x dropped both; ``Trainer.train(
+  resume_from_checkpoint=True)`` still takes the newest there). The recipe gives each job
+  its own ``--output_dir OUT/{job_id}`` when the command names one; without one (HF's
+  default ``trainer_output``), or with a spec's own checkpoint path, the dir is shared.
 - nanoGPT loads ``out/ckpt.pt`` when started with ``--init_from=resume``.
 - Lightning loads what ``--ckpt_path`` names.
 - SpecForge loads what ``training.resume_from=`` names.
@@ -32,13 +35,17 @@ def _argv(command) -> list:
         return (command or "").split()
 
 
-def _value(argv: list, name: str):
+def _value(argv: list, *names: str):
+    """The value of the last ``--name V`` / ``--name=V`` of any of ``names`` (argparse's
+    rule: the last one wins; a recipe appends its own after the command's), else None."""
+    found = None
     for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a[len(name) + 1:]
-    return None
+        for name in names:
+            if a == name and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif a.startswith(name + "="):
+                found = a[len(name) + 1:]
+    return found
 
 
 def self_loads(recipe: str | None, command) -> str | None:
@@ -52,12 +59,17 @@ def self_loads(recipe: str | None, command) -> str | None:
             return (f"torchtitan loads the newest step-N in its checkpoint folder ({folder}, named by the "
                     "command) by itself at a fresh start, an earlier job's included; drop --checkpoint.folder "
                     "(the recipe gives each job its own) or put {job_id} in it")
-    if recipe == "hf_trainer" and "--overwrite_output_dir" not in argv:
+    if recipe == "hf_trainer":
         if _value(argv, "--resume_from_checkpoint") is not None:
             return "the command's --resume_from_checkpoint is loaded at every start"
-        return ("HF's example scripts (run_clm.py and the like) load the newest checkpoint-N of --output_dir "
-                "by themselves at a fresh start, an earlier job's included, unless --overwrite_output_dir is "
-                "given (a script that calls Trainer.train() alone loads none)")
+        out = _value(argv, "--output_dir", "--output-dir")
+        if "--overwrite_output_dir" in argv or (out is not None and "{job_id}" in out):
+            return None
+        return (f"HF's example scripts of transformers 4.x (run_clm.py and the scripts made from them) load the "
+                f"newest checkpoint-N of --output_dir ({out or 'trainer_output, the default'}) by themselves at "
+                "a fresh start, an earlier job's included, unless --overwrite_output_dir is given; name "
+                "--output_dir in the command and leave train.checkpoint.path to the recipe (each job gets "
+                "OUT/{job_id}), or put {job_id} in it")
     if recipe == "nanogpt" and _value(argv, "--init_from") == "resume":
         return "nanoGPT started with --init_from=resume loads out_dir's ckpt.pt at a fresh start, whoever wrote it"
     if recipe == "lightning" and _value(argv, "--ckpt_path") is not None:

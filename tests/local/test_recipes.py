@@ -76,7 +76,8 @@ def test_hf_tokens_per_step_read_from_the_command(tmp_path):
                    "--per_device_train_batch_size 8 --max_seq_length 1024 --gradient_accumulation_steps 2"},
         throughput={"min_ratio": 0.8}))
     assert spec.throughput.tokens_per_step == 8 * 1024 * 2 * 4 and spec.throughput.format == "tqdm"
-    assert spec.train.checkpoint.path == "o/checkpoint-*" and spec.train.checkpoint.done_file == "trainer_state.json"
+    assert spec.train.checkpoint.path == "o/{job_id}/checkpoint-*"  # an --output_dir per job
+    assert spec.train.checkpoint.done_file == "trainer_state.json"
     assert spec.train.resume_args == ["--resume_from_checkpoint", "{resume_from}"]
     assert spec.throughput.pause_pattern == r"^\{'eval_loss'"
     with pytest.raises(SpecError, match="per_device_train_batch_size"):
@@ -282,10 +283,13 @@ def test_torchtitan_never_loads_an_earlier_jobs_checkpoint_and_enables_saving_on
     frag = _titan("torchrun -m torchtitan.train --job.config_file train.toml")
     assert "--checkpoint.folder checkpoint/{job_id}" in frag["train"]["command"]
     assert frag["train"]["checkpoint"]["path"] == "outputs/checkpoint/{job_id}/step-*"
-    assert frag["train"]["resume_args"] == []  # it loads this job's newest by itself
+    # it loads this job's newest by itself; a resume names the chosen one for a job that has none
+    # of its own yet (submit --resume-from): tests/unit/test_recipe_resume_args.py
+    loads = ["--checkpoint.initial_load_path", "{resume_from}", "--checkpoint.no_initial_load_model_only"]
+    assert frag["train"]["resume_args"] == loads
     assert frag["train"]["command"].count("--checkpoint.enable") == 1
     off = _titan("torchrun -m torchtitan.train --job.config_file train.toml --checkpoint.no-enable")
-    assert off["train"]["resume_args"] == ["--checkpoint.enable"]
+    assert off["train"]["resume_args"] == ["--checkpoint.enable", *loads]
 
 
 def test_init_writes_a_launcher_that_starts_and_doctor_spec_says_when_the_program_is_not_on_path(tmp_path):

@@ -22,7 +22,8 @@ CASES = {
                   "training.log_interval=1 training.save_interval=2", 1000, "outputs/tiny-step*/training_state.pt"),
     # one evaluation, at step 150 (fast: 7.5 s in, 6.5 s before the end: longer than a pause lasts)
     "hf_trainer": ("hf", "python standin.py hf --output_dir out --per_device_train_batch_size 1 "
-                   "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None, "out/checkpoint-*/trainer_state.json"),
+                   "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None,
+                   "out/r-hf-trainer-*/checkpoint-*/trainer_state.json"),  # an --output_dir per job
     "torchtitan": ("torchtitan", "python standin.py torchtitan --checkpoint.enable", None,
                    "outputs/checkpoint/r-torchtitan-*/step-*/.metadata"),  # a folder per job
     # 150 steps: the recipe reads Lightning's bar by its step counter over time (a sample per
@@ -36,10 +37,12 @@ CASES = {
 }
 RESUMED = {  # how the resumed run was told where to start: the checkpoint gpujob chose
     "specforge": r"training\.resume_from=\S*/outputs/tiny-step\d+$",
-    "hf_trainer": r"--resume_from_checkpoint \S*/out/checkpoint-\d+$",
+    "hf_trainer": r"--output_dir out/r-hf-trainer-[\w-]+ "  # an --output_dir per job
+                  r"--resume_from_checkpoint \S*/out/r-hf-trainer-[\w-]+/checkpoint-\d+$",
     # its own folder per job (no earlier job's step-N is loaded), --checkpoint.enable once
     "torchtitan": r"^(?!.*--checkpoint\.enable.*--checkpoint\.enable).*--checkpoint\.enable "
-                  r"--checkpoint\.folder checkpoint/r-torchtitan-\w+ ",
+                  r"--checkpoint\.folder checkpoint/r-torchtitan-\w+ .*--checkpoint\.initial_load_path "
+                  r"\S*/outputs/checkpoint/r-torchtitan-[\w-]+/step-\d+ --checkpoint\.no_initial_load_model_only$",
     "lightning": r"--ckpt_path '?\S*/lightning_logs/version_0/checkpoints/epoch=0-step=\d+\.ckpt'?$",
     "nanogpt": r"--init_from=resume$",
 }

@@ -172,6 +172,9 @@ class SubmitRequest(Record):
     resume_from_copy: Optional[bool] = None  # a bisect trial: a copy in its own workdir
     accept_baseline: Optional[bool] = None
     boot_hook: Optional[bool] = None
+    #: how the trainer loads a checkpoint by itself at a fresh start (spec/selfload.py), or None:
+    #: the supervisor's note on the checkpoints earlier jobs left says it
+    self_loads: Optional[str] = None
     sync_streams: List[dict] = field(default_factory=list)
     extra: Dict[str, Any] = field(default_factory=dict)
 

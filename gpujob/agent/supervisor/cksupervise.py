@@ -58,8 +58,11 @@ class Checkpoints:
         left = ckregister.foreign(w.reg, w.before)
         if left and w.run == 1:
             self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
+            why = self.job.job.get("self_loads")  # the trainer's own look (spec/selfload.py, at submit)
             self.say(f"{len(left)} checkpoint(s) under {ck['path']} were left by earlier jobs "
-                     f"(e.g. {left[0][0]}): this job never resumes from them"
+                     f"(e.g. {left[0][0]}): "
+                     + (f"gpujob never passes them to this job, but {why}" if why else
+                        "this job never resumes from them")
                      + (" (submit --resume-from chose one)" if self.job.job.get("resume_from") else ""))
         return w
 

@@ -31,7 +31,7 @@ def argv_of(command) -> list:
         return str(command or "").split()
 
 
-_SAFE = re.compile(r"[A-Za-z0-9_./=:+,@%{}-]+")
+SAFE = re.compile(r"[A-Za-z0-9_./=:+,@%{}-]+")
 
 
 def append(command, args: list):
@@ -40,7 +40,7 @@ def append(command, args: list):
     gpujob to quote when it substitutes it)."""
     if isinstance(command, list):
         return list(command) + args
-    words = " ".join(a if _SAFE.fullmatch(a) else shlex.quote(a) for a in args)
+    words = " ".join(a if SAFE.fullmatch(a) else shlex.quote(a) for a in args)
     return f"{command} {words}" if args else command
 
 

@@ -27,12 +27,16 @@ def derive(data: dict) -> dict:
     # per job (checkpoint/{job_id}), so it never finds an earlier job's. DCP's step-N/ is
     # finished by .metadata, its last file
     ck = given or "checkpoint/{job_id}"
-    train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*", "done_file": ".metadata", "every": "15m"},
-                   "resume_args": []}
+    # A resume names the step-N/ gpujob chose as initial_load_path, with the whole state
+    # (optimizer, step, data loader: no_initial_load_model_only). torchtitan takes it only
+    # while the run's own folder does not exist yet: a job started by `submit --resume-from
+    # JOB` loads JOB's; a rollback within a job finds (and loads) its own newest step-N instead
+    loads = ["--checkpoint.initial_load_path", "{resume_from}", "--checkpoint.no_initial_load_model_only"]
+    train: dict = {"checkpoint": {"path": f"{rel}/{ck}/step-*", "done_file": ".metadata", "every": "15m"}}
     # it saves only with checkpoint.enable (off by default); saving off in the command: a resume turns it on
     off = {"--checkpoint.no-enable", "--checkpoint.no_enable"} & set(argv)
     add = [] if off or "--checkpoint.enable" in argv else ["--checkpoint.enable"]
-    train["resume_args"] = ["--checkpoint.enable"] if off else []
+    train["resume_args"] = (["--checkpoint.enable"] if off else []) + loads
     add += [] if given is not None else ["--checkpoint.folder", ck]
     add += [] if flag(argv, "--metrics.log_freq") is not None else ["--metrics.log_freq", "1"]
     if add:
@@ -48,14 +52,15 @@ def derive(data: dict) -> dict:
                                                                              "ranks": "first"})
 
 
-RECIPE = Recipe(name="torchtitan", trainer="torchtitan", revision=5,
+RECIPE = Recipe(name="torchtitan", trainer="torchtitan", revision=6,
                 read_from="torchtitan 0.2.2 (TOML config) and 0.3.0 (--module/--config)",
                 proven_on="torchtitan 0.2.2 through torchrun, 1 process, on one H200 through gpujob, "
                           "2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md); 0.3.0 not run: it needs "
                           "torch.distributed.set_timeout, newer than 2.13",
                 summary="torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints "
                         "finished by .metadata (saving on) in a checkpoint folder of each job's own (it loads "
-                        "the newest there by itself: never an earlier job's)",
+                        "the newest there by itself: never an earlier job's); a resume from another job's "
+                        "(submit --resume-from) through --checkpoint.initial_load_path {resume_from}",
                 derive=derive, versions=("0.2", "0.3"),
                 sample_command="torchrun --nproc_per_node 8 -m torchtitan.train --job.config_file "
                                "train.toml")

@@ -123,7 +123,20 @@ elif style == "torchtitan":
     enabled = bool(toggles) and toggles[-1] == "--checkpoint.enable"
     done = sorted(glob.glob(os.path.join(folder, "step-*", ".metadata")),
                   key=lambda p: int(p.split("step-")[1].split("/")[0]))
-    if enabled and done:  # torchtitan loads the newest step-N by itself
+    initial = opt("--checkpoint.initial_load_path", "--checkpoint.initial-load-path")
+    # tyro's bool flag (either spelling): the last of initial_load_model_only / no_initial_... wins
+    toggles = [a.replace("-", "_") for a in args if a.replace("-", "_").endswith("initial_load_model_only")]
+    model_only = not toggles or not toggles[-1].endswith("no_initial_load_model_only")
+    if enabled and not os.path.exists(folder) and initial:  # torchtitan: only while its own folder is not there
+        if not os.path.isdir(initial):
+            sys.exit("ValueError: checkpoint.initial_load_path is specified but the path is not valid.")
+        print(f"Loading the checkpoint from {initial}.", flush=True)
+        if not model_only:  # the whole state: the step too
+            start = int(os.path.basename(initial.rstrip("/")).split("step-")[1])
+            print(f"resumed from checkpoint at step {start}", flush=True)
+    elif enabled and done:  # torchtitan loads the newest step-N of its own folder by itself
+        if initial:
+            print("checkpoint.initial_load_path is provided but the checkpoint.folder exists.", flush=True)
         start = int(done[-1].split("step-")[1].split("/")[0])
         print(f"resumed from checkpoint at step {start}", flush=True)
 
