@@ -85,7 +85,8 @@ try:
     med = {k: round(statistics.median(v) * 1000) for k, v in S.items()}
     print(json.dumps({"medians_ms": med, "ratios_vs_ssh": {k: round(med[k] / med["ssh"], 2) for k in med
                                                            if not k.endswith("_cpu")},
-                      "load_start": load_start, "load": os.getloadavg(), "reps": reps, "scripts": scripts, "samples_s": S}))
+                      "load_start": load_start, "load": os.getloadavg(), "reps": reps, "scripts": scripts,
+                      "samples_s": S}))
 finally:
     for k in scripts:
         if k in envs:

@@ -108,7 +108,8 @@ class Sampler(threading.Thread):
 
 def nvidia_smi() -> dict:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                              "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -248,7 +249,8 @@ def act2(b: "Bench", sampler, spec: Path, act: str, timeout: float, base) -> dic
     return {"job": job2, "seconds": round(c1 - c0, 1), "slow_tok_s": median(per.get("slow", [])),
             "resumed_fast_tok_s": resumed,
             "recovered_pct_of_baseline": round(100 * resumed / base, 1) if resumed and base else None,
-            "rollback": {k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings", "resumed")},
+            "rollback": {k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings",
+                                                "resumed")},
             "decision_to_first_good_s": (rb.get("timings") or {}).get("first_good"),
             "standby_used": any(e["type"] == "standby_used" for e in ev2),
             "held_for_checkpoint": held,

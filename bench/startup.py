@@ -81,7 +81,8 @@ def run(scripts: list[str], reps: int, cold: bool) -> dict:
     runtime.mkdir(mode=0o700)
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_RUNTIME_DIR=str(runtime), COLUMNS="100")
     env.pop("GPUJOB_NO_DAEMON", None)
-    envs = {"complete": dict(env, _GPUJOB_COMPLETE="complete_bash", COMP_WORDS="gpujob logs ", COMP_CWORD="2")}
+    envs = {"complete": dict(env, _GPUJOB_COMPLETE="complete_bash", COMP_WORDS="gpujob logs ",
+                             COMP_CWORD="2")}
     todo = {gj: cases(gj) for gj in scripts}
     names = list(todo[scripts[0]])
     for gj in scripts:  # one untimed round: bytecode written, caches warm

@@ -120,7 +120,8 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
                        f"{bad[0][1].message}; the job was stopped on every node")
     return {"nodes": [{"rank": r, "target": labels[r], "supervisor_pid": res.supervisor_pid,
                        "stale_lock": res.stale_lock} for r, res in results],
-            "rendezvous": f"{addr}:{master_port}", "address_source": "hosts.yaml" if lead.address else "asked"}
+            "rendezvous": f"{addr}:{master_port}",
+            "address_source": "hosts.yaml" if lead.address else "asked"}
 
 
 def statuses(targets: list, job_id: str) -> list:

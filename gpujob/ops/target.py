@@ -263,7 +263,8 @@ class Targets:
                 host = self.inventory.hosts[host_name]
                 link = kinds.get(host.kind).connect(host_name, host, accept_new=self.accept_new)
                 if link is None:
-                    raise InputError(f"host '{host_name}' is {host.kind}; no connection runs below its containers")
+                    raise InputError(f"host '{host_name}' is {host.kind}; no connection runs below its "
+                                     f"containers")
                 self._hosts[host_name] = link
             return self._hosts[host_name]
 

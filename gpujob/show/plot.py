@@ -80,7 +80,8 @@ def _pyplot():
         except ImportError:
             raise MissingDependency(f"plot -o needs matplotlib, which is not installed: {INSTALL}") from None
         matplotlib.use("Agg")
-        matplotlib.rcParams.update({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "gpujob"})
+        matplotlib.rcParams.update({"svg.fonttype": "none", "text.parse_math": False,
+                                    "svg.hashsalt": "gpujob"})
         import matplotlib.pyplot as plt
         import matplotlib.font_manager  # noqa: F401  # where the cache is built
     return plt

@@ -143,7 +143,8 @@ def status_view(st: dict, target: str) -> dict:
         "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
         "ledger_error": ledger.get("error") if isinstance(ledger, dict) else None,  # a damaged one's line
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
-        "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
+        # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
+        "notify": st.get("notify"),
         "suspect": rec.suspect,
     }
 
@@ -228,7 +229,8 @@ def size(n: float | None) -> str:
 
 #: the fields event_line reads as numbers or lists, by kind (an events file from outside may hold others)
 EVENT_FIELDS = {"": {"t": "number"}, "sample": {"value": "number", "step": "?number"},
-                "samples_1m": {"median": "number", "min": "number", "max": "number"}, "stacks": {"stacks": "?list"}}
+                "samples_1m": {"median": "number", "min": "number", "max": "number"},
+                "stacks": {"stacks": "?list"}}
 
 
 def event_error(ev: dict):
@@ -270,7 +272,8 @@ def hosts_table(rows: list[dict], source: str) -> Table:
         st = r["status"]
         colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
         table.add_row(lit(f"{r['host']}/{r['container']}"), lit(r.get("vmid") or "-"),
-                      styled((st, colour), f" ({r['error']})" if r.get("error") else ""), lit(r.get("job") or "-"))
+                      styled((st, colour), f" ({r['error']})" if r.get("error") else ""),
+                      lit(r.get("job") or "-"))
     return whole(table, "target", "running job")
 
 
@@ -384,8 +387,8 @@ def candidates_line(cands: list) -> str:
 def bad_profile_refusal(profile: str, name: str, target: str, entry: dict, target_name: str) -> str:
     """``submit`` onto a profile the ledger marks bad: one line, with the ways on."""
     return (f"profile {profile} is marked bad in the ledger of {name} on {target}: "
-            f"{entry.get('reason') or 'no reason recorded'}; start it anyway with --force, pick another with -p, "
-            f"or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
+            f"{entry.get('reason') or 'no reason recorded'}; start it anyway with --force, pick another with "
+            f"-p, or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
 
 
 def rollback_line(job_id: str, res: wire.RollbackAnswer, mark_bad: bool) -> Text:

@@ -62,10 +62,13 @@ class Webhook(Strict):
     url: Annotated[str | SecretRef, BeforeValidator(_webhook_url)]
     format: Literal["slack", "ntfy", "json"] = "json"
     token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
-    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]
+    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good", "no_recovery",
+                                 "internal_error"]
     timeout: Duration = 10.0  # one attempt, all told (connect, send, the answer's headers): not per read
-    retries: int = Field(5, ge=0, le=20)  # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
-    deadline: Duration = 120.0  # one message, all attempts and backoff: then it is given up; also how long the
+    # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
+    retries: int = Field(5, ge=0, le=20)
+    # one message, all attempts and backoff: then it is given up; also how long the
+    deadline: Duration = 120.0
     # supervisor may outlive its job's end for its webhooks (the largest deadline of the job's webhooks)
 
     @model_validator(mode="after")
@@ -93,7 +96,8 @@ def _prom_path(value: Any) -> Any:
         raise ValueError(f"cannot hold a control character (found {control_char(value)})")
     for name in re.findall(r"\{([^{}]*)\}", value):
         if name != "job_id":
-            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; the textfile's only placeholder is "
+            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; the textfile's only placeholder "
+                             f"is "
                              "{job_id}")
     return value
 

@@ -292,7 +292,8 @@ def is_number(v) -> bool:
 
 
 _KINDS = {"number": ("a number", is_number), "string": ("a string", lambda v: isinstance(v, str)),
-          "object": ("an object", lambda v: isinstance(v, dict)), "list": ("a list", lambda v: isinstance(v, list)),
+          "object": ("an object", lambda v: isinstance(v, dict)),
+          "list": ("a list", lambda v: isinstance(v, list)),
           "bool": ("a boolean", lambda v: isinstance(v, bool))}
 
 

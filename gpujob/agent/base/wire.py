@@ -70,7 +70,8 @@ class BadShape(ValueError):
 
 
 _T = TypeVar("_T", bound="Record")
-_TYPES: Dict[str, Any] = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list,
+_TYPES: Dict[str, Any] = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict,
+                          "list": list,
           "Dict": dict, "List": list}
 
 

@@ -169,7 +169,8 @@ _EVIDENCE = ("reason", "evidence", "baseline", "job", "by_hand", "undoes", "op")
 def _record(led: dict, profile: str, status: str, before, entry: dict) -> dict:
     """Append one verdict to the ledger's history (ids count up, never reused); returns it."""
     hist = led.setdefault("history", [])
-    n = max(int(led.get("next_id") or 1), max((h["id"] for h in hist if type(h.get("id")) is int), default=0) + 1)
+    n = max(int(led.get("next_id") or 1), max((h["id"] for h in hist if type(h.get("id")) is int), default=0)
+            + 1)
     ev = entry.get("evidence") or {}
     hist.append(dict({k: entry[k] for k in _EVIDENCE if k in entry}, id=n, profile=profile, status=status,
                      time=entry.get("at"), before=before,

@@ -34,7 +34,8 @@ class Decision:
     _evidence: Optional[Dict]
     _make: Optional[tuple]
 
-    def __init__(self, verdict, reason: str = "", evidence: Optional[Dict] = None, make: Optional[tuple] = None):
+    def __init__(self, verdict, reason: str = "", evidence: Optional[Dict] = None,
+                 make: Optional[tuple] = None):
         _set(self, "verdict", verdict)
         _set(self, "_make", make)
         if make is None:
@@ -171,7 +172,8 @@ def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, me
         return f"{head} < {limit_txt} for {streak} consecutive windows"
     if weighed is not None and weighed > breach_for + 0.5:  # a deep breach counts more (agent/judge/tail.py)
         return (f"{head} < {limit_txt}: breaching for {breach_for:.0f}s, weighed as "
-                f"{min(weighed, span_needed):.0f}s of failure_limit {span_needed:g}s (a deeper breach counts more)")
+                f"{min(weighed, span_needed):.0f}s of failure_limit {span_needed:g}s (a deeper breach counts "
+                f"more)")
     if breach_for < span_needed:
         return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s of {span_needed:g}s"
     return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s (failure_limit {span_needed:g}s)"
@@ -179,11 +181,13 @@ def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, me
 
 def windows_evidence(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
                      breach_for: float, span_needed, weighed=None) -> Dict:
-    cfg, thr, src, baseline, now, last = ctx  # (evidence()'s keys, then the windows': one literal, read per sample)
+    # (evidence()'s keys, then the windows': one literal, read per sample)
+    cfg, thr, src, baseline, now, last = ctx
     return {"threshold": thr, "threshold_source": src, "baseline": baseline, "window_size": cfg.window,
             "failure_limit": cfg.failure_limit, "last_sample_age": now - last.t, "last_step": last.step,
             "samples_considered": considered, "window": first_vals[-50:], "median": med,
-            "window_medians": medians[:20], "consecutive_breaches": streak, "breach_for": round(breach_for, 3),
+            "window_medians": medians[:20], "consecutive_breaches": streak,
+            "breach_for": round(breach_for, 3),
             "breach_weighed": round(weighed, 3) if weighed is not None else None}
 
 

@@ -377,7 +377,8 @@ def sparkline(values: Sequence[float], width: int = 40) -> str:
         return ""
     n = len(vals)
     if n > width:
-        vals = [sum(vals[i * n // width : (i + 1) * n // width]) / ((i + 1) * n // width - i * n // width) for i in range(width)]
+        vals = [sum(vals[i * n // width : (i + 1) * n // width]) / ((i + 1) * n // width - i * n // width)
+                for i in range(width)]
     lo, hi = min(vals), max(vals)
     if hi <= lo:
         return _BARS[3] * len(vals)

@@ -129,7 +129,8 @@ class Caches:
         # deferred to the spawn's durable write (the restore above was preceded by a durable one;
         # a death before the spawn redoes this step)
         self.journal.set_state(cache_start={"profile": profile, "kind": kind}, durable=None, **then)
-        self.journal.event("cache_start", profile=profile, start=kind, files=live if kind != "restored" else None)
+        self.journal.event("cache_start", profile=profile, start=kind,
+                           files=live if kind != "restored" else None)
 
     # ---- a failed cold start: one retry on the snapshot ---------------------
     def cold_retry(self, out, profile: str) -> bool:

@@ -32,7 +32,8 @@ class Guard:
             if boothook.remove(self.job.home.root):
                 self.journal.event("boot_hook_removed", path=boothook.RC_LOCAL)
         except OSError as e:
-            self.journal.event("warning", message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
+            self.journal.event("warning",
+                               message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
 
     # ---- disk full ---------------------------------------------------------
     RESERVE = 256 * 1024
@@ -71,7 +72,8 @@ class Guard:
             code = proc.returncode
         self.drop_reserve()
         reason = f"no space left on device in {where}"
-        self.report.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)  # if it fits
+        # if it fits
+        self.report.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)
         self.child_env.drop_secrets()
         self.journal.set_state(state=JobState.FAILED, phase="done", reason=reason, finished_at=now(),
                                child=None, exit_code=code, signal="disk_full")

@@ -69,4 +69,5 @@ def predecessor_outcome(journal, proc, make_outcome):
         return None
     journal.event("ending_resumed", signal=prior.get("signal"), pgid=proc.pgid)
     return make_outcome(prior.get("kind") or OutcomeKind.SIGNAL, prior.get("signal") or "",
-                        f"{prior.get('reason')} (decided before a supervisor restart)", prior.get("evidence") or {})
+                        f"{prior.get('reason')} (decided before a supervisor restart)",
+                        prior.get("evidence") or {})

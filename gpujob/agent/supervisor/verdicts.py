@@ -46,8 +46,8 @@ class Verdicts:
             self.journal.event(kind, **fields)
         if a.verdict == "no_recovery":
             self.say(a.reason)
-            self.notifier.emit("no_recovery", f"{profile}.{len(self.history.rollbacks)}", to=profile, reason=a.reason,
-                               profile=profile)
+            self.notifier.emit("no_recovery", f"{profile}.{len(self.history.rollbacks)}", to=profile,
+                               reason=a.reason, profile=profile)
         if a.do == Do.SUCCEED:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step=Stage.SUCCEEDED)
             self.suspect_at_exit(profile, a.suspect)
@@ -175,8 +175,8 @@ class Verdicts:
         against = held.get("baseline") or run.baseline
         memo = run.__dict__.setdefault("suspend_memo", {})  # taken once per sample (agent/judge/tail.py)
         spans = run.pauses.spans() if getattr(run, "pauses", None) is not None else ()
-        base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, held["since"]), against,
-                                 spans, memo)
+        base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, held["since"]),
+                                 against, spans, memo)
         if base is not None:
             new = against if against is not None else base
             run.baseline, run.suspended = new, None
