@@ -193,7 +193,8 @@ def main(argv=None) -> int:
         med["fast_after_rollback_tps"] = statistics.median(r["fast_after_rollback"] or 0 for r in runs)
         med["recovered_pct"] = round(100 * med["fast_after_rollback_tps"] / base, 1) if base else None
         goods = [r["timings"].get("first_good") for r in runs if r.get("timings")]
-        med["decision_to_first_good"] = statistics.median(goods) if all(g is not None for g in goods) and goods else None
+        med["decision_to_first_good"] = (statistics.median(goods) if all(g is not None for g in goods)
+                                         and goods else None)
     result = {"where": "testbed (2 sshd, 2 LXC)" if args.testbed else "2 local homes",
               "trainer": "torchrun c10d (jobs/fleet-torch.yaml)" if args.torch else "stand-in",
               "runs": len(runs), "median_s": med, "act1": act1, "each": runs}

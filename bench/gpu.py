@@ -140,7 +140,8 @@ def probe_torch(python: str, device: str) -> dict:
         raise BenchError(f"torch {info['torch']} in {python} sees no GPU (use --device cpu for a smoke test)")
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True) if shutil.which("nvidia-smi") else None
-    info["driver"] = smi.stdout.strip().splitlines()[0] if smi and smi.returncode == 0 and smi.stdout.strip() else None
+    info["driver"] = (smi.stdout.strip().splitlines()[0] if smi and smi.returncode == 0
+                      and smi.stdout.strip() else None)
     return info
 
 

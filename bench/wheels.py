@@ -255,7 +255,8 @@ def main(argv=None) -> int:
         if prepared:
             rec["prepared"] = prepared
             if len(prepared) != pin.get("prepared_n"):
-                rec["prepared_count_mismatch"] = f"uv prepared {pin.get('prepared_n')}, we expected {len(prepared)}"
+                rec["prepared_count_mismatch"] = (f"uv prepared {pin.get('prepared_n')}, we expected "
+                                                  f"{len(prepared)}")
             rec["prepared_wheel_bytes"] = sum(f.stat().st_size for f in files.values() if f)
             rec["prepared_wheels_not_found"] = [r for r, f in files.items() if not f]
             if args.drop_caches and drop_page_cache():  # what fetching them from the local mirror costs alone

@@ -355,7 +355,8 @@ def load_yaml(path: str | Path, raw: bytes | None = None) -> Source:
         if node is None:
             raise SpecError(name, 1, None, "empty file; expected a YAML mapping")
         if not isinstance(node, MappingNode):
-            got = "a list" if isinstance(node, SequenceNode) else describe(_Builder(name, loader).construct(node, ()))
+            got = ("a list" if isinstance(node, SequenceNode)
+                   else describe(_Builder(name, loader).construct(node, ())))
             raise SpecError(name, node.start_mark.line + 1, None,
                             f"expected a mapping at the top level, got {got}")
         builder = _Builder(name, loader)

@@ -99,7 +99,8 @@ def causal(b, h, q_idx, kv_idx):
 
 def main():
     device = C.device
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
+    ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda"
+           else torch.autocast("cpu", enabled=False))
     torch.manual_seed(1337)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     iter_num, best_val = 0, 1e9

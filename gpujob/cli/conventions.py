@@ -61,7 +61,8 @@ def usage_line(e) -> str:
     m = _NO_SUCH.match(msg)
     if m and m.group(1) in SYNONYMS and path == PROG:
         ours = SYNONYMS[m.group(1)]
-        return f"{PROG}: no command '{m.group(1)}'; gpujob's word for it is '{ours}' (try '{PROG} {ours} --help')"
+        return (f"{PROG}: no command '{m.group(1)}'; gpujob's word for it is '{ours}' (try '{PROG} {ours} "
+                f"--help')")
     if isinstance(e, cx.NoSuchOption) and c is not None and _trailing_command(c.command):
         lead = " ".join((a.metavar or a.name).upper() for a in c.command.params
                         if a.param_type_name == "argument" and a.nargs == 1)

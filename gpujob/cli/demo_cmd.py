@@ -59,7 +59,8 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
         jsonl.emit({"rollback": r})
         return
     render.heading(out, "What happened")
-    verdict = (((final.get("ledger") or {}).get("profiles") or {}).get(r["from"]) or {}).get("status") or "untried"
+    verdict = ((((final.get("ledger") or {}).get("profiles") or {}).get(r["from"]) or {}).get("status")
+               or "untried")
     judged = (f"once {r['to']} had held above the floor for rollback.confirm, it marked {r['from']} bad"
               if verdict == "bad" else
               f"{r['from']} stays {verdict}: the job ended before {r['to']} held for rollback.confirm")

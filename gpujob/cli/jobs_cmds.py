@@ -277,7 +277,8 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     from gpujob.cli import fleet_cmds
     fleet_id, labels = fleet_cmds.nodes_of(job, target)
     if labels:  # a multi-node job: every node's log, [node i] before each line (or --node i)
-        file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+        file = ("events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase
+                else "job.log")
         if as_json and node is None:
             raise InputError("--json: pick one node of this multi-node job with --node I")
         fleet_cmds.logs(fleet_id, labels, follow=follow, node=node, file=file, tail=tail,
@@ -291,7 +292,8 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
             raise InputError("--stacks: takes no --follow, --events, --samples, --phase or --tail")
         _show_stacks(job_id, t, as_json)
         return
-    file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+    file = ("events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase
+            else "job.log")
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
     if follow:  # the job ended: its outcome is the exit code (0 only for succeeded), as `submit -f`'s
         st = _status(job_id, t)

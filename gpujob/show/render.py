@@ -379,7 +379,8 @@ def snapshot_table(caches: list, title: str) -> Table:
 def candidates_line(cands: list) -> str:
     """``stop``/``rollback`` without an id when not exactly one job could be meant."""
     if not cands:
-        return "no job could be meant: none of this laptop's jobs is still running; name one (gpujob ps lists them)"
+        return ("no job could be meant: none of this laptop's jobs is still running; name one (gpujob ps "
+                "lists them)")
     return ("more than one job could be meant: "
             + ", ".join(f"{job_id} ({target}, {state})" for job_id, target, state in cands) + "; name one")
 

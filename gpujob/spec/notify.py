@@ -39,7 +39,8 @@ def _webhook_url(value: Any) -> Any:
     if isinstance(value, dict):
         return _env_value(value)
     if not (isinstance(value, str) and value.startswith(("http://", "https://"))):
-        got = "a string that does not start with http:// or https://" if isinstance(value, str) else kind_of(value)
+        got = ("a string that does not start with http:// or https://" if isinstance(value, str)
+               else kind_of(value))
         raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, got {got} "
                          "(not echoed: it may hold a token)")
     why = url_problem(value)

@@ -59,7 +59,8 @@ def self_loads(recipe: str | None, command) -> str | None:
                 "by themselves at a fresh start, an earlier job's included, unless --overwrite_output_dir is "
                 "given (a script that calls Trainer.train() alone loads none)")
     if recipe == "nanogpt" and _value(argv, "--init_from") == "resume":
-        return "nanoGPT started with --init_from=resume loads out_dir's ckpt.pt at a fresh start, whoever wrote it"
+        return ("nanoGPT started with --init_from=resume loads out_dir's ckpt.pt at a fresh start, whoever "
+                "wrote it")
     if recipe == "lightning" and _value(argv, "--ckpt_path") is not None:
         return "Lightning loads the command's --ckpt_path at every start"
     if recipe == "specforge" and any(a.startswith("training.resume_from=") for a in argv):

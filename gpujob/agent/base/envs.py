@@ -181,7 +181,8 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     else:
         base = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
         # nothing to install: no pip needed (a base without ensurepip can still make the venv)
-        bare = [] if pins or profile_requirements_file or common_requirements or no_deps else ["--without-pip"]
+        bare = ([] if pins or profile_requirements_file or common_requirements or no_deps
+                else ["--without-pip"])
         cmds = [[python, "-m", "venv", *ssp, *bare, venv]]
     if inherit:
         cmds.append(link_base_command(python, venv))

@@ -137,7 +137,8 @@ class Pauses:
         return self._spans
 
     def active_at(self, t: float) -> Optional[List]:
-        return self.intervals[-1] if self.intervals and self.intervals[-1][0] <= t < self.intervals[-1][1] else None
+        return (self.intervals[-1] if self.intervals and self.intervals[-1][0] <= t < self.intervals[-1][1]
+                else None)
 
     def paused_seconds(self, since: float, until: float) -> float:
         """Paused time inside ``[since, until]`` (gpu_idle does not count it as idle)."""

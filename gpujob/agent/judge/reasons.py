@@ -130,7 +130,8 @@ PLAIN = (given_reason, given_evidence)
 
 
 def stall_reason(ctx: tuple, quiet: float, since: str) -> str:
-    return f"no throughput sample for {quiet:.0f}s since {since} (no_data_timeout {ctx[0].no_data_timeout:g}s)"
+    return (f"no throughput sample for {quiet:.0f}s since {since} (no_data_timeout "
+            f"{ctx[0].no_data_timeout:g}s)")
 
 
 def stall_evidence(ctx: tuple, quiet: float, since: str) -> Dict:

@@ -250,4 +250,5 @@ class Checkpoints:
         self.journal.event("resume_point", note=note, **point)
         self.journal.set_state(resumed=note)
         self.say(note)
-        return [substitute(a, {"resume_from": point["file"] or ""}) for a in spec_args], dict(point, note=note)
+        return ([substitute(a, {"resume_from": point["file"] or ""}) for a in spec_args],
+                dict(point, note=note))

@@ -421,7 +421,8 @@ class Watch:
         del run.gpu_history[:-1000]
         self.journal.event("gpu_util", group=cfg["group"], max=util)
         ck = self.spec["train"].get("checkpoint")
-        saved = ckregister.find(self.workdir, substitute(ck["path"], self.child_env.values(run.profile))) if ck else []
+        saved = (ckregister.find(self.workdir, substitute(ck["path"], self.child_env.values(run.profile)))
+                 if ck else [])
         last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
         idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
                                                   max(saved[0][1] if saved else 0.0, min(last_pause, t)),

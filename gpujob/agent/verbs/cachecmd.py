@@ -103,7 +103,8 @@ def clear(home: Home, profile: str | None, *, force: bool, with_snapshots: bool,
         for k in keys:
             snap = next(iter(snapshots.listing(home.root, k)), None)
             if snap:
-                kept[k] = f"the next start of a known-good profile on it restores its {snapshots.describe(snap)}"
+                kept[k] = (f"the next start of a known-good profile on it restores its "
+                           f"{snapshots.describe(snap)}")
     return {"cleared": keys, "snapshots_kept": kept, "snapshots_removed": removed, "warnings": warnings}
 
 

@@ -220,7 +220,8 @@ def summary(home: Home, job_id: str) -> dict:
     st["notify"] = notify.outbox_summary(j.dir)
     t = now()  # durations on the container's own clock: the laptop's may be off
     st["now"] = t
-    st["uptime_s"] = max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at") else None
+    st["uptime_s"] = (max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at")
+                      else None)
     return st
 
 
