@@ -40,8 +40,8 @@ def build_index(root: Path) -> str:
         links = []
         for v in ("1.0", "2.0"):
             w = build_wheel(root / "wheels", "", 0.0, v, package=f"bis-{x}", module=f"bis_{x}")
-            links.append(f'<a href="../../wheels/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">'
-                         f"{w.name}</a>")
+            digest = hashlib.sha256(w.read_bytes()).hexdigest()
+            links.append(f'<a href="../../wheels/{w.name}#sha256={digest}">{w.name}</a>')
         (proj / "index.html").write_text("\n".join(links) + "\n")
     return (root / "simple").as_uri()
 

@@ -77,7 +77,8 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: 
     decided = lead["rollbacks"][0]["decided_at"]
     figures["timings"] = lead["rollbacks"][0].get("timings")
     log = (dirs[0] / "job.log").read_text(errors="replace")
-    figures["resumed"] = [ln for ln in log.splitlines() if ln.startswith("resumed from") or "resume:" in ln][-1:]
+    figures["resumed"] = [ln for ln in log.splitlines()
+                          if ln.startswith("resumed from") or "resume:" in ln][-1:]
     figures["slow_last_step"] = max((r.get("step") or 0 for r in records(dirs[-1] / "samples.jsonl")
                                      if r.get("profile") == "slow"), default=None)
     after = [r["value"] for r in agg if r["t"] > decided and r.get("profile") == "fast"]
@@ -131,7 +132,8 @@ def main(argv=None) -> int:
                      "known_hosts": str(bed.known_hosts), "containers": {f"ct{v}": {"vmid": v, "home": home}}}
                  for n, port, v in (("tb", bed.ports[0], 200), ("tb2", bed.ports[-1], 202))}
         target = ["tb/ct200", "tb2/ct202"]
-        job_dirs = lambda j: [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]  # noqa: E731
+        def job_dirs(j):
+            return [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]
     else:
         urls = {b: p.as_uri() for b, p in idx.items()}
         hosts = {"lab": {"kind": "local", "env_passthrough": ["NCCL_*", "TORCH_SYMM_MEM_*", "NVSHMEM_*",
@@ -174,7 +176,8 @@ def main(argv=None) -> int:
         for i in range(args.n + 1):  # the first run builds the venvs: reported apart
             r = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / f"run{i}" if args.out else None)
             print(("cold " if i == 0 else "warm ")
-                  + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, default=str), flush=True)
+                  + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()},
+                               default=str), flush=True)
             if i:
                 runs.append(r)
     finally:

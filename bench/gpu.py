@@ -134,7 +134,8 @@ def probe_torch(python: str, device: str) -> dict:
             "'names': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))")
     p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
-        raise BenchError(f"{python} cannot import torch: {p.stderr.strip().splitlines()[-1:] or p.returncode}")
+        raise BenchError(f"{python} cannot import torch: "
+                         f"{p.stderr.strip().splitlines()[-1:] or p.returncode}")
     info = json.loads(p.stdout.strip().splitlines()[-1])
     if device == "cuda" and not info["gpus"]:
         raise BenchError(f"torch {info['torch']} in {python} sees no GPU (use --device cpu for a smoke test)")

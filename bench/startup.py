@@ -8,9 +8,9 @@ complete     one Tab: ``_GPUJOB_COMPLETE=complete_bash`` for ``gpujob logs `` (j
              the laptop's index; goal <= 150 ms, as --version)
 disconnect   ``gpujob disconnect`` with no kept connection open (the entry's fast path)
 
-warm: repeated runs (bytecode and page cache hot), wall and cpu (user + system); cold (``--cold``, needs root): the
-first run after ``echo 3 > /proc/sys/vm/drop_caches``, as after a reboot. No test bed:
-nothing here reaches a target.
+warm: repeated runs (bytecode and page cache hot), wall and cpu (user + system); cold
+(``--cold``, needs root): the first run after ``echo 3 > /proc/sys/vm/drop_caches``, as after a
+reboot. No test bed: nothing here reaches a target.
 
     python -m bench.startup [--reps 7] [--cold] [--gpujob PATH [--gpujob PATH]] [--json out.json]
 """

@@ -11,7 +11,8 @@ does not) and prints the functions that cost most.
     python -m bench.supervisor_cpu --seconds 20 --reps 3
     python -m bench.supervisor_cpu --seconds 10 --profile 25
     python -m bench.supervisor_cpu --reps 5 --against /tmp/old-tree --pyspy /tmp/spy
-    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 --against /tmp/old-tree
+    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 \\
+        --against /tmp/old-tree
 
 ``--against TREE`` alternates run by run between this tree and another checkout of gpujob
 (its CLI submits, so its agent runs): the two figures come from the same minutes. ``--pyspy

@@ -82,7 +82,8 @@ def uv_steps(log: str) -> list:
         elif cur is not None:
             m = UV_LINE.match(line.strip())
             if m:
-                cur[m.group(1).lower() + "_s"] = round(float(m.group(3)) / (1000 if m.group(4) == "ms" else 1), 3)
+                scale = 1000 if m.group(4) == "ms" else 1
+                cur[m.group(1).lower() + "_s"] = round(float(m.group(3)) / scale, 3)
                 cur[m.group(1).lower() + "_n"] = int(m.group(2))
             m = ADDED.match(line.rstrip())
             if m:

@@ -55,7 +55,8 @@ def via_init(lane: "Lane", where: Path, args, command: str, **extra) -> tuple:
                        env=dict(os.environ, HOME=str(where / "init-home")))
     if p.returncode:
         from bench.gpu import BenchError
-        raise BenchError(f"{lane.name}: gpujob init failed (exit {p.returncode}): {(p.stdout + p.stderr)[-600:]}")
+        raise BenchError(f"{lane.name}: gpujob init failed (exit {p.returncode}): "
+                         f"{(p.stdout + p.stderr)[-600:]}")
     shutil.copy(init, where / "job.init.yaml")
     spec = yaml.safe_load(init.read_text())
     # init's comment: "add what else it reads": the lane's files init did not find (torchtitan's

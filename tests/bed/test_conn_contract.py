@@ -56,9 +56,12 @@ def finished_job(testbed, tmp_path_factory):
 #: containers: through the daemon (the default) and with GPUJOB_NO_DAEMON=1 they must
 #: answer the same exit code, stdout and stderr, byte for byte
 READ_ONLY = (["status", "JOB"], ["status"], ["status", "JOB", "--json"], ["status", "--json"],
-             ["status", "JOB", "-t", "tb/ct200"], ["status", "nosuchjob"], ["status", "JOB", "-t", "tb/ct201"],
-             ["logs", "JOB"], ["logs", "JOB", "-f"], ["logs", "JOB", "--tail", "3"], ["logs", "JOB", "--events"],
-             ["logs", "JOB", "--samples", "--json"], ["logs", "JOB", "--phase", "train"], ["logs", "JOB", "--json"],
+             ["status", "JOB", "-t", "tb/ct200"], ["status", "nosuchjob"],
+             ["status", "JOB", "-t", "tb/ct201"],
+             ["logs", "JOB"], ["logs", "JOB", "-f"], ["logs", "JOB", "--tail", "3"],
+             ["logs", "JOB", "--events"],
+             ["logs", "JOB", "--samples", "--json"], ["logs", "JOB", "--phase", "train"],
+             ["logs", "JOB", "--json"],
              ["ps"], ["ps", "tb/ct200"], ["ps", "tb/ct200", "--all"], ["ps", "--json"],
              ["hosts"], ["hosts", "--json"], ["hosts", "--check"],
              ["profiles", "tb/ct200"], ["profiles", "tb/ct200", "--json"], ["cache", "ls", "tb/ct200"],

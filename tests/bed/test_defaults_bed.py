@@ -31,7 +31,8 @@ def test_a_slow_profile_is_rolled_back_at_the_keys_init_writes(testbed, bed_env,
     assert set(yaml.safe_load(spec.read_text())["throughput"]) == {"format", "min_ratio"}
     first = job_id_of(cli(["submit", str(spec), "--set", "throughput.good_after=15s"], env, check=True).stdout)
     try:
-        wait_for(lambda: "known_good" in event_types(first, env), 300, every=2, what="fast to become known-good")
+        wait_for(lambda: "known_good" in event_types(first, env), 300, every=2,
+                 what="fast to become known-good")
     finally:
         cli(["stop", first], env, timeout=180)
     second = job_id_of(cli(["submit", str(spec), "--profile", "slow"], env, check=True).stdout)

@@ -39,7 +39,8 @@ def run(args, env, *, daemon=True, timeout=120):
     e = dict(env)
     if not daemon:
         e["GPUJOB_NO_DAEMON"] = "1"
-    return subprocess.run([*gpujob_argv(), *args], env=e, capture_output=True, timeout=timeout, cwd=env["HOME"])
+    return subprocess.run([*gpujob_argv(), *args], env=e, capture_output=True, timeout=timeout,
+                          cwd=env["HOME"])
 
 
 def test_no_ssh_key_doctor_and_exec_say_so_and_what_to_do(testbed, tmp_path):

@@ -91,7 +91,8 @@ def _first_day(me: User, testbed, index, home: str) -> None:
     repo = me.home / "nanoGPT"
     shutil.copytree(TRAINER, repo)
     me.cwd = repo
-    init = me.ok("init", "--recipe", "nanogpt", "-t", "ct200", "--", "python", "train.py", "config/train_tiny.py",
+    init = me.ok("init", "--recipe", "nanogpt", "-t", "ct200", "--", "python", "train.py",
+                 "config/train_tiny.py",
                  "--batch_size=4", "--block_size=640", "--gradient_accumulation_steps=1")
     assert "wrote train.yaml: check the CHANGE ME lines" in init.err
     text = (repo / "train.yaml").read_text()
@@ -148,7 +149,8 @@ def _first_day(me: User, testbed, index, home: str) -> None:
 
     # a long run, stopped: logs -f then says how it ended, with exit 1
     long = me.ok("submit", "train.yaml", "-p", "fast", *quick, "--set", "train.command=python train.py "
-                 "config/train_tiny.py --batch_size=4 --block_size=640 --gradient_accumulation_steps=1 --max_iters=100000")
+                 "config/train_tiny.py --batch_size=4 --block_size=640 --gradient_accumulation_steps=1 "
+                 "--max_iters=100000")
     job3 = job_of(long.out, "train")
     stop = me.ok("stop", job3)
     assert job3 in stop.out

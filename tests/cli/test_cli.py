@@ -35,7 +35,8 @@ def one_line_error(p) -> str:
     ("- a\n- b\n", "job.yaml:1: "),
     ("name: x\ntrian: {command: t}\n", "job.yaml:2: trian: unknown field; did you mean 'train'?"),
     ("name: x\nprofiles:\n  - {name: a, index_url: 'https://x', packages: [torch==1]}\ntrain: {command: t}\n"
-     "throughput:\n  format: ktok\n  min: fast\n", "job.yaml:7: throughput.min: expected a number, got 'fast'"),
+     "throughput:\n  format: ktok\n  min: fast\n",
+     "job.yaml:7: throughput.min: expected a number, got 'fast'"),
 ])
 def test_bad_specs_give_one_line_and_exit_2(tmp_path, env, text, expect):
     spec = tmp_path / "job.yaml"

@@ -57,7 +57,8 @@ def test_gc_of_tens_of_thousands_of_checkpoints_answers_within_the_cap(tmp_path)
 def big_ledger(root, name: str, verdicts: int) -> None:
     """A ledger of many verdicts (each with a long reason), as ledgerfile reads it."""
     hist = [{"before": None, "id": i + 1, "profile": f"p{i % 7}", "reason": f"slow {i} " + "r" * 400,
-             "status": "bad" if i % 2 else "good", "threshold": None, "time": 1.7e9 + i, "window_medians": None}
+             "status": "bad" if i % 2 else "good", "threshold": None, "time": 1.7e9 + i,
+             "window_medians": None}
             for i in range(verdicts)]
     led = {"format": 2, "history": hist, "last_good": "p0", "next_id": verdicts + 1,
            "profiles": {f"p{k}": {"at": 1.7e9, "reason": "r", "status": "good"} for k in range(7)}}

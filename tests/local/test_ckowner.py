@@ -223,7 +223,8 @@ def test_a_job_whose_checkpoint_glob_covers_100k_files_finishes_and_status_answe
     time.sleep(ckscan.PRE_RUN_SLACK + 0.3)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
-                      trainer_args="--steps 60 --interval 0.05 --checkpoint tree/ckpt.json --checkpoint-every 20")
+                      trainer_args="--steps 60 --interval 0.05 --checkpoint tree/ckpt.json "
+                                   "--checkpoint-every 20")
     data = yaml.safe_load(spec.read_text())
     data["train"]["checkpoint"] = {"path": "tree/*", "every": "1s", "settle": "0.3s"}
     spec.write_text(yaml.safe_dump(data))
@@ -250,10 +251,11 @@ def test_gpujob_stop_says_it_waited_for_a_save_in_progress(tmp_path, index_urls)
     env = local_env(tmp_path)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
-                      trainer_args="--steps 100000 --interval 0.05 --checkpoint-dir ckpt --checkpoint-every 10 "
-                                   "--save-seconds 3")
+                      trainer_args="--steps 100000 --interval 0.05 --checkpoint-dir ckpt --checkpoint-every "
+                                   "10 --save-seconds 3")
     data = yaml.safe_load(spec.read_text())
-    data["train"]["checkpoint"] = {"path": "ckpt/checkpoint-*", "every": "1s", "done_file": "trainer_state.json"}
+    data["train"]["checkpoint"] = {"path": "ckpt/checkpoint-*", "every": "1s",
+                                   "done_file": "trainer_state.json"}
     spec.write_text(yaml.safe_dump(data))
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     ck = tmp_path / "root" / "work" / "tjob" / "ckpt"

@@ -58,7 +58,8 @@ def test_init_in_another_folder_writes_src_relative_to_the_spec(tmp_path):
     repo = nanogpt_repo(tmp_path / "nanoGPT")
     (tmp_path / "specs").mkdir()
     env = local_env(tmp_path)
-    p = run_in(repo, ["init", "--recipe", "nanogpt", "-o", "../specs/t.yaml", "--", "python", "train.py"], env)
+    p = run_in(repo, ["init", "--recipe", "nanogpt", "-o", "../specs/t.yaml", "--", "python", "train.py"],
+               env)
     assert p.returncode == 0, p.stderr.decode()
     spec = load_spec(tmp_path / "specs" / "t.yaml")
     assert ("../nanoGPT/train.py", "train.py") in [(s.src, s.dest) for s in spec.sync]
@@ -117,7 +118,8 @@ def test_a_failed_submit_leaves_no_job_row_in_ps_nor_in_the_container(tmp_path):
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
 
 
-def test_the_daemons_console_on_a_closed_pipe_is_a_quiet_end_not_rich_exiting_the_daemon(monkeypatch, tmp_path):
+def test_the_daemons_console_on_a_closed_pipe_is_a_quiet_end_not_rich_exiting_the_daemon(monkeypatch,
+                                                                                         tmp_path):
     """Row 9 (`gpujob status | head -2` through the kept connection): rich's own answer to a
     broken pipe dup2'd devnull over the daemon's stdout and raised SystemExit in its worker,
     so the client said `the connection daemon ended while the command ran` (exit 3)."""
@@ -150,7 +152,8 @@ def test_exec_to_a_closed_pipe_without_the_daemon_is_exit_0_and_ends_the_command
     assert p.wait(timeout=60) == 0 and err == "", err
 
 
-README_HOSTS = "hosts:\n  pve1:\n    address: 10.1.2.6\n    user: root\n    containers:\n      ct200: {vmid: 200, gpus: 8}\n"
+README_HOSTS = ("hosts:\n  pve1:\n    address: 10.1.2.6\n    user: root\n    containers:\n      ct200: "
+                "{vmid: 200, gpus: 8}\n")
 
 
 def fresh_home(tmp_path: Path) -> dict:
@@ -313,7 +316,8 @@ def test_init_plans_open_without_a_warning_and_hf_trainer_invents_no_flags_the_s
     (tmp_path / "train_hf.py").write_text(HF_OWN_FLAGS)
     args = ["python", "train_hf.py", "--per_device_train_batch_size", "2", "--max_seq_length", "64"]
     for recipe in ("nanogpt", "hf_trainer", "specforge", "lightning", "torchtitan"):
-        p = run_in(tmp_path, ["init", "-r", recipe, "-t", "lab/box", "-o", f"{recipe}.yaml", "--", *args], env)
+        p = run_in(tmp_path, ["init", "-r", recipe, "-t", "lab/box", "-o", f"{recipe}.yaml", "--", *args],
+                   env)
         assert p.returncode == 0, p.stderr.decode()
         plan = run_in(tmp_path, ["submit", f"{recipe}.yaml", "--plan", "--json"], env)
         assert plan.returncode == 0, plan.stderr.decode()
@@ -356,7 +360,8 @@ def test_a_wait_over_2s_says_what_it_waits_for_with_bytes_and_rate_in_a_pipe(mon
     monkeypatch.setattr(waits, "EVERY", 0.05)
     now = [100.0]
     buf = io.StringIO()
-    w = waits.Wait(Console(file=buf, force_terminal=False, width=200), "probing lab/box", clock=lambda: now[0])
+    w = waits.Wait(Console(file=buf, force_terminal=False, width=200), "probing lab/box",
+                   clock=lambda: now[0])
     w.bytes(120_000_000, 300_000_000)
     now[0] += 3.0
     assert w.text() == "probing lab/box: 120.0 MB of 300.0 MB, 40.0 MB/s"

@@ -39,7 +39,8 @@ def run(tmp_path, index_urls, write_checkpoints: int):
     fake = tmp_path / "bin"
     fake.mkdir()
     util = tmp_path / "util"
-    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '0, %s\\n' \"$(cat {util} 2>/dev/null || echo 0)\"\n")
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '0, %s\\n' \"$(cat {util} 2>/dev/null || echo "
+                                     f"0)\"\n")
     (fake / "nvidia-smi").chmod(0o755)
     code = tmp_path / "code"
     code.mkdir()

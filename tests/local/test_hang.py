@@ -59,7 +59,8 @@ def test_python_processes_and_faulthandler_text():
     from gpujob.agent.base.proc import KEEPER
     assert stacks.is_python(["/venv/bin/python3", "t.py"]) and stacks.is_python(["torchrun", "t.py"])
     assert not stacks.is_python(["/bin/bash", "-c", "python t.py"]) and not stacks.is_python([])
-    text = "loading model\nFatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File \"t.py\""
+    text = ("loading model\nFatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File "
+            "\"t.py\"")
     assert stacks.faulthandler_blocks(text).startswith("Fatal Python error: Aborted")
     assert KEEPER  # the keeper is told apart by its -c program, not by its name
 
@@ -109,7 +110,8 @@ def test_a_start_hang_saves_every_threads_stack_and_logs_stacks_shows_them(tmp_p
     shown = p.stdout.decode()
     assert shown.startswith("== train start_hang at ") and "via faulthandler" in shown
     assert "compile_flex_attention_forever" in shown and "Thread 0x" in shown
-    [j] = [json.loads(ln) for ln in cli(["logs", job_id, "--stacks", "--json"], env, check=True).stdout.splitlines()]
+    [j] = [json.loads(ln)
+           for ln in cli(["logs", job_id, "--stacks", "--json"], env, check=True).stdout.splitlines()]
     assert j["type"] == "stacks" and j["stacks"][0]["pid"] > 0
     assert cli(["logs", job_id, "--stacks", "-f"], env).returncode == 2
 

@@ -46,7 +46,8 @@ def test_a_busy_box_names_its_holder_and_ps_all_shows_other_laptops_jobs(tmp_pat
 
     assert cli_json(["ps", "--json"], bob) == []  # bob's laptop started nothing
     views = cli_json(["ps", "--all", "box", "--json"], bob)
-    assert [(v["job"], v["by"], v["mine"], v["state"]) for v in views] == [(job, f"alice@{host}", False, "training")]
+    assert [(v["job"], v["by"], v["mine"], v["state"]) for v in views] == [(job, f"alice@{host}", False,
+                                                                            "training")]
     table = cli(["ps", "--all", "box"], bob, check=True).stdout.decode()
     assert job in table and f"alice@{host}" in table
     assert f"alice@{host} (you)" in cli(["ps", "--all", "box"], alice, check=True).stdout.decode()

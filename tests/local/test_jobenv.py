@@ -40,7 +40,8 @@ def test_local_job_sees_no_cli_variables_but_the_passthrough(tmp_path):
                CLI_LEAK="1")
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=idx["fast"], slow_url=idx["slow"],
                       profile="fast", warmup=False, throughput=False, env={"FROM_SPEC": "s"},
-                      train={"command": "python -c 'import os, json; print(\"ENV\" + json.dumps(dict(os.environ)))'"})
+                      train={"command": "python -c 'import os, json; print(\"ENV\" + "
+                                        "json.dumps(dict(os.environ)))'"})
     plan = cli(["submit", str(spec), "--plan"], env, check=True).stdout.decode()
     assert "pass-through NCCL_*, KEEP_ME" in plan.replace("\n", " ")
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)

@@ -21,7 +21,8 @@ def test_a_supervisor_killed_after_a_hand_rollbacks_ledger_mark_records_one_verd
     marker = tmp_path / "died"
     env = dict(local_env(tmp_path), GPUJOB_TEST_DIE_AT=f"rollback_marked@{marker}")
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="slow", warmup=False, trainer_args="--steps 4000 --interval 0.05", throughput=False)
+                      profile="slow", warmup=False, trainer_args="--steps 4000 --interval 0.05",
+                      throughput=False)
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 90,
              what="slow's trainer")

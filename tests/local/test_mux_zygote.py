@@ -72,7 +72,8 @@ def test_a_forked_agent_is_the_same_command_exec_d(mux, tmp_path, launcher):
         out = json.loads(r.stdout)
         assert out["forked"] and out["pgid"]  # forked from the server, in a session of its own
         assert dict(out, forked=False) == json.loads(direct.stdout)
-        assert (r.exit_code, r.stderr) == (direct.exit_code, direct.stderr) == (int(args[0]), "to stderr ü\n".encode())
+        assert (r.exit_code, r.stderr) == (direct.exit_code, direct.stderr) == (int(args[0]),
+                                                                                "to stderr ü\n".encode())
     data = bytes(range(256)).decode("latin-1").encode() * 1000
     assert mux.run([*py, pyz, *HS, "cat"], stdin=b"hello\n").stdout == b"hello\n"
     assert len(mux.run([*py, pyz, *HS, "cat"], stdin=data).stdout) == len(data)

@@ -36,8 +36,10 @@ def journal():
                                                                          "threshold_source": "baseline"}},
           {"t": 105.0, "type": "known_good", "profile": "fast", "baseline": 12900.0},
           {"t": 106.0, "type": "state", "state": "succeeded", "phase": "done"}]
-    samples = [{"t": 101.5 + i * 0.25, "type": "sample", "value": 4300.0, "profile": "slow"} for i in range(4)]
-    samples += [{"t": 103.5 + i * 0.25, "type": "sample", "value": 12800.0, "profile": "fast"} for i in range(8)]
+    samples = [{"t": 101.5 + i * 0.25, "type": "sample", "value": 4300.0, "profile": "slow"}
+               for i in range(4)]
+    samples += [{"t": 103.5 + i * 0.25, "type": "sample", "value": 12800.0, "profile": "fast"}
+                for i in range(8)]
     return ev, samples
 
 

@@ -22,7 +22,8 @@ from helpers import REPO, cli, cli_json, job_id_of, local_env, wait_for, write_s
 def test_select_jobs_and_checkpoints_pure():
     day = 86400.0
     jobs = [{"job_id": "a", "live": True, "ended_at": None}, {"job_id": "b", "live": False, "ended_at": None},
-            {"job_id": "c", "live": False, "ended_at": 0.0}, {"job_id": "d", "live": False, "ended_at": 9 * day}]
+            {"job_id": "c", "live": False, "ended_at": 0.0},
+            {"job_id": "d", "live": False, "ended_at": 9 * day}]
     got = {j["job_id"]: why for j, why in prune.select_jobs(jobs, 2, 10 * day)}
     assert got == {"a": "live", "b": "not ended", "c": "remove", "d": "ended 1.0 days ago"}
     groups = [{"files": [("x1", 1), ("x3", 3), ("x2", 2)], "live": False},
@@ -86,7 +87,8 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
         f"{old}/checkpoint-5": "newest 2", f"{old}/checkpoint-4": "newest 2", f"{old}/checkpoint-3": "remove",
         f"{old}/checkpoint-2": "remove", f"{old}/checkpoint-1": "remove"}
     assert {v for k, v in whys.items() if k.startswith(live)} == {"a live job's"}
-    assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 6  # a dry run removes nothing
+    # a dry run removes nothing
+    assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 6
     assert cli_json(["gc", "box", "--older-than", "1", "--json"], env)["jobs"][0]["why"].startswith("ended 0.0 days")
     live_ckpts = sorted(p.name for p in (work / live).iterdir())
 
@@ -128,9 +130,11 @@ def test_gc_of_a_venv_killed_halfway_leaves_no_half_venv_and_the_next_gc_finishe
     env = local_env(tmp_path)
     root = tmp_path / "root"
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=idx["fast"], slow_url=idx["slow"],
-                      profile="slow", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+                      profile="slow", throughput=False, warmup=False,
+                      trainer_args="--steps 2 --interval 0.01")
     assert cli(["submit", str(spec), "--follow"], env, timeout=120).returncode == 0
-    cli(["ledger", "set", "box", "tjob", "slow", "untried"], env, check=True)  # not known-good: gc may take it
+    # not known-good: gc may take it
+    cli(["ledger", "set", "box", "tjob", "slow", "untried"], env, check=True)
     (venv,) = [d.name for d in (root / "envs").iterdir() if d.name.startswith("slow-")]
     p = agent_killed_at(root, f"env-{venv}", ["--days", "0"])
     assert p.returncode == -9, p.stderr.decode()

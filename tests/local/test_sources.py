@@ -71,7 +71,8 @@ def test_a_trainer_that_prints_nothing_is_rolled_back_on_its_metrics_file(tmp_pa
     for name, profile, steps in (("a.yaml", "fast", 40), ("b.yaml", "slow", 60)):
         spec = write_spec(tmp_path / name, target="box", fast_url=urls["fast"], slow_url=urls["slow"],
                           profile=profile, warmup=False, sync=[{"src": str(code), "dest": "."}],
-                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"], "grace": "2s"},
+                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"],
+                                 "grace": "2s"},
                           throughput=tp)
         p = cli(["submit", str(spec), "--follow"], env, timeout=120)
         assert p.returncode == 0, p.stdout.decode()[-2000:]

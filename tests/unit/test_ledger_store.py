@@ -156,8 +156,8 @@ def test_the_temp_files_of_dead_writers_go_at_the_next_write(tmp_path):
         (tmp_path / "ledger" / n).write_text("half")
     (tmp_path / "ledger" / "other.json.tmpkeep").write_text("another name's")
     led.mark("slow", "bad")
-    assert sorted(os.listdir(tmp_path / "ledger")) == ["other.json.tmpkeep", "tjob.json", "tjob.json.last-good",
-                                                       "tjob.lock"]
+    assert sorted(os.listdir(tmp_path / "ledger")) == ["other.json.tmpkeep", "tjob.json",
+                                                       "tjob.json.last-good", "tjob.lock"]
 
 
 def test_pick_rolls_back_to_the_newest_known_good_profile_the_spec_lists():

@@ -62,7 +62,8 @@ def test_the_resumed_run_is_read_at_its_rate_not_its_restored_steps():
     assert abs(statistics.median(v for _, v in new[:5]) - truth) < 0.2 * truth, (new[:5], truth)
     assert abs(statistics.median(v for _, v in new) - truth) < 0.1 * truth
     # "recovered" as the counter says: the resumed run against the slow one
-    ratio_new = statistics.median(v for _, v in new) / statistics.median(v for _, v in _samples("tqdm_steps", slow_lines))
+    ratio_new = statistics.median(v for _, v in new) / statistics.median(v for _, v in _samples("tqdm_steps",
+                                                                                                slow_lines))
     ratio_truth = truth / _counter_rate(slow_lines)
     assert abs(ratio_new / ratio_truth - 1) < 0.05, (ratio_new, ratio_truth)
 
@@ -111,7 +112,8 @@ def test_other_bars_and_lines_give_no_sample():
 
 def test_the_lightning_recipe_reads_the_step_counter():
     from gpujob.spec.recipes import lightning
-    frag = lightning.derive({"train": {"command": "python train.py fit"}, "throughput": {"tokens_per_step": 1}})
+    frag = lightning.derive({"train": {"command": "python train.py fit"},
+                             "throughput": {"tokens_per_step": 1}})
     assert frag["throughput"] == {"format": "tqdm_steps"}
 
 
