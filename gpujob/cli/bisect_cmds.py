@@ -175,10 +175,11 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                   soft_wrap=True)
         for line in show.difference_lines(groups):
             out.print(render.lit(line), soft_wrap=True)
+        second = ops.trial_profile(gp, bp, res, ops.set_name(res))
         _plan(spec, t, f"each trial trains at most {seconds:g}s (less once its steady rate is known); "
                        "nothing runs", [("1 (the good profile)", ops.trial_spec(spec, gp, seconds)),
                                         (f"2 ({core.describe([groups[i] for i in sorted(first)])})",
-                                         ops.trial_spec(spec, ops.trial_profile(gp, bp, res, ops.set_name(res)), seconds))])
+                                         ops.trial_spec(spec, second, seconds))])
         out.print(render.lit("then one trial a subset, each chosen from the verdicts so far"), soft_wrap=True)
         return
     trials = _trials(spec, spec_path, t, cfg, seconds, slower, as_json, start)
@@ -225,7 +226,8 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     known = [p.name for p in spec.profiles]
     for n in names:
         if n not in known:
-            raise InputError(f"--profile: {n!r} is not in {spec.source_path} (its profiles: {', '.join(known)})")
+            raise InputError(f"--profile: {n!r} is not in {spec.source_path} "
+                             f"(its profiles: {', '.join(known)})")
     if len(names) < 2:
         raise InputError("--profile: name two profiles or more to rank")
     if plan:

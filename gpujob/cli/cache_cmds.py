@@ -94,8 +94,8 @@ def ledger_recover(target: str = typer.Argument(..., help="container name or hos
     if as_json:
         out.print_json(json.dumps(res))
         return
-    src = f"its last good copy ({res['restored_from']}, {res['verdicts']} verdicts)" if res.get("restored_from") \
-        else "an empty ledger (no good copy was found)"
+    src = (f"its last good copy ({res['restored_from']}, {res['verdicts']} verdicts)"
+           if res.get("restored_from") else "an empty ledger (no good copy was found)")
     out.print(render.lit(f"ledger of {res['name']} on {t.label}: {res['problem']}; kept as {res['kept_as']}; "
                          f"restored {src}; the next verdict id is {res['next_id']}"))
 

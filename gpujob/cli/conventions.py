@@ -242,7 +242,8 @@ def completion_script(shell: str) -> str:
 def completion(shell: str = typer.Argument(..., metavar="bash|zsh|fish", help="the shell"),
                as_json: bool = typer.Option(False, "--json", help="{shell, script} as one JSON object")):
     """Print the shell completion script, e.g. eval "$(gpujob completion bash)" in ~/.bashrc;
-    zsh: gpujob completion zsh > ~/.zfunc/_gpujob; fish: gpujob completion fish > ~/.config/fish/completions/gpujob.fish."""
+    zsh: gpujob completion zsh > ~/.zfunc/_gpujob;
+    fish: gpujob completion fish > ~/.config/fish/completions/gpujob.fish."""
     from gpujob.errors import InputError
     if shell not in SHELLS:
         raise InputError(f"completion: expected bash, zsh or fish, got {shell[:40]!r}")

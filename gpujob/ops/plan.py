@@ -227,8 +227,8 @@ def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args
                   "and gc removes only what this job's runs wrote",
                   when="at submit")]
     if spec.rollback.wait_for_checkpoint:
-        fallback = "an automatic rollback waits until the running trainer has written a finished checkpoint " \
-            f"(at most {checkpoint.hold_limit(ck.every):g}s)"
+        fallback = ("an automatic rollback waits until the running trainer has written a finished checkpoint "
+                    f"(at most {checkpoint.hold_limit(ck.every):g}s)")
     else:
         fallback = "without a checkpoint of this job the trainer restarts from scratch, without resume_args"
     shown = [a.replace("{resume_from}", "<newest finished checkpoint of this job>") for a in resume_args]

@@ -247,8 +247,8 @@ def event_line(ev: dict) -> str:
     kind = ev.get("type", "?")
     skip = {"t", "type", "evidence", "argv"}
     if kind == "sample":
-        body = f"{fmt_rate(ev['value'])} tok/s" + (f" step {ev['step']}" if ev.get("step") is not None else "") \
-            + f" [{ev.get('verdict')}]"
+        body = (f"{fmt_rate(ev['value'])} tok/s"
+                + (f" step {ev['step']}" if ev.get("step") is not None else "") + f" [{ev.get('verdict')}]")
     elif kind == "samples_1m":
         body = (f"{fmt_rate(ev['median'])} tok/s median of {ev.get('n')} samples "
                 f"({fmt_rate(ev['min'])}–{fmt_rate(ev['max'])}) on {ev.get('profile')} [{ev.get('verdict')}]")
@@ -450,8 +450,8 @@ def gc_summary(res: dict) -> str:
                      if e["why"] == "remove")
     text = f"{'would free' if res.get('dry_run') else 'freed'} {size(freed)}"
     if res.get("finished"):
-        text += f"; finished {len(res['finished']) + (res.get('more') or {}).get('finished', 0)} removal(s) " \
-                f"a killed gc had left"
+        n = len(res['finished']) + (res.get('more') or {}).get('finished', 0)
+        text += f"; finished {n} removal(s) a killed gc had left"
     return text + more_note(res, {"envs": "venvs", "jobs": "job directories", "checkpoints": "checkpoints"})
 
 

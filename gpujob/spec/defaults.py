@@ -10,7 +10,8 @@ import json
 
 from pydantic import BaseModel
 
-from gpujob.spec.model import Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
+from gpujob.spec.model import (Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput,
+                               Train, Warmup, Webhook)
 
 
 #: the sections whose defaults the agent needs for a job.json that lacks a key

@@ -115,8 +115,8 @@ class Restarts(Strict):
 
 class Standby(Strict):
     """Keep an interpreter of the rollback target preloaded (see agent/supervisor/standby.py)."""
-    preload: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] \
-        = ["torch"]
+    preload: list[Annotated[str, StringConstraints(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = ["torch"]
 
 
 class Train(Strict):

@@ -185,7 +185,8 @@ class Server:
             _hello(c, mine)
             line = rfile.readline(MAX_LINE)
             join = open_line(self.key, mine, 1, line)
-            if join.get("kind") != "join" or join.get("job") != self.job_id or not isinstance(join.get("rank"), int):
+            if (join.get("kind") != "join" or join.get("job") != self.job_id
+                    or not isinstance(join.get("rank"), int)):
                 raise Refused("not a join of this job")
             rank = join["rank"]
             if join.get("version") != VERSION:

@@ -119,7 +119,8 @@ class Ledger:
     def note(self, profile: str, **data):
         """Add facts to a profile's entry (a snapshot, a cold proof) without changing
         its status or its time."""
-        return self._write(lambda led: led["profiles"].setdefault(profile, {"status": "untried"}).update(data))
+        return self._write(lambda led: led["profiles"].setdefault(profile, {"status": "untried"})
+                           .update(data))
 
     def recover(self) -> dict:
         """A damaged ledger put aside (kept) and its last good copy restored (ledgerfile.recover)."""

@@ -218,7 +218,8 @@ def take(fd: int, wait: float) -> bool:
     except BlockingIOError:
         pass
     if wait > 0 and threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None) and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None) and \
+            signal.getitimer(signal.ITIMER_REAL)[0] == 0:
         old = signal.signal(signal.SIGALRM, _late)
         try:
             signal.setitimer(signal.ITIMER_REAL, wait)

@@ -73,8 +73,8 @@ def pick(ledger: dict, current: str, profiles, fallback, exclude=()) -> Optional
 
 
 #: a crash inside torch's compiler stack (dynamo, inductor, triton's compile): the wheels', not the job's
-_COMPILER_CRASH = re.compile(r"BackendCompilerFailed|InductorError|torch\._dynamo\.exc\.|torch\._inductor\.exc\."
-                             r"|CppCompileError|triton\.compiler\.errors\.")
+_COMPILER_CRASH = re.compile(r"BackendCompilerFailed|InductorError|torch\._dynamo\.exc\."
+                             r"|torch\._inductor\.exc\.|CppCompileError|triton\.compiler\.errors\.")
 
 
 def compiler_crash(failure: str, reason: str | None) -> bool:
@@ -94,7 +94,8 @@ def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> Option
     limit = int(cfg["max"])
     within = float(cfg["within"])
     recent = [r for r in restarts if t - r["at"] <= within]
-    if failure == FailureSignal.OOM_KILLED and restarts and restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
+    if failure == FailureSignal.OOM_KILLED and restarts and \
+            restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
         return "OOM-kill loop: killed by the OOM killer again right after a restart"
     if len(recent) >= limit:
         return f"crash loop: {len(recent)} restarts within {within:g}s (train.restarts.max {limit})"

@@ -145,7 +145,8 @@ STALL = (stall_reason, stall_evidence)
 
 def paused_reason(ctx: tuple, p: tuple) -> str:
     now = ctx[4]
-    return f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, judging again in {p[1] - now:.0f}s"
+    return (f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, "
+            f"judging again in {p[1] - now:.0f}s")
 
 
 def paused_evidence(ctx: tuple, p: tuple) -> Dict:

@@ -92,8 +92,9 @@ class Segment:
 def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
     """(decisions, summary) over trace records (CONTRACT trace format v1)."""
     tp = throughput_section(spec)
-    every = ((spec.get("train") or {}).get("checkpoint") or {}).get("every") if isinstance(spec.get("train"), dict) \
-        else None  # a spec's train.checkpoint.every: frequent saves open no pauses (agent/judge/pauses.py)
+    # a spec's train.checkpoint.every: frequent saves open no pauses (agent/judge/pauses.py)
+    every = (((spec.get("train") or {}).get("checkpoint") or {}).get("every")
+             if isinstance(spec.get("train"), dict) else None)
     segs: list = []
     base = baseline
     cur = None

@@ -16,7 +16,8 @@ import re
 from typing import Callable, List, Optional, Sequence
 
 from gpujob.agent.judge.steprate import StepRate
-from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401 (strip_ansi: its home for callers)
+# strip_ansi: its home for callers
+from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401
 
 __all__ = [
     "FORMATS",

@@ -245,7 +245,8 @@ class Checkpoints:
         if point["file"] is None:
             note = "no checkpoint of this job: restarted from scratch, without resume_args"
             spec_args = []
-        elif point.get("from_job") is not None or self.job.job.get("resume_from", {}).get("path") == point["file"]:
+        elif point.get("from_job") is not None or \
+                self.job.job.get("resume_from", {}).get("path") == point["file"]:
             note += f" (submit --resume-from{' ' + point['from_job'] if point.get('from_job') else ''})"
         self.journal.event("resume_point", note=note, **point)
         self.journal.set_state(resumed=note)

@@ -17,7 +17,8 @@ from gpujob.agent.base.protocol import JobState
 
 class Guard:
     def __init__(self, job, journal, report, child_env, runner):
-        self.job, self.journal, self.report, self.child_env, self.runner = job, journal, report, child_env, runner
+        self.job, self.journal, self.report = job, journal, report
+        self.child_env, self.runner = child_env, runner
 
     def drop_boot_hook(self) -> None:
         """The job's boot hook goes when no other job of this home needs it."""

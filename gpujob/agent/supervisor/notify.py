@@ -184,7 +184,8 @@ class Notifier:
                         self._event("notify_error", id=event_id, webhook=i, gave_up=True,
                                     error="the job's spec has no such webhook")
         for s in self._senders:
-            threading.Thread(target=self._run, args=(s,), name=f"gpujob-notify-{s.index}", daemon=True).start()
+            threading.Thread(target=self._run, args=(s,), name=f"gpujob-notify-{s.index}",
+                             daemon=True).start()
 
     def close(self, limit: float | None = None) -> None:
         """Wait for the outbox to drain, at most ``limit`` seconds (None: the largest

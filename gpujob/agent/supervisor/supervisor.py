@@ -32,7 +32,8 @@ from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Guard
 from gpujob.agent.supervisor.install import Envs
-from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, PolicyHolder, Report, Runner, StopFlag
+from gpujob.agent.supervisor.parts import (SECRETS_FILE, ChildEnv, History, Job, PolicyHolder, Report, Runner,
+                                           StopFlag)
 from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.supervisor.standby import Standby
@@ -72,7 +73,8 @@ class Supervisor:
         self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
         # the shared pieces (parts.py)
         self.jobv = jobv = Job.of(self.journal.home, job_id, self.journal.job())
-        self.job_id, self.job, self.spec, self.profiles, self.rb = job_id, jobv.job, jobv.spec, jobv.profiles, jobv.rb
+        self.job_id, self.job, self.spec = job_id, jobv.job, jobv.spec
+        self.profiles, self.rb = jobv.profiles, jobv.rb
         self.ledger = Ledger(self.journal.home, planshare.ledger_name(self.job),  # per fleet shape
                              report=self._ledger_trouble)  # damaged or locked: said, never a crash
         self.stop = StopFlag()

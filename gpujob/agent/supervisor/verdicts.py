@@ -135,8 +135,9 @@ class Verdicts:
         ev = dict(s.get("evidence") or {}, confirmed_by={"target": s["target"], "how": how,
                                                          "held_for": s.get("held_for"),
                                                          "at": s.get("confirmed_at")})
+        op = f"{self.job.job_id}:confirm:{s['profile']}:{s.get('since')}"
         written = self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job.job_id,
-                                   op=f"{self.job.job_id}:confirm:{s['profile']}:{s.get('since')}") is not None
+                                   op=op) is not None
         die_here("suspect_marked")  # a new supervisor confirms again: the op makes it one verdict
         self.journal.event("suspect_confirmed", suspect=s["profile"], target=s["target"], how=how,
                            ledger="written" if written else "not written (see the warning)")
@@ -157,7 +158,8 @@ class Verdicts:
             status, s2 = decide.confirmation(s, d.verdict, t, confirm)
             if status == "confirmed":
                 run.suspect = None
-                self.confirm_suspect(s2, f"held at or above {throughput.fmt_rate(d.evidence.get('threshold') or 0)}"
+                self.confirm_suspect(s2, f"held at or above "
+                                         f"{throughput.fmt_rate(d.evidence.get('threshold') or 0)}"
                                          f" tok/s for {s2['held_for']:g}s (rollback.confirm {confirm:g}s)")
             elif s2.get("ok_since") != s.get("ok_since"):
                 run.suspect = s2

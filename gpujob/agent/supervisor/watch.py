@@ -59,14 +59,16 @@ class Watch:
                  tp_scale: float = 1.0, signatures: list | None = None,
                  grace_after_signature: float = DEFAULTS["rollback"]["signature_grace"], start_timeout=None):
         self.job, self.journal, self.ledger, self.report, self.runner = job, journal, ledger, report, runner
-        self.child_env, self.checkpoints, self.pause, self.mark_good = child_env, checkpoints, pause, mark_good
+        self.child_env, self.checkpoints = child_env, checkpoints
+        self.pause, self.mark_good = pause, mark_good
         self.verdicts, self.policy_holder, self.history, self.fleet = verdicts, policy_holder, history, fleet
-        self.trimmer, self.requests, self.line_source, self.tp_scale = trimmer, requests, line_source, tp_scale
+        self.trimmer, self.requests = trimmer, requests
+        self.line_source, self.tp_scale = line_source, tp_scale
         self.signatures, self.grace_after_signature = list(signatures or []), grace_after_signature
         self.start_timeout = start_timeout  # throughput.start_timeout (None: not watched)
         self.spec, self.rb, self.workdir = job.spec, job.rb, job.workdir
-        self.say, self.set_state, self.notifier, self.metrics = report.say, report.set_state, report.notifier, \
-            report.metrics
+        self.say, self.set_state = report.say, report.set_state
+        self.notifier, self.metrics = report.notifier, report.metrics
         self.watching = policy_holder.base is not None  # throughput is watched: a policy, a ledger, rollbacks
         jcfg = defaults.section(self.spec, "journal")
         self.keep_log, self.full_rate = int(jcfg["keep_log"]), float(jcfg["full_rate_samples"])
@@ -391,7 +393,8 @@ class Watch:
                            f"{run.phase} timed out after {run.timeout:g}s")
         first = run.samples[0].t if run.samples else run.start
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
-                t >= first + (self.policy_holder.now.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
+                t >= first + (self.policy_holder.now.initial_delay if self.watching else 0) and \
+                run.pauses.active_at(t) is None:
             # start-up (imports, compile) idles the GPUs: watched from the first sample (plus the
             # initial delay, which counts from it) on; a pause (save, eval) is not idleness
             run.last_gpu = t
