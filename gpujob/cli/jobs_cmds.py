@@ -425,8 +425,8 @@ def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the on
     if not as_json:
         saved = res.save_waited or {}
         if isinstance(saved.get("waited"), (int, float)):  # a save in progress was let finish first
-            out.print(render.lit(f"waited {saved['waited']:g}s for a checkpoint save before signalling the "
-                                 f"trainer"
+            out.print(render.lit(f"waited {saved['waited']:g}s for a checkpoint save before signalling "
+                                 "the trainer"
                                  + ("" if saved.get("finished") else f" (unfinished: {saved.get('left')})")))
         out.print(render.lit(f"{job_id}: {res.state}" + (" (it had already ended)" if res.already else "")))
 

@@ -214,8 +214,7 @@ def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args
     if where is None or ck is None:  # where is None exactly when ck is (checkpoint_where)
         return []
     done = (f"its file {ck.done_file} exists in it and nothing in it has changed for {ck.settle:g}s"
-            if ck.done_file
-            else f"it has not changed for {ck.settle:g}s")
+            if ck.done_file else f"it has not changed for {ck.settle:g}s")
     steps = [Step("checkpoints", "supervisor", f"watch {where} (glob + stat, every 0.5s) and record in the "
                   "checkpoint register which checkpoints each trainer run wrote; one is finished when "
                   f"{done}; a stop or rollback that finds a save in progress waits up to "

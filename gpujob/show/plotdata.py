@@ -86,11 +86,10 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
                   "signal": r.get("signal"), "reason": r.get("reason")}
                  for r in sorted((r for r in events if r.get("type") == "rollback"), key=lambda r: r["t"])]
     # pauses (checkpoint saves, pause_pattern lines): their samples were left out of the windows
-    spans = {round(a, 3): b for a, b in (status.get("pauses") or []) if _num(a) is not None
-             and _num(b) is not None}
-    pauses = [{"start": rel(r["start"]), "end": rel(spans.get(round(r["start"], 3),
-                                                                r["start"] + 2.0
-                                                              + (_num(r.get("tail")) or 0))),
+    spans = {round(a, 3): b for a, b in (status.get("pauses") or [])
+             if _num(a) is not None and _num(b) is not None}
+    pauses = [{"start": rel(r["start"]),
+               "end": rel(spans.get(round(r["start"], 3), r["start"] + 2.0 + (_num(r.get("tail")) or 0))),
                "why": r.get("why")}
               for r in sorted((r for r in events if r.get("type") == "pause"
                                and _num(r.get("start")) is not None),

@@ -107,8 +107,8 @@ def load(model, path, sets: list, profile: str | None = None):
     name it had; one it does not name is refused in one line."""
     source = load_yaml(path)
     done = apply_sets(source, sets)
-    if profile is not None and isinstance(source.data, dict) and isinstance(source.data.get("profiles"),
-                                                                            list):
+    if profile is not None and isinstance(source.data, dict) and \
+            isinstance(source.data.get("profiles"), list):
         names = [p.get("name") for p in source.data["profiles"] if isinstance(p, dict)]
         if profile not in names:  # as spec.profile_by_name says it, before the spec's own name is judged
             shown = [n if isinstance(n, str) and n.isprintable() and " " not in n else describe(n)

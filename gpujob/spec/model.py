@@ -156,8 +156,7 @@ class Rollback(Strict):
     gpu_idle: GpuIdle | None = None
     wait_for_checkpoint: bool = False  # hold an automatic rollback until train.checkpoint exists
     confirm: Duration = Field(120.0, ge=0)  # the target holds >= threshold this long: the left profile is bad
-    # the target as slow: go on (judging suspended) or end
-    on_no_recovery: Literal["continue", "stop"] = "continue"
+    on_no_recovery: Literal["continue", "stop"] = "continue"  # target as slow: go on unjudged, or end
 
     @model_validator(mode="after")
     def _consistent(self) -> Rollback:

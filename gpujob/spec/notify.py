@@ -97,9 +97,8 @@ def _prom_path(value: Any) -> Any:
         raise ValueError(f"cannot hold a control character (found {control_char(value)})")
     for name in re.findall(r"\{([^{}]*)\}", value):
         if name != "job_id":
-            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; the textfile's only placeholder "
-                             f"is "
-                             "{job_id}")
+            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; "
+                             "the textfile's only placeholder is {job_id}")
     return value
 
 

@@ -75,9 +75,9 @@ class StateRecord:
     env_key: Optional[str] = _key(_S, "that profile's venv key (H/envs/<env_key>)")
     resume: Optional[bool] = _key(_B, "the next trainer start resumes from a checkpoint")
     resumed: Optional[str] = _key(_S, "the last resume's note: which checkpoint it took, or why none")
-    waiting: Optional[dict] = _key(_D, "what the supervisor waits for before it acts: {what, for (a "
-                                       "checkpoint, "
-                                   "a save), since, limit (s)}; None when it waits for nothing")
+    waiting: Optional[dict] = _key(_D, "what the supervisor waits for before it acts: {what, for "
+                                       "(a checkpoint, a save), since, limit (s)}; None when it waits "
+                                       "for nothing")
     warmup_done: Optional[list] = _key(_L, "the GPUs whose warmup finished in this profile's warmup step")
     warmup_again: Optional[bool] = _key(_B, "the warmup reruns after a compile race (then train resumes)")
     cache_cold: Optional[bool] = _key(_B, "this start clears the profile's compile caches first")

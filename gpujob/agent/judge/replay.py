@@ -109,8 +109,8 @@ def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
                 continue
             prof = profile or run.get("profile")
             judged = run.get("baseline") if isinstance(run.get("baseline"), (int, float)) else None
-            # the baseline given (--baseline) first, then the one the run was judged against, then the
-            # inferred
+            # the baseline given (--baseline) first, then the one the run was judged against,
+            # then the inferred
             cur = Segment(tp, t, prof, baseline if baseline is not None else judged if judged is not None
                           else base, bool(run.get("resume")), ckpt_every=every)
             segs.append(cur)

@@ -137,8 +137,9 @@ class Caches:
         """True when the failure ``out`` is retried once on the restored cache."""
         st = self.journal.state()
         start = st.get("cache_start") or {}
-        if out.kind != OutcomeKind.SIGNAL or st.get("cold_retry") or \
-                out.signal_name not in (FailureSignal.ERROR_SIGNATURE, FailureSignal.COMPILE_RACE):
+        if out.kind != OutcomeKind.SIGNAL or \
+                out.signal_name not in (FailureSignal.ERROR_SIGNATURE, FailureSignal.COMPILE_RACE) or \
+                st.get("cold_retry"):
             return False
         if start.get("profile") != profile or start.get("kind") != "cold":
             return False

@@ -112,8 +112,8 @@ class Supervisor:
         self.verdicts = Verdicts(jobv, self.journal, self.ledger, self.report, self.caches, self.history,
                                  self.policy_holder, self.fleet, ends=self)
         self.watch = Watch(jobv, self.journal, self.ledger, self.report, self.runner, self.env,
-                           self.checkpoints,
-                           self.pause, self.caches.mark_good, self.verdicts, self.policy_holder, self.history,
+                           self.checkpoints, self.pause, self.caches.mark_good, self.verdicts,
+                           self.policy_holder, self.history,
                            self.fleet, Trimmer(self.journal.dir), self.requests, line_source=line_source,
                            tp_scale=tp_scale, signatures=self.rb["error_signatures"],
                            grace_after_signature=float(self.rb["signature_grace"]),
