@@ -114,7 +114,8 @@ def ledger(env, name="bis") -> dict:
 def test_bisect_names_the_culprit_within_its_bound(testbed, bed_env, tmp_path, bis_index, case, culprit):
     env = bed_env
     spec = spec_of(tmp_path, bis_index[case], {"old": (OLD, {}), "new": (NEW, {"BIS_HARMLESS": "1"})})
-    plan = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--plan"], env, check=True).stdout.decode()
+    plan = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--plan"], env,
+               check=True).stdout.decode()
     assert "6 changes" in plan and "env BIS_HARMLESS (none) -> 1" in plan and "uv" in plan
     assert not home_path(testbed, env, "jobs").exists()  # the plan runs nothing
     p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json",

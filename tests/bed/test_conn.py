@@ -37,7 +37,8 @@ def test_exec_through_the_daemon_is_the_full_cli_byte_for_byte(env):
     assert not [v for v in daemon_environ if v.startswith(b"SECRET_TOKEN=")]
     # the variables its key is made of (paths.ENV_KEYS) it keeps: it serves that environment
     assert f"GPUJOB_HOSTS={env['GPUJOB_HOSTS']}".encode() in daemon_environ
-    assert sock_path(env).name.startswith("conn-") and len(sock_path(env).name) == len("conn-0123456789abcdef.sock")
+    assert (sock_path(env).name.startswith("conn-")
+            and len(sock_path(env).name) == len("conn-0123456789abcdef.sock"))
     warm = cli(argv, env)
     full = cli_direct(argv, env)
     assert full.returncode == 7 and full.stdout == b"out\nx\0y" and full.stderr == "err ✓\n".encode()
@@ -310,7 +311,8 @@ def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
     assert {f"gpujob/agent/{m}c" for m in AGENT_MODULES} <= names
     probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpujob.agent.main as m, "
              "gpujob.agent.home.journal as j;print(m.__file__, j.__file__)")
-    files = subprocess.run(["python3", "-c", probe, str(dest)], capture_output=True, text=True, check=True).stdout
+    files = subprocess.run(["python3", "-c", probe, str(dest)], capture_output=True, text=True,
+                           check=True).stdout
     assert all(f.endswith(".pyc") for f in files.split()), files
     p = subprocess.run(["python3", str(dest), "--home", str(tmp_path / "home"), "status"],
                        capture_output=True)

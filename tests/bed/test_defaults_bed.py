@@ -29,7 +29,8 @@ def test_a_slow_profile_is_rolled_back_at_the_keys_init_writes(testbed, bed_env,
                       profile="fast", trainer_args="--steps 100000 --interval 0.1", warmup=False,
                       throughput={"format": "ktok", "min_ratio": 0.8})
     assert set(yaml.safe_load(spec.read_text())["throughput"]) == {"format", "min_ratio"}
-    first = job_id_of(cli(["submit", str(spec), "--set", "throughput.good_after=15s"], env, check=True).stdout)
+    first = job_id_of(cli(["submit", str(spec), "--set", "throughput.good_after=15s"], env,
+                          check=True).stdout)
     try:
         wait_for(lambda: "known_good" in event_types(first, env), 300, every=2,
                  what="fast to become known-good")

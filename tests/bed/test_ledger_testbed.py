@@ -97,7 +97,8 @@ def test_each_damaged_ledger_is_refused_in_one_line_and_kept(testbed, bed_env, t
         assert cli(["profiles", "ct200", "--json"], env, timeout=60).returncode == 0
         if form in ("truncated", "a FIFO"):  # the intact ledger marked slow bad: nothing starts on it
             one_line_refusal(cli(["submit", str(spec)], env, timeout=120), "tjob.json", "--force")
-            assert not home_path(testbed, env, "jobs").exists() or not list(home_path(testbed, env, "jobs").iterdir())
+            assert not home_path(testbed, env, "jobs").exists() or not list(home_path(testbed, env,
+                                                                                      "jobs").iterdir())
         assert _fingerprint(path) == before, form  # nothing written over it
         os.unlink(path)
         os.replace(path.with_name("intact.keep"), path)

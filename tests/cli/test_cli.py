@@ -58,7 +58,8 @@ def test_bad_inventory_and_targets(tmp_path):
     assert p.returncode == 2 and "no such file" in one_line_error(p)
     good = local_env(tmp_path)
     p = cli(["exec", "bx", "--", "true"], good)
-    assert p.returncode == 2 and "unknown target 'bx'" in one_line_error(p) and "did you mean 'box'" in p.stderr.decode()
+    assert (p.returncode == 2 and "unknown target 'bx'" in one_line_error(p)
+            and "did you mean 'box'" in p.stderr.decode())
     p = cli(["logs", "--phase", "bogus"], good)
     assert p.returncode == 2 and "--phase" in one_line_error(p)
     p = cli(["status"], good)
@@ -93,7 +94,8 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
            "training.log_interval=10'" in out
     assert "training.max_steps=3 training.save_interval=0 training.eval_interval=0 " \
            "output_dir=/root/dflash/gpujob-warmup run_id=gpujob-warmup" in out
-    assert "--no-deps specforge==0.2.0" in out and "sglang" not in out.split("--no-deps")[0].split("uv pip")[-1]
+    assert ("--no-deps specforge==0.2.0" in out
+            and "sglang" not in out.split("--no-deps")[0].split("uv pip")[-1])
     assert "from recipe specforge: train.resume_args = [\"training.resume_from={resume_from}\"]" in out
     assert "'\"'\"'training.resume_from=<newest finished checkpoint of this job>'\"'\"'" in out
     assert 'from recipe specforge: train.checkpoint.path = "outputs/dflash-step*"' in out

@@ -45,7 +45,8 @@ def test_gc_of_tens_of_thousands_of_checkpoints_answers_within_the_cap(tmp_path)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert len(p.stdout) < 1 << 20, len(p.stdout)
     res = json.loads(p.stdout)
-    assert len(res["checkpoints"]) == answers.LIST_MAX and res["more"]["checkpoints"] == 20000 - answers.LIST_MAX
+    assert (len(res["checkpoints"]) == answers.LIST_MAX
+            and res["more"]["checkpoints"] == 20000 - answers.LIST_MAX)
     assert res["counts"]["checkpoints"] == {"all": 20000, "remove": 20000} and res["freed"] == 20000
     assert all(os.path.exists(x) for x in paths[:10])  # a dry run
     p = cli(["gc", "box", "--keep-checkpoints", "0"], env)

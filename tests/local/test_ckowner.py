@@ -78,7 +78,8 @@ def test_a_link_to_a_system_directory_registers_nothing(tmp_path):
         os.symlink(sysdir, tmp_path / "w" / "ckpt")
         write_ours(w, tmp_path / "w" / "ckpt", ["checkpoint-2"])
         assert ckregister.load(home, "j-1")["files"] == {}
-        assert w.refused_why and "leads to /var/tmp/gpujob-ckowner" in w.refused_why and "/var" in w.refused_why
+        assert (w.refused_why and "leads to /var/tmp/gpujob-ckowner" in w.refused_why
+                and "/var" in w.refused_why)
         assert gc_paths(home) == []
     finally:
         shutil.rmtree(sysdir)
@@ -237,8 +238,10 @@ def test_a_job_whose_checkpoint_glob_covers_100k_files_finishes_and_status_answe
     wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] == "succeeded", 300,
              what="the job to finish")
     reg = ckregister.load(str(tmp_path / "root"), job_id)
-    assert list(reg["files"]) == [str(tree / "ckpt.json")] and reg["files"][str(tree / "ckpt.json")]["finished"]
-    assert reg["runs"][0]["before_count"] == 100_000 and len(reg["runs"][0]["before"]) == ckregister.BEFORE_KEPT
+    assert (list(reg["files"]) == [str(tree / "ckpt.json")]
+            and reg["files"][str(tree / "ckpt.json")]["finished"])
+    assert (reg["runs"][0]["before_count"] == 100_000
+            and len(reg["runs"][0]["before"]) == ckregister.BEFORE_KEPT)
     left = [e for e in events(tmp_path / "root" / "jobs" / job_id) if e["type"] == "checkpoints_left"]
     assert left and left[0]["count"] == 100_000
 

@@ -51,7 +51,8 @@ def test_init_ships_the_script_its_config_and_what_it_imports_then_plan_and_subm
                                                    ("configurator.py", "configurator.py")]
     plan = run_in(repo, ["submit", "train.yaml", "--plan"], env)
     assert plan.returncode == 0, plan.stderr.decode()
-    assert "no code to ship" not in plan.stdout.decode() and "which no sync entry ships" not in plan.stdout.decode()
+    assert ("no code to ship" not in plan.stdout.decode()
+            and "which no sync entry ships" not in plan.stdout.decode())
 
 
 def test_init_in_another_folder_writes_src_relative_to_the_spec(tmp_path):

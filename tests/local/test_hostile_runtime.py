@@ -129,7 +129,8 @@ def test_ps_hosts_doctor_with_an_unreachable_target(tmp_path, far_env):
     assert "gpujob: y-[/]b was never started" in p.stderr.decode(), p.stderr.decode()
     p = cli(["hosts"], far_env, timeout=60)
     assert p.returncode == 0, p.stderr.decode()
-    assert "far/ct" in p.stdout.decode() and "unreachable" in p.stdout.decode() and "lab/box" in p.stdout.decode()
+    assert ("far/ct" in p.stdout.decode() and "unreachable" in p.stdout.decode()
+            and "lab/box" in p.stdout.decode())
     p = cli(["doctor"], far_env, timeout=60)
     assert p.returncode == 1 and b"Traceback" not in p.stderr
     assert "gpujob doctor: far/ct" in p.stdout.decode() and "connection refused" in p.stdout.decode()

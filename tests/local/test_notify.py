@@ -330,7 +330,8 @@ def test_the_plan_shows_the_webhooks_and_the_textfile_never_a_secret(tmp_path, i
     p = cli(["submit", str(spec), "--plan", "--job-id", "tjob-plan"], env)
     assert p.returncode == 0, p.stderr.decode()
     out = " ".join(p.stdout.decode().split())
-    assert "post to notify[0] (slack, a secret URL)" in out and "(on rollback, failure, success, known_good, no_recovery, internal_error)" in out
+    assert ("post to notify[0] (slack, a secret URL)" in out
+            and "(on rollback, failure, success, known_good, no_recovery, internal_error)" in out)
     assert "post to notify[1] (ntfy, https://ntfy.sh/t)" in out and "(on failure)" in out
     assert "notify[0].url=*** (from $HOOK_URL)" in out
     assert "gauges to /var/lib/node_exporter/textfile/gpujob-tjob-plan.prom" in out

@@ -295,7 +295,8 @@ def test_a_tls_webhook_is_verified_acknowledged_and_cut_at_its_timeout_even_mid_
     assert why is not None and "CERTIFICATE_VERIFY_FAILED" in why, why
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # now it is trusted (OpenSSL reads this at each context)
     assert bounded_post(https(ok), 5) is None
-    assert bounded_post(https(drip), 1) == "no complete answer within the attempt's 1s (the connection was closed)"
+    assert (bounded_post(https(drip), 1) == "no complete answer within the attempt's 1s (the connection was "
+                                            "closed)")
     # a handshake that drips (each byte within the socket timeout): cut by the watchdog too
     handshake = servers("tlsdrip")
     assert bounded_post(https(handshake), 1) == \

@@ -172,7 +172,8 @@ def test_without_matplotlib_one_line_says_how_to_install(demo, tmp_path):
     p = run(["plot", "-o", str(tmp_path / "x.png")], env)
     err = p.stderr.decode().strip()
     assert p.returncode == 1 and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "pip install 'gpujob-proxmox[plot]'" in err and "'gpujob[plot]'" not in err and not (tmp_path / "x.png").exists()
+    assert ("pip install 'gpujob-proxmox[plot]'" in err and "'gpujob[plot]'" not in err
+            and not (tmp_path / "x.png").exists())
     assert run(["plot"], env).returncode == 0  # the terminal plot needs no matplotlib
 
 

@@ -70,8 +70,10 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
         p.write_text(yaml.safe_dump(data))
         return p
     # checkpoints are what the trainers wrote (HF-style checkpoint-N/ folders), recorded in the register
-    old = job_id_of(cli(["submit", str(spec(tmp_path / "old.yaml", 5, 1)), "--follow"], env, timeout=120).stdout)
-    live = job_id_of(cli(["submit", str(spec(tmp_path / "live.yaml", 100000, 3, 0.1))], env, check=True).stdout)
+    old = job_id_of(cli(["submit", str(spec(tmp_path / "old.yaml", 5, 1)), "--follow"], env,
+                        timeout=120).stdout)
+    live = job_id_of(cli(["submit", str(spec(tmp_path / "live.yaml", 100000, 3, 0.1))], env,
+                         check=True).stdout)
     work = root / "work" / "tjob" / "ckpt"
     wait_for(lambda: (work / live / "checkpoint-6" / "trainer_state.json").exists(), 60, what="live's saves")
     for n in range(40):  # enough files in the old job's directory to be cut halfway

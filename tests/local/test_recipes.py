@@ -50,7 +50,8 @@ def test_specforge_recipe_with_python_m_gets_a_standby_and_its_paths(tmp_path):
         "command": "python -m specforge.cli train -c run.yaml output_dir={workdir}/o run_id=r "
                    "training.log_interval=5"}, throughput={"tokens_per_step": 512, "min_ratio": 0.8}))
     assert spec.train.command.endswith("training.log_interval=5")  # given: not appended again
-    assert spec.train.checkpoint.path == "o/r-step*" and spec.train.checkpoint.done_file == "training_state.pt"
+    assert (spec.train.checkpoint.path == "o/r-step*"
+            and spec.train.checkpoint.done_file == "training_state.pt")
     assert spec.train.resume_args == ["training.resume_from={resume_from}"]
     assert spec.throughput.ranks == "first"
     assert "specforge.cli" in spec.train.standby.preload
@@ -76,7 +77,8 @@ def test_hf_tokens_per_step_read_from_the_command(tmp_path):
                    "--per_device_train_batch_size 8 --max_seq_length 1024 --gradient_accumulation_steps 2"},
         throughput={"min_ratio": 0.8}))
     assert spec.throughput.tokens_per_step == 8 * 1024 * 2 * 4 and spec.throughput.format == "tqdm"
-    assert spec.train.checkpoint.path == "o/checkpoint-*" and spec.train.checkpoint.done_file == "trainer_state.json"
+    assert (spec.train.checkpoint.path == "o/checkpoint-*"
+            and spec.train.checkpoint.done_file == "trainer_state.json")
     assert spec.train.resume_args == ["--resume_from_checkpoint", "{resume_from}"]
     assert spec.throughput.pause_pattern == r"^\{'eval_loss'"
     with pytest.raises(SpecError, match="per_device_train_batch_size"):
@@ -314,7 +316,8 @@ def test_init_writes_a_launcher_that_starts_and_doctor_spec_says_when_the_progra
         checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
         assert checks["program base"]["status"] == status, checks["program base"]
         if status == "fail":
-            assert p.returncode == 1 and "not on the job's PATH in profile base" in checks["program base"]["detail"]
+            assert (p.returncode == 1
+                    and "not on the job's PATH in profile base" in checks["program base"]["detail"])
 
 
 def test_plan_warns_of_a_save_interval_beyond_the_run_when_a_rollback_waits_for_a_checkpoint(tmp_path):

@@ -96,7 +96,8 @@ def test_newlines_in_keys_and_names_stay_on_one_line(tmp_path):
     msg = spec_error(tmp_path, edit("HF_HOME: /root/hf", '"HF\\nHOME": /root/hf'))
     assert msg.startswith("job.yaml:8: env['HF\\nHOME']: expected a name matching")
     msg = spec_error(tmp_path, edit("name: a,", 'name: "a\\nb: [/bold]",'))
-    assert msg.startswith("job.yaml:10: profiles[0].name: expected a name matching") and "'a\\nb: [/bold]'" in msg
+    assert (msg.startswith("job.yaml:10: profiles[0].name: expected a name matching")
+            and "'a\\nb: [/bold]'" in msg)
 
 
 def test_a_megabyte_value_is_not_echoed_whole(tmp_path):

@@ -126,7 +126,8 @@ def test_real_lightning_on_the_cpu_resumed_from_600_steps():
     truth_fit, truth = _counter_rate(fit), _counter_rate(lines)
     old, new = _samples("tqdm", lines), _samples("tqdm_steps", lines)
     assert old[0][1] > 10 * truth  # the restored steps in the bar's it/s
-    assert max(v for _, v in new) < 1.5 * truth and abs(statistics.median(v for _, v in new) - truth) < 0.1 * truth
+    assert (max(v for _, v in new) < 1.5 * truth
+            and abs(statistics.median(v for _, v in new) - truth) < 0.1 * truth)
     assert abs(statistics.median(v for _, v in _samples("tqdm_steps", fit)) - truth_fit) < 0.1 * truth_fit
     # each step drawn twice, counted once: samples by time, not by line
     assert len([1 for _, x in lines if _N.search(x)]) > 1000 and len(new) < 40

@@ -179,7 +179,8 @@ def test_lightning_saves_and_rewrites_in_place_are_told_apart_from_one_long_save
     from gpujob.agent.judge.pauses import QUIET, Pauses, save_key
     ck = "lightning_logs/version_0/checkpoints"
     assert save_key(f"{ck}/epoch=0-step=12.ckpt") == "epoch=0-step=12.ckpt"
-    assert save_key("run_3/w.pt") == "run_3" and save_key("out/step_7/model-00001-of-00002.safetensors") == "step_7"
+    assert (save_key("run_3/w.pt") == "run_3"
+            and save_key("out/step_7/model-00001-of-00002.safetensors") == "step_7")
     lt = Pauses(5.0)  # every_n_train_steps: a new file each save, the previous one deleted (save_top_k=1)
     lt.on_ckpt_events([{"t": 10.0, "ckpt": f"{ck}/epoch=0-step=2.ckpt", "op": "new", "size": 1}])
     assert lt.ckpt and lt.count == 1

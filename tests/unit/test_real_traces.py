@@ -147,9 +147,11 @@ def test_each_recipes_own_gpu_trace_replays_to_the_rollback_it_took(name):
     segs = [s for s in summary["per_segment"] if s["samples"] and s["profile"]]  # (the warmup's: no profile)
     broken, resumed = segs[0], segs[1]
     assert (broken["profile"], resumed["profile"]) == ("broken", "compiled")
-    assert broken["rollback_at"] is not None and abs(broken["rollback_at"] - broken["recorded_rollback_at"]) < 0.5
+    assert (broken["rollback_at"] is not None
+            and abs(broken["rollback_at"] - broken["recorded_rollback_at"]) < 0.5)
     assert summary["time_to_decide"] <= 60.0  # caught within a minute of its first sample
     if name.startswith("gpujob_nanogpt"):  # the resumed run's dip under a GPU shared with 3 more lanes
-        assert resumed["rollback_at"] is not None and resumed["rollback_at"] == resumed["recorded_rollback_at"]
+        assert (resumed["rollback_at"] is not None
+                and resumed["rollback_at"] == resumed["recorded_rollback_at"])
     else:  # the known-good profile it resumed on was never judged a failure
         assert resumed["rollback_at"] is None and resumed["recorded_rollback_at"] is None

@@ -79,4 +79,5 @@ def test_a_state_json_written_by_the_previous_agent_for_a_running_job_is_read_an
     st = j.state()
     assert Stage.of(st["step"]) is Stage.TRAIN and st["child"]["pgid"] == 4242
     st = j.set_state(step=Stage.ROLLBACK, pending_rollback={"from": "slow", "to": "fast"})
-    assert st["format"] == 1 and json.loads((tmp_path / "jobs" / "j1" / "state.json").read_text())["step"] == "rollback"
+    assert (st["format"] == 1
+            and json.loads((tmp_path / "jobs" / "j1" / "state.json").read_text())["step"] == "rollback")

@@ -71,7 +71,8 @@ def test_the_recorded_running_job_is_read_and_goes_on_through_the_journal(tmp_pa
     old = json.loads((ROOT / "tests/data/state/running_after_rollback.json").read_text())
     j = journal(tmp_path, generation=old["generation"], state=old)
     rec = j.record()
-    assert rec.profile == "fast" and rec.rollback_list[0]["from"] == "slow" and rec.child["pgid"] == old["child_pgid"]
+    assert (rec.profile == "fast" and rec.rollback_list[0]["from"] == "slow"
+            and rec.child["pgid"] == old["child_pgid"])
     st = j.set_state(step=Stage.ROLLBACK, pending_rollback={"from": "fast", "to": "slow", "reason": "x"})
     assert st["step"] == "rollback" and st["format"] == 1
     again = json.loads((tmp_path / "jobs/j1/state.json").read_text())
