@@ -225,8 +225,8 @@ def test_a_change_that_does_not_resolve_alone_moves_with_its_neighbour(testbed, 
     assert res["culprit"] == ["bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0)"], res
     unresolved = [t for t in res["trials"] if t["verdict"] == "unresolved"]
     assert unresolved and all("installing profile" in t["reason"] for t in unresolved), res["trials"]
-    assert res["answer"].startswith("slow with: bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0); 0.40x of good"), \
-        res["answer"]
+    assert res["answer"].startswith("slow with: bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0); "
+                                    "0.40x of good"), res["answer"]
 
 
 def test_trials_start_from_a_copy_of_the_jobs_newest_checkpoint_and_never_touch_it(

@@ -103,7 +103,8 @@ def test_every_read_only_command_is_the_same_bytes_both_ways(finished_job, tmp_p
                 same(cli(args, env, input=stdin), cli_direct(args, env, input=stdin))
         except AssertionError as e:  # with what the daemon said of it (when it started and ended)
             log = runtime / "gpujob" / "conn.log"
-            raise AssertionError(f"{e}\nconn.log:\n{log.read_text()[-3000:] if log.exists() else '-'}") from None
+            raise AssertionError(f"{e}\nconn.log:\n"
+                                 f"{log.read_text()[-3000:] if log.exists() else '-'}") from None
         assert daemon_pid(env) == pid  # one daemon served them all
         ok = cli(["status", job], env).stdout
         assert b"succeeded" in ok

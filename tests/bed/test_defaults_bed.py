@@ -2,8 +2,9 @@
 only the keys `gpujob init` writes (``min_ratio`` and the rate source) and gpujob's defaults
 for every other judging key. The baseline comes from a first job on the fast profile (its
 ``good_after`` shortened with ``--set`` to 15 s, past the default 10 s window it must hold:
-the default, 10 minutes, would hold the bed that long); the slow job then runs with nothing set. What is asserted is what the user reads:
-the rollback, its signal, where it went, and the ledger's verdict; never how long it took."""
+the default, 10 minutes, would hold the bed that long); the slow job then runs with nothing
+set. What is asserted is what the user reads: the rollback, its signal, where it went, and the
+ledger's verdict; never how long it took."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_a_slow_profile_is_rolled_back_at_the_keys_init_writes(testbed, bed_env,
         cli(["stop", first], env, timeout=180)
     second = job_id_of(cli(["submit", str(spec), "--profile", "slow"], env, check=True).stdout)
     try:
-        st = wait_for(lambda: (lambda s: s if s.get("rollbacks") else None)(cli_json(["status", second, "--json"], env)),
+        st = wait_for(lambda: (lambda s: s if s.get("rollbacks") else None)(
+                          cli_json(["status", second, "--json"], env)),
                       400, every=2, what="the rollback of slow at the defaults")
         [rb] = st["rollbacks"]
         assert (rb["from"], rb["to"], rb["signal"]) == ("slow", "fast", "low_throughput"), rb

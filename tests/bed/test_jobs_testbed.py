@@ -194,7 +194,8 @@ def test_sshd_restart_and_container_restart_the_job_goes_on(testbed, bed_env, tm
     testbed.restart_sshd(0)
     st = status(job_id, env)
     assert st["state"] == "training" and _container_trainers(testbed)
-    assert json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())["child"]["pgid"] == pgid
+    state = json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())
+    assert state["child"]["pgid"] == pgid
     testbed.restart_container()
     assert not _container_trainers(testbed)
     p = cli(["status", job_id], env, check=True)

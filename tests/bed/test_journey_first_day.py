@@ -44,7 +44,8 @@ class User:
 
     def ok(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         p = self.run(*args, timeout=timeout)
-        assert p.returncode == 0, f"gpujob {' '.join(args)} exited {p.returncode}\n{p.out[-3000:]}\n{p.err[-3000:]}"
+        assert p.returncode == 0, (f"gpujob {' '.join(args)} exited {p.returncode}\n{p.out[-3000:]}\n"
+                                   f"{p.err[-3000:]}")
         return p
 
 

@@ -90,8 +90,8 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
     assert "root@10.1.2.6:22" in out and "pct exec 200 --" in out
     assert "--index-url https://download.pytorch.org/whl/cu128 torch==2.11.0+cu128" in out
     # the real SpecForge CLI with its dotted overrides; its own warmup in a dir and run id of its own
-    assert "'python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs run_id=dflash " \
-           "training.log_interval=10'" in out
+    assert "'python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs " \
+           "run_id=dflash training.log_interval=10'" in out
     assert "training.max_steps=3 training.save_interval=0 training.eval_interval=0 " \
            "output_dir=/root/dflash/gpujob-warmup run_id=gpujob-warmup" in out
     assert ("--no-deps specforge==0.2.0" in out

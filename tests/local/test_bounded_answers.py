@@ -51,7 +51,8 @@ def test_gc_of_tens_of_thousands_of_checkpoints_answers_within_the_cap(tmp_path)
     assert all(os.path.exists(x) for x in paths[:10])  # a dry run
     p = cli(["gc", "box", "--keep-checkpoints", "0"], env)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
-    assert "19800 more checkpoints not listed (of 20000, 20000 removed)" in p.stdout.decode().replace("\n", "")
+    assert "19800 more checkpoints not listed (of 20000, 20000 removed)" in \
+        p.stdout.decode().replace("\n", "")
     assert not any(os.path.exists(x) for x in paths)
 
 

@@ -272,7 +272,8 @@ def test_a_supervisor_killed_mid_snapshot_or_mid_restore_leaves_old_or_whole_new
     assert log.count("kernels found") == 1  # the trainer ran once
     ev = events(root / "jobs" / first)
     # taken by the next supervisor (or again, when the kill came after it but before state said so)
-    assert [e["type"] for e in ev].count("cache_snapshot") == (1 if snaps == [] else 2), (snaps, [e for e in ev if e["type"].startswith(("cache", "supervisor"))])
+    assert [e["type"] for e in ev].count("cache_snapshot") == (1 if snaps == [] else 2), \
+        (snaps, [e for e in ev if e["type"].startswith(("cache", "supervisor"))])
     assert len(cli_json(["cache", "ls", "box", "--json"], env)["caches"][0]["snapshots"]) == 1
     entry = ledger(tmp_path)
     assert entry["status"] == "good" and entry["snapshot"]["files"] == 9000

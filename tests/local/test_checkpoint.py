@@ -47,8 +47,10 @@ def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "2m",
                                                           "failure_limit": 3}))) == 1
     assert "rollback.gpu_idle.for (20s)" in w[1]
-    assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"], "wait_for_checkpoint": True})) == []
-    assert checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 40.0}, rollback={"on": ["low_throughput"]})) == []
+    assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"],
+                                                    "wait_for_checkpoint": True})) == []
+    assert checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 40.0},
+                                    rollback={"on": ["low_throughput"]})) == []
     assert checkpoint.warnings({"train": {}}) == []
 
 
@@ -109,8 +111,9 @@ def test_without_a_checkpoint_the_rollback_says_restarted_from_scratch(tmp_path,
           "good_after": "1s", "initial_delay": "1.5s", "resume_initial_delay": 0}
     plan, st, ev, log, out = rollback_job(tmp_path, index_urls, ck_every=1000, wait=False, every="3s",
                                           throughput=tp, steps=80)
-    assert "warning" in plan and "initial_delay (1.5s, counted from the first sample)" in plan.replace("\n", " ") \
-        and "shorter than train.checkpoint.every (3s)" in plan.replace("\n", " ")
+    assert "warning" in plan and \
+        "initial_delay (1.5s, counted from the first sample)" in plan.replace("\n", " ") and \
+        "shorter than train.checkpoint.every (3s)" in plan.replace("\n", " ")
     # decision -> trainer start -> first sample -> first good -> first ok, in that order
     t = st["rollbacks"][0]["timings"]
     assert sorted(t) == sorted(["trainer_start", "first_sample", "first_good", "first_ok"])

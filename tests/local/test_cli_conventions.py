@@ -170,7 +170,8 @@ def test_zsh_and_fish_scripts_and_their_call_back(box, shell, word):
     env = dict(box["env"], _GPUJOB_COMPLETE=f"complete_{shell}", _TYPER_COMPLETE_ARGS="gpujob lo",
                _TYPER_COMPLETE_FISH_ACTION="get-args")
     assert word in run([], env).stdout.decode()
-    assert json.loads(run(["completion", shell, "--json"], box["env"]).stdout)["script"] == script.rstrip("\n")
+    assert json.loads(run(["completion", shell, "--json"], box["env"]).stdout)["script"] == \
+        script.rstrip("\n")
 
 
 # ---- exit codes (README: "Exit codes") -------------------------------------------------

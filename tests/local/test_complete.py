@@ -84,7 +84,8 @@ def test_bash_tab_completes_targets_job_ids_and_choices(lab):
     assert p.stdout.decode().splitlines() == [
         "gpu1 lab/box lab/gpu1 lab2/box", "gpu1", "lab2/box",
         "train-bbbb train-aaaa", "train-bbbb", "train-bbbb train-aaaa",
-        "warmup train prepare", "zsh", "good bad untried", "nanogpt", "lab/box lab/gpu1 lab2/box"], p.stderr.decode()
+        "warmup train prepare", "zsh", "good bad untried", "nanogpt",
+        "lab/box lab/gpu1 lab2/box"], p.stderr.decode()
 
 
 def test_a_tab_imports_neither_typer_nor_rich(lab):

@@ -186,7 +186,8 @@ def test_the_demo_host_lives_beside_the_users_hosts_yaml_and_a_clones_never_shad
     plan = run_in(clone, ["submit", "j.yaml", "--plan"], env)
     text = plan.stdout.decode()
     assert plan.returncode == 0, plan.stderr.decode()
-    assert f"pve1/ct200: from {config}" in text and f"hosts.yaml is not read ({config} comes first" in text, text
+    assert f"pve1/ct200: from {config}" in text and \
+        f"hosts.yaml is not read ({config} comes first" in text, text
     assert "10.1.2.6" in text and "10.9.9.9" not in text
     sub = run_in(clone, ["submit", "j.yaml", "-t", "demo"], env)
     assert sub.returncode == 0, sub.stderr.decode()
@@ -263,7 +264,8 @@ def test_logs_follow_exits_with_the_jobs_outcome_and_a_busy_container_names_stop
     long = run_in(repo, ["submit", spec], env).stdout.decode().split()[1]
     try:
         busy = run_in(repo, ["submit", spec], env)
-        assert busy.returncode == 5 and f"`gpujob stop {long}` ends it" in busy.stderr.decode(), busy.stderr.decode()
+        assert busy.returncode == 5 and f"`gpujob stop {long}` ends it" in busy.stderr.decode(), \
+            busy.stderr.decode()
     finally:
         assert run_in(repo, ["stop", long], env).returncode == 0
     spec = two_profile_spec(repo, "true")
@@ -341,7 +343,8 @@ def test_doctor_spec_takes_set_and_nanogpt_is_a_repository_not_a_package(tmp_pat
     """Row 7: `doctor --spec` took no --set, and warned `nanoGPT is not installed in the venv`."""
     repo = nanogpt_repo(tmp_path / "nanoGPT")
     env = local_env(tmp_path)
-    assert run_in(repo, ["init", "-r", "nanogpt", "-t", "lab/nowhere", "--", "python", "train.py"], env).returncode == 0
+    assert run_in(repo, ["init", "-r", "nanogpt", "-t", "lab/nowhere", "--", "python", "train.py"],
+                  env).returncode == 0
     p = run_in(repo, ["doctor", "--spec", "train.yaml", "--set", "target=lab/box", "--json"], env)
     report = json.loads(p.stdout)
     assert list(report) == ["lab/box"], (p.stdout + p.stderr).decode()

@@ -15,7 +15,8 @@ from helpers import cli, cli_json, job_id_of, local_env
 TRAINER = textwrap.dedent('''
     import argparse, os, time
     p = argparse.ArgumentParser()
-    p.add_argument("--util-file"); p.add_argument("--save", type=float); p.add_argument("--first-save", type=float)
+    p.add_argument("--util-file"); p.add_argument("--save", type=float)
+    p.add_argument("--first-save", type=float)
     p.add_argument("--write-checkpoints", type=int, default=1)
     a = p.parse_args()
     def util(v):

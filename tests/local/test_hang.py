@@ -40,7 +40,8 @@ compile_flex_attention_forever()
 
 def test_the_compile_race_is_told_apart_from_other_signatures():
     assert signals.scan_line(RACE, SIGS) == F.COMPILE_RACE
-    assert signals.scan_line("torch._dynamo.exc.Unsupported: is_fx_symbolic_tracing() is True", SIGS) == F.COMPILE_RACE
+    assert signals.scan_line("torch._dynamo.exc.Unsupported: is_fx_symbolic_tracing() is True",
+                             SIGS) == F.COMPILE_RACE
     # a broken build's missing attribute is no race: the spec's signature, as before
     assert signals.scan_line("AttributeError: module 'torch.fx' has no attribute 'is_fx_symbolic_tracing'",
                              SIGS) == F.ERROR_SIGNATURE

@@ -1,10 +1,10 @@
-"""Local jobs and the ledger (issue 39). A supervisor SIGKILLed right after a ledger write of a hand rollback (`gpujob rollback
---mark-bad`), before its state write: the new supervisor redoes the switch from the plan and
-finds the verdict already there (its op): the profile left is marked bad once, the job goes
-on on the profile asked for, one trainer (issue 39; the confirmation's point is in
-test_rollback_kill.py). A job started with `submit --force` onto a damaged ledger runs: the
-supervisor journals the ledger's line once, decides as with an empty ledger and writes
-nothing over the damaged file."""
+"""Local jobs and the ledger (issue 39). A supervisor SIGKILLed right after a ledger write of a
+hand rollback (`gpujob rollback --mark-bad`), before its state write: the new supervisor redoes
+the switch from the plan and finds the verdict already there (its op): the profile left is
+marked bad once, the job goes on on the profile asked for, one trainer (issue 39; the
+confirmation's point is in test_rollback_kill.py). A job started with `submit --force` onto a
+damaged ledger runs: the supervisor journals the ledger's line once, decides as with an empty
+ledger and writes nothing over the damaged file."""
 
 from __future__ import annotations
 

@@ -193,7 +193,8 @@ def test_the_server_refuses_a_client_that_does_not_speak_its_wire():
     p = subprocess.run([sys.executable, "-c", SERVER_SOURCE], input=b"O\x00\x00\x00\x01\x00\x00\x00\x02{}",
                        capture_output=True, timeout=10)
     assert p.stdout.startswith(PREAMBLE + b"H")  # the server's preamble, then its hello
-    assert b"gpujob mux: expected the preamble b'GJMX\\x01' from the client, got b'O\\x00\\x00\\x00\\x01'" in p.stderr
+    assert b"gpujob mux: expected the preamble b'GJMX\\x01' from the client, " \
+        b"got b'O\\x00\\x00\\x00\\x01'" in p.stderr
     p = subprocess.run([sys.executable, "-c", SERVER_SOURCE],
                        input=PREAMBLE + b"Q\x00\x00\x00\x01\x00\x00\x00\x00", capture_output=True, timeout=10)
     assert b"bad frame header from the client: expected a kind in O, I, E, K" in p.stderr

@@ -34,7 +34,9 @@ def main():
         raise RuntimeError("boom")
     if args[:1] == ["say"]:
         sys.exit("said no")
-    print(json.dumps({"argv0": sys.argv[0], "args": args, "forked": any(b"F_SETPIPE_SZ" in a for a in cmdline), "pgid": os.getpgid(0) == os.getpid()}))
+    print(json.dumps({"argv0": sys.argv[0], "args": args,
+                      "forked": any(b"F_SETPIPE_SZ" in a for a in cmdline),
+                      "pgid": os.getpgid(0) == os.getpid()}))
     print("to stderr ü", file=sys.stderr)
     return int(args[0]) if args and args[0].isdigit() else 0
 '''

@@ -179,8 +179,8 @@ def test_a_healthy_webhook_gets_every_message_while_a_slow_drip_one_is_stalled(t
             {i: ([1], [0], {"0": 2, "1": 1}) for i in ids}
         assert drip.counts()[0] == 6
         errors = [e for e in j.events()[0] if e["type"] == "notify_error"]
-        assert {i: [(e["webhook"], e["attempt"], e["gave_up"]) for e in errors if e["id"] == i] for i in ids} == \
-            {i: [(0, 1, False), (0, 2, True)] for i in ids}
+        assert {i: [(e["webhook"], e["attempt"], e["gave_up"]) for e in errors if e["id"] == i]
+                for i in ids} == {i: [(0, 1, False), (0, 2, True)] for i in ids}
         assert all("no complete answer within the attempt's 1s" in e["error"] for e in errors)
     finally:
         n.close(limit=0)

@@ -91,7 +91,8 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
     assert {v for k, v in whys.items() if k.startswith(live)} == {"a live job's"}
     # a dry run removes nothing
     assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 6
-    assert cli_json(["gc", "box", "--older-than", "1", "--json"], env)["jobs"][0]["why"].startswith("ended 0.0 days")
+    assert cli_json(["gc", "box", "--older-than", "1", "--json"], env)["jobs"][0]["why"].startswith(
+        "ended 0.0 days")
     live_ckpts = sorted(p.name for p in (work / live).iterdir())
 
     # death 1: SIGKILL inside the removal of a checkpoint folder (checkpoints go first)

@@ -21,7 +21,8 @@ told = []
 def on_term(*a):
     time.sleep(0.3)  # a framework's handler takes a moment to act
     if worker.poll() is not None:
-        print(f"RuntimeError: DataLoader worker (pid {worker.pid}) is killed by signal: Terminated.", flush=True)
+        print(f"RuntimeError: DataLoader worker (pid {worker.pid}) is killed by signal: Terminated.",
+              flush=True)
         sys.exit(1)
     worker.terminate()
     worker.wait()

@@ -147,7 +147,8 @@ def test_recipes_json_lists_each_and_what_it_sets(tmp_path):
     assert items["specforge"]["sets"]["throughput.format"] == "regex"
     assert items["nanogpt"]["sets"]["throughput.format"] == "regex"
     assert items["nanogpt"]["sets"]["throughput.tokens_per_step"] == 12 * 1024 * 40  # read, not given
-    assert "given" not in items["nanogpt"] and items["lightning"]["given"] == {"throughput.tokens_per_step": 4096}
+    assert "given" not in items["nanogpt"] and \
+        items["lightning"]["given"] == {"throughput.tokens_per_step": 4096}
     assert not any("pending_keys" in r for r in items.values())
     human = cli(["recipes"], local_env(tmp_path), check=True).stdout.decode()
     assert "(later)" not in human and 'train.resume_args: ["--ckpt_path", "{resume_from}"]' in human

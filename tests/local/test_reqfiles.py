@@ -82,8 +82,8 @@ def test_a_missing_file_is_a_plan_note_and_a_one_line_submit_error(tmp_path):
     p = cli(["submit", str(spec)], env)
     err = p.stderr.decode().strip()
     assert p.returncode == 2 and len(err.splitlines()) == 1, err
-    assert f"job.yaml:5: requirements[1].file: no such file: {(tmp_path.parent / 'nowhere' / 'requirements.txt')}" \
-        in err
+    assert ("job.yaml:5: requirements[1].file: no such file: "
+            f"{(tmp_path.parent / 'nowhere' / 'requirements.txt')}") in err
     assert not (tmp_path / "root").exists()  # nothing changed on the target side
 
 

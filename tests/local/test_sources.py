@@ -21,7 +21,8 @@ QUIET = textwrap.dedent('''
         for _ in range(int(sys.argv[1])):
             time.sleep(0.05)
             step += 1
-            m.write(json.dumps({"step": step, "perf": {"tokens_per_sec": demo_kernels.TOKENS_PER_SECOND}}) + "\\n")
+            m.write(json.dumps({"step": step, "perf": {"tokens_per_sec": demo_kernels.TOKENS_PER_SECOND}})
+                    + "\\n")
             m.flush()
             open("ckpt", "w").write(str(step))
 ''')

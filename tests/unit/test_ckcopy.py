@@ -55,7 +55,8 @@ def test_a_checkpoint_outside_the_jobs_workdir_goes_under_gpujob_start(tmp_path)
     elsewhere.write_bytes(b"x")
     assert place(str(elsewhere), str(tmp_path / "work" / "bis"), "/w/t") == "/w/t/.gpujob-start/ck.pt"
     assert place(str(elsewhere), None, "/w/t") == "/w/t/.gpujob-start/ck.pt"
-    assert place(str(tmp_path / "work" / "bis" / "a" / "b"), str(tmp_path / "work" / "bis"), "/w/t") == "/w/t/a/b"
+    assert place(str(tmp_path / "work" / "bis" / "a" / "b"), str(tmp_path / "work" / "bis"),
+                 "/w/t") == "/w/t/a/b"
 
 
 def test_a_linked_folder_on_the_way_is_refused(tmp_path):

@@ -115,4 +115,5 @@ def test_a_notify_url_from_a_file_is_validated_too(tmp_path):
     spec.write_text(SPEC + f"notify:\n  - url: {{from_file: {tmp_path / 'url'}}}\n")
     p = cli(["submit", str(spec), "--plan"], env, timeout=30)
     err = p.stderr.decode()
-    assert p.returncode == 2 and f"{spec}:16: notify[0].url: from {tmp_path / 'url'}: the URL names no host" in err, err
+    assert p.returncode == 2 and \
+        f"{spec}:16: notify[0].url: from {tmp_path / 'url'}: the URL names no host" in err, err

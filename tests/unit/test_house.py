@@ -359,7 +359,8 @@ def test_every_controller_module_lives_in_a_wing():
     strays = [rel for rel in controller_modules() if controller_wing(rel) is None]
     assert strays == [], f"modules outside the wings (place each in GROUND_FILES or a package): {strays}"
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert len(top) <= TOP_LEVEL_MAX, f"{len(top)} modules directly under gpujob/ (at most {TOP_LEVEL_MAX}): {top}"
+    assert len(top) <= TOP_LEVEL_MAX, \
+        f"{len(top)} modules directly under gpujob/ (at most {TOP_LEVEL_MAX}): {top}"
     assert set(GROUND_FILES) == set(top), "GROUND_FILES names a module that is not there"
     for w in PACKAGES - {"conn", "kinds", "transport", "cli", "daemon"}:  # the new wings say what they are
         doc = ast.get_docstring(ast.parse((PKG / w / "__init__.py").read_text()))

@@ -52,7 +52,8 @@ def _counter_rate(lines) -> float:
 
 
 def test_the_resumed_run_is_read_at_its_rate_not_its_restored_steps():
-    [(slow, _, slow_lines), (good, resumed, lines)] = _runs(DATA / "traces" / "gpujob_h200_1204_lightning_act2.jsonl.gz")
+    [(slow, _, slow_lines), (good, resumed, lines)] = _runs(
+        DATA / "traces" / "gpujob_h200_1204_lightning_act2.jsonl.gz")
     assert (slow, good, resumed) == ("broken", "compiled", True)
     truth = _counter_rate(lines)
     old = _samples("tqdm", lines)
@@ -80,8 +81,8 @@ def test_each_step_counts_once_and_samples_follow_time_not_lines():
 def _bar(n: int, elapsed: float, initial: int = 0) -> str:
     """A line as Lightning's TQDMProgressBar draws it (smoothing=0: n / elapsed)."""
     rate = n / elapsed if elapsed else 0.0
-    return f"Epoch 0:   0%|          | {n}/1000000 [{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}<99:00:00, " \
-           f"{rate:.2f}it/s, v_num=0, loss=3.210]"
+    return f"Epoch 0:   0%|          | {n}/1000000 " \
+           f"[{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}<99:00:00, {rate:.2f}it/s, v_num=0, loss=3.210]"
 
 
 def test_a_fall_after_an_hour_is_seen_at_once_not_twenty_minutes_later():

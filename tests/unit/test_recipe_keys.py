@@ -204,7 +204,8 @@ def test_a_recipes_keys_never_change_within_a_revision():
     known = json.loads(REVISIONS.read_text())
     for name, r in RECIPES.items():
         revs = known[name]
-        assert max(int(k) for k in revs) == r.revision, f"{name}: revision {r.revision} is not the newest recorded"
+        assert max(int(k) for k in revs) == r.revision, \
+            f"{name}: revision {r.revision} is not the newest recorded"
         assert revs[str(r.revision)] == fingerprint(name), \
             f"recipe {name}'s keys changed within revision {r.revision}: bump its revision"
         assert len(set(revs.values())) == len(revs)  # each revision changed something

@@ -30,7 +30,8 @@ def test_a_shared_torchtitan_folder_is_said_to_be_loaded():
 
 def test_each_recipe_that_loads_by_itself_is_named():
     assert "example scripts" in selfload.self_loads("hf_trainer", "python run_clm.py --output_dir out")
-    assert selfload.self_loads("hf_trainer", "python run_clm.py --output_dir out --overwrite_output_dir") is None
+    assert selfload.self_loads("hf_trainer",
+                               "python run_clm.py --output_dir out --overwrite_output_dir") is None
     assert "--init_from=resume" in selfload.self_loads("nanogpt", "python train.py --init_from=resume")
     assert selfload.self_loads("nanogpt", "python train.py") is None
     assert "--ckpt_path" in selfload.self_loads("lightning",

@@ -407,7 +407,8 @@ def test_stall_detection_off_and_regex_steps_scaled(tmp_path):
                                             "  tokens_per_step: 4096\n  min: 10K\n  no_data_timeout: null\n"))
     assert spec.throughput.no_data_timeout is None and spec.throughput.tokens_per_step == 4096
     assert error(tmp_path, BASE + "throughput:\n  format: ktok\n  min: 1\n  no_data_timeout: 0\n") == \
-        "job.yaml:11: throughput.no_data_timeout: expected a duration > 0 (or null to turn stall detection off)"
+        "job.yaml:11: throughput.no_data_timeout: expected a duration > 0 " \
+        "(or null to turn stall detection off)"
     assert error(tmp_path, BASE + "throughput:\n  format: hf\n  min: 1\n  tokens_per_step: 8\n") == \
         "job.yaml:11: throughput.tokens_per_step: only for format tqdm or tqdm_steps or regex"
 

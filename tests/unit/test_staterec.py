@@ -76,8 +76,9 @@ def test_the_recorded_running_job_is_read_and_goes_on_through_the_journal(tmp_pa
     st = j.set_state(step=Stage.ROLLBACK, pending_rollback={"from": "fast", "to": "slow", "reason": "x"})
     assert st["step"] == "rollback" and st["format"] == 1
     again = json.loads((tmp_path / "jobs/j1/state.json").read_text())
+    # nothing of the old file lost
     assert {k: again[k] for k in old if k not in ("step", "updated_at", "pending_rollback")} == \
-        {k: old[k] for k in old if k not in ("step", "updated_at", "pending_rollback")}  # nothing of the old file lost
+        {k: old[k] for k in old if k not in ("step", "updated_at", "pending_rollback")}
 
 
 def test_unknown_and_mistyped_keys_in_an_old_file_crash_no_reader_and_are_kept(tmp_path):
@@ -182,7 +183,8 @@ def state_json_writers(source: str) -> list:
 def test_only_the_journal_writes_state_json():
     found = {str(p.relative_to(ROOT)): state_json_writers(p.read_text())
              for p in sorted((ROOT / "gpujob").rglob("*.py"))}
-    assert {k: v for k, v in found.items() if v} == {"gpujob/agent/home/journal.py": found["gpujob/agent/home/journal.py"]}
+    journal = "gpujob/agent/home/journal.py"
+    assert {k: v for k, v in found.items() if v} == {journal: found[journal]}
     assert len(found["gpujob/agent/home/journal.py"]) == 1  # set_state's write_json (sync only fsyncs it)
     for planted in ('write_json(os.path.join(d, "state.json"), st)', 'open(j.path("state.json"), "w")',
                     'os.open(p("state.json"), os.O_WRONLY | os.O_CREAT)'):

@@ -79,7 +79,8 @@ elif style == "hf":
             print(f"resumed from checkpoint at step {start}", flush=True)
 
     def tick(step, dt):
-        sys.stdout.write(f"\r{100 * step // steps:3d}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s]")
+        sys.stdout.write(f"\r{100 * step // steps:3d}%|####| {step}/{steps} "
+                         f"[00:01<00:01, {1.0 / dt:.2f}it/s]")
         sys.stdout.flush()
         # the eval bar, then tqdm.write of the metrics (bar cleared)
         if eval_steps and step % eval_steps == 0:
