@@ -41,11 +41,10 @@ a checkpoint that changed again and settles anew.
 from __future__ import annotations
 
 import glob
-import json
 import os
-import tempfile
 import time
 
+from gpujob.agent.base import fsio
 from gpujob.agent.base.ckpaths import step_of
 from gpujob.agent.home import ckscan
 
@@ -89,35 +88,19 @@ def load(home_root: str, job_id: str, name: str = "") -> dict:
 
 
 def save(home_root: str, data: dict) -> None:
-    """Atomic and durable: a temp file from mkstemp beside the register, fsync, rename."""
+    """Atomic and durable (fsio.write_json: a fresh temp file beside the register that a
+    planted link cannot redirect, fsync, rename, fsync of the directory)."""
     target = path_of(home_root, data["job_id"])
     d = os.path.dirname(target)
     os.makedirs(d, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".reg-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write((json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    fsio.write_json(target, data, mode=0o600)
     for name in os.listdir(d):  # the temp file of a writer killed before its rename
-        if name.startswith(".reg-") and name.endswith(".tmp"):
+        if ".json.tmp" in name or name.startswith(".reg-") and name.endswith(".tmp"):  # (.reg-: before 12-05)
             try:
                 if os.lstat(os.path.join(d, name)).st_mtime < time.time() - 60:
                     os.unlink(os.path.join(d, name))
             except OSError:
                 pass
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def all_registers(home_root: str) -> list:
