@@ -146,9 +146,9 @@ def _hf(lane, where, args):
     cpu = args.device == "cpu"
     size = ("--hidden_size 64 --num_layers 2 --num_heads 2 --vocab_size 256 --max_seq_length 64 "
             "--per_device_train_batch_size 2 --attn sdpa --use_cpu --save_steps 20"
-            if cpu else "--hidden_size 384 --num_layers 6 --num_heads 6 --vocab_size 4096 --max_seq_length "
-                        "1024 "
-            "--per_device_train_batch_size 16 --bf16 --save_steps 200 --dataloader_num_workers 2")
+            if cpu else "--hidden_size 384 --num_layers 6 --num_heads 6 --vocab_size 4096 "
+            "--max_seq_length 1024 --per_device_train_batch_size 16 --bf16 --save_steps 200 "
+            "--dataloader_num_workers 2")
     command = (f"python hf_train.py --output_dir out {size} --max_steps 1000000 --save_total_limit 2 "
                "--logging_steps 50 --report_to none")
     return own_spec(lane, where, args, command,
