@@ -34,13 +34,15 @@ STEP = re.compile(r"step:\s+(\d+)")
 COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def first_step(python: str, code: Path, device: str, job: str, steps: int, resume_from: str | None = None) -> int:
+def first_step(python: str, code: Path, device: str, job: str, steps: int,
+               resume_from: str | None = None) -> int:
     entry = "titan_cpu" if device == "cpu" else "torchtitan.train"
     base = f"python -m torch.distributed.run --nproc_per_node 1 -m {entry} --job.config_file train.toml"
     frag = RECIPES["torchtitan"].derive({"train": {"command": base}})
-    extra = [substitute(a, {"resume_from": resume_from}) for a in frag["train"]["resume_args"]] if resume_from else []
-    argv = command_argv(f"{frag['train']['command']} --training.steps {steps}", {"job_id": job, "workdir": str(code)},
-                        extra)
+    extra = ([substitute(a, {"resume_from": resume_from}) for a in frag["train"]["resume_args"]]
+             if resume_from else [])
+    argv = command_argv(f"{frag['train']['command']} --training.steps {steps}",
+                        {"job_id": job, "workdir": str(code)}, extra)
     env = dict(os.environ, PATH=f"{Path(python).parent}:{os.environ['PATH']}", HF_DATASETS_OFFLINE="1",
                HF_HUB_OFFLINE="1", PYTHONPATH=str(TRAINERS))
     p = subprocess.run(argv, cwd=code, env=env, capture_output=True, text=True, timeout=1800)
@@ -51,7 +53,8 @@ def first_step(python: str, code: Path, device: str, job: str, steps: int, resum
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.recipes_gpu.titan_resume", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.recipes_gpu.titan_resume",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--python", required=True, help="an interpreter with torch and torchtitan 0.2.2")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out", default=None, help="the tiny job's directory (default: a new temporary one)")

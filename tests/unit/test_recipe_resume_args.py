@@ -77,7 +77,8 @@ def titan_loads(argv: list, workdir: Path) -> tuple:
     if not folder.exists():
         initial = last(argv, "--checkpoint.initial_load_path")
         whole = [a for a in argv if a.endswith("initial_load_model_only")]
-        return initial, initial is not None and bool(whole) and whole[-1] == "--checkpoint.no_initial_load_model_only"
+        whole_state = bool(whole) and whole[-1] == "--checkpoint.no_initial_load_model_only"
+        return initial, initial is not None and whole_state
     steps = [int(p.name.split("-")[1]) for p in folder.iterdir() if (p / ".metadata").exists()]
     return (str(folder / f"step-{max(steps)}") if steps else None), True
 
@@ -115,7 +116,8 @@ def test_hf_a_resume_loads_this_jobs_newest_or_the_one_submit_resume_from_named(
 def test_hf_a_command_that_says_where_is_left_as_it_is_and_submit_says_what_happens(tmp_path):
     mine = HF.replace("--output_dir out", "--output_dir {workdir}/runs/{job_id}")
     spec = job(tmp_path, "hf_trainer", mine)
-    assert spec["train"]["command"] == mine and spec["train"]["checkpoint"]["path"] == "runs/{job_id}/checkpoint-*"
+    assert spec["train"]["command"] == mine
+    assert spec["train"]["checkpoint"]["path"] == "runs/{job_id}/checkpoint-*"
     # its own checkpoint path: the recipe does not move the output dir away from it
     spec = job(tmp_path, "hf_trainer", HF, checkpoint={"path": "out/checkpoint-*", "every": "10m"})
     assert spec["train"]["command"] == HF
@@ -124,7 +126,8 @@ def test_hf_a_command_that_says_where_is_left_as_it_is_and_submit_says_what_happ
     # no --output_dir: HF's default, trainer_output (shared), and the note says so
     bare = HF.replace("--output_dir out ", "")
     spec = job(tmp_path, "hf_trainer", bare)
-    assert spec["train"]["command"] == bare and spec["train"]["checkpoint"]["path"] == "trainer_output/checkpoint-*"
+    assert spec["train"]["command"] == bare
+    assert spec["train"]["checkpoint"]["path"] == "trainer_output/checkpoint-*"
     assert "trainer_output" in selfload.earlier_note("hf_trainer", bare)
 
 

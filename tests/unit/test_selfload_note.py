@@ -48,7 +48,8 @@ def _first_run_says(tmp_path: Path, spec, job_id: str) -> list:
     job = SimpleNamespace(spec=req.spec, job=req.job_record(), job_id=job_id, workdir=str(work),
                           home=SimpleNamespace(root=str(tmp_path / "home")))
     child_env = SimpleNamespace(values=lambda profile: {"job_id": job_id, "workdir": str(work)})
-    ck = Checkpoints(job, _Journal(), runner=None, child_env=child_env, report=SimpleNamespace(say=said.append))
+    ck = Checkpoints(job, _Journal(), runner=None, child_env=child_env,
+                     report=SimpleNamespace(say=said.append))
     ck.checkpoint_watch("base", None)
     return said
 
