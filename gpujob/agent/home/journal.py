@@ -15,12 +15,43 @@ import os
 import time
 from typing import Callable
 
-from gpujob.agent.base.fsio import append_record, fsync_dir, now, pid_alive, read_json, read_records, write_json
+from gpujob.agent.base.fsio import append_line, append_record, fsync_dir, now, pid_alive, read_json, read_records, write_json
 from gpujob.agent.base import staterec
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
 
 _SORTED = json.JSONEncoder(sort_keys=True)  # json.dumps(…, sort_keys=True) without a new encoder each sample
+_QUOTE = json.encoder.encode_basestring_ascii  # what json.dumps(a str) writes
+_FLOAT = float.__repr__  # what json.dumps(a finite float) writes
+
+
+def _number(v):
+    """``json.dumps(v)`` of None, an int or a finite float; None for anything else."""
+    if v is None:
+        return "null"
+    tv = type(v)
+    if tv is float:
+        return _FLOAT(v) if v - v == 0 else None  # (inf - inf and nan - nan are nan)
+    return int.__repr__(v) if tv is int else None
+
+
+def sample_line(rec: dict):
+    """``_SORTED.encode(rec)`` for the supervisor's sample record (its six keys, each of
+    its usual type), built as one string: the sorted encoder's dict walk and sort were
+    half a sample's record (bench.supervisor_cpu); None for any other record."""
+    if len(rec) != 6:
+        return None
+    try:
+        t, value, step, verdict, median, profile = (rec["t"], rec["value"], rec["step"], rec["verdict"],
+                                                    rec["median"], rec["profile"])
+    except KeyError:
+        return None
+    nums = (_number(median), _number(step), _number(t), _number(value))
+    if None in nums or not isinstance(verdict, str) or not (profile is None or isinstance(profile, str)):
+        return None
+    return (f'{{"median": {nums[0]}, "profile": {"null" if profile is None else _QUOTE(profile)}, '
+            f'"step": {nums[1]}, "t": {nums[2]}, "type": "sample", "value": {nums[3]}, '
+            f'"verdict": {_QUOTE(verdict)}}}')
 
 
 class Home:
@@ -161,14 +192,21 @@ class Journal:
                                    | os.O_CLOEXEC, 0o644)
         append_record(self._events, (json.dumps(rec, sort_keys=True) + "\n").encode())
 
-    def sample(self, **rec) -> int:
+    def sample(self, offset: bool = True, **rec) -> int | None:
         """Append one full-rate throughput sample to samples.jsonl; returns the byte
-        offset where its record starts."""
+        offset where its record starts (None without ``offset``: one system call less)."""
         if self._samples is None:
             self._samples = os.open(self.path("samples.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                     | os.O_CLOEXEC, 0o644)
-        rec["type"] = "sample"  # (rec is this call's own dict)
-        return append_record(self._samples, (_SORTED.encode(rec) + "\n").encode())
+        text = sample_line(rec)
+        if text is None:
+            rec["type"] = "sample"  # (rec is this call's own dict)
+            text = _SORTED.encode(rec)
+        data = (text + "\n").encode()
+        if offset:
+            return append_record(self._samples, data)
+        append_line(self._samples, data)
+        return None
 
     def events(self) -> tuple:
         """(records, skipped lines) of events.jsonl."""

@@ -314,9 +314,10 @@ class Watch:
             del run.samples[:25000]
         d = self.pause.decide_now(run, t)
         d = self.verdicts.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
-        at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
+        mark = not self.sample_marks or t - self.sample_marks[-1][0] >= 60  # where to trim to, once a minute
+        at = self.journal.sample(mark, t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.median, profile=run.profile)
-        if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
+        if mark:
             self.sample_marks.append((t, at))
         run.minute.append(value)
         # one event per change of verdict, with how long the last one held (agent/judge/coalesce.py)
