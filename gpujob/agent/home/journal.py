@@ -46,12 +46,14 @@ def sample_line(rec: dict):
                                                     rec["median"], rec["profile"])
     except KeyError:
         return None
-    nums = (_number(median), _number(step), _number(t), _number(value))
-    if None in nums or not isinstance(verdict, str) or not (profile is None or isinstance(profile, str)):
+    if type(t) is not float or t - t != 0 or not isinstance(verdict, str) or \
+            not (profile is None or isinstance(profile, str)):
+        return None  # (t: always a finite float here)
+    m, s, v = _number(median), _number(step), _number(value)
+    if m is None or s is None or v is None:
         return None
-    return (f'{{"median": {nums[0]}, "profile": {"null" if profile is None else _QUOTE(profile)}, '
-            f'"step": {nums[1]}, "t": {nums[2]}, "type": "sample", "value": {nums[3]}, '
-            f'"verdict": {_QUOTE(verdict)}}}')
+    return (f'{{"median": {m}, "profile": {"null" if profile is None else _QUOTE(profile)}, '
+            f'"step": {s}, "t": {_FLOAT(t)}, "type": "sample", "value": {v}, "verdict": {_QUOTE(verdict)}}}')
 
 
 class Home:

@@ -255,14 +255,16 @@ class Watch:
     def on_lines(self, run, lines: list, t: float):
         """The lines of one read, taken as ``on_line`` takes them one by one (same order,
         the same first outcome, no line after it), at a cost per read rather than per
-        line when no line can hit a signature or a pause: only the lines that may hold a
-        sample are parsed. The tail and the trace get the lines up to a sample's before
+        line when no line can hit a signature or open a pause (``pause_pattern``: one search
+        a line): only the lines that may hold a sample are parsed (a pause_pattern used to
+        send every read of a nanoGPT run line by line). The tail and the trace get the lines up to a sample's before
         anything else is written into the trace (a decision's record follows its line);
         nothing an ``on_sample`` reads depends on them, so they get them in one piece
         otherwise."""
         if not lines:
             return None
-        if self.pause.pause_rx is not None or signals.may_hit("\n".join(lines), self.signatures):
+        rx = self.pause.pause_rx  # (a line it matches opens a pause: then line by line, as it must)
+        if (rx is not None and any(map(rx.search, lines))) or signals.may_hit("\n".join(lines), self.signatures):
             for line in lines:
                 outcome = self.on_line(run, line, t)
                 if outcome:
