@@ -11,8 +11,10 @@ does not) and prints the functions that cost most.
     python -m bench.supervisor_cpu --seconds 20 --reps 3
     python -m bench.supervisor_cpu --seconds 10 --profile 25
     python -m bench.supervisor_cpu --reps 5 --against /tmp/old-tree --pyspy /tmp/spy
-    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 --against /tmp/old-tree
-    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --eval-every 5 --seconds 250 --age 60
+    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 \\
+        --against /tmp/old-tree
+    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging nanogpt --eval-every 5 \\
+        --seconds 250 --age 60 --against /tmp/old-tree
 
 ``--age SPAN`` reads the supervisor's CPU over the train phase's first SPAN seconds and its
 last SPAN seconds and prints their ratio (issue 38: flat over a run's age); ``--eval-every S``
@@ -172,15 +174,17 @@ class Local:
         span = max(0.5, t_train + seconds - 0.5 - time.monotonic())
         recorder = None
         if spy:  # the same window, sampled (py-spy's own CPU is not the supervisor's)
-            recorder = subprocess.Popen([pyspy(), "record", "--pid", str(pid), "--nonblocking", "--rate", "1000",
-                                         "--format", "raw", "--duration", str(max(1, int(span))),
-                                         "--output", spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            recorder = subprocess.Popen([pyspy(), "record", "--pid", str(pid), "--nonblocking", "--rate",
+                                         "1000", "--format", "raw", "--duration", str(max(1, int(span))),
+                                         "--output", spy], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
         time.sleep(span)
         b = (time.monotonic(), cpu_of(pid), switches_of(pid))
         if recorder is not None:
             recorder.wait(timeout=60)
         end = time.monotonic() + 60
-        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed", "stopped"):
+        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed",
+                                                                              "stopped"):
             time.sleep(0.1)
         st = self.state(job)
         if st.get("state") != "succeeded":
@@ -197,8 +201,9 @@ class Local:
             time.sleep(max(0.0, t_train + at - time.monotonic()))
             marks[name] = (time.monotonic(), cpu_of(pid))
         self.wait_end(job)
-        first = (marks["first_b"][1] - marks["first_a"][1]) / (marks["first_b"][0] - marks["first_a"][0]) * 100
-        last = (marks["last_b"][1] - marks["last_a"][1]) / (marks["last_b"][0] - marks["last_a"][0]) * 100
+        def pct(a, b):
+            return (marks[b][1] - marks[a][1]) / (marks[b][0] - marks[a][0]) * 100
+        first, last = pct("first_a", "first_b"), pct("last_a", "last_b")
         return {"job": job, "first_pct": first, "last_pct": last, "ratio": last / first if first else None,
                 "pauses": self.pauses(job)}
 
@@ -208,7 +213,8 @@ class Local:
 
     def wait_end(self, job: str) -> None:
         end = time.monotonic() + 60
-        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed", "stopped"):
+        while time.monotonic() < end and \
+                self.state(job).get("state") not in ("succeeded", "failed", "stopped"):
             time.sleep(0.1)
         st = self.state(job)
         if st.get("state") != "succeeded":
@@ -227,8 +233,10 @@ class Local:
         (dst / "job.json").write_text(json.dumps(jobj))
         # the state `agent submit` writes (without its step the first one, restore, is refused
         # as a jump from no step: the supervisor would go round its env step for good)
-        (dst / "state.json").write_text(json.dumps({"job_id": new, "name": jobj["spec"]["name"], "state": "preparing",
-                                                    "phase": "start", "step": "env", "profile": jobj["profile"],
+        (dst / "state.json").write_text(json.dumps({"job_id": new, "name": jobj["spec"]["name"],
+                                                    "state": "preparing",
+                                                    "phase": "start", "step": "env",
+                                                    "profile": jobj["profile"],
                                                     "resume": False, "started_at": time.time()}))
         sys.path.insert(0, str(REPO))
         from gpujob.agent.supervisor import supervisor
@@ -259,16 +267,19 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--tps-every", type=int, default=10, help="every Nth line a sample (1 with --rate 70: nanoGPT)")
+    ap.add_argument("--tps-every", type=int, default=10,
+                    help="every Nth line a sample (1 with --rate 70: nanoGPT)")
     ap.add_argument("--judging", choices=("counts", "defaults", "nanogpt"), default="counts",
                     help="the spec's judging times: a count window, each tree's own defaults, or the H200 "
                          "nanoGPT runs' (10s window, 10s failure_limit)")
     ap.add_argument("--profile", type=int, metavar="TOP", help="then profile one supervisor; show TOP rows")
     ap.add_argument("--against", type=Path, metavar="TREE", help="alternate with this other checkout's code")
     ap.add_argument("--pyspy", metavar="PREFIX", help="record each measured supervisor with py-spy")
-    ap.add_argument("--eval-every", type=float, metavar="S", help="an eval line every S seconds, each a pause")
-    ap.add_argument("--age", type=float, metavar="SPAN", help="CPU over the run's first SPAN seconds and its "
-                                                              "last, and their ratio (--seconds >= 2 SPAN + 10)")
+    ap.add_argument("--eval-every", type=float, metavar="S",
+                    help="an eval line every S seconds, each a pause")
+    ap.add_argument("--age", type=float, metavar="SPAN",
+                    help="CPU over the run's first SPAN seconds and its last, and their ratio "
+                         "(--seconds >= 2 SPAN + 10)")
     args = ap.parse_args(argv)
     trees = [("this", REPO)] + ([("other", args.against.resolve())] if args.against else [])
     tmp = Path(tempfile.mkdtemp(prefix="gpujob-supcpu-"))
@@ -284,13 +295,15 @@ def main(argv=None) -> int:
                 runs.append(r)
                 if args.age:
                     by[name].append(r["ratio"])
-                    print(f"{name if args.against else 'supervisor'} CPU first {args.age:g} s {r['first_pct']:.2f} %, "
+                    who = name if args.against else "supervisor"
+                    print(f"{who} CPU first {args.age:g} s {r['first_pct']:.2f} %, "
                           f"last {args.age:g} s {r['last_pct']:.2f} % of a core: last/first {r['ratio']:.2f} "
                           f"({r['pauses']} pauses), load {os.getloadavg()[0]:.2f}", flush=True)
                     continue
                 by[name].append(r["pct"])
                 print(f"{name if args.against else 'supervisor'} CPU {r['pct']:.2f} % of a core "
-                      f"({r['cpu_s']:.3f} CPU-s in {r['window_s']:.1f} s, {r['wakeups_s']:.0f} wakeups/s), load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"({r['cpu_s']:.3f} CPU-s in {r['window_s']:.1f} s, {r['wakeups_s']:.0f} wakeups/s), "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
         for name, got in by.items():
             if len(got) > 1:
                 unit = "" if args.age else " %"  # (--age: the last/first ratios)

@@ -15,7 +15,8 @@ import json
 import pytest
 
 from helpers import cli, cli_json, job_id_of, wait_for, write_spec
-from test_jobs_testbed import bed_env, home_path  # noqa: F401  (the fixture: a container home of this test's own)
+# bed_env: the fixture (a container home of this test's own)
+from test_jobs_testbed import bed_env, home_path  # noqa: F401
 
 pytestmark = pytest.mark.testbed
 

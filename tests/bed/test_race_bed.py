@@ -13,14 +13,16 @@ import pytest
 import yaml
 
 from helpers import cli, cli_json, job_id_of, wait_for, write_spec
-from test_jobs_testbed import bed_env, home_path  # noqa: F401  (the fixture: a container home of this test's own)
+# bed_env: the fixture (a container home of this test's own)
+from test_jobs_testbed import bed_env, home_path  # noqa: F401
 
 pytestmark = pytest.mark.testbed
 
 FX = "torch._dynamo.exc.Unsupported: is_fx_symbolic_tracing() is True"
 
 
-def test_a_compile_race_with_a_known_good_profile_rolls_back_to_it_on_the_bed(testbed, bed_env, tmp_path, index):
+def test_a_compile_race_with_a_known_good_profile_rolls_back_to_it_on_the_bed(
+        testbed, bed_env, tmp_path, index):
     env = bed_env
     spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
                       profile="slow", warmup=False, throughput=False, rollback={"confirm": "1s"},
@@ -42,7 +44,8 @@ def test_a_compile_race_with_a_known_good_profile_rolls_back_to_it_on_the_bed(te
             raise AssertionError(json.dumps(cli_json(["status", job_id, "--json"], env))[-3000:] +
                                  (jdir / "events.jsonl").read_text()[-6000:]) from None
         assert st["profile"] == "fast" and st["state"] in ("training", "succeeded"), st
-        assert [(r["from"], r["to"], r["signal"]) for r in st["rollbacks"]] == [("slow", "fast", "compile_race")]
+        assert [(r["from"], r["to"], r["signal"]) for r in st["rollbacks"]] == \
+            [("slow", "fast", "compile_race")]
         assert "is_fx_symbolic_tracing" in st["rollbacks"][0]["reason"]
         assert not st.get("restarts")  # no restart on the raced wheels: a known-good was there
         assert st["ledger"]["fast"]["status"] == "good"
@@ -54,7 +57,8 @@ def test_a_compile_race_with_a_known_good_profile_rolls_back_to_it_on_the_bed(te
         assert [t["profile"] for t in trains] == ["slow", "fast"]
         assert trains[1]["argv"][-1].endswith("--resume")
         log = (jdir / "train.log").read_text()
-        assert "resumed from checkpoint at step 20" in log or "resumed from checkpoint at step 10" in log, log[-2000:]
+        assert "resumed from checkpoint at step 20" in log or \
+            "resumed from checkpoint at step 10" in log, log[-2000:]
         text = cli(["status", job_id], env, check=True).stdout.decode()
         assert "slow → fast" in text and "compile_race" in text, text
     finally:

@@ -54,7 +54,8 @@ def test_the_ktok_parse_from_the_number_before_the_first_tok_finds_what_the_whol
 
 
 def old_candidates(lines_, lower: bool, needles) -> list:
-    return [i for i, line in enumerate(lines_) if any(n in (line.lower() if lower else line) for n in needles)]
+    return [i for i, line in enumerate(lines_)
+            if any(n in (line.lower() if lower else line) for n in needles)]
 
 
 @pytest.mark.parametrize("lower,needles", [(True, ("tok",)), (True, ("tp", "wp")), (False, ("it/s", "s/it")),

@@ -99,7 +99,8 @@ class LineSource:
         if not any(n in whole for n in needles):
             return []
         if whole.count("\n") != len(lines) - 1:  # a line holding a newline itself: one by one
-            return [i for i, line in enumerate(lines) if any(n in (line.lower() if lower else line) for n in needles)]
+            return [i for i, line in enumerate(lines)
+                    if any(n in (line.lower() if lower else line) for n in needles)]
         return lines_holding(whole, needles)
 
     def poll(self) -> list:

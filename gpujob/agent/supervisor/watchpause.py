@@ -57,8 +57,8 @@ class PauseWatch:
 
     def decide_now(self, run, t: float):
         """The policy's decision for ``run`` at ``t``: the same call replay makes."""
-        return policy.decide(self.policy_holder.now, run.samples, t, run.start, run.baseline, run.pauses.spans(),
-                             run.memo)
+        return policy.decide(self.policy_holder.now, run.samples, t, run.start, run.baseline,
+                             run.pauses.spans(), run.memo)
 
     def known_good_now(self, run, t: float):
         return policy.known_good(self.policy_holder.now, run.samples, t, run.start, run.baseline,
@@ -85,8 +85,8 @@ class PauseWatch:
             return
         tail = run.memo.get("tail")  # the judge's work so far (agent/judge/tail.py): its cost in view
         work = {"samples": tail.fresh, "touched": tail.touched} if tail is not None else None
-        self.journal.event("pause", start=round(iv[0], 3), tail=run.pauses.tail, why=iv[2], profile=run.profile,
-                           judge_work=work)
+        self.journal.event("pause", start=round(iv[0], 3), tail=run.pauses.tail, why=iv[2],
+                           profile=run.profile, judge_work=work)
         self.journal.set_state(pauses=[[round(a, 3), round(b, 3)] for a, b in run.pauses.spans()[-20:]])
 
     def trace_end(self, code, t: float) -> None:
