@@ -442,4 +442,6 @@ def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: th
         out.print_json(json.dumps(dict(res.to_dict(), mark_bad=mark_bad)))
         return
     out.print(render.rollback_line(job_id, res, mark_bad))
+    for line in render.dropped_stop_lines(job_id, res):
+        out.print(line)
     out.print(f"follow it: gpujob logs -f {job_id}")
