@@ -192,6 +192,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         said.append(message)
         err.print(render.lit(f"· {message}", "dim"))
         if message == "starting the supervisor":
+            state.asking(job_id)  # a death from here on may leave a real job: Tab offers its row
             wait.say("shipping the code and starting the supervisor")
         elif message.startswith(("probing ", "sync ")):
             wait.say(message if message.startswith("probing ") else "listing the files to ship")
