@@ -51,7 +51,9 @@ class Checkpoints:
         args = dict(workdir=self.job.workdir, shown_relative=rel, settle=ck["settle"], done_file=ck.get("done_file"))
         name = self.job.spec.get("name", "")
         if adopt is not None and adopt.get("ck_run"):
-            w = ckregister.CkWatch.resume(self.job.home.root, self.job.job_id, name, adopt["ck_run"], pattern, **args)
+            ended = bool(adopt.get("exit_file")) and os.path.exists(adopt["exit_file"])  # its keeper wrote the exit
+            w = ckregister.CkWatch.resume(self.job.home.root, self.job.job_id, name, adopt["ck_run"], pattern,
+                                          t=now(), ended=ended, **args)
             if w is not None:
                 return w
         w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(), **args)
