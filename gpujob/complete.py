@@ -145,7 +145,8 @@ def offerable(values: list) -> list[str]:
     """The values a shell may be offered: a name from hosts.yaml or the index is read here
     without the inventory's checks, so one holding a control character or white space (which
     the inventory refuses, and which would end or split a completion line) is left out."""
-    return [v for v in values if isinstance(v, str) and v and v.isprintable() and not any(c.isspace() for c in v)]
+    return [v for v in values if isinstance(v, str) and v and v.isprintable()
+            and not any(c.isspace() for c in v)]
 
 
 def job_ids() -> list[str]:

@@ -32,7 +32,8 @@ def rows(env, jobs: list[tuple[str, str]]) -> None:
 
 
 def loaded_modules(traced) -> set[str]:
-    return {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines() if ln.startswith("import time:")}
+    return {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines()
+            if ln.startswith("import time:")}
 
 
 @pytest.fixture

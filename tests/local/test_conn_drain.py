@@ -123,7 +123,8 @@ def test_a_command_still_running_when_the_drain_is_up_is_cut_in_one_line_exit_3(
     ex.join(10)
     lines = got["stderr"].decode().splitlines()
     assert got["code"] == 3 and len(lines) == 1, got
-    assert lines[0].startswith("gpujob: the kept connection was closed") and "sleep still ran after 0.5s" in lines[0]
+    assert (lines[0].startswith("gpujob: the kept connection was closed")
+            and "sleep still ran after 0.5s" in lines[0])
     assert 0.4 < took < 5 and server.cut == 1
     t.join(10)
     assert not t.is_alive()

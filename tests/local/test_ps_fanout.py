@@ -58,7 +58,8 @@ def test_ps_with_a_silent_and_a_refusing_host_shows_the_rest_and_one_line_each(t
     inv = yaml.safe_load(open(env["GPUJOB_HOSTS"]))
     for name, port in (("quiet", silent.getsockname()[1]), ("gone", refused_port)):
         inv["hosts"][name] = {"address": "127.0.0.1", "port": port, "user": "root", "connect_timeout": 60,
-                              "known_hosts": str(tmp_path / "known_hosts"), "containers": {"ct200": {"vmid": 200}}}
+                              "known_hosts": str(tmp_path / "known_hosts"),
+                              "containers": {"ct200": {"vmid": 200}}}
     open(env["GPUJOB_HOSTS"], "w").write(yaml.safe_dump(inv))
     db = State(tmp_path / "state" / "gpujob" / "state.db")
     for job, target in (("j-local", "lab/box"), ("j-quiet", "quiet/ct200"), ("j-gone", "gone/ct200"),

@@ -84,7 +84,8 @@ def test_a_trainer_killed_mid_save_inside_settle_is_never_resumed_from(tmp_path,
              what="the resumed trainer")
     log = train_log.read_text()
     assert "resumed from checkpoint at step 42" in log, log[-2000:]
-    trains = [e for e in events(tmp_path / "root" / "jobs" / job) if e["type"] == "phase" and e["phase"] == "train"]
+    trains = [e for e in events(tmp_path / "root" / "jobs" / job)
+              if e["type"] == "phase" and e["phase"] == "train"]
     assert trains[-1]["argv"][-1].endswith("epoch=0-step=42.ckpt"), trains[-1]["argv"]
     files = register(tmp_path, job)["files"]
     [entry] = [e for p, e in files.items() if p.endswith(f"step={TEAR_AT}.ckpt")]

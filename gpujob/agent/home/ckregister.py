@@ -151,11 +151,13 @@ def newest(reg: dict, run: int | None = None, exists=os.path.lexists) -> dict | 
     that is still there, or None."""
     best = None
     for path, e in reg["files"].items():
-        if not e.get("finished") or e.get("gone") or e.get("torn") or (run is not None and e.get("run") != run):
+        if not e.get("finished") or e.get("gone") or e.get("torn") or (run is not None
+                                                                       and e.get("run") != run):
             continue
         if not exists(path):
             continue
-        if best is None or (e["changed"], e.get("step") or -1) > (best[1]["changed"], best[1].get("step") or -1):
+        if best is None or (e["changed"], e.get("step") or -1) > (best[1]["changed"],
+                                                                  best[1].get("step") or -1):
             best = (path, e)
     if best is None:
         return None
@@ -296,7 +298,8 @@ class CkWatch:
             if entry is not None and not entry.get("gone"):
                 entry["gone"] = t
                 dirty = True
-            events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone", "size": 0})
+            events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone",
+                           "size": 0})
         for path, entry in self._unfinished():
             done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
             # a file replaced by another inode (renamed into place) is whole once one look saw it unchanged
@@ -436,12 +439,13 @@ def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
         return out
     path = ask if os.path.isabs(ask) else os.path.join(workdir, ask)
     if os.path.lexists(path):
-        entry = {"path": os.path.normpath(path), "job": own.get(os.path.normpath(path)), "step": step_of(path)}
+        entry = {"path": os.path.normpath(path), "job": own.get(os.path.normpath(path)),
+                 "step": step_of(path)}
     elif "/" not in ask and os.path.exists(path_of(home_root, ask)):
         best = newest(load(home_root, ask))
         if best is None:
-            raise ValueError(f"--resume-from {ask}: that job wrote no finished checkpoint that is still there "
-                             f"(its register: {path_of(home_root, ask)})")
+            raise ValueError(f"--resume-from {ask}: that job wrote no finished checkpoint that is still "
+                             f"there (its register: {path_of(home_root, ask)})")
         entry = {"path": best["path"], "job": ask, "step": best.get("step")}
     else:
         raise ValueError(f"--resume-from {ask}: no such checkpoint ({path}) and no job of that id in "
