@@ -403,8 +403,8 @@ class Supervisor:
                 gone = self.journal.drop_request(name, req, "asked of an earlier run, whose supervisor died "
                                                  "before acting on it; `rollback` ran the job again")
                 self.say(f"a stop asked at {clock(gone['asked_at'])} of an earlier run of this job was "
-                         f"dropped: its supervisor died before acting on it, and a rollback ran the job again "
-                         f"(`gpujob stop {self.job_id}` stops this run)")
+                         f"dropped: its supervisor died before acting on it, and a rollback ran the job "
+                         f"again (`gpujob stop {self.job_id}` stops this run)")
                 continue
             if req["kind"] == "stop":
                 self.stop.asked = True
