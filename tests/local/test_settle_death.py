@@ -4,7 +4,9 @@ and kills itself: a death at once, well inside the 1 s a .ckpt must stay unchang
 as finished). With its supervisor watching, and with its supervisor SIGKILLed first (nobody
 watches the torn write; a supervisor revived afterwards, when the half file has been still
 for longer than settle, re-adopts the dead trainer). Either way, `rollback --to` resumes from
-the last whole checkpoint of the job, never the half one. Local kind, the recipe's stand-in."""
+the last whole checkpoint of the job, never the half one. And the supervisor SIGKILLed while
+the trainer is inside a slow save that it then finishes unwatched: the revived supervisor's
+resume is from a whole checkpoint. Local kind, the recipe's stand-in."""
 
 from __future__ import annotations
 
@@ -48,10 +50,9 @@ def gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("supervisor", ["watching", "killed_first"])
-def test_a_trainer_killed_mid_save_inside_settle_is_never_resumed_from(tmp_path, supervisor):
-    env = local_env(tmp_path)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump({
+def job_yaml() -> str:
+    """The Lightning recipe's job on the stand-in: `fast` tears its save at step TEAR_AT."""
+    return yaml.safe_dump({
         "recipe": "lightning", "name": "lt", "target": "lab/box",
         "sync": [{"src": str(STANDIN), "dest": ".", "exclude": ["__pycache__"]}],
         "profiles": [{"name": "fast", "system_site_packages": True,
@@ -59,7 +60,13 @@ def test_a_trainer_killed_mid_save_inside_settle_is_never_resumed_from(tmp_path,
                      {"name": "other", "system_site_packages": True, "env": {"STANDIN_INTERVAL": "0.05"}}],
         "train": {"command": "python standin.py lightning fit --trainer.callbacks+=ModelCheckpoint "
                              "--trainer.callbacks.every_n_train_steps=40 --trainer.max_steps=100000"},
-        "throughput": {"tokens_per_step": 1000, "min": "1K"}}))  # ~20K tok/s: never judged slow
+        "throughput": {"tokens_per_step": 1000, "min": "1K"}})  # ~20K tok/s: never judged slow
+
+
+@pytest.mark.parametrize("supervisor", ["watching", "killed_first"])
+def test_a_trainer_killed_mid_save_inside_settle_is_never_resumed_from(tmp_path, supervisor):
+    env = local_env(tmp_path)
+    (tmp_path / "job.yaml").write_text(job_yaml())
     job = job_id_of(cli(["submit", str(tmp_path / "job.yaml")], env, check=True).stdout)
     train_log = tmp_path / "root" / "jobs" / job / "train.log"
     if supervisor == "killed_first":  # once the step-42 save is finished: the torn one comes unwatched
@@ -90,5 +97,43 @@ def test_a_trainer_killed_mid_save_inside_settle_is_never_resumed_from(tmp_path,
     files = register(tmp_path, job)["files"]
     [entry] = [e for p, e in files.items() if p.endswith(f"step={TEAR_AT}.ckpt")]
     assert not entry.get("finished") and entry.get("torn"), entry
+    p = cli(["stop", job], env)
+    assert p.returncode == 0, p.stderr.decode()
+
+
+def test_a_supervisor_killed_mid_save_then_revived_resumes_from_a_whole_checkpoint(tmp_path):
+    """The supervisor SIGKILLed while the trainer is inside a save (half of it at its name);
+    the trainer finishes the save unwatched and runs on; a revived supervisor takes the run
+    over, and `rollback --to` resumes from a whole checkpoint (that save, or the one before)."""
+    env = local_env(tmp_path)
+    spec = yaml.safe_load(job_yaml())
+    spec["profiles"][0]["env"] = {"STANDIN_INTERVAL": "0.05", "STANDIN_PAUSE_AT": str(TEAR_AT),
+                                  "STANDIN_SAVE_PAUSE": "2"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
+    job = job_id_of(cli(["submit", str(tmp_path / "job.yaml")], env, check=True).stdout)
+    work = tmp_path / "root" / "work" / "lt"
+    half = work / "lightning_logs" / "version_0" / "checkpoints" / f"epoch=0-step={TEAR_AT}.ckpt"
+
+    def saving() -> bool:
+        try:
+            return half.read_text() == "torn"
+        except OSError:
+            return False
+    wait_for(saving, 90, what="the trainer inside its slow save")
+    sup = state_of(tmp_path, job)["supervisor_pid"]
+    os.kill(sup, signal.SIGKILL)  # the save in progress, well inside its settle window
+    wait_for(lambda: gone(sup), 10, what="the supervisor gone")
+    wait_for(lambda: half.exists() and half.read_text() == str(TEAR_AT), 30,
+             what="the save finished unwatched")
+    p = cli(["rollback", job, "--to", "other"], env)  # revives the job first, then rolls it back
+    assert p.returncode == 0, p.stderr.decode()
+    train_log = tmp_path / "root" / "jobs" / job / "train.log"
+    wait_for(lambda: "resumed from checkpoint at step" in train_log.read_text()
+             or state_of(tmp_path, job).get("state") in ("failed", "succeeded", "stopped"), 90,
+             what="the resumed trainer")
+    log = train_log.read_text()
+    assert "resumed from checkpoint at step" in log and "ValueError" not in log, log[-2000:]
+    at = int(log.split("resumed from checkpoint at step ")[1].split()[0])
+    assert at in (42, TEAR_AT), at
     p = cli(["stop", job], env)
     assert p.returncode == 0, p.stderr.decode()

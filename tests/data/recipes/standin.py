@@ -169,6 +169,7 @@ elif style == "lightning":
         print(f"resumed from checkpoint at step {start}", flush=True)
     saved = []
     tear_at = int(os.environ.get("STANDIN_TEAR_AT") or 0)  # tests/local/test_settle_death.py's
+    pause_at = int(os.environ.get("STANDIN_PAUSE_AT") or 0)
 
     def tick(step, dt):
         if tqdm_bar:
@@ -185,6 +186,12 @@ elif style == "lightning":
                     f.write("torn")
                     f.flush()
                     os.kill(os.getpid(), 9)
+                if step == pause_at:  # a slow save: half of it, a pause, then the whole
+                    f.write("torn")
+                    f.flush()
+                    time.sleep(float(os.environ.get("STANDIN_SAVE_PAUSE") or 0))
+                    f.seek(0)
+                    f.truncate()
                 f.write(str(step))
             for old in saved:
                 os.unlink(old)
