@@ -118,3 +118,26 @@ def test_a_stop_left_queued_by_a_dead_supervisor_does_not_stop_a_later_rollback(
     assert len([e for e in events(jdir(tmp_path, job)) if e["type"] == "request_dropped"]) == 2
     assert "of an earlier run of this job was dropped" in (jdir(tmp_path, job) / "job.log").read_text()
     finish(tmp_path, env, job)  # a stop asked now still stops it
+
+
+def test_a_stop_left_queued_on_a_job_taken_over_is_dropped_by_its_restart(tmp_path, wheelhouse):
+    """The stop outlived its supervisor, the trainer died too, and another job took the
+    container (the first is settled as ended, never revived): `rollback --to fast` restarts the ended job;
+    the stale stop is dropped, and said so, instead of stopping the restarted run."""
+    env = local_env(tmp_path)
+    job = training_job(tmp_path, env, wheelhouse)
+    stop = stop_then_kill(tmp_path, job, "0.5", gave_up=True)
+    stop.communicate(timeout=60)
+    for pid in trainers_of(tmp_path):
+        os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not trainers_of(tmp_path), 20, what="the trainer's end")
+    other = job_id_of(cli(["submit", str(tmp_path / "job.yaml")], env, check=True).stdout)
+    assert state_of(tmp_path, job)["state"] in ("lost", "failed")  # settled when taken over: never revived
+    assert cli(["stop", other], env).returncode == 0
+    assert queued(tmp_path, job)
+    p = cli(["rollback", job, "--to", "fast"], env)
+    assert p.returncode == 0, p.stderr.decode()
+    said = p.stdout.decode()
+    assert "runs again" in said and "the stop was dropped" in said, said
+    runs_on_fast(tmp_path, job)
+    finish(tmp_path, env, job)
