@@ -13,9 +13,7 @@ import yaml
 from gpujob.ops import fanout
 from gpujob.errors import GpujobError
 from gpujob.ops.state import State
-from helpers import cli, local_env
-
-HANG = 60  # a wait that should end at once: reached only when it did not
+from helpers import HANG, cli, local_env
 
 
 def test_gather_keeps_the_order_and_gives_up_on_the_slow_one_at_the_deadline():
