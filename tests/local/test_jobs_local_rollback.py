@@ -39,7 +39,8 @@ def test_slow_profile_rolls_back_to_known_good_and_resumes(tmp_path, env, index_
     kinds = [e["type"] for e in events(journal(tmp_path, job_id))]
     between = kinds[kinds.index("rollback"):kinds.index("rollback_done")]
     assert "env_reused" in between and "warmup_skipped" in between and "env_build" not in between, between
-    assert rb["took"] == round(rb["running_at"] - rb["decided_at"], 3) >= 0  # recorded, in order
+    assert rb["running_at"] >= rb["decided_at"]  # the trainer ran after the decision
+    assert rb["took"] == round(rb["running_at"] - rb["decided_at"], 3)  # and the record says so
     assert st["window_median"] >= 10000  # throughput back above the threshold
     assert st["sparkline"]
     slow = st["ledger"]["slow"]

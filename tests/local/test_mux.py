@@ -113,10 +113,8 @@ def test_commands_sent_before_any_is_awaited_run_together_and_a_deadline_ends_on
         p = mux.start(["sh", "-c", marker], timeout=60)
         wait_for(running, HANG, 0.02, "the command to run")
         if how == "deadline":
-            until = time.monotonic() + 0.3
             with pytest.raises(TimeoutError):  # its deadline, not the command's 60 s timeout
-                mux.result(p, until=until)
-            assert time.monotonic() >= until  # (awaited until then)
+                mux.result(p, until=time.monotonic() + 0.3)
         else:
             mux.cancel(p)
         wait_for(lambda: not running(), HANG, 0.05, f"the command ended by its {how} to be gone")
