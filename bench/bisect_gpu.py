@@ -40,8 +40,8 @@ def build_index(root: Path) -> str:
         links = []
         for v in ("1.0", "2.0"):
             w = build_wheel(root / "wheels", "", 0.0, v, package=f"bis-{x}", module=f"bis_{x}")
-            links.append(f'<a href="../../wheels/{w.name}#sha256={hashlib.sha256(w.read_bytes()).hexdigest()}">'
-                         f"{w.name}</a>")
+            digest = hashlib.sha256(w.read_bytes()).hexdigest()
+            links.append(f'<a href="../../wheels/{w.name}#sha256={digest}">{w.name}</a>')
         (proj / "index.html").write_text("\n".join(links) + "\n")
     return (root / "simple").as_uri()
 
@@ -94,18 +94,22 @@ def main(argv=None) -> int:
         return subprocess.run(argv_ + ["--plan"], env=env, cwd=REPO).returncode
     t0 = time.time()
     try:
-        proc = subprocess.run(argv_ + ["--json"], env=env, cwd=REPO, stdout=subprocess.PIPE, timeout=args.deadline)
+        proc = subprocess.run(argv_ + ["--json"], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              timeout=args.deadline)
     except subprocess.TimeoutExpired:
-        Path(args.out).write_text(json.dumps({"machine": info, "exit": "timeout", "deadline": args.deadline}) + "\n")
+        Path(args.out).write_text(json.dumps({"machine": info, "exit": "timeout", "deadline": args.deadline})
+                                  + "\n")
         print(f"bisect ran past --deadline {args.deadline:g}s")
         return 1
-    out = {"machine": info, "device": args.device, "seconds": round(time.time() - t0, 1), "exit": proc.returncode}
+    out = {"machine": info, "device": args.device, "seconds": round(time.time() - t0, 1),
+           "exit": proc.returncode}
     if proc.returncode == 0:
         res = json.loads(proc.stdout)
         n = len(res["trials"])
         culprit = "env TORCHDYNAMO_DISABLE (none) -> 1" if args.device == "cuda" else \
             "env DFLASH_CPU_STEP_DELAY (none) -> 0.05"
-        out.update(result=res, trials=n, minutes=round(res["seconds"] / 60, 1), named=res["culprit"] == [culprit],
+        out.update(result=res, trials=n, minutes=round(res["seconds"] / 60, 1),
+                   named=res["culprit"] == [culprit],
                    within_bound=n <= math.ceil(math.log2(len(res["changes"]))) + 2)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps({k: out.get(k) for k in ("exit", "trials", "minutes", "within_bound", "named")}))

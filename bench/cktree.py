@@ -44,7 +44,8 @@ def run(files: int) -> dict:
         w = ckregister.CkWatch.begin(os.path.join(top, "home"), "j-1", "j", "p", os.path.join(tree, "*"), top,
                                      True, 0.3, None, time.time())
         cpu0 = time.thread_time()
-        p = subprocess.Popen([sys.executable, "-c", TRAINER, os.path.join(tree, "ckpt.pt")], stdout=subprocess.PIPE)
+        p = subprocess.Popen([sys.executable, "-c", TRAINER, os.path.join(tree, "ckpt.pt")],
+                             stdout=subprocess.PIPE)
         start = time.monotonic()
         looks = 0
         while p.poll() is None:
@@ -57,8 +58,8 @@ def run(files: int) -> dict:
         w.poll(time.time(), force=True)
         w.close(time.time(), clean=p.returncode == 0)
         trainer_s = float(p.stdout.read().decode().strip() or 0)
-        return {"files": files, "trainer_s": trainer_s, "wall_s": round(wall, 3), "watch_cpu_s": round(cpu, 3),
-                "watch_cpu_share": round(cpu / wall, 4), "looks": looks,
+        return {"files": files, "trainer_s": trainer_s, "wall_s": round(wall, 3),
+                "watch_cpu_s": round(cpu, 3), "watch_cpu_share": round(cpu / wall, 4), "looks": looks,
                 "finished": [e for e in w.reg["files"] if w.reg["files"][e].get("finished")] != []}
 
 

@@ -3,9 +3,10 @@ interleaved on one test bed: ``before`` (another checkout's console script) and
 ``after`` (this venv's). Per repetition: one ``ssh ... pct exec 200 -- true``; for each
 install ``disconnect``, 2 s to settle, one cold ``exec`` (no daemon: it runs directly and
 asks for one) with the inventory cache removed first (``cold_miss``: the first cold exec
-after hosts.yaml changed), 4 s, ``disconnect``, 2 s, the same with that cache (``cold``), 4 s, one ``exec`` on the daemon it asked for (that
-daemon's first request: it opens its connection), one with ``GPUJOB_NO_DAEMON=1``. Wall and cpu
-(user + system of the process, wait4) medians, as JSON on stdout.
+after hosts.yaml changed), 4 s, ``disconnect``, 2 s, the same with that cache (``cold``), 4 s,
+one ``exec`` on the daemon it asked for (that daemon's first request: it opens its connection),
+one with ``GPUJOB_NO_DAEMON=1``. Wall and cpu (user + system of the process, wait4) medians, as
+JSON on stdout.
 
     python -m bench.cold BEFORE_GPUJOB [REPS]
 """
@@ -85,7 +86,8 @@ try:
     med = {k: round(statistics.median(v) * 1000) for k, v in S.items()}
     print(json.dumps({"medians_ms": med, "ratios_vs_ssh": {k: round(med[k] / med["ssh"], 2) for k in med
                                                            if not k.endswith("_cpu")},
-                      "load_start": load_start, "load": os.getloadavg(), "reps": reps, "scripts": scripts, "samples_s": S}))
+                      "load_start": load_start, "load": os.getloadavg(), "reps": reps, "scripts": scripts,
+                      "samples_s": S}))
 finally:
     for k in scripts:
         if k in envs:

@@ -213,7 +213,8 @@ def table(res: dict) -> str:
     f = res["figures"]
     out.append("")
     out.append(f"goals: exec ≥ 2× faster than ssh: {'met' if f['exec_warm']['met'] else 'NOT met'}; "
-               f"two environments, each ≥ 2× faster than ssh: {'met' if f['exec_two_envs']['met'] else 'NOT met'}; "
+               f"two environments, each ≥ 2× faster than ssh: "
+               f"{'met' if f['exec_two_envs']['met'] else 'NOT met'}; "
                f"status ≤ 150 ms: {'met' if f['status_warm']['met'] else 'NOT met'} "
                f"(load average {res['loadavg_at_end'][0]:.1f} on {os.cpu_count()} CPUs at the end)")
     return "\n".join(out)

@@ -43,8 +43,8 @@ def records(path: Path) -> list:
 def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: str | None = None) -> dict:
     t0 = time.time()
     extra = ["--profile", profile] if profile else []
-    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--force", *extra], env=env,
-                       capture_output=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "gpujob.cli.main", "submit", str(spec), "--force", *extra],
+                       env=env, capture_output=True, timeout=300)
     if p.returncode != 0:
         raise SystemExit(p.stderr.decode()[-2000:])
     job_id = [ln for ln in p.stdout.decode().splitlines() if ln.startswith("submitted ")][0].split()[1]
@@ -68,7 +68,8 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: 
         if rec.get("verdict") not in ("warmup", "initial_delay") and rec.get("value") is not None:
             per_profile.setdefault(rec.get("profile"), []).append(rec["value"])
     figures = {"tps": {k: statistics.median(v) for k, v in per_profile.items()},
-               "node_tps": [{k: statistics.median(v) for k, v in _by_profile(records(d / "samples.jsonl")).items()}
+               "node_tps": [{k: statistics.median(v)
+                             for k, v in _by_profile(records(d / "samples.jsonl")).items()}
                             for d in dirs]}
     if not lead.get("rollbacks"):
         firsts = [min(s["t"] for s in records(d / "samples.jsonl")) for d in dirs]
@@ -76,7 +77,8 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: 
     decided = lead["rollbacks"][0]["decided_at"]
     figures["timings"] = lead["rollbacks"][0].get("timings")
     log = (dirs[0] / "job.log").read_text(errors="replace")
-    figures["resumed"] = [ln for ln in log.splitlines() if ln.startswith("resumed from") or "resume:" in ln][-1:]
+    figures["resumed"] = [ln for ln in log.splitlines()
+                          if ln.startswith("resumed from") or "resume:" in ln][-1:]
     figures["slow_last_step"] = max((r.get("step") or 0 for r in records(dirs[-1] / "samples.jsonl")
                                      if r.get("profile") == "slow"), default=None)
     after = [r["value"] for r in agg if r["t"] > decided and r.get("profile") == "fast"]
@@ -87,7 +89,8 @@ def one_run(env: dict, spec: Path, job_dirs, keep: Path | None = None, profile: 
         first.append(min(s["t"] for s in samples))
         resumed.append(min(s["t"] for s in samples if s["t"] > decided and s.get("profile") == "fast"))
         started.append(min(e["t"] for e in records(d / "events.jsonl")
-                           if e.get("type") == "phase" and e.get("phase") == "train" and e.get("profile") == "fast"))
+                           if e.get("type") == "phase" and e.get("phase") == "train"
+                           and e.get("profile") == "fast"))
     return dict(figures, start=max(first) - t0, rollback_trainers=max(started) - decided,
                 rollback_training=max(resumed) - decided)
 
@@ -110,7 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="gloo", choices=["gloo", "nccl"],
                     help="with --torch: the process group's backend (nccl wants a GPU per node: --gpus 0,1)")
     ap.add_argument("--trainer-args", default="", help="with --torch: more arguments for the trainer (e.g. a "
-                    "model shape: gloo moves gradients through host memory, so it wants more tokens per parameter)")
+                    "model shape: gloo moves gradients through host memory, so it wants more tokens per "
+                    "parameter)")
     ap.add_argument("--out", help="write the figures here as JSON")
     args = ap.parse_args(argv)
     from gpujob.ops.wheelhouse import build_indexes, serve
@@ -128,10 +132,12 @@ def main(argv=None) -> int:
                      "known_hosts": str(bed.known_hosts), "containers": {f"ct{v}": {"vmid": v, "home": home}}}
                  for n, port, v in (("tb", bed.ports[0], 200), ("tb2", bed.ports[-1], 202))}
         target = ["tb/ct200", "tb2/ct202"]
-        job_dirs = lambda j: [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]  # noqa: E731
+        def job_dirs(j):
+            return [bed.container_path(f"{home}/jobs/{j}", vmid=v) for v in (200, 202)]
     else:
         urls = {b: p.as_uri() for b, p in idx.items()}
-        hosts = {"lab": {"kind": "local", "env_passthrough": ["NCCL_*", "TORCH_SYMM_MEM_*", "NVSHMEM_*", "LD_LIBRARY_PATH", "CUDA_HOME"],
+        hosts = {"lab": {"kind": "local", "env_passthrough": ["NCCL_*", "TORCH_SYMM_MEM_*", "NVSHMEM_*",
+                                                              "LD_LIBRARY_PATH", "CUDA_HOME"],
                          "containers": {"n0": {"root": str(tmp / "n0")},
                                                            "n1": {"root": str(tmp / "n1")}}}}
         target = ["lab/n0", "lab/n1"]
@@ -164,11 +170,14 @@ def main(argv=None) -> int:
     act1 = None
     try:
         if args.torch:  # act 1: the fleet on fast until it is known-good, its baseline
-            act1 = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / "act1" if args.out else None, profile="fast")
+            act1 = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / "act1" if args.out else None,
+                           profile="fast")
             print("act1 " + json.dumps(act1, default=str), flush=True)
         for i in range(args.n + 1):  # the first run builds the venvs: reported apart
             r = one_run(env, tmp / "job.yaml", job_dirs, keep=tmp / f"run{i}" if args.out else None)
-            print(("cold " if i == 0 else "warm ") + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}, default=str), flush=True)
+            print(("cold " if i == 0 else "warm ")
+                  + json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()},
+                               default=str), flush=True)
             if i:
                 runs.append(r)
     finally:
@@ -187,7 +196,8 @@ def main(argv=None) -> int:
         med["fast_after_rollback_tps"] = statistics.median(r["fast_after_rollback"] or 0 for r in runs)
         med["recovered_pct"] = round(100 * med["fast_after_rollback_tps"] / base, 1) if base else None
         goods = [r["timings"].get("first_good") for r in runs if r.get("timings")]
-        med["decision_to_first_good"] = statistics.median(goods) if all(g is not None for g in goods) and goods else None
+        med["decision_to_first_good"] = (statistics.median(goods) if all(g is not None for g in goods)
+                                         and goods else None)
     result = {"where": "testbed (2 sshd, 2 LXC)" if args.testbed else "2 local homes",
               "trainer": "torchrun c10d (jobs/fleet-torch.yaml)" if args.torch else "stand-in",
               "runs": len(runs), "median_s": med, "act1": act1, "each": runs}

@@ -108,7 +108,8 @@ class Sampler(threading.Thread):
 
 def nvidia_smi() -> dict:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu",
+                              "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         return {}
@@ -133,13 +134,15 @@ def probe_torch(python: str, device: str) -> dict:
             "'names': [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]}))")
     p = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     if p.returncode != 0:
-        raise BenchError(f"{python} cannot import torch: {p.stderr.strip().splitlines()[-1:] or p.returncode}")
+        raise BenchError(f"{python} cannot import torch: "
+                         f"{p.stderr.strip().splitlines()[-1:] or p.returncode}")
     info = json.loads(p.stdout.strip().splitlines()[-1])
     if device == "cuda" and not info["gpus"]:
         raise BenchError(f"torch {info['torch']} in {python} sees no GPU (use --device cpu for a smoke test)")
     smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                          capture_output=True, text=True) if shutil.which("nvidia-smi") else None
-    info["driver"] = smi.stdout.strip().splitlines()[0] if smi and smi.returncode == 0 and smi.stdout.strip() else None
+    info["driver"] = (smi.stdout.strip().splitlines()[0] if smi and smi.returncode == 0
+                      and smi.stdout.strip() else None)
     return info
 
 
@@ -248,7 +251,8 @@ def act2(b: "Bench", sampler, spec: Path, act: str, timeout: float, base) -> dic
     return {"job": job2, "seconds": round(c1 - c0, 1), "slow_tok_s": median(per.get("slow", [])),
             "resumed_fast_tok_s": resumed,
             "recovered_pct_of_baseline": round(100 * resumed / base, 1) if resumed and base else None,
-            "rollback": {k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings", "resumed")},
+            "rollback": {k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings",
+                                                "resumed")},
             "decision_to_first_good_s": (rb.get("timings") or {}).get("first_good"),
             "standby_used": any(e["type"] == "standby_used" for e in ev2),
             "held_for_checkpoint": held,

@@ -121,8 +121,10 @@ class Harness:
             "sync": [{"src": str(JOB_DIR), "dest": ".", "exclude": ["__pycache__", "checkpoint.json*"]}],
             "gpus": {"target": [0, 1], "drafter": [2, 3]},
             "profiles": [
-                {"name": "fast", "index_url": self.urls["fast"], "packages": ["gpujob-demo-kernels==1.0.0+fast"]},
-                {"name": "slow", "index_url": self.urls["slow"], "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
+                {"name": "fast", "index_url": self.urls["fast"],
+                 "packages": ["gpujob-demo-kernels==1.0.0+fast"]},
+                {"name": "slow", "index_url": self.urls["slow"],
+                 "packages": ["gpujob-demo-kernels==1.0.0+slow"]},
             ],
             "profile": profile,
             "warmup": {"command": "python warmup.py", "per_gpu": "drafter", "timeout": "1m"},
@@ -182,7 +184,8 @@ class Harness:
     def succeeded(self, job: str, profile: str | None = None) -> dict:
         st = self.wait_final(job)
         if st.get("state") != "succeeded" or (profile and st.get("profile") != profile):
-            raise RuntimeError(f"job {job} ended {st.get('state')} on {st.get('profile')}: {st.get('reason')}")
+            raise RuntimeError(f"job {job} ended {st.get('state')} on {st.get('profile')}: "
+                               f"{st.get('reason')}")
         return st
 
     def remove(self, pattern: str) -> list[str]:
@@ -202,7 +205,8 @@ class Harness:
         kb = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(Vm\w+):\s+(\d+) kB", status, re.M)}
         # CPU in ns, the sum over its threads' schedstat: /proc/PID/stat counts in 10 ms ticks, and
         # a quick run's supervisor (under 1 % of a core for a few seconds) read 0 ticks there
-        r = self.bed.container_exec("sh", "-c", 'cat /proc/"$1"/task/*/schedstat', "sh", str(int(pid)), timeout=30)
+        r = self.bed.container_exec("sh", "-c", 'cat /proc/"$1"/task/*/schedstat', "sh", str(int(pid)),
+                                    timeout=30)
         ns = [int(ln.split()[0]) for ln in r.stdout.decode().splitlines() if ln.split()]
         cpu = sum(ns) / 1e9 if ns else (int(rest[11]) + int(rest[12])) / CLK_TCK
         return {"t": time.monotonic(), "cpu": cpu, "rss_kb": kb.get("VmRSS"), "hwm_kb": kb.get("VmHWM")}
@@ -224,7 +228,8 @@ class Harness:
         """The installed console script (what users run: it takes the kept connection)."""
         exe = Path(sys.executable).parent / "gpujob"
         return [str(exe)] if exe.exists() else [sys.executable, "-c",
-                                                 "import sys; from gpujob.entry import main; sys.exit(main())"]
+                                                 "import sys; from gpujob.entry import main; "
+                                                 "sys.exit(main())"]
 
     def user_cli(self, args: list[str], *, daemon: bool = True, check: bool = True,
                  env: dict | None = None, stdout: list | None = None) -> float:

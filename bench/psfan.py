@@ -93,7 +93,8 @@ def run(bench, Figure, median, FINAL) -> None:
         home4 = bench.tmp / "state-ps4k"
         db = State(home4 / "gpujob" / "state.db")
         for i, host in enumerate(bench.bed.host_names[:4]):
-            db.reserve(done[i] if i < len(done) else f"bench-ps4-{i}", "bench", f"{host}/ct{vmid}", "", "", "fast")
+            db.reserve(done[i] if i < len(done) else f"bench-ps4-{i}", "bench", f"{host}/ct{vmid}", "", "",
+                       "fast")
         db.close()
         use(bench.hosts, home4)
         _ps(cm, Console, 120)  # connections and exec channels opened: kept from here on

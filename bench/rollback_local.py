@@ -36,7 +36,8 @@ class Rollbacks(Local):
             "name": "bench", "target": "lab/box",
             "sync": [{"src": str(JOB_DIR), "dest": ".", "exclude": ["__pycache__", "checkpoint.json*"]}],
             "gpus": {"target": [0, 1], "drafter": [2, 3]},
-            "profiles": [{"name": n, "index_url": self.urls[n], "packages": [f"gpujob-demo-kernels==1.0.0+{n}"]}
+            "profiles": [{"name": n, "index_url": self.urls[n],
+                          "packages": [f"gpujob-demo-kernels==1.0.0+{n}"]}
                          for n in ("fast", "slow")],
             "profile": profile,
             "warmup": {"command": "python warmup.py", "per_gpu": "drafter", "timeout": "1m"},
@@ -52,10 +53,12 @@ class Rollbacks(Local):
     def one(self, spec: Path) -> dict:
         job = self.submit(spec)
         end = time.monotonic() + 120
-        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed", "stopped"):
+        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed",
+                                                                              "stopped"):
             time.sleep(0.1)
         st = self.state(job)
-        ev = [json.loads(x) for x in (self.job_dir(job) / "events.jsonl").read_text().splitlines() if x.strip()]
+        ev = [json.loads(x) for x in (self.job_dir(job) / "events.jsonl").read_text().splitlines()
+              if x.strip()]
         done = [e for e in ev if e["type"] == "rollback_done"]
         if st.get("state") != "succeeded" or not done:
             raise RuntimeError(f"job {job} ended {st.get('state')} without a rollback: {st.get('reason')}")
@@ -76,7 +79,8 @@ def main(argv=None) -> int:
     try:
         good = loc.submit(loc.rollback_spec("fast", 120))  # fast held for good_after: known-good
         end = time.monotonic() + 120
-        while time.monotonic() < end and loc.state(good).get("state") not in ("succeeded", "failed", "stopped"):
+        while time.monotonic() < end and loc.state(good).get("state") not in ("succeeded", "failed",
+                                                                              "stopped"):
             time.sleep(0.1)
         spec = loc.rollback_spec()
         runs = []

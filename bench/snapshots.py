@@ -87,7 +87,8 @@ def main(argv=None) -> int:
               f"{results[name]['restore_s']:.2f}s, restore over a live cache (deletes it) "
               f"{results[name]['restore_over_live_s']:.2f}s "
               f"(median of {args.reps}; {meta['linked']} of {meta['files']} files linked)")
-    usage = subprocess.run(["du", "-sh", os.path.join(home, "snapshots")], capture_output=True, text=True).stdout
+    usage = subprocess.run(["du", "-sh", os.path.join(home, "snapshots")], capture_output=True,
+                           text=True).stdout
     print(f"disk used by the last (copied) snapshot: {usage.split()[0] if usage else '?'}")
     if args.json:
         with open(args.json, "w") as f:

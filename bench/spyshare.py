@@ -83,7 +83,8 @@ def main(argv=None) -> int:
         return 2
     results = [shares(c, no_wait) for c in cols]
     names = [n for n, _ in CAUSES] + [OTHER]
-    print("| cause | " + " | ".join(f"column {i + 1} ({t} samples)" for i, (_, t) in enumerate(results)) + " |")
+    print("| cause | " + " | ".join(f"column {i + 1} ({t} samples)" for i, (_, t) in enumerate(results))
+          + " |")
     print("|---|" + "---|" * len(results))
     for n in names:
         if not any(g.get(n) for g, _ in results):

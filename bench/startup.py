@@ -8,9 +8,9 @@ complete     one Tab: ``_GPUJOB_COMPLETE=complete_bash`` for ``gpujob logs `` (j
              the laptop's index; goal <= 150 ms, as --version)
 disconnect   ``gpujob disconnect`` with no kept connection open (the entry's fast path)
 
-warm: repeated runs (bytecode and page cache hot), wall and cpu (user + system); cold (``--cold``, needs root): the
-first run after ``echo 3 > /proc/sys/vm/drop_caches``, as after a reboot. No test bed:
-nothing here reaches a target.
+warm: repeated runs (bytecode and page cache hot), wall and cpu (user + system); cold
+(``--cold``, needs root): the first run after ``echo 3 > /proc/sys/vm/drop_caches``, as after a
+reboot. No test bed: nothing here reaches a target.
 
     python -m bench.startup [--reps 7] [--cold] [--gpujob PATH [--gpujob PATH]] [--json out.json]
 """
@@ -81,7 +81,8 @@ def run(scripts: list[str], reps: int, cold: bool) -> dict:
     runtime.mkdir(mode=0o700)
     env = dict(os.environ, XDG_STATE_HOME=str(tmp / "state"), XDG_RUNTIME_DIR=str(runtime), COLUMNS="100")
     env.pop("GPUJOB_NO_DAEMON", None)
-    envs = {"complete": dict(env, _GPUJOB_COMPLETE="complete_bash", COMP_WORDS="gpujob logs ", COMP_CWORD="2")}
+    envs = {"complete": dict(env, _GPUJOB_COMPLETE="complete_bash", COMP_WORDS="gpujob logs ",
+                             COMP_CWORD="2")}
     todo = {gj: cases(gj) for gj in scripts}
     names = list(todo[scripts[0]])
     for gj in scripts:  # one untimed round: bytecode written, caches warm

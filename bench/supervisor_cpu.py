@@ -11,7 +11,8 @@ does not) and prints the functions that cost most.
     python -m bench.supervisor_cpu --seconds 20 --reps 3
     python -m bench.supervisor_cpu --seconds 10 --profile 25
     python -m bench.supervisor_cpu --reps 5 --against /tmp/old-tree --pyspy /tmp/spy
-    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 --against /tmp/old-tree
+    python -m bench.supervisor_cpu --rate 70 --tps-every 1 --judging defaults --seconds 60 \\
+        --against /tmp/old-tree
 
 ``--against TREE`` alternates run by run between this tree and another checkout of gpujob
 (its CLI submits, so its agent runs): the two figures come from the same minutes. ``--pyspy
@@ -91,7 +92,8 @@ class Local:
     def spec(self, rate: float, seconds: float, repo: Path = REPO) -> Path:
         spec = {
             "name": "bench", "target": "lab/box",
-            "sync": [{"src": str(repo / "bench" / "job"), "dest": ".", "exclude": ["__pycache__", "checkpoint.json*"]}],
+            "sync": [{"src": str(repo / "bench" / "job"), "dest": ".",
+                      "exclude": ["__pycache__", "checkpoint.json*"]}],
             "gpus": {"target": [0, 1], "drafter": [2, 3]},
             "profiles": [{"name": "fast", "index_url": self.urls["fast"],
                           "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
@@ -149,15 +151,17 @@ class Local:
         span = max(0.5, t_train + seconds - 0.5 - time.monotonic())
         recorder = None
         if spy:  # the same window, sampled (py-spy's own CPU is not the supervisor's)
-            recorder = subprocess.Popen([pyspy(), "record", "--pid", str(pid), "--nonblocking", "--rate", "1000",
-                                         "--format", "raw", "--duration", str(max(1, int(span))),
-                                         "--output", spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            recorder = subprocess.Popen([pyspy(), "record", "--pid", str(pid), "--nonblocking", "--rate",
+                                         "1000", "--format", "raw", "--duration", str(max(1, int(span))),
+                                         "--output", spy], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
         time.sleep(span)
         b = (time.monotonic(), cpu_of(pid), switches_of(pid))
         if recorder is not None:
             recorder.wait(timeout=60)
         end = time.monotonic() + 60
-        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed", "stopped"):
+        while time.monotonic() < end and self.state(job).get("state") not in ("succeeded", "failed",
+                                                                              "stopped"):
             time.sleep(0.1)
         st = self.state(job)
         if st.get("state") != "succeeded":
@@ -178,8 +182,10 @@ class Local:
         (dst / "job.json").write_text(json.dumps(jobj))
         # the state `agent submit` writes (without its step the first one, restore, is refused
         # as a jump from no step: the supervisor would go round its env step for good)
-        (dst / "state.json").write_text(json.dumps({"job_id": new, "name": jobj["spec"]["name"], "state": "preparing",
-                                                    "phase": "start", "step": "env", "profile": jobj["profile"],
+        (dst / "state.json").write_text(json.dumps({"job_id": new, "name": jobj["spec"]["name"],
+                                                    "state": "preparing",
+                                                    "phase": "start", "step": "env",
+                                                    "profile": jobj["profile"],
                                                     "resume": False, "started_at": time.time()}))
         sys.path.insert(0, str(REPO))
         from gpujob.agent.supervisor import supervisor
@@ -210,7 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", type=float, default=1000)
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--reps", type=int, default=1)
-    ap.add_argument("--tps-every", type=int, default=10, help="every Nth line a sample (1 with --rate 70: nanoGPT)")
+    ap.add_argument("--tps-every", type=int, default=10,
+                    help="every Nth line a sample (1 with --rate 70: nanoGPT)")
     ap.add_argument("--judging", choices=("counts", "defaults", "nanogpt"), default="counts",
                     help="the spec's judging times: a count window, each tree's own defaults, or the H200 "
                          "nanoGPT runs' (10s window, 10s failure_limit)")
@@ -232,7 +239,8 @@ def main(argv=None) -> int:
                 runs.append(r)
                 by[name].append(r["pct"])
                 print(f"{name if args.against else 'supervisor'} CPU {r['pct']:.2f} % of a core "
-                      f"({r['cpu_s']:.2f} CPU-s in {r['window_s']:.1f} s, {r['wakeups_s']:.0f} wakeups/s), load {os.getloadavg()[0]:.2f}", flush=True)
+                      f"({r['cpu_s']:.2f} CPU-s in {r['window_s']:.1f} s, {r['wakeups_s']:.0f} wakeups/s), "
+                      f"load {os.getloadavg()[0]:.2f}", flush=True)
         for name, got in by.items():
             if len(got) > 1:
                 print(f"{name if args.against else ''} median {statistics.median(got):.2f} % "

@@ -67,7 +67,8 @@ for i in range(100000):
     time.sleep(0.1)
     print(f"step {i} | {20 * 256 / (time.time() - t):.0f} tok/s", flush=True)
 """
-UV_LINE = re.compile(r"^(Resolved|Prepared|Installed|Audited|Checked|Uninstalled) (\d+) packages? in ([\d.]+)(ms|s)\b")
+UV_LINE = re.compile(r"^(Resolved|Prepared|Installed|Audited|Checked|Uninstalled) (\d+) packages? in "
+                     r"([\d.]+)(ms|s)\b")
 ADDED = re.compile(r"^ \+ (\S+)==(\S+)$")
 
 
@@ -81,7 +82,8 @@ def uv_steps(log: str) -> list:
         elif cur is not None:
             m = UV_LINE.match(line.strip())
             if m:
-                cur[m.group(1).lower() + "_s"] = round(float(m.group(3)) / (1000 if m.group(4) == "ms" else 1), 3)
+                scale = 1000 if m.group(4) == "ms" else 1
+                cur[m.group(1).lower() + "_s"] = round(float(m.group(3)) / scale, 3)
                 cur[m.group(1).lower() + "_n"] = int(m.group(2))
             m = ADDED.match(line.rstrip())
             if m:
@@ -104,7 +106,8 @@ def du(paths: list, apparent: bool) -> int:
     every hard link counted (-l), as if each venv had its own copy; real: the blocks
     used, each hard-linked file counted once."""
     flag = ["--apparent-size", "-l"] if apparent else []
-    r = subprocess.run(["du", "-s", "-c", "-B1", *flag, *map(str, paths)], capture_output=True, text=True, check=True)
+    r = subprocess.run(["du", "-s", "-c", "-B1", *flag, *map(str, paths)], capture_output=True, text=True,
+                       check=True)
     return int(r.stdout.strip().splitlines()[-1].split()[0])
 
 
@@ -148,10 +151,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.wheels")
     p.add_argument("--out", default="bench-wheels.json")
     p.add_argument("--index", default="file:///opt/pypi/simple")
-    p.add_argument("--extra-index", action="append", default=None, help="default: file:///opt/pypi-more/simple")
+    p.add_argument("--extra-index", action="append", default=None,
+                   help="default: file:///opt/pypi-more/simple")
     p.add_argument("--find-links", action="append", default=None, help="default: file:///opt/wheels")
     p.add_argument("--profile", action="append", default=None, metavar="NAME=PIN[,PIN...]",
-                   help="exactly two; default a=torch==2.13.0+cpu,numpy==1.26.0 b=torch==2.13.0+cpu,numpy==2.4.1")
+                   help="exactly two; default a=torch==2.13.0+cpu,numpy==1.26.0 "
+                        "b=torch==2.13.0+cpu,numpy==2.4.1")
     p.add_argument("--wheel-dir", action="append", default=None,
                    help="where the wheel files lie, to report their bytes (default: the find-links "
                         "folders and each file index's ../files)")
@@ -173,7 +178,8 @@ def main(argv=None) -> int:
         [str(Path(d).parent / "files") for d in local]
 
     tmp = Path(tempfile.mkdtemp(prefix="gpujob-bench-wheels-"))
-    uv = subprocess.run([sys.executable, "-c", "import uv, subprocess; subprocess.run([uv.find_uv_bin(), '--version'])"],
+    uv = subprocess.run([sys.executable, "-c",
+                         "import uv, subprocess; subprocess.run([uv.find_uv_bin(), '--version'])"],
                         capture_output=True, text=True).stdout.strip()
     fig: dict = {"status": "running", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  "machine": {"nproc": os.cpu_count(), "uname": " ".join(platform.uname()),
@@ -187,7 +193,8 @@ def main(argv=None) -> int:
     (tmp / "code").mkdir()
     (tmp / "code" / "trainer.py").write_text(TRAINER)
     hosts = tmp / "hosts.yaml"
-    hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local", "containers": {"box": {"root": str(root)}}}}}))
+    hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local",
+                                                       "containers": {"box": {"root": str(root)}}}}}))
     env = dict(os.environ, GPUJOB_HOSTS=str(hosts), XDG_STATE_HOME=str(tmp / "state"), COLUMNS="160")
     spec = {"name": "wheels", "target": "box", "sync": [{"src": str(tmp / "code"), "dest": "."}],
             "profiles": [{"name": n, "index_url": args.index, "extra_index_urls": extra, "find_links": links,
@@ -201,7 +208,8 @@ def main(argv=None) -> int:
         r = subprocess.run([sys.executable, "-m", "gpujob.cli.main", *a], env=env, cwd=REPO,
                            capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
-            raise SystemExit(f"bench.wheels: gpujob {' '.join(a)} failed: {r.stdout[-800:]} {r.stderr[-800:]}")
+            raise SystemExit(f"bench.wheels: gpujob {' '.join(a)} failed: {r.stdout[-800:]} "
+                             f"{r.stderr[-800:]}")
         return r
 
     def first_sample(job: str, timeout: float = 120) -> float | None:
@@ -248,7 +256,8 @@ def main(argv=None) -> int:
         if prepared:
             rec["prepared"] = prepared
             if len(prepared) != pin.get("prepared_n"):
-                rec["prepared_count_mismatch"] = f"uv prepared {pin.get('prepared_n')}, we expected {len(prepared)}"
+                rec["prepared_count_mismatch"] = (f"uv prepared {pin.get('prepared_n')}, we expected "
+                                                  f"{len(prepared)}")
             rec["prepared_wheel_bytes"] = sum(f.stat().st_size for f in files.values() if f)
             rec["prepared_wheels_not_found"] = [r for r, f in files.items() if not f]
             if args.drop_caches and drop_page_cache():  # what fetching them from the local mirror costs alone
@@ -297,7 +306,8 @@ def main(argv=None) -> int:
             "du_venvs": {v.name: {"apparent": du([v], True), "real": du([v], False)} for v in venvs},
             "du_both_venvs": {"apparent": du(venvs, True), "real": du(venvs, False)},
             "du_uv_cache": {"apparent": du([cache], True), "real": du([cache], False)},
-            "du_both_venvs_and_uv_cache": {"apparent": du(venvs + [cache], True), "real": du(venvs + [cache], False)},
+            "du_both_venvs_and_uv_cache": {"apparent": du(venvs + [cache], True),
+                                           "real": du(venvs + [cache], False)},
             "gpujob_profiles": {e["profile"]: e["disk"] for e in prof["envs"]},
             "gpujob_profiles_total": prof["disk_total"]})
 
@@ -316,8 +326,10 @@ def main(argv=None) -> int:
         job2, to_sample = submit(a)
         ev = [json.loads(x)["type"] for x in (root / "jobs" / job2 / "events.jsonl").read_text().splitlines()]
         cli("stop", job2)
-        save(switch={"rollback_to_installed": {"job": job, "took_s": rb.get("took"), "timings": rb.get("timings"),
-                                               "trainer_import_torch_numpy_s": float(imports[-1]) if imports else None},
+        save(switch={"rollback_to_installed": {"job": job, "took_s": rb.get("took"),
+                                               "timings": rb.get("timings"),
+                                               "trainer_import_torch_numpy_s": float(imports[-1]) if imports
+                                               else None},
                      "resubmit_onto_installed": {"job": job2, "submit_to_first_sample_s": to_sample,
                                                  "env_reused": "env_reused" in ev}},
              status="done" if not args.network_index else "running")

@@ -145,7 +145,8 @@ def offerable(values: list) -> list[str]:
     """The values a shell may be offered: a name from hosts.yaml or the index is read here
     without the inventory's checks, so one holding a control character or white space (which
     the inventory refuses, and which would end or split a completion line) is left out."""
-    return [v for v in values if isinstance(v, str) and v and v.isprintable() and not any(c.isspace() for c in v)]
+    return [v for v in values if isinstance(v, str) and v and v.isprintable()
+            and not any(c.isspace() for c in v)]
 
 
 def job_ids() -> list[str]:
@@ -157,7 +158,8 @@ def job_ids() -> list[str]:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
         try:
-            return offerable([r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY submitted_at DESC LIMIT 200")])
+            return offerable([r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY submitted_at DESC "
+                                                        "LIMIT 200")])
         finally:
             con.close()
     except sqlite3.Error:

@@ -247,7 +247,8 @@ class _Builder:
                 merged = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
                 for part in reversed(merged):
                     if not isinstance(part, MappingNode):
-                        raise SpecError(self.path, key_node.start_mark.line + 1, field, "'<<' needs a mapping")
+                        raise SpecError(self.path, key_node.start_mark.line + 1, field,
+                                        "'<<' needs a mapping")
                     out.update(self._mapping(part, loc))
         own: set = set()
         for key_node, value_node in node.value:
@@ -354,8 +355,10 @@ def load_yaml(path: str | Path, raw: bytes | None = None) -> Source:
         if node is None:
             raise SpecError(name, 1, None, "empty file; expected a YAML mapping")
         if not isinstance(node, MappingNode):
-            got = "a list" if isinstance(node, SequenceNode) else describe(_Builder(name, loader).construct(node, ()))
-            raise SpecError(name, node.start_mark.line + 1, None, f"expected a mapping at the top level, got {got}")
+            got = ("a list" if isinstance(node, SequenceNode)
+                   else describe(_Builder(name, loader).construct(node, ())))
+            raise SpecError(name, node.start_mark.line + 1, None,
+                            f"expected a mapping at the top level, got {got}")
         builder = _Builder(name, loader)
         data = builder.build(node, ())
     except yaml.MarkedYAMLError as exc:

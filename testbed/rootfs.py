@@ -33,8 +33,9 @@ signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, signal.SIGTERM, signal
 # /etc/rc.local runs once
 if os.access("/etc/rc.local", os.X_OK) and os.fork() == 0:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT})
-    os.execve("/etc/rc.local", ["/etc/rc.local"], {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                                                   "HOME": "/root", "LANG": "C.UTF-8"})
+    os.execve("/etc/rc.local", ["/etc/rc.local"],
+              {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+               "LANG": "C.UTF-8"})
 while True:
     while True:
         try:

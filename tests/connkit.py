@@ -119,7 +119,8 @@ def same(a: subprocess.CompletedProcess, b: subprocess.CompletedProcess) -> None
     if (a.returncode, a.stdout, a.stderr) != (b.returncode, b.stdout, b.stderr):
         import difflib
         diff = [f"{name}:\n" + "\n".join(difflib.unified_diff(x.decode("utf-8", "replace").splitlines(),
-                                                              y.decode("utf-8", "replace").splitlines(), lineterm=""))
+                                                              y.decode("utf-8", "replace").splitlines(),
+                                                              lineterm=""))
                 for name, x, y in (("stdout", a.stdout, b.stdout), ("stderr", a.stderr, b.stderr)) if x != y]
         raise AssertionError(f"{a.args[1:]}: exit {a.returncode} vs {b.returncode}\n" + "\n".join(diff))
 

@@ -157,8 +157,10 @@ def _text_mutant(rng: random.Random, text: str, kind: str) -> bytes:
         return "".join(lines).encode()
     if kind == "encoding":
         return rng.choice([text.encode("utf-16"), text.encode("utf-16-le"), b"\xef\xbb\xbf" + text.encode(),
-                           text.replace("\n", "\r\n").encode(), text.encode("latin-1", "replace") + b"\xe9\xff",
-                           text.encode()[:50] + b"\x00" + text.encode()[50:], text.replace("\n", "\r").encode()])
+                           text.replace("\n", "\r\n").encode(),
+                           text.encode("latin-1", "replace") + b"\xe9\xff",
+                           text.encode()[:50] + b"\x00" + text.encode()[50:],
+                           text.replace("\n", "\r").encode()])
     if kind == "truncate":
         cut = rng.randrange(len(text))
         return text[:cut].encode()

@@ -78,7 +78,8 @@ def expected(home: Path, alias: str) -> dict:
     """What OpenSSH resolves for ``alias``, in gpujob's words (``~`` as the account's home)."""
     g = ssh_g(home, alias)
     ids = g.get("identityfile", [])
-    defaults = {f"~/.ssh/id_{k}" for k in ("rsa", "ecdsa", "ecdsa_sk", "ed25519", "ed25519_sk", "xmss", "dsa")}
+    defaults = {f"~/.ssh/id_{k}" for k in ("rsa", "ecdsa", "ecdsa_sk", "ed25519", "ed25519_sk", "xmss",
+                                           "dsa")}
     # ssh -G prints IdentityFile as written: OpenSSH expands ~, %d and %h when it loads the file
     ids = [] if set(ids) <= defaults else [
         i.replace("~", ACCOUNT_HOME, 1).replace("%d", ACCOUNT_HOME).replace("%h", g["hostname"][0])

@@ -55,7 +55,8 @@ def via_init(lane: "Lane", where: Path, args, command: str, **extra) -> tuple:
                        env=dict(os.environ, HOME=str(where / "init-home")))
     if p.returncode:
         from bench.gpu import BenchError
-        raise BenchError(f"{lane.name}: gpujob init failed (exit {p.returncode}): {(p.stdout + p.stderr)[-600:]}")
+        raise BenchError(f"{lane.name}: gpujob init failed (exit {p.returncode}): "
+                         f"{(p.stdout + p.stderr)[-600:]}")
     shutil.copy(init, where / "job.init.yaml")
     spec = yaml.safe_load(init.read_text())
     # init's comment: "add what else it reads": the lane's files init did not find (torchtitan's
@@ -102,7 +103,8 @@ def version_of(module: str, *beside: str) -> Callable:
     """The module's version under a python; with ``beside``: "V (name V, ...)" of those too."""
     code = ("import importlib, sys\nout = []\nfor n in sys.argv[1:]:\n    try:\n"
             "        out.append(importlib.import_module(n).__version__)\n    except Exception:\n"
-            "        out.append('missing')\nif out[0] == 'missing':\n    sys.exit(1)\nprint(out[0] + (' (' + ', '.join(f'{n} {v}' for n, v in "
+            "        out.append('missing')\nif out[0] == 'missing':\n    sys.exit(1)\nprint(out[0] + (' (' + "
+            "', '.join(f'{n} {v}' for n, v in "
             "zip(sys.argv[2:], out[1:])) + ')' if out[1:] else ''))")
 
     def probe(python: str) -> str | None:
@@ -144,11 +146,13 @@ def _hf(lane, where, args):
     cpu = args.device == "cpu"
     size = ("--hidden_size 64 --num_layers 2 --num_heads 2 --vocab_size 256 --max_seq_length 64 "
             "--per_device_train_batch_size 2 --attn sdpa --use_cpu --save_steps 20"
-            if cpu else "--hidden_size 384 --num_layers 6 --num_heads 6 --vocab_size 4096 --max_seq_length 1024 "
-            "--per_device_train_batch_size 16 --bf16 --save_steps 200 --dataloader_num_workers 2")
+            if cpu else "--hidden_size 384 --num_layers 6 --num_heads 6 --vocab_size 4096 "
+            "--max_seq_length 1024 --per_device_train_batch_size 16 --bf16 --save_steps 200 "
+            "--dataloader_num_workers 2")
     command = (f"python hf_train.py --output_dir out {size} --max_steps 1000000 --save_total_limit 2 "
                "--logging_steps 50 --report_to none")
-    return own_spec(lane, where, args, command, [TRAINERS / "hf_train.py", REPO / "bench" / "traces" / "hf_trainer.py"])
+    return own_spec(lane, where, args, command,
+                    [TRAINERS / "hf_train.py", REPO / "bench" / "traces" / "hf_trainer.py"])
 
 
 def _nanogpt(lane, where, args):
@@ -159,8 +163,8 @@ def _nanogpt(lane, where, args):
             "--vocab_size=4096 --eval_interval_s=12 --eval_iters=5")
     # evals (and the in-place save of out/ckpt.pt after each) by the clock, the same on both
     # profiles: by iterations, broken (7x slower) would save its first only minutes in
-    command = (f"python nanogpt_trainer.py --compile=True {size} --eval_interval=0 --gradient_accumulation_steps=1 "
-               "--time_limit=0")
+    command = (f"python nanogpt_trainer.py --compile=True {size} --eval_interval=0 "
+               f"--gradient_accumulation_steps=1 --time_limit=0")
     if cpu:
         command = command.replace("--compile=True ", "")
     return own_spec(lane, where, args, command, [REPO / "bench" / "traces" / "nanogpt_trainer.py"])
@@ -177,8 +181,8 @@ def _lightning(lane, where, args):
             "--trainer.plugins=LightningEnvironment "
             "--model.dim 384 --model.layers 6 --model.heads 6 --model.seq 1024 --model.vocab 4096 "
             "--data.batch_size 16 --trainer.callbacks.every_n_train_steps=200")
-    command = (f"python lightning_train.py fit --trainer.max_steps 1000000 --trainer.enable_model_summary false "
-               f"--trainer.callbacks+=ModelCheckpoint {size}")
+    command = (f"python lightning_train.py fit --trainer.max_steps 1000000 --trainer.enable_model_summary "
+               f"false --trainer.callbacks+=ModelCheckpoint {size}")
     tokens = 2 * 64 if cpu else 16 * 1024
     return own_spec(lane, where, args, command, [TRAINERS / "lightning_train.py"],
                     throughput={"tokens_per_step": tokens})
@@ -201,11 +205,12 @@ def _torchtitan(lane, where, args):
     # under the base interpreter, in one line if either fails (else only the warmup's log would say)
     probe = ("import sys, tempfile, torchtitan.train, datasets; "
              "datasets.load_dataset(sys.argv[1], split='train', cache_dir=tempfile.mkdtemp())")
-    p = subprocess.run([args.python, "-c", probe, str(code / "data")], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"))
+    p = subprocess.run([args.python, "-c", probe, str(code / "data")], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"))
     if p.returncode:
         last = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise BenchError(f"torchtitan: importing torchtitan.train or loading its data failed under {args.python}: {last}")
+        raise BenchError(f"torchtitan: importing torchtitan.train or loading its data failed under "
+                         f"{args.python}: {last}")
     entry = "titan_cpu" if cpu else "torchtitan.train"
     command = (f"python -m torch.distributed.run --nproc_per_node 1 -m {entry} --job.config_file train.toml"
                + ("" if cpu else " --compile.enable"))

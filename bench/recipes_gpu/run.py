@@ -50,7 +50,8 @@ def parse_args(argv=None):
                    help="the base interpreter holding torch and the trainers")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--deadline", type=float, default=520.0, help="seconds for everything")
-    p.add_argument("--resumed-s", type=float, default=25.0, help="seconds of resumed samples before act 2 stops")
+    p.add_argument("--resumed-s", type=float, default=25.0,
+                   help="seconds of resumed samples before act 2 stops")
     p.add_argument("--workdir", default=None, help="keep everything here (default: a temp dir, removed)")
     p.add_argument("--keep", default=None, help="copy each act's supervisor trace, spec and logs here")
     p.add_argument("--init-keys", action="store_true", help="judge with what `gpujob init` writes "
@@ -58,7 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--good-runs", type=int, default=0, help="between the acts: this many more jobs on "
                    "compiled, judged against act 1's baseline, each stopped after --good-s of samples")
     p.add_argument("--good-s", type=float, default=40.0)
-    p.add_argument("--via-init", action="store_true", help="each lane's spec written by `gpujob init --recipe "
+    p.add_argument("--via-init", action="store_true",
+                   help="each lane's spec written by `gpujob init --recipe "
                    "R -t lab/LANE -- COMMAND`, then only its CHANGE ME edits (lanes.via_init)")
     p.add_argument("--specforge-data", default=None, help="specforge lane: the tiny target and features "
                    "(bench/recipes_gpu/specforge_tiny.py --out DIR)")
@@ -118,7 +120,8 @@ class Lanes:
         dest = Path(self.args.keep)
         dest.mkdir(parents=True, exist_ok=True)
         src = self.roots[lane] / "jobs" / job
-        for name, to in (("trace.jsonl.gz", "trace.jsonl.gz"), ("job.json", "job.json"), ("job.log", "job.log"),
+        for name, to in (("trace.jsonl.gz", "trace.jsonl.gz"), ("job.json", "job.json"),
+                         ("job.log", "job.log"),
                          ("events.jsonl", "events.jsonl"), ("warmup.log", "warmup.log")):
             if (src / name).exists():
                 shutil.copy(src / name, dest / f"{lane}_{tag}.{to}")
@@ -192,11 +195,13 @@ def run_lane(b: Lanes, lane: Lane, figures: Figures, end: float, resumed_s: floa
     b.keep(name, job2, "act2")
     out["act2"].update(figures2(b, name, job2, st2, base))
     trace2 = root / "jobs" / job2 / "trace.jsonl.gz"
-    out["act2"]["counter"] = counter_check(trace2, name, lane.tokens_per_step(b.args), out["act2"].get("resumed_tok_s"))
+    out["act2"]["counter"] = counter_check(trace2, name, lane.tokens_per_step(b.args),
+                                           out["act2"].get("resumed_tok_s"))
     if lane.tokens_per_step(b.args):
         for tag, job, resumed in (("act1", job1, False), ("act2", job2, True)):
             try:
-                out[tag]["counter_vs_gpujob"] = counter_vs_samples(root / "jobs" / job / "trace.jsonl.gz", name,
+                out[tag]["counter_vs_gpujob"] = counter_vs_samples(root / "jobs" / job / "trace.jsonl.gz",
+                                                                   name,
                                                                    lane.tokens_per_step(b.args), resumed)
             except (OSError, KeyError, IndexError, ValueError) as e:
                 out[tag]["counter_vs_gpujob"] = {"error": f"{type(e).__name__}: {e}"}
@@ -260,8 +265,8 @@ def figures2(b: Lanes, name: str, job: str, st: dict, base) -> dict:
     samples = _samples(root, job)
     per = samples_by_profile(root, job)
     rolled = [r for r in st.get("rollbacks") or [] if r.get("signal") != "manual"]
-    out: dict = {"state": st.get("state"), "reason": st.get("reason"), "broken_tok_s": median(per.get("broken", [])),
-                 "broken_samples": len(per.get("broken", []))}
+    out: dict = {"state": st.get("state"), "reason": st.get("reason"),
+                 "broken_tok_s": median(per.get("broken", [])), "broken_samples": len(per.get("broken", []))}
     if not rolled:
         return out
     rb = rolled[0]
@@ -271,7 +276,8 @@ def figures2(b: Lanes, name: str, job: str, st: dict, base) -> dict:
     settled = resumed[len(resumed) // 4:]  # the resumed run's first quarter is its ramp
     ledger = [e for e in ev if e["type"] in ("suspect_confirmed", "not_promoted", "warning")
               and ("broken" in json.dumps(e))]
-    out.update(rollback={k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings", "resumed")},
+    out.update(rollback={k: rb.get(k) for k in ("from", "to", "signal", "reason", "took", "timings",
+                                                "resumed")},
                slowdown_to_decision_s=round(decided - first_broken, 2) if decided and first_broken else None,
                decision_to_first_good_s=(rb.get("timings") or {}).get("first_good"),
                standby_used=any(e["type"] == "standby_used" for e in ev),
@@ -320,12 +326,14 @@ def counter_runs(trace: Path, lane: str, samples: bool = False) -> list:
     return runs
 
 
-def counter_check(trace: Path, lane: str, tokens_per_step: float | None, gpujob_resumed: float | None) -> dict:
+def counter_check(trace: Path, lane: str, tokens_per_step: float | None,
+                  gpujob_resumed: float | None) -> dict:
     """The fresh run's first step, and the resumed run's rate by the trainer's own counter
     (steps over time, its first quarter left out as gpujob's figure does) against gpujob's."""
     runs = counter_runs(trace, lane)
     train = [r for r in runs if r.get("phase") == "train"]
-    out: dict = {"fresh_first_step": next((r["points"][0][1] for r in train if not r.get("resume") and r["points"]),
+    out: dict = {"fresh_first_step": next((r["points"][0][1] for r in train if not r.get("resume")
+                                           and r["points"]),
                                           None)}
     resumed = next((r for r in train if r.get("resume") and len(r["points"]) > 8), None)
     if resumed is None:
@@ -367,8 +375,10 @@ def counter_vs_samples(trace: Path, lane: str, tokens_per_step: float, resumed: 
         if j < len(pts):
             win.append((pts[j][1] - n) / (pts[j][0] - t) * tokens_per_step)
     w = statistics.median(win) if win else None
-    return {"gpujob_median": round(gj, 1), "counter_mean": round(mean, 1), "counter_1s_median": round(w, 1) if w else None,
-            "over_mean": round(gj / mean, 3), "over_1s": round(gj / w, 3) if w else None, "samples": len(samples)}
+    return {"gpujob_median": round(gj, 1), "counter_mean": round(mean, 1),
+            "counter_1s_median": round(w, 1) if w else None,
+            "over_mean": round(gj / mean, 3), "over_1s": round(gj / w, 3) if w else None,
+            "samples": len(samples)}
 
 
 def main(argv=None) -> int:

@@ -40,9 +40,10 @@ writes it into the profiles: the job's PATH is the container's login one):
   #   and resumes from outputs/dflash-stepN; stopped 20 s after its rollback_timing event.
 --set takes a YAML value, so `profiles=[...]` replaces the whole list (lists replace); the spec's
 own `profile: cu128` must be --set too: with --profile compiled and no --set profile, submit
-refuses ("profile: 'cu128' is not a profile"), the spec's key being checked against the new list. env.PYTHONPATH is needed: the job's environment is the
-container's login environment, not the controller's.
-"""
+refuses ("profile: 'cu128' is not a profile"), the spec's key being checked against the new
+list. env.PYTHONPATH is needed: the job's environment is the container's login environment, not
+the controller's.
+"""  # noqa: E501 (two shell lines above: a quoted --set value cannot be wrapped)
 from __future__ import annotations
 
 import argparse

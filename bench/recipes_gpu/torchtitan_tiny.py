@@ -128,7 +128,8 @@ def build(out: Path, device: str = "cuda", flavor: str | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.recipes_gpu.torchtitan_tiny", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.recipes_gpu.torchtitan_tiny",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the directory to write (the job's working directory)")
     p.add_argument("--device", choices=sorted(SIZES), default="cuda")
     p.add_argument("--flavor", default=None, help="llama3 flavor (default: per device, see SIZES)")

@@ -7,7 +7,8 @@ tqdm bar (forced: ``disable_tqdm=False``, redrawn with ``\\r`` even without a TT
 ``logging_steps`` dict lines, and ``checkpoint-N/`` saves (``trainer_state.json``
 last) about every ``--save-every-s`` seconds (a callback sets ``should_save``: the
 Trainer's own save path writes them), ``save_total_limit=2``. ``--resume`` passes
-``resume_from_checkpoint=True``. Training stops ``--time-limit`` seconds after the first step (which compiles).
+``resume_from_checkpoint=True``. Training stops ``--time-limit`` seconds after the first
+step (which compiles).
 """
 
 from __future__ import annotations

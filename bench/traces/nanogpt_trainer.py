@@ -62,7 +62,8 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(C.n_embd), nn.LayerNorm(C.n_embd)
         self.attn = Attn()
-        self.mlp = nn.Sequential(nn.Linear(C.n_embd, 4 * C.n_embd), nn.GELU(), nn.Linear(4 * C.n_embd, C.n_embd))
+        self.mlp = nn.Sequential(nn.Linear(C.n_embd, 4 * C.n_embd), nn.GELU(),
+                                 nn.Linear(4 * C.n_embd, C.n_embd))
 
     def forward(self, x, mask):
         x = x + self.attn(self.ln1(x), mask)
@@ -98,7 +99,8 @@ def causal(b, h, q_idx, kv_idx):
 
 def main():
     device = C.device
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
+    ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda"
+           else torch.autocast("cpu", enabled=False))
     torch.manual_seed(1337)
     ckpt_path = os.path.join(C.out_dir, "ckpt.pt")
     iter_num, best_val = 0, 1e9
@@ -154,7 +156,8 @@ def main():
     while iter_num < C.max_iters:
         if C.eval_interval and iter_num % C.eval_interval == 0:
             losses = estimate_loss()
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}",
+                  flush=True)
             if iter_num > 0 and (losses["val"] < best_val or C.always_save_checkpoint):
                 best_val = min(best_val, losses["val"])
                 save()
@@ -185,7 +188,8 @@ def main():
             last_eval = start = now
         if not C.eval_interval and C.eval_interval_s and now - last_eval >= C.eval_interval_s:
             losses = estimate_loss()
-            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}", flush=True)
+            print(f"step {iter_num}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}",
+                  flush=True)
             best_val = min(best_val, losses["val"])
             save()
             last_eval = time.time()

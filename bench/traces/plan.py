@@ -24,8 +24,9 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies every training time")
     ap.add_argument("--layout", choices=["five", "pairs", "race"], default="five",
                     help="five: 5 lanes at once (every trainer, the race); pairs: 2 lanes, no race, "
-                         "the HF resume is a rollback (the compiled profile resumes the broken run's checkpoint); "
-                         "race: the compile race alone, restarts on one cache and more warm tries")
+                         "the HF resume is a rollback (the compiled profile resumes the broken run's "
+                         "checkpoint); race: the compile race alone, restarts on one cache and more warm "
+                         "tries")
     a = ap.parse_args()
     root, work, py = os.path.abspath(a.root), os.path.abspath(a.work), a.python
     T = lambda s: max(4.0, round(s * a.scale, 1))  # noqa: E731
@@ -98,7 +99,8 @@ def main():
              notes="DFLASH_COMPILE=1 (the fast profile's env) plus TORCHDYNAMO_DISABLE=1"),
     ]
     # --- e) the compile race ---------------------------------------------------------------
-    rc = [py, f"{root}/compile_race.py"] + (["--device", "cpu", "--seq", "128", "--steps", "1"] if a.cpu else [])
+    rc = [py, f"{root}/compile_race.py"] + (["--device", "cpu", "--seq", "128", "--steps", "1"] if a.cpu
+                                            else [])
     race_t = 25 if a.cpu else 60
     r_common = {"trainer": "compile_race", "phase": "warmup", "min_time": 20}
     lane_race = [dict(r_common, name="race_cold_3threads_1", profile="compiled", cwd=f"{work}/race",
@@ -108,20 +110,24 @@ def main():
                           cmd=rc + ["--threads", "1"], env=cache("race_warm"), timeout=race_t * 2,
                           notes="one thread fills the cache the warm runs use"))
     for i in (1, 2, 3):
-        lane_race.append(dict(r_common, name=f"race_warm_3threads_{i}", profile="compiled", cwd=f"{work}/race",
+        lane_race.append(dict(r_common, name=f"race_warm_3threads_{i}", profile="compiled",
+                              cwd=f"{work}/race",
                               cmd=rc + ["--threads", "3"], env=cache("race_warm"), timeout=race_t,
                               notes="3 threads on the cache race_warmup_1thread filled"))
     for i in (2, 3):
-        lane_race.append(dict(r_common, name=f"race_cold_3threads_{i}", profile="compiled", cwd=f"{work}/race",
+        lane_race.append(dict(r_common, name=f"race_cold_3threads_{i}", profile="compiled",
+                              cwd=f"{work}/race",
                               cmd=rc + ["--threads", "3"], env=cache(f"race_cold{i}"), timeout=race_t,
                               notes="3 threads, cold (empty) cache, repetition"))
     plan = {"python": py, "root": root,
-            "env": {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
+            "env": {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1",
                     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                     "HF_HUB_DISABLE_TELEMETRY": "1"},
-            "side_by_side": "5 lanes at once on one GPU (hf, hf_broken, nanogpt, dflash, race); runs.json has each "
-                            "run's start/end, so the overlapping runs can be read off it",
-            "lanes": {"hf": lane_hf, "hf_broken": lane_hf_broken, "nanogpt": lane_ng, "dflash": lane_df, "race": lane_race}}
+            "side_by_side": "5 lanes at once on one GPU (hf, hf_broken, nanogpt, dflash, race); runs.json "
+                            "has each run's start/end, so the overlapping runs can be read off it",
+            "lanes": {"hf": lane_hf, "hf_broken": lane_hf_broken, "nanogpt": lane_ng, "dflash": lane_df,
+                      "race": lane_race}}
     if a.layout == "pairs":
         plan = pairs(plan, T, work)
     elif a.layout == "race":

@@ -229,7 +229,8 @@ class Recorder:
                 w.add(ev)
         w.add({"t": t_end, "exit": rc})
         w.close()
-        return self._result(name, lane, {"start": t0, "end": t_end, "exit": rc, "wall_s": round(t_end - t0, 2),
+        return self._result(name, lane,
+                            {"start": t0, "end": t_end, "exit": rc, "wall_s": round(t_end - t0, 2),
                                   "timed_out": aborted is not None, "sigabrt_at": aborted,
                                   "killed": killed, "records": w.count})
 

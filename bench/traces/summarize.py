@@ -93,7 +93,8 @@ def summarize(path):
         res["race"] = {"hung_sigabrt": any("Fatal Python error: Aborted" in x for x in text),
                        "ok_threads": sum(1 for x in text if re.match(r"thread \d+: ok", x)),
                        "failed_threads": sum(1 for x in text if re.match(r"thread \d+: FAILED", x)),
-                       "fx_error_threads": sum(1 for x in text if re.match(r"thread \d+: FAILED", x) and FX in x),
+                       "fx_error_threads": sum(1 for x in text if re.match(r"thread \d+: FAILED", x)
+                                               and FX in x),
                        "summary": next((x for x in text if x.startswith("race:")), None)}
         return res
     if not s:
@@ -102,7 +103,8 @@ def summarize(path):
     res["first_sample_s"] = round(first - t0, 1)
     saves = bursts(recs)
     steady = [v for t, v, _ in s if t - first >= 15]
-    clean = [v for t, v, _ in s if t - first >= 15 and not any(b["start"] - 1 <= t <= b["end"] + 5 for b in saves)]
+    clean = [v for t, v, _ in s if t - first >= 15
+             and not any(b["start"] - 1 <= t <= b["end"] + 5 for b in saves)]
     med = statistics.median(clean or steady or [v for _t, v, _ in s])
     res["median_tok_s"] = round(med)
     res["median_tok_s_all_after_15s"] = round(statistics.median(steady)) if steady else None
@@ -115,7 +117,8 @@ def summarize(path):
                          "files": b["files"], "min_ratio": None})
             continue
         low = [(t, v) for t, v in around if v < 0.9 * med]
-        gaps = [t2 - t1 for (t1, _), (t2, _) in zip([(t, v) for t, v, _ in s][:-1], [(t, v) for t, v, _ in s][1:])
+        gaps = [t2 - t1 for (t1, _), (t2, _) in zip([(t, v) for t, v, _ in s][:-1],
+                                                    [(t, v) for t, v, _ in s][1:])
                 if b["start"] - 1 <= t2 <= b["end"] + 10]
         dips.append({"at_s": round(b["start"] - t0, 1), "save_s": round(b["end"] - b["start"], 2),
                      "files": b["files"], "mb": round(b["bytes"] / 1e6, 1),

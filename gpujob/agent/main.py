@@ -172,7 +172,8 @@ def answer(argv: list) -> tuple | None:
             args = parser().parse_args(argv)
         except BaseException:  # noqa: BLE001 - bad usage, --help: the forked way says it
             return None
-        if list(argv[2:3]) != ["status"] or args.cmd != "status" or not args.jobs or len(args.jobs) > ANSWER_MAX_JOBS:
+        if list(argv[2:3]) != ["status"] or args.cmd != "status" or not args.jobs or \
+                len(args.jobs) > ANSWER_MAX_JOBS:
             return None
         home = Home(args.home)
         try:

@@ -31,8 +31,8 @@ def _check_start(spec, start: Optional[str]) -> None:
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", start):
         raise InputError(f"--from: expected a job id (lowercase letters, digits and '-'), got {start[:70]!r}")
     if spec.train.checkpoint is None:
-        raise InputError(f"--from: needs train.checkpoint in {spec.source_path} (path and every): gpujob finds "
-                         "the job's newest finished checkpoint through it")
+        raise InputError(f"--from: needs train.checkpoint in {spec.source_path} (path and every): gpujob "
+                         f"finds the job's newest finished checkpoint through it")
 
 
 def _setup(spec_path: Path, target: Optional[str], sets):
@@ -105,9 +105,11 @@ def _defaults(spec, t, good: Optional[str], bad: Optional[str]) -> tuple:
     if good is None:
         good = led.get("last_good")
         if not good:
-            raise InputError(f"--good: the ledger of {spec.name} on {t.label} has no known-good profile; name one")
+            raise InputError(f"--good: the ledger of {spec.name} on {t.label} has no known-good profile; "
+                             f"name one")
     if bad is None:
-        bads = sorted(((e.get("at") or 0, p) for p, e in profs.items() if e.get("status") == "bad"), reverse=True)
+        bads = sorted(((e.get("at") or 0, p) for p, e in profs.items() if e.get("status") == "bad"),
+                      reverse=True)
         if not bads:
             raise InputError(f"--bad: the ledger of {spec.name} on {t.label} marks no profile bad; name one")
         bad = bads[0][1]
@@ -127,7 +129,8 @@ def _plan(spec, t, header: str, trials: list) -> None:
     out.print(render.lit(header), soft_wrap=True)
     for label, tspec in trials:
         out.print(render.lit(f"trial {label}: job {tspec.name}-xxxx, profile {tspec.profile}, workdir "
-                             f"{t.home}/work/{tspec.name} (its own; rollback off, no webhooks)"), soft_wrap=True)
+                             f"{t.home}/work/{tspec.name} (its own; rollback off, no webhooks)"),
+                  soft_wrap=True)
         steps = [s for s in build_plan(spec=tspec, target=t, job_id=f"{tspec.name}-xxxx",
                                             profile=tspec.profile) if s.kind in ("env", "warmup", "train")]
         for line in render.plan_lines("", steps)[1:]:
@@ -168,13 +171,15 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         first = next(core.search(len(groups)))
         res = core.apply(g, [groups[i] for i in sorted(first)])
         out.print(render.lit(f"bisect {good} -> {bad}: {len(groups)} changes; one culprit takes at most "
-                             f"{core.single_bound(len(groups))} trials, the good one's included"), soft_wrap=True)
+                             f"{core.single_bound(len(groups))} trials, the good one's included"),
+                  soft_wrap=True)
         for line in show.difference_lines(groups):
             out.print(render.lit(line), soft_wrap=True)
+        second = ops.trial_profile(gp, bp, res, ops.set_name(res))
         _plan(spec, t, f"each trial trains at most {seconds:g}s (less once its steady rate is known); "
                        "nothing runs", [("1 (the good profile)", ops.trial_spec(spec, gp, seconds)),
                                         (f"2 ({core.describe([groups[i] for i in sorted(first)])})",
-                                         ops.trial_spec(spec, ops.trial_profile(gp, bp, res, ops.set_name(res)), seconds))])
+                                         ops.trial_spec(spec, second, seconds))])
         out.print(render.lit("then one trial a subset, each chosen from the verdicts so far"), soft_wrap=True)
         return
     trials = _trials(spec, spec_path, t, cfg, seconds, slower, as_json, start)
@@ -202,7 +207,8 @@ def bisect(spec_path: Path = typer.Argument(..., metavar="SPEC"),
 
 @app.command()
 def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
-         profiles: list[str] = typer.Option(..., "--profile", "-p", help="a profile to measure (repeat: 2 or more)"),
+         profiles: list[str] = typer.Option(..., "--profile", "-p",
+                                            help="a profile to measure (repeat: 2 or more)"),
          target: Optional[str] = typer.Option(None, "--target", "-t"),
          trial_time: str = TRIAL_TIME, start: Optional[str] = START,
          apply: bool = typer.Option(False, "--apply", help="make the winner known-good in the ledger, "
@@ -220,12 +226,15 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     known = [p.name for p in spec.profiles]
     for n in names:
         if n not in known:
-            raise InputError(f"--profile: {n!r} is not in {spec.source_path} (its profiles: {', '.join(known)})")
+            raise InputError(f"--profile: {n!r} is not in {spec.source_path} "
+                             f"(its profiles: {', '.join(known)})")
     if len(names) < 2:
         raise InputError("--profile: name two profiles or more to rank")
     if plan:
-        _plan(spec, t, f"tune {', '.join(names)}: one trial each, at most {seconds:g}s of training; nothing runs",
-              [(f"{i} ({n})", ops.trial_spec(spec, spec.profile_by_name(n), seconds)) for i, n in enumerate(names, 1)])
+        _plan(spec, t, f"tune {', '.join(names)}: one trial each, at most {seconds:g}s of training; nothing "
+                       f"runs",
+              [(f"{i} ({n})", ops.trial_spec(spec, spec.profile_by_name(n), seconds))
+               for i, n in enumerate(names, 1)])
         return
     trials = _trials(spec, spec_path, t, cfg, seconds, 0.9, as_json, start)
     ranked = ops.tune(spec, names, trials)
@@ -236,12 +245,14 @@ def tune(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         recorded = t.ask(wire.LedgerAnswer, "ledger", "set", spec.name, ranked[0][0], "good",
                          f"--reason=tune: {rates}")
     if as_json:
-        out.print_json(json.dumps({"ranked": [dict(tr.view(), profile=n, margin=m) for n, _st, m, tr in ranked],
+        out.print_json(json.dumps({"ranked": [dict(tr.view(), profile=n, margin=m)
+                                              for n, _st, m, tr in ranked],
                                    "answer": sentence, "recorded": bool(recorded)}))
         return
     for line in show.tune_lines(ranked):
         out.print(render.lit(line), soft_wrap=True)
     out.print(render.lit(sentence, "bold"), soft_wrap=True)
     if recorded:
-        out.print(render.lit(f"recorded in the ledger of {spec.name} on {t.label}: {ranked[0][0]} is known-good"),
+        out.print(render.lit(f"recorded in the ledger of {spec.name} on {t.label}: {ranked[0][0]} is "
+                             f"known-good"),
                   soft_wrap=True)

@@ -17,7 +17,8 @@ from gpujob.cli.app import app, cache_app, ctx, err, ledger_app, out
 def ledger_set(target: str = typer.Argument(..., help="container name or host/name"),
                job_name: str = typer.Argument(..., help="the spec's name: each job name has its own ledger"),
                profile: str = typer.Argument(...),
-               status_: str = typer.Argument(..., metavar="good|bad|untried", help="untried removes the entry"),
+               status_: str = typer.Argument(..., metavar="good|bad|untried",
+                                             help="untried removes the entry"),
                reason: Optional[str] = typer.Option(None, "--reason", help="why (default: set by hand)"),
                as_json: bool = typer.Option(False, "--json")):
     """Set a profile's ledger entry by hand: good, bad, or untried (forgotten)."""
@@ -39,13 +40,15 @@ def ledger_set(target: str = typer.Argument(..., help="container name or host/na
 def _ledger_name(job_name: str) -> str:
     if not wire.LEDGER_NAME.fullmatch(job_name):  # @: a fleet's
         raise InputError(f"job name: expected {wire.JOB_NAME_RULE}, or a "
-                         f"multi-node ledger's name as status shows it (NAME@xN-hhhhhh), got {job_name[:50]!r}")
+                         f"multi-node ledger's name as status shows it (NAME@xN-hhhhhh), got "
+                         f"{job_name[:50]!r}")
     return job_name
 
 
 @ledger_app.command("history")
 def ledger_history(target: str = typer.Argument(..., help="container name or host/name"),
-                   job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status shows it)"),
+                   job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status "
+                                                            "shows it)"),
                    as_json: bool = typer.Option(False, "--json")):
     """The verdicts of a job name's ledger (the newest 500), oldest first, with their ids and evidence."""
     t = ctx.target(target)
@@ -68,7 +71,8 @@ def ledger_undo(target: str = typer.Argument(..., help="container name or host/n
     """Revert one verdict: the profile's entry as it was before it, baseline included."""
     import re
     if not re.fullmatch(r"[0-9]{1,9}|legacy-[A-Za-z0-9][A-Za-z0-9_.-]*", verdict_id):
-        raise InputError(f"ID: expected a number or legacy-PROFILE from gpujob ledger history, got {verdict_id[:50]!r}")
+        raise InputError(f"ID: expected a number or legacy-PROFILE from gpujob ledger history, got "
+                         f"{verdict_id[:50]!r}")
     t = ctx.target(target)
     res = t.ask(wire.LedgerAnswer, "ledger", "undo", _ledger_name(job_name), verdict_id)
     if as_json:
@@ -81,7 +85,8 @@ def ledger_undo(target: str = typer.Argument(..., help="container name or host/n
 
 @ledger_app.command("recover")
 def ledger_recover(target: str = typer.Argument(..., help="container name or host/name"),
-                   job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status shows it)"),
+                   job_name: str = typer.Argument(..., help="the job name (a multi-node job's as status "
+                                                            "shows it)"),
                    as_json: bool = typer.Option(False, "--json")):
     """A damaged ledger put aside (kept as NAME.json.damaged-TIME) and its last good copy restored."""
     t = ctx.target(target)
@@ -89,8 +94,8 @@ def ledger_recover(target: str = typer.Argument(..., help="container name or hos
     if as_json:
         out.print_json(json.dumps(res))
         return
-    src = f"its last good copy ({res['restored_from']}, {res['verdicts']} verdicts)" if res.get("restored_from") \
-        else "an empty ledger (no good copy was found)"
+    src = (f"its last good copy ({res['restored_from']}, {res['verdicts']} verdicts)"
+           if res.get("restored_from") else "an empty ledger (no good copy was found)")
     out.print(render.lit(f"ledger of {res['name']} on {t.label}: {res['problem']}; kept as {res['kept_as']}; "
                          f"restored {src}; the next verdict id is {res['next_id']}"))
 
@@ -120,15 +125,16 @@ def gc(target: str = typer.Argument(...),
                                                        "many days ago (never a live job's)"),
        keep_checkpoints: Optional[int] = typer.Option(None, "--keep-checkpoints", metavar="K",
                                                       help="keep the newest K checkpoints of each job; only "
-                                                           "files its runs wrote go (the checkpoint register), "
-                                                           "never a live job's"),
+                                                           "files its runs wrote go (the checkpoint "
+                                                           "register), never a live job's"),
        dry_run: bool = typer.Option(False, "--dry-run", help="say what would go; remove nothing"),
        as_json: bool = typer.Option(False, "--json")):
     """Free disk: old profile venvs, old job directories, old checkpoints (what you ask for)."""
     if days is None and older_than is None and keep_checkpoints is None:
         raise InputError("gc: say what to remove: --days N (venvs), --older-than DAYS (job directories), "
                          "--keep-checkpoints K (checkpoints); --dry-run shows it first")
-    for flag, value in (("--days", days), ("--older-than", older_than), ("--keep-checkpoints", keep_checkpoints)):
+    for flag, value in (("--days", days), ("--older-than", older_than),
+                        ("--keep-checkpoints", keep_checkpoints)):
         if value is not None and value < 0:
             raise InputError(f"{flag}: expected a number >= 0, got {value:g}")
     t = ctx.target(target)
@@ -173,7 +179,8 @@ def cache_clear(target: str = typer.Argument(...),
                 as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
     """Delete live compile caches (of one profile, or all); snapshots are kept unless --snapshots."""
     if not profile and not all_:
-        raise InputError("cache clear: name a profile with -p PROFILE, or pass --all to clear every profile's cache")
+        raise InputError("cache clear: name a profile with -p PROFILE, or pass --all to clear every "
+                         "profile's cache")
     if profile and all_:
         raise InputError("cache clear: -p and --all do not go together")
     t = ctx.target(target)
@@ -194,7 +201,8 @@ def cache_clear(target: str = typer.Argument(...),
 @cache_app.command("restore")
 def cache_restore(target: str = typer.Argument(...),
                   profile: str = typer.Option(..., "--profile", "-p", help="a profile name or venv key"),
-                  as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
+                  as_json: bool = typer.Option(False, "--json",
+                                               help="the agent's answer as one JSON object")):
     """Restore a profile's live compile cache from its newest snapshot."""
     t = ctx.target(target)
     res = t.ask(wire.CacheAnswer, "cache", "restore", "--profile", profile, timeout=1800)
@@ -210,7 +218,8 @@ def cache_prove_cold(target: str = typer.Argument(...),
                      profile: str = typer.Option(..., "--profile", "-p"),
                      gpus: Optional[str] = typer.Option(None, "--gpus", help="e.g. 4,5 (default: the "
                                                         "warmup's GPUs); no running job may use them"),
-                     as_json: bool = typer.Option(False, "--json", help="the agent's answer as one JSON object")):
+                     as_json: bool = typer.Option(False, "--json",
+                                                  help="the agent's answer as one JSON object")):
     """Run a profile's warmup against an empty scratch cache and record whether it works cold."""
     if gpus is not None:
         parts = [g.strip() for g in gpus.split(",")]

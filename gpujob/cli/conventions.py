@@ -61,7 +61,8 @@ def usage_line(e) -> str:
     m = _NO_SUCH.match(msg)
     if m and m.group(1) in SYNONYMS and path == PROG:
         ours = SYNONYMS[m.group(1)]
-        return f"{PROG}: no command '{m.group(1)}'; gpujob's word for it is '{ours}' (try '{PROG} {ours} --help')"
+        return (f"{PROG}: no command '{m.group(1)}'; gpujob's word for it is '{ours}' (try '{PROG} {ours} "
+                f"--help')")
     if isinstance(e, cx.NoSuchOption) and c is not None and _trailing_command(c.command):
         lead = " ".join((a.metavar or a.name).upper() for a in c.command.params
                         if a.param_type_name == "argument" and a.nargs == 1)
@@ -241,7 +242,8 @@ def completion_script(shell: str) -> str:
 def completion(shell: str = typer.Argument(..., metavar="bash|zsh|fish", help="the shell"),
                as_json: bool = typer.Option(False, "--json", help="{shell, script} as one JSON object")):
     """Print the shell completion script, e.g. eval "$(gpujob completion bash)" in ~/.bashrc;
-    zsh: gpujob completion zsh > ~/.zfunc/_gpujob; fish: gpujob completion fish > ~/.config/fish/completions/gpujob.fish."""
+    zsh: gpujob completion zsh > ~/.zfunc/_gpujob;
+    fish: gpujob completion fish > ~/.config/fish/completions/gpujob.fish."""
     from gpujob.errors import InputError
     if shell not in SHELLS:
         raise InputError(f"completion: expected bash, zsh or fish, got {shell[:40]!r}")

@@ -59,10 +59,12 @@ def demo(spec_path: Optional[Path] = typer.Argument(None, metavar="[SPEC]", help
         jsonl.emit({"rollback": r})
         return
     render.heading(out, "What happened")
-    verdict = (((final.get("ledger") or {}).get("profiles") or {}).get(r["from"]) or {}).get("status") or "untried"
+    verdict = ((((final.get("ledger") or {}).get("profiles") or {}).get(r["from"]) or {}).get("status")
+               or "untried")
     judged = (f"once {r['to']} had held above the floor for rollback.confirm, it marked {r['from']} bad"
               if verdict == "bad" else
               f"{r['from']} stays {verdict}: the job ended before {r['to']} held for rollback.confirm")
-    out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", had the trainer "
-              f"running on {r['to']} {r['took']:.2f}s later, resumed from its checkpoint, and {judged}. "
+    out.print(render.lit(f"{r['from']} ran below the floor; gpujob decided \"{r['reason']}\", "
+              f"had the trainer running on {r['to']} {r['took']:.2f}s later, resumed from its checkpoint, "
+              f"and {judged}. "
               f"Try: gpujob status, gpujob logs --events, gpujob ledger history {t.name} {spec.name}"))

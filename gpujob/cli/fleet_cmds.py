@@ -64,7 +64,8 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
             raise JobError(f"{e.message}; or start without it: submit --force") from None
         entry = (led.get("profiles") or {}).get(profile) or {}
         if entry.get("status") == "bad":
-            raise JobError(render.bad_profile_refusal(profile, name, f"{len(labels)} nodes", entry, targets[0].name))
+            raise JobError(render.bad_profile_refusal(profile, name, f"{len(labels)} nodes", entry,
+                                                      targets[0].name))
     state = m.ctx.state()
     state.reserve(job_id, spec.name, labels[0], str(spec_path.resolve()), spec_hash(spec), profile)
     state.set_nodes(job_id, labels)
@@ -110,7 +111,8 @@ def node_views(job_id: str, labels: list) -> list:
 
 def print_views(job_id: str, views: list) -> None:
     m = _m()
-    render.print_status(m.out, dict(views[0], target=f"{len(views)} nodes (node 0 leads: {views[0]['target']})"))
+    render.print_status(m.out, dict(views[0],
+                                    target=f"{len(views)} nodes (node 0 leads: {views[0]['target']})"))
     table = Table(title=f"nodes of {job_id}", title_justify="left", show_edge=False)
     for col in ("node", "host", "container", "state", "profile", "tok/s", "reason"):
         table.add_column(col)
@@ -139,7 +141,8 @@ def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: 
     if node is not None and not 0 <= node < len(labels):
         raise InputError(f"--node: expected 0 to {len(labels) - 1}, got {node}")
     if node is not None:
-        m._follow(job_id, m.ctx.target(labels[node]), file, tail, follow=follow, events=events, as_json=as_json)
+        m._follow(job_id, m.ctx.target(labels[node]), file, tail, follow=follow, events=events,
+                  as_json=as_json)
         return
     so = sys.stdout.buffer
     lock = threading.Lock()
@@ -159,7 +162,8 @@ def logs(job_id: str, labels: list, *, follow: bool, node: Optional[int], file: 
                     so.flush()
         try:
             follow_log(m.ctx.target(labels[rank]), job_id, file=file, follow=follow, last=tail,
-                       write=write, notice=lambda msg: m.err.print(render.lit(f"gpujob: [node {rank}] {msg}")))
+                       write=write,
+                       notice=lambda msg: m.err.print(render.lit(f"gpujob: [node {rank}] {msg}")))
         except GpujobError as e:
             errors.append(f"node {rank}: {e.message}")
         if buf:
@@ -217,7 +221,8 @@ def rollback(job_id: str, labels: list, to: Optional[str], mark_bad: bool, as_js
         m.out.print_json(json.dumps(dict(res.to_dict(), mark_bad=mark_bad, nodes=labels)))
         return
     m.out.print(render.rollback_line(job_id, res, mark_bad))
-    m.out.print(render.lit(f"node 0 ({labels[0]}) relaunches all {len(labels)} nodes on that profile together"))
+    m.out.print(render.lit(f"node 0 ({labels[0]}) relaunches all {len(labels)} nodes on that profile "
+                           f"together"))
 
 
 def nodes_of(job: Optional[str], target: Optional[str]) -> tuple:

@@ -31,12 +31,13 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
                                                        help="override caches.clear_on_submit"),
            job_id_opt: Optional[str] = typer.Option(None, "--job-id", help="the job's id (default: "
                                                     "NAME-xxxx); refused if this laptop knows it already"),
-           force: bool = typer.Option(False, "--force", help="start even on a profile the ledger marks bad, or with "
+           force: bool = typer.Option(False, "--force",
+                                      help="start even on a profile the ledger marks bad, or with "
                                                 "the job name's ledger unreadable (damaged)"),
            resume_from: Optional[str] = typer.Option(None, "--resume-from", metavar="PATH|JOB",
                                                      help="start the trainer resumed from an earlier job's "
-                                                          "checkpoint: a path (relative: the workdir) or a job "
-                                                          "id (its newest finished checkpoint)"),
+                                                          "checkpoint: a path (relative: the workdir) or a "
+                                                          "job id (its newest finished checkpoint)"),
            accept_baseline: bool = typer.Option(False, "--accept-baseline", help="let a profile that holds "
                                                 "steady set the baseline although the ledger once had a "
                                                 "known-good (a min_ratio-only spec)"),
@@ -130,7 +131,8 @@ def _inventory_note(t: Target):
     from gpujob.steps import Step
     inv = ctx.targets().inventory
     builtin = inv.source == "embedded default" or (t.label in BUILTIN_NAMES and "local" not in inv.hosts)
-    text = f"{t.label}: " + ("gpujob's built-in local/demo (this machine)" if builtin else f"from {inv.source}")
+    text = f"{t.label}: " + ("gpujob's built-in local/demo (this machine)" if builtin
+                             else f"from {inv.source}")
     here = search_paths()[-1]
     if inv.source not in ("embedded default", "recorded with the job") and here.is_file() \
             and here.resolve() != Path(inv.source).resolve():
@@ -154,8 +156,8 @@ def interrupted_submit(t: Target, job_id: str, started: bool) -> str:
         return (f"interrupted while the supervisor was starting: job {job_id} is not (yet) on {t.label}; "
                 f"look again with gpujob status {job_id} before submitting again")
     what = f"is {st}" if st else "may be running (it could not be asked)"
-    return (f"interrupted after the supervisor was asked to start: job {job_id} {what} on {t.label} and goes on; "
-            f"follow it: gpujob logs -f {job_id}    end it: gpujob stop {job_id}")
+    return (f"interrupted after the supervisor was asked to start: job {job_id} {what} on {t.label} and goes "
+            f"on; follow it: gpujob logs -f {job_id}    end it: gpujob stop {job_id}")
 
 
 def _profile(spec: JobSpec, name: str | None) -> str:
@@ -182,8 +184,8 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     if spec.recipe and not quiet:  # job.json records it too: a new gpujob's changed recipe is never silent
         from gpujob.spec.recipes.registry import RECIPES
         r = RECIPES[spec.recipe]
-        err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its keys)",
-                             "dim"), soft_wrap=True)
+        err.print(render.lit(f"· recipe {r.name} revision {r.revision} ({r.read_from}; `--plan` lists its "
+                             f"keys)", "dim"), soft_wrap=True)
 
     from gpujob.show.waits import Wait
     wait = Wait(err, "probing the container")
@@ -205,7 +207,8 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
     try:
         with wait:
             res = submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear,
-                                   resume_from=resume_from, accept_baseline=accept_baseline, progress=progress)
+                                   resume_from=resume_from, accept_baseline=accept_baseline,
+                                   progress=progress)
     except KeyboardInterrupt:
         started = "starting the supervisor" in said
         state.seen(job_id, JobState.UNKNOWN) if started else state.unreserve(job_id)
@@ -251,7 +254,8 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
          node: Optional[int] = typer.Option(None, "--node", help="a multi-node job: only node I's log"),
          trace: bool = typer.Option(False, "--trace", help="export the job's trace (raw output lines and "
                                     "checkpoint events, for gpujob replay) to -o FILE"),
-         output: Optional[Path] = typer.Option(None, "--output", "-o", help="with --trace: the file to write"),
+         output: Optional[Path] = typer.Option(None, "--output", "-o",
+                                               help="with --trace: the file to write"),
          as_json: bool = typer.Option(False, "--json", help="JSON Lines: each record of --events/--samples "
                                       "as written, else {\"line\": TEXT} a log line")):
     """Print a job's log; with -f follow it, surviving dropped connections."""
@@ -273,7 +277,8 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
     from gpujob.cli import fleet_cmds
     fleet_id, labels = fleet_cmds.nodes_of(job, target)
     if labels:  # a multi-node job: every node's log, [node i] before each line (or --node i)
-        file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+        file = ("events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase
+                else "job.log")
         if as_json and node is None:
             raise InputError("--json: pick one node of this multi-node job with --node I")
         fleet_cmds.logs(fleet_id, labels, follow=follow, node=node, file=file, tail=tail,
@@ -287,12 +292,14 @@ def logs(job: Optional[str] = typer.Argument(None, help="job id (default: the mo
             raise InputError("--stacks: takes no --follow, --events, --samples, --phase or --tail")
         _show_stacks(job_id, t, as_json)
         return
-    file = "events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase else "job.log"
+    file = ("events.jsonl" if events else "samples.jsonl" if samples else f"{phase}.log" if phase
+            else "job.log")
     _follow(job_id, t, file, tail, follow=follow, events=events or samples, as_json=as_json)
     if follow:  # the job ended: its outcome is the exit code (0 only for succeeded), as `submit -f`'s
         st = _status(job_id, t)
         if st.get("state") != JobState.SUCCEEDED:  # one line (a JSON object under --json), exit 1
-            raise GpujobError(f"job {job_id} {st.get('state')}" + (f": {st['reason']}" if st.get("reason") else ""))
+            raise GpujobError(f"job {job_id} {st.get('state')}"
+                              + (f": {st['reason']}" if st.get("reason") else ""))
 
 
 def _show_stacks(job_id: str, t: Target, as_json: bool) -> None:
@@ -386,7 +393,8 @@ def _ps_all(target: Optional[str], as_json: bool, limit: int) -> None:
     jobs_.sort(key=lambda st: st.get("submitted_at") or 0, reverse=True)
     older = (res.extra.get("more") or {}).get("jobs")
     if older and not as_json:
-        err.print(render.lit(f"gpujob: {older} older jobs in {t.label}'s journal not listed (--limit N lists more)"))
+        err.print(render.lit(f"gpujob: {older} older jobs in {t.label}'s journal not listed (--limit N lists "
+                             f"more)"))
     mine = {r["job_id"] for r in ctx.state().jobs(100000) if r["target"] == t.label}
     views = [dict(render.status_view(st, t.label), mine=st.get("job_id") in mine) for st in jobs_[:limit]]
     if as_json:
@@ -417,7 +425,8 @@ def stop(job: Optional[str] = typer.Argument(None, help="job id (default: the on
     if not as_json:
         saved = res.save_waited or {}
         if isinstance(saved.get("waited"), (int, float)):  # a save in progress was let finish first
-            out.print(render.lit(f"waited {saved['waited']:g}s for a checkpoint save before signalling the trainer"
+            out.print(render.lit(f"waited {saved['waited']:g}s for a checkpoint save before signalling "
+                                 "the trainer"
                                  + ("" if saved.get("finished") else f" (unfinished: {saved.get('left')})")))
         out.print(render.lit(f"{job_id}: {res.state}" + (" (it had already ended)" if res.already else "")))
 

@@ -51,7 +51,8 @@ def init_cmd(command: list[str] = typer.Argument(..., metavar="-- COMMAND ..."),
                          f"{suggest(recipe, RECIPES)}")
     name = name if name is not None else job_name(command)
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", name):
-        raise InputError(f"--name: expected lowercase letters, digits and '-' (at most 40), got {name[:60]!r}")
+        raise InputError(f"--name: expected lowercase letters, digits and '-' (at most 40), got "
+                         f"{name[:60]!r}")
     path = output or Path(f"{name}.yaml")
     from gpujob.spec.cmdfiles import init_sync
     here = Path.cwd()

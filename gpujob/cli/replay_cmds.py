@@ -28,7 +28,8 @@ def fetch_file(job_id: str, t, name: str, limit: int = MAX_FETCH) -> bytes:
 
     def write(chunk: bytes) -> None:
         if len(buf) + len(chunk) > limit:
-            raise HostMisbehaving(f"{t.label}: job {job_id}'s {name} is over {limit >> 20} MiB; not read further")
+            raise HostMisbehaving(f"{t.label}: job {job_id}'s {name} is over {limit >> 20} MiB; not read "
+                                  f"further")
         buf.extend(chunk)
     follow_log(t, job_id, file=name, follow=False, write=write,
                notice=lambda m: err.print(render.lit(f"gpujob: {m}", "yellow")))
@@ -131,7 +132,8 @@ def _chain(head: dict, rest):
 
 def _sample_check(rec: dict):
     from gpujob.agent.base import jsonl
-    return jsonl.field_error(rec, {"t": "number", "value": "?number", "step": "?number", "profile": "?string"})
+    return jsonl.field_error(rec, {"t": "number", "value": "?number", "step": "?number",
+                                   "profile": "?string"})
 
 
 @app.command()
@@ -175,7 +177,8 @@ def replay(source: str = typer.Argument(..., metavar="SOURCE", help="a job id, a
             out.print(render.lit(json.dumps(d, sort_keys=True)), soft_wrap=True)
         else:
             t_txt = f"+{d['t'] - summary['per_segment'][d['segment']]['start']:.1f}s" if d.get("t") else ""
-            out.print(render.lit(f"[{d['segment']}] {t_txt:>9} {d['verdict']:<12} {d['reason']}"), soft_wrap=True)
+            out.print(render.lit(f"[{d['segment']}] {t_txt:>9} {d['verdict']:<12} {d['reason']}"),
+                      soft_wrap=True)
     if as_json:
         out.print(render.lit(json.dumps({"summary": summary}, sort_keys=True)), soft_wrap=True)
     else:

@@ -26,7 +26,8 @@ def exec_(target: str = typer.Argument(..., help="container name or host/name"),
           timeout: Optional[float] = typer.Option(None, help="end the command after this many seconds"),
           no_stdin: bool = typer.Option(False, "--no-stdin", "-n", help="do not read stdin (like ssh -n): "
                                         "the command gets an empty one"),
-          as_json: bool = typer.Option(False, "--json", help="JSON Lines: {stream, data} per chunk of output, "
+          as_json: bool = typer.Option(False, "--json",
+                                       help="JSON Lines: {stream, data} per chunk of output, "
                                        "then {exit_code, timed_out}")):
     """Run one command in the container; output streamed, exit code passed through."""
     if not argv:
@@ -93,7 +94,8 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
         except GpujobError as e:  # one target out of reach is a failed check, not the end of doctor
             if isinstance(e, InputError):
                 raise
-            label, checks = name, doc.with_fixes([doc.Check("connect", doc.CheckStatus.FAIL, e.message, e.hint or "")])
+            label, checks = name, doc.with_fixes([doc.Check("connect", doc.CheckStatus.FAIL, e.message,
+                                                            e.hint or "")])
         report[label] = [c.as_dict() for c in checks]
         failed |= any(c.status == doc.CheckStatus.FAIL for c in checks)
         if not as_json:
@@ -101,7 +103,8 @@ def doctor(target: Optional[str] = typer.Argument(None, help="container (default
     if as_json:
         out.print_json(json.dumps(report))
     else:
-        out.print(render.doctor_summary(collections.Counter(c["status"] for cs in report.values() for c in cs)))
+        out.print(render.doctor_summary(collections.Counter(c["status"] for cs in report.values()
+                                                            for c in cs)))
     raise typer.Exit(1 if failed else 0)
 
 

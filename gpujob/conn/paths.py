@@ -148,7 +148,8 @@ def code_stamp(pkg: str | None = None) -> str:
                 for e in it:
                     if e.name.endswith(".py"):
                         newest = max(newest, e.stat().st_mtime_ns)
-                    elif e.is_dir(follow_symlinks=False) and e.name != "__pycache__" and not e.name.startswith("."):
+                    elif e.is_dir(follow_symlinks=False) and e.name != "__pycache__" and \
+                            not e.name.startswith("."):
                         todo.append(e.path)
         except OSError:
             pass

@@ -330,8 +330,8 @@ class Server:
 
     def say_cut(self, err, req: dict) -> int:
         from gpujob.show import render
-        err.print(render.lit(f"gpujob: the kept connection was closed (gpujob disconnect, or its daemon was told "
-                             f"to stop) while {(req.get('argv') or [req.get('op')])[0]} still ran after "
+        err.print(render.lit(f"gpujob: the kept connection was closed (gpujob disconnect, or its daemon was "
+                             f"told to stop) while {(req.get('argv') or [req.get('op')])[0]} still ran after "
                              f"{self.drain:g}s of waiting for it; it was ended in {req.get('target')}"),
                   soft_wrap=True)
         return ConnectionLost.exit_code

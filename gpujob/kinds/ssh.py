@@ -99,13 +99,15 @@ class SshKind(Kind):
         add("host", CheckStatus.OK, f"{host['where']} ({host['key']})")
         pct = facts["pct"]
         if pct["exit"] == 127:
-            add("pct", CheckStatus.FAIL, "pct not found on the host", "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
+            add("pct", CheckStatus.FAIL, "pct not found on the host",
+                "set `pct:` in hosts.yaml to its path, or run on a Proxmox node")
             return False
         if pct["exit"] != 0:
             text = pct["err"] or pct["out"]
             if "does not exist" in text:
                 add("pct", CheckStatus.OK, "pct present")
-                add("container", CheckStatus.FAIL, text, "check the vmid in hosts.yaml (`pct list` on the host lists them)")
+                add("container", CheckStatus.FAIL, text,
+                    "check the vmid in hosts.yaml (`pct list` on the host lists them)")
             elif "permission" in text.lower() or "must be root" in text.lower():
                 add("pct", CheckStatus.FAIL, text, "pct needs root: set `user: root` for this host")
             else:
@@ -113,7 +115,8 @@ class SshKind(Kind):
             return False
         add("pct", CheckStatus.OK, "pct present")
         if "running" not in pct["out"] or "not running" in pct["out"]:
-            add("container", CheckStatus.FAIL, pct["out"], f"start it on the host: pct start {facts.get('vmid')}")
+            add("container", CheckStatus.FAIL, pct["out"],
+                f"start it on the host: pct start {facts.get('vmid')}")
             return False
         add("container", CheckStatus.OK, pct["out"])
         return True

@@ -126,8 +126,8 @@ class Trial:
         st = self.steady
         return {"label": self.label, "profile": self.profile, "job_id": self.job_id, "verdict": self.verdict,
                 "ratio": self.ratio, "state": self.state, "seconds": round(self.seconds, 1),
-                "reason": self.reason, "median": st.median if st else None, "spread": st.spread if st else None,
-                "samples": st.n if st else len(self.samples)}
+                "reason": self.reason, "median": st.median if st else None,
+                "spread": st.spread if st else None, "samples": st.n if st else len(self.samples)}
 
 
 class Trials:
@@ -233,7 +233,8 @@ def bisect(spec, good_name: str, bad_name: str, trials: Trials, holds: Optional[
     b = core.resolved(bad.model_dump(), (holds or {}).get(bad_name))
     groups = core.difference(g, b, together)
     if not groups:
-        raise InputError(f"profiles {good_name} and {bad_name} hold the same packages and env: nothing to bisect")
+        raise InputError(f"profiles {good_name} and {bad_name} hold the same packages and env: nothing to "
+                         f"bisect")
     first = trials.run(trial_spec(spec, good, trials.trial_time), f"good ({good_name})")
     if first.steady is None:
         raise InputError(f"the good profile {good_name} gave no steady rate in its trial ({first.state}"
@@ -248,7 +249,8 @@ def bisect(spec, good_name: str, bad_name: str, trials: Trials, holds: Optional[
         while True:
             chosen = [groups[i] for i in sorted(subset)]
             whole = len(subset) == len(groups)
-            prof = bad if whole else trial_profile(good, bad, core.apply(g, chosen), set_name(core.apply(g, chosen)))
+            prof = bad if whole else trial_profile(good, bad, core.apply(g, chosen),
+                                                   set_name(core.apply(g, chosen)))
             label = f"bad ({bad_name})" if whole else core.describe(chosen)
             tr = trials.run(trial_spec(spec, prof, trials.trial_time), label)
             done.append(tr)

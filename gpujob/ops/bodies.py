@@ -70,8 +70,8 @@ def say_revived(st: dict, err) -> None:
         err.print(f"note: the supervisor of {st.get('job_id')} (pid {r.get('previous_pid')}) was gone; "
                   f"restarted its supervisor (pid {r.get('supervisor_pid')}): {what}", markup=False)
     else:
-        err.print(f"warning: the supervisor of {st.get('job_id')} is gone and was not restarted: {r.get('why')}",
-                  markup=False)
+        err.print(f"warning: the supervisor of {st.get('job_id')} is gone and was not restarted: "
+                  f"{r.get('why')}", markup=False)
 
 
 def show_status(ctx, job_id: str, t, as_json: bool, out, err) -> None:

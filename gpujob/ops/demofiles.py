@@ -88,7 +88,8 @@ def ensure_local_indexes(spec, progress: Callable[[str], None]) -> None:
 def build_demo_wheels(spec) -> None:
     """``gpujob demo``: (re)build the wheelhouse its spec names (deterministic bytes)."""
     from gpujob.ops.wheelhouse import build_indexes
-    roots = {r for _, path, pins in relative_file_urls(spec) if (r := _demo_wheelhouse(path, pins)) is not None}
+    roots = {r for _, path, pins in relative_file_urls(spec)
+             if (r := _demo_wheelhouse(path, pins)) is not None}
     for root in roots or {spec.spec_dir / "demo" / "wheelhouse"}:
         build_indexes(root)
 

@@ -114,7 +114,8 @@ def _judge(facts: dict, *, expected_gpus: int | None = None, cudas: Sequence[str
     status = CheckStatus.OK if free >= MIN_FREE_WARN else \
         CheckStatus.WARN if free >= MIN_FREE_FAIL else CheckStatus.FAIL
     add("disk", status, f"{gib:.1f} GiB free at {p.get('disk_path')}",
-        "" if status == CheckStatus.OK else "a torch CUDA venv takes ~6 GiB and compile caches grow: free some space")
+        "" if status == CheckStatus.OK else "a torch CUDA venv takes ~6 GiB and compile caches grow: free "
+                                            "some space")
     checks.extend(gpu_checks(p, facts.get("host_driver"), expected_gpus, cudas))
     return checks
 
@@ -124,7 +125,8 @@ def gpu_checks(p: dict, host_proc: str | None, expected: int | None, cudas) -> l
     if p.get("uvm"):
         uvm = Check("nvidia-uvm", CheckStatus.OK, "/dev/nvidia-uvm present")
     else:
-        uvm = Check("nvidia-uvm", CheckStatus.FAIL if smi and smi.get("gpus") else CheckStatus.WARN, "/dev/nvidia-uvm missing",
+        uvm = Check("nvidia-uvm", CheckStatus.FAIL if smi and smi.get("gpus") else CheckStatus.WARN,
+                    "/dev/nvidia-uvm missing",
                     "on the host: nvidia-modprobe -u -c=0 (it vanishes after a host reboot), "
                     "then restart the container")
     return _gpu_checks(p, smi, host_proc, expected, cudas) + [uvm]
@@ -155,7 +157,8 @@ def _gpu_checks(p: dict, smi, host_proc: str | None, expected: int | None, cudas
     hdrv = host_driver(host_proc if host_proc is not None else p.get("proc_driver"))
     if drv and hdrv:
         if drv != hdrv:
-            out.append(Check("driver", CheckStatus.FAIL, f"container driver {drv} != host kernel module {hdrv}",
+            out.append(Check("driver", CheckStatus.FAIL,
+                             f"container driver {drv} != host kernel module {hdrv}",
                              f"install the {hdrv} NVIDIA user-space libraries in the container "
                              "(--no-kernel-module)"))
         else:

@@ -18,22 +18,25 @@ def judge(recipe: str, installed: dict) -> list[Check]:
     """{profile: version | None (no venv yet) | '-' (not installed)} -> one check per profile."""
     r = RECIPES[recipe]
     if recipe in REPOS:
-        return [Check("recipe", CheckStatus.OK, f"{r.trainer} is a repository (its train.py, shipped by sync), "
-                      "not a package: no version to check")]
+        return [Check("recipe", CheckStatus.OK,
+                      f"{r.trainer} is a repository (its train.py, shipped by sync), not a package: no "
+                      f"version to check")]
     out = []
     for profile, version in installed.items():
         if version is None:
-            out.append(Check(f"recipe {profile}", CheckStatus.OK, f"venv not built yet: {r.trainer}'s version is "
+            out.append(Check(f"recipe {profile}", CheckStatus.OK,
+                             f"venv not built yet: {r.trainer}'s version is "
                              "checked once it is"))
         elif version == "-":
-            out.append(Check(f"recipe {profile}", CheckStatus.WARN, f"{r.trainer} is not installed in the venv",
+            out.append(Check(f"recipe {profile}", CheckStatus.WARN,
+                             f"{r.trainer} is not installed in the venv",
                              f"recipe {r.name} expects {r.trainer} {', '.join(r.versions) or ''}".strip()))
         else:
             note = r.version_note(version)
             out.append(Check(f"recipe {profile}", CheckStatus.WARN if note else CheckStatus.OK,
                              note or f"{r.trainer} {version} (recipe {r.name} revision {r.revision})",
-                             "its conventions may have changed: check `gpujob submit SPEC --plan` against the "
-                             "trainer's output" if note else ""))
+                             "its conventions may have changed: check `gpujob submit SPEC --plan` against "
+                             "the trainer's output" if note else ""))
     return out
 
 
@@ -86,11 +89,12 @@ def program_checks(found: dict, prog: str | None) -> list[Check]:
         if prog is None or where is None:
             continue
         if where == "-":
-            fix = ("write `python -m torch.distributed.run` for torchrun (the same launcher)" if prog == "torchrun"
+            fix = ("write `python -m torch.distributed.run` for torchrun (the same launcher)"
+                   if prog == "torchrun"
                    else f"install {prog} in the profile, or start the command with its full path")
             out.append(Check(f"program {profile}", CheckStatus.FAIL,
-                             f"{prog} is not on the job's PATH in profile {profile} (the venv's bin, then the "
-                             "container's login PATH): the job would end with `command not found`", fix))
+                             f"{prog} is not on the job's PATH in profile {profile} (the venv's bin, then "
+                             f"the container's login PATH): the job would end with `command not found`", fix))
         else:
             out.append(Check(f"program {profile}", CheckStatus.OK, f"{prog}: {where}"))
     return out

@@ -87,8 +87,9 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
         raise RemoteError(f"gpujob agent `fleet ports` on {lead.label} answered no two ports and address")
     master_port, channel_port = ports.ports
     addr = lead.address or ports.address
-    progress(f"rendezvous on node 0 {lead.label} at {addr}:{master_port} "
-             f"({'its address: in hosts.yaml (127.0.0.1 by default on a local host)' if lead.address else 'its primary IP, asked; set address: in hosts.yaml to choose another'}"
+    where = ("its address: in hosts.yaml (127.0.0.1 by default on a local host)" if lead.address
+             else "its primary IP, asked; set address: in hosts.yaml to choose another")
+    progress(f"rendezvous on node 0 {lead.label} at {addr}:{master_port} ({where}"
              f"; leader channel port {channel_port})")
     key = secrets.token_hex(32)  # the channel's key: a secret like the spec's (stdin, 0600)
 
@@ -120,7 +121,8 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
                        f"{bad[0][1].message}; the job was stopped on every node")
     return {"nodes": [{"rank": r, "target": labels[r], "supervisor_pid": res.supervisor_pid,
                        "stale_lock": res.stale_lock} for r, res in results],
-            "rendezvous": f"{addr}:{master_port}", "address_source": "hosts.yaml" if lead.address else "asked"}
+            "rendezvous": f"{addr}:{master_port}",
+            "address_source": "hosts.yaml" if lead.address else "asked"}
 
 
 def statuses(targets: list, job_id: str) -> list:

@@ -47,7 +47,8 @@ def follow_log(target: Target, job_id: str, *, file: str = "job.log", follow: bo
             if r.exit_code == protocol.REFUSED and head.answer is not None:  # as every verb's refusal
                 raise refusal_error(head.answer)
             if r.exit_code != 0:
-                raise RemoteError(f"reading {file} of {job_id} failed" + (f": {head.error}" if head.error else ""), r)
+                raise RemoteError(f"reading {file} of {job_id} failed"
+                                  + (f": {head.error}" if head.error else ""), r)
             return base + got
         except ConnectionLost as e:
             notice(f"connection lost ({e.message}); reconnecting from byte {base + got}")

@@ -78,8 +78,8 @@ def checkpoint_where(spec: JobSpec, home: str) -> str | None:
     why = ckpaths.refusal(ck.path, workdir if workdir.startswith("/") else None, home)
     if why:
         from gpujob.yamlsrc import describe
-        raise SpecError(spec.source_name, spec.line_of(("train", "checkpoint", "path")), "train.checkpoint.path",
-                        f"{describe(ck.path)} refused: {why}")
+        raise SpecError(spec.source_name, spec.line_of(("train", "checkpoint", "path")),
+                        "train.checkpoint.path", f"{describe(ck.path)} refused: {why}")
     return ck.path if ck.path.startswith("/") or not workdir.startswith("/") else f"{workdir}/{ck.path}"
 
 
@@ -104,7 +104,8 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     sources = sync_sources(spec, strict=False)
     dests = [s.dest for s in sources]
     if dests:
-        steps.append(Step("manifest", "container", "which of the files to ship are there already (their names on stdin)",
+        steps.append(Step("manifest", "container",
+                          "which of the files to ship are there already (their names on stdin)",
                           (agent_shown(target, "manifest", "--name", spec.name,
                                                  *(["--workdir", spec.workdir] if spec.workdir else []),
                                                  *dests))))
@@ -155,7 +156,8 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
         for gpu in planshare.warmup_gpus(req.spec):
             visible = planshare.warmup_env(gpu).get("CUDA_VISIBLE_DEVICES")
             steps.append(Step("warmup", "supervisor",
-                              "warmup" + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
+                              "warmup"
+                              + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
                               command_argv(req.spec["warmup"]["command"],
                                            planshare.template_values(req.spec, job_id=job_id, profile=profile,
                                                                      workdir=workdir, fleet=fleet, gpu=gpu)),
@@ -166,11 +168,13 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     hang_note = ""
     if spec.throughput is not None and spec.throughput.start_timeout is not None:
         hang_note = (f"; no throughput sample within {spec.throughput.start_timeout:g}s of its start is a "
-                     f"start_hang (a compile_race on a cold cache): its Python stacks are saved, then it is ended")
+                     f"start_hang (a compile_race on a cold cache): its Python stacks are saved, then it is "
+                     f"ended")
     resume_args = list(req.spec["train"].get("resume_args") or [])
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])}{hang_note})"
-                      + (f", resuming on purpose from {resume_from} (submit --resume-from)" if resume_from else ""),
+                      + (f", resuming on purpose from {resume_from} (submit --resume-from)" if resume_from
+                         else ""),
                       command_argv(req.spec["train"]["command"], values,
                                    [a.replace("{resume_from}", f"<{resume_from}>") for a in resume_args]
                                    if resume_from else ())))
@@ -190,9 +194,10 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
                            "standby.fifo, run the script as __main__>"],
                           when="when a known-good, installed rollback target exists"))
     for i, hook in enumerate(req.spec.get("notify") or []):
-        steps.append(Step("notify", "supervisor", f"post to {planshare.describe(i, hook)} from the container's "
-                          f"outbox (its own sender; {hook['timeout']:g}s an attempt, {hook['retries']} retries "
-                          f"with backoff, given up {hook['deadline']:g}s after it was queued)",
+        steps.append(Step("notify", "supervisor",
+                          f"post to {planshare.describe(i, hook)} from the container's "
+                          f"outbox (its own sender; {hook['timeout']:g}s an attempt, {hook['retries']} "
+                          f"retries with backoff, given up {hook['deadline']:g}s after it was queued)",
                           when="on " + ", ".join(hook["events"])))
     if spec.metrics is not None:
         where = planshare.textfile_path(f"{home}/jobs/{job_id}", job_id, spec.metrics.textfile)
@@ -208,24 +213,26 @@ def checkpoint_steps(spec: JobSpec, where: str | None, values: dict, resume_args
     ck = spec.train.checkpoint
     if where is None or ck is None:  # where is None exactly when ck is (checkpoint_where)
         return []
-    done = (f"its file {ck.done_file} exists in it and nothing in it has changed for {ck.settle:g}s" if ck.done_file
-            else f"it has not changed for {ck.settle:g}s")
+    done = (f"its file {ck.done_file} exists in it and nothing in it has changed for {ck.settle:g}s"
+            if ck.done_file else f"it has not changed for {ck.settle:g}s")
     steps = [Step("checkpoints", "supervisor", f"watch {where} (glob + stat, every 0.5s) and record in the "
                   "checkpoint register which checkpoints each trainer run wrote; one is finished when "
                   f"{done}; a stop or rollback that finds a save in progress waits up to "
                   f"{ck.save_wait:g}s for it"),
-             Step("checkpoints", "container", f"checkpoints that earlier jobs left under {where} are listed by submit; "
-                  "they stay as they are (a trainer that writes the same name overwrites them), "
+             Step("checkpoints", "container",
+                  f"checkpoints that earlier jobs left under {where} are listed by submit; they stay as they "
+                  f"are (a trainer that writes the same name overwrites them), "
                   f"{selfload.earlier_note(spec.recipe, spec.train.command).split(' (gpujob submit')[0]}, "
                   "and gc removes only what this job's runs wrote",
                   when="at submit")]
     if spec.rollback.wait_for_checkpoint:
-        fallback = "an automatic rollback waits until the running trainer has written a finished checkpoint " \
-            f"(at most {checkpoint.hold_limit(ck.every):g}s)"
+        fallback = ("an automatic rollback waits until the running trainer has written a finished checkpoint "
+                    f"(at most {checkpoint.hold_limit(ck.every):g}s)")
     else:
         fallback = "without a checkpoint of this job the trainer restarts from scratch, without resume_args"
     shown = [a.replace("{resume_from}", "<newest finished checkpoint of this job>") for a in resume_args]
-    steps.append(Step("resume", "supervisor", f"a resumed trainer (rollback, restart) gets resume_args; {fallback}",
+    steps.append(Step("resume", "supervisor",
+                      f"a resumed trainer (rollback, restart) gets resume_args; {fallback}",
                       command_argv(spec.train.command if isinstance(spec.train.command, str)
                                    else list(spec.train.command), values, shown),
                       when="on a rollback or restart"))

@@ -17,7 +17,8 @@ from gpujob.show.plot import FORMATS, terminal, write_file
 def read_jsonl(t, job_id: str, file: str) -> list[dict]:
     """Every whole record of a job's JSONL file (a torn or trimmed-away line is skipped)."""
     r, got = jsonl.Records(file, strict=False), []  # bounded: a line too long or too deep is passed over
-    follow_log(t, job_id, file=file, follow=False, write=lambda c: got.extend(r.feed(c)), notice=lambda m: None)
+    follow_log(t, job_id, file=file, follow=False, write=lambda c: got.extend(r.feed(c)),
+               notice=lambda m: None)
     return [rec for _n, rec in got + r.close()]
 
 

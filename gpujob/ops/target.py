@@ -49,7 +49,8 @@ BOOTSTRAP = ("import io,os,sys,zipfile\nd=sys.argv[1]\nos.makedirs(os.path.dirna
              "  for n in [i for i in z.namelist() if i.endswith('.py') and i!='__main__.py']:\n"
              "   src=z.read(n)\n"
              "   code=compile(src,d+'/'+n,'exec',dont_inherit=True)\n"
-             "   z.writestr(zipfile.ZipInfo(n+'c',(2020,1,1,0,0,0)),_code_to_hash_pyc(code,source_hash(src),False))\n"
+             "   z.writestr(zipfile.ZipInfo(n+'c',(2020,1,1,0,0,0)),"
+             "_code_to_hash_pyc(code,source_hash(src),False))\n"
              " data=b.getvalue()\n"
              "except Exception:\n"
              " pass\n"
@@ -263,7 +264,8 @@ class Targets:
                 host = self.inventory.hosts[host_name]
                 link = kinds.get(host.kind).connect(host_name, host, accept_new=self.accept_new)
                 if link is None:
-                    raise InputError(f"host '{host_name}' is {host.kind}; no connection runs below its containers")
+                    raise InputError(f"host '{host_name}' is {host.kind}; no connection runs below its "
+                                     f"containers")
                 self._hosts[host_name] = link
             return self._hosts[host_name]
 

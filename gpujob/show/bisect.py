@@ -21,7 +21,8 @@ def progress_line(n: int, tr, word: str) -> str:
     elif word == "measuring" and tr.samples:
         text += f", {len(tr.samples)} samples (settling)"
     if word == "done":
-        text += f" in {tr.seconds:.0f}s: {tr.verdict}" + (f" ({tr.ratio:.2f}x of good)" if tr.ratio is not None
+        text += f" in {tr.seconds:.0f}s: {tr.verdict}" + (f" ({tr.ratio:.2f}x of good)"
+                                                          if tr.ratio is not None
                                                             else "")
         if tr.verdict == core.UNRESOLVED:
             text += f" ({tr.reason[:160]})" if tr.reason else ""

@@ -80,7 +80,8 @@ def _pyplot():
         except ImportError:
             raise MissingDependency(f"plot -o needs matplotlib, which is not installed: {INSTALL}") from None
         matplotlib.use("Agg")
-        matplotlib.rcParams.update({"svg.fonttype": "none", "text.parse_math": False, "svg.hashsalt": "gpujob"})
+        matplotlib.rcParams.update({"svg.fonttype": "none", "text.parse_math": False,
+                                    "svg.hashsalt": "gpujob"})
         import matplotlib.pyplot as plt
         import matplotlib.font_manager  # noqa: F401  # where the cache is built
     return plt
@@ -91,7 +92,8 @@ def figure(s: dict):
     keeps: samples-PROFILE, minutes-PROFILE, phase-N, threshold, baseline-PROFILE, rollback-N."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(11, 4.8), dpi=100)
-    scale, unit = (3600.0, "h") if s["duration"] > 3 * 3600 else (60.0, "min") if s["duration"] > 180 else (1.0, "s")
+    scale, unit = ((3600.0, "h") if s["duration"] > 3 * 3600 else (60.0, "min") if s["duration"] > 180
+                   else (1.0, "s"))
     seen_phase = set()
     for i, p in enumerate(s["phases"]):
         label = p["phase"] if p["phase"] not in seen_phase else None

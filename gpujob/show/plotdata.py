@@ -41,10 +41,13 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
         if v is None or r["t"] in seen:
             continue
         seen.add(r["t"])
-        points.append({"t": rel(r["t"]), "value": v, "profile": r.get("profile"), "verdict": r.get("verdict")})
+        points.append({"t": rel(r["t"]), "value": v, "profile": r.get("profile"),
+                       "verdict": r.get("verdict")})
     first = points[0]["t"] + t0 - 1e-6 if points else math.inf
-    minutes = [{"t": rel(r["t"]), "since": rel(_num(r.get("since")) or r["t"]), "median": _num(r.get("median")),
-                "min": _num(r.get("min")), "max": _num(r.get("max")), "n": r.get("n"), "profile": r.get("profile")}
+    minutes = [{"t": rel(r["t"]), "since": rel(_num(r.get("since")) or r["t"]),
+                "median": _num(r.get("median")),
+                "min": _num(r.get("min")), "max": _num(r.get("max")), "n": r.get("n"),
+                "profile": r.get("profile")}
                for r in events if r.get("type") == "samples_1m" and _num(r.get("t")) is not None
                and r["t"] < first and _num(r.get("median")) is not None]
 
@@ -83,11 +86,13 @@ def series(events: list[dict], samples: list[dict], status: dict | None = None) 
                   "signal": r.get("signal"), "reason": r.get("reason")}
                  for r in sorted((r for r in events if r.get("type") == "rollback"), key=lambda r: r["t"])]
     # pauses (checkpoint saves, pause_pattern lines): their samples were left out of the windows
-    spans = {round(a, 3): b for a, b in (status.get("pauses") or []) if _num(a) is not None and _num(b) is not None}
-    pauses = [{"start": rel(r["start"]), "end": rel(spans.get(round(r["start"], 3),
-                                                                r["start"] + 2.0 + (_num(r.get("tail")) or 0))),
+    spans = {round(a, 3): b for a, b in (status.get("pauses") or [])
+             if _num(a) is not None and _num(b) is not None}
+    pauses = [{"start": rel(r["start"]),
+               "end": rel(spans.get(round(r["start"], 3), r["start"] + 2.0 + (_num(r.get("tail")) or 0))),
                "why": r.get("why")}
-              for r in sorted((r for r in events if r.get("type") == "pause" and _num(r.get("start")) is not None),
+              for r in sorted((r for r in events if r.get("type") == "pause"
+                               and _num(r.get("start")) is not None),
                               key=lambda r: r["start"])]
     return {"job": status.get("job_id"), "name": status.get("name"), "state": status.get("state"),
             "t0": t0, "duration": rel(end), "points": points, "minutes": minutes, "phases": phases,

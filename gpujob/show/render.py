@@ -143,7 +143,8 @@ def status_view(st: dict, target: str) -> dict:
         "ledger": (ledger if isinstance(ledger, dict) else {}).get("profiles", {}),
         "ledger_error": ledger.get("error") if isinstance(ledger, dict) else None,  # a damaged one's line
         "metrics": st.get("metrics"),  # the gauges of the metrics textfile (agent/supervisor/metrics.py)
-        "notify": st.get("notify"),  # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
+        # its webhook messages: waiting, sent, given_up (agent/supervisor/notify.py)
+        "notify": st.get("notify"),
         "suspect": rec.suspect,
     }
 
@@ -228,7 +229,8 @@ def size(n: float | None) -> str:
 
 #: the fields event_line reads as numbers or lists, by kind (an events file from outside may hold others)
 EVENT_FIELDS = {"": {"t": "number"}, "sample": {"value": "number", "step": "?number"},
-                "samples_1m": {"median": "number", "min": "number", "max": "number"}, "stacks": {"stacks": "?list"}}
+                "samples_1m": {"median": "number", "min": "number", "max": "number"},
+                "stacks": {"stacks": "?list"}}
 
 
 def event_error(ev: dict):
@@ -245,8 +247,8 @@ def event_line(ev: dict) -> str:
     kind = ev.get("type", "?")
     skip = {"t", "type", "evidence", "argv"}
     if kind == "sample":
-        body = f"{fmt_rate(ev['value'])} tok/s" + (f" step {ev['step']}" if ev.get("step") is not None else "") \
-            + f" [{ev.get('verdict')}]"
+        body = (f"{fmt_rate(ev['value'])} tok/s"
+                + (f" step {ev['step']}" if ev.get("step") is not None else "") + f" [{ev.get('verdict')}]")
     elif kind == "samples_1m":
         body = (f"{fmt_rate(ev['median'])} tok/s median of {ev.get('n')} samples "
                 f"({fmt_rate(ev['min'])}–{fmt_rate(ev['max'])}) on {ev.get('profile')} [{ev.get('verdict')}]")
@@ -270,7 +272,8 @@ def hosts_table(rows: list[dict], source: str) -> Table:
         st = r["status"]
         colour = "green" if st in ("running", "local") else "red" if st == "unreachable" else "yellow"
         table.add_row(lit(f"{r['host']}/{r['container']}"), lit(r.get("vmid") or "-"),
-                      styled((st, colour), f" ({r['error']})" if r.get("error") else ""), lit(r.get("job") or "-"))
+                      styled((st, colour), f" ({r['error']})" if r.get("error") else ""),
+                      lit(r.get("job") or "-"))
     return whole(table, "target", "running job")
 
 
@@ -376,7 +379,8 @@ def snapshot_table(caches: list, title: str) -> Table:
 def candidates_line(cands: list) -> str:
     """``stop``/``rollback`` without an id when not exactly one job could be meant."""
     if not cands:
-        return "no job could be meant: none of this laptop's jobs is still running; name one (gpujob ps lists them)"
+        return ("no job could be meant: none of this laptop's jobs is still running; name one (gpujob ps "
+                "lists them)")
     return ("more than one job could be meant: "
             + ", ".join(f"{job_id} ({target}, {state})" for job_id, target, state in cands) + "; name one")
 
@@ -384,8 +388,8 @@ def candidates_line(cands: list) -> str:
 def bad_profile_refusal(profile: str, name: str, target: str, entry: dict, target_name: str) -> str:
     """``submit`` onto a profile the ledger marks bad: one line, with the ways on."""
     return (f"profile {profile} is marked bad in the ledger of {name} on {target}: "
-            f"{entry.get('reason') or 'no reason recorded'}; start it anyway with --force, pick another with -p, "
-            f"or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
+            f"{entry.get('reason') or 'no reason recorded'}; start it anyway with --force, pick another with "
+            f"-p, or clear the mark: gpujob ledger set {target_name} {name} {profile} untried")
 
 
 def rollback_line(job_id: str, res: wire.RollbackAnswer, mark_bad: bool) -> Text:
@@ -446,8 +450,8 @@ def gc_summary(res: dict) -> str:
                      if e["why"] == "remove")
     text = f"{'would free' if res.get('dry_run') else 'freed'} {size(freed)}"
     if res.get("finished"):
-        text += f"; finished {len(res['finished']) + (res.get('more') or {}).get('finished', 0)} removal(s) " \
-                f"a killed gc had left"
+        n = len(res['finished']) + (res.get('more') or {}).get('finished', 0)
+        text += f"; finished {n} removal(s) a killed gc had left"
     return text + more_note(res, {"envs": "venvs", "jobs": "job directories", "checkpoints": "checkpoints"})
 
 

@@ -89,4 +89,5 @@ class Wait:
         while not self._stop.wait(0.2):
             with self._lock:
                 done, total = self.done, self.total
-            p.update(task, description=self.text(), completed=done or 0, total=total if done is not None else None)
+            p.update(task, description=self.text(), completed=done or 0,
+                     total=total if done is not None else None)

@@ -30,8 +30,10 @@ class Checkpoint(Strict):
         if self.settle <= 0:
             raise At(("settle",), "expected a duration > 0")
         if self.done_file is not None and (not self.done_file.strip() or "/" in self.done_file
-                                           or self.done_file in (".", "..") or not self.done_file.isprintable()):
-            raise At(("done_file",), f"expected a file name like trainer_state.json, got {describe(self.done_file)}")
+                                           or self.done_file in (".", "..")
+                                           or not self.done_file.isprintable()):
+            raise At(("done_file",),
+                     f"expected a file name like trainer_state.json, got {describe(self.done_file)}")
         return self
 
 

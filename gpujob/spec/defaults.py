@@ -10,15 +10,19 @@ import json
 
 from pydantic import BaseModel
 
-from gpujob.spec.model import Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput, Train, Warmup, Webhook
+from gpujob.spec.model import (Caches, Checkpoint, JobSpec, Journal, Metrics, Restarts, Rollback, Throughput,
+                               Train, Warmup, Webhook)
 
 
 #: the sections whose defaults the agent needs for a job.json that lacks a key
-AGENT_DEFAULT_SECTIONS: dict[str, type[BaseModel]] = {"caches": Caches, "journal": Journal, "rollback": Rollback,
-                                                      "throughput": Throughput, "train": Train, "warmup": Warmup,
+AGENT_DEFAULT_SECTIONS: dict[str, type[BaseModel]] = {"caches": Caches, "journal": Journal,
+                                                      "rollback": Rollback,
+                                                      "throughput": Throughput, "train": Train,
+                                                      "warmup": Warmup,
                                                       "restarts": Restarts,  # train.restarts
                                                       "checkpoint": Checkpoint,  # train.checkpoint
-                                                      "notify": Webhook, "metrics": Metrics}  # notify: each webhook's
+                                                      # notify: each webhook's
+                                                      "notify": Webhook, "metrics": Metrics}
 
 
 def agent_defaults() -> dict:

@@ -107,10 +107,12 @@ def load(model, path, sets: list, profile: str | None = None):
     name it had; one it does not name is refused in one line."""
     source = load_yaml(path)
     done = apply_sets(source, sets)
-    if profile is not None and isinstance(source.data, dict) and isinstance(source.data.get("profiles"), list):
+    if profile is not None and isinstance(source.data, dict) and \
+            isinstance(source.data.get("profiles"), list):
         names = [p.get("name") for p in source.data["profiles"] if isinstance(p, dict)]
         if profile not in names:  # as spec.profile_by_name says it, before the spec's own name is judged
-            shown = [n if isinstance(n, str) and n.isprintable() and " " not in n else describe(n) for n in names]
+            shown = [n if isinstance(n, str) and n.isprintable() and " " not in n else describe(n)
+                     for n in names]
             plain = [n for n in names if isinstance(n, str)]
             raise InputError(f"unknown profile {describe(profile)}; profiles: {', '.join(shown)}"
                              f"{suggest(profile, plain)}")
@@ -139,9 +141,10 @@ def layer_steps(spec) -> list:
              for key, old, new in layers.get("sets") or []]
     if spec.recipe:
         r = RECIPES[spec.recipe]
-        steps.append(Step("recipe", "laptop", f"recipe {r.name} (revision {r.revision}; conventions read from "
-                          f"{r.read_from}; proven on: {r.proven_on}); the keys below came from it, every key "
-                          "the spec sets wins"))
+        steps.append(Step("recipe", "laptop",
+                          f"recipe {r.name} (revision {r.revision}; conventions read from {r.read_from}; "
+                          f"proven on: {r.proven_on}); the keys below came from it, every key the spec sets "
+                          f"wins"))
         steps += [Step("recipe", "laptop", f"from recipe {r.name}: {key} = {shorten(json.dumps(v), 200)}")
                   for key, v in (layers.get("recipe") or {}).items()]
     return steps

@@ -22,8 +22,8 @@ from gpujob.spec.checkpoint import Checkpoint, check_checkpoint_use
 from gpujob.spec.throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
 from gpujob.agent.base.protocol import UNFIXABLE, FailureSignal as F
 from gpujob.spec.types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
-                               Interpreter, JobName, Name, PathText, Pinned, Requirement, SecretRef, Signal, Size, Url,
-                               _env_value, _local_path, remote_dest)
+                               Interpreter, JobName, Name, PathText, Pinned, Requirement, SecretRef, Signal,
+                               Size, Url, _env_value, _local_path, remote_dest)
 
 
 def _is_file(path) -> bool:
@@ -115,8 +115,8 @@ class Restarts(Strict):
 
 class Standby(Strict):
     """Keep an interpreter of the rollback target preloaded (see agent/supervisor/standby.py)."""
-    preload: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] \
-        = ["torch"]
+    preload: list[Annotated[str, StringConstraints(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")]] = ["torch"]
 
 
 class Train(Strict):
@@ -156,7 +156,7 @@ class Rollback(Strict):
     gpu_idle: GpuIdle | None = None
     wait_for_checkpoint: bool = False  # hold an automatic rollback until train.checkpoint exists
     confirm: Duration = Field(120.0, ge=0)  # the target holds >= threshold this long: the left profile is bad
-    on_no_recovery: Literal["continue", "stop"] = "continue"  # the target as slow: go on (judging suspended) or end
+    on_no_recovery: Literal["continue", "stop"] = "continue"  # target as slow: go on unjudged, or end
 
     @model_validator(mode="after")
     def _consistent(self) -> Rollback:
@@ -212,7 +212,8 @@ class Nodes(Strict):
 
 
 class JobSpec(Strict):
-    recipe: Literal["specforge", "hf_trainer", "nanogpt", "torchtitan", "lightning"] | None = None  # recipes.py
+    # recipes.py
+    recipe: Literal["specforge", "hf_trainer", "nanogpt", "torchtitan", "lightning"] | None = None
     name: JobName
     target: Annotated[str | list[str] | None, BeforeValidator(_targets)] = None  # a list: multi-node
     nodes: Nodes | None = None  # multi-node only
@@ -255,7 +256,8 @@ class JobSpec(Strict):
                 owner[index] = group
         restarts = self.train.restarts.on if self.train.restarts else []
         for i, signal in enumerate(restarts):
-            for where, listed in (("rollback.on", self.rollback.on), ("rollback.stop_on", self.rollback.stop_on)):
+            for where, listed in (("rollback.on", self.rollback.on),
+                                  ("rollback.stop_on", self.rollback.stop_on)):
                 if signal in listed:
                     raise At(("train", "restarts", "on", i), f"'{signal}' is also in {where}")
         for i, entry in enumerate(self.sync):
@@ -268,7 +270,8 @@ class JobSpec(Strict):
                 raise At(("sync", i, "dest"), f"{describe(dest)} resolves to {shorten(where)}, outside "
                          "the workdir; give an absolute path to write outside it")
         self._check_group(("warmup", "per_gpu"), self.warmup.per_gpu if self.warmup else None)
-        self._check_group(("throughput", "scope_group"), self.throughput.scope_group if self.throughput else None)
+        self._check_group(("throughput", "scope_group"),
+                          self.throughput.scope_group if self.throughput else None)
         self._check_group(("rollback", "gpu_idle", "group"),
                           self.rollback.gpu_idle.group if self.rollback.gpu_idle else None)
         if self.rollback.wait_for_checkpoint and self.train.checkpoint is None:

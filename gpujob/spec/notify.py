@@ -39,7 +39,8 @@ def _webhook_url(value: Any) -> Any:
     if isinstance(value, dict):
         return _env_value(value)
     if not (isinstance(value, str) and value.startswith(("http://", "https://"))):
-        got = "a string that does not start with http:// or https://" if isinstance(value, str) else kind_of(value)
+        got = ("a string that does not start with http:// or https://" if isinstance(value, str)
+               else kind_of(value))
         raise ValueError(f"expected an http(s):// URL or {{from_env: VAR}} / {{from_file: PATH}}, got {got} "
                          "(not echoed: it may hold a token)")
     why = url_problem(value)
@@ -62,10 +63,13 @@ class Webhook(Strict):
     url: Annotated[str | SecretRef, BeforeValidator(_webhook_url)]
     format: Literal["slack", "ntfy", "json"] = "json"
     token: Annotated[SecretRef, BeforeValidator(_token)] | None = None  # sent as Authorization: Bearer
-    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good", "no_recovery", "internal_error"]
+    events: list[NotifyEvent] = ["rollback", "failure", "success", "known_good", "no_recovery",
+                                 "internal_error"]
     timeout: Duration = 10.0  # one attempt, all told (connect, send, the answer's headers): not per read
-    retries: int = Field(5, ge=0, le=20)  # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
-    deadline: Duration = 120.0  # one message, all attempts and backoff: then it is given up; also how long the
+    # after the first attempt, with backoff 1 s, 2 s, 4 s ... (60 s at most)
+    retries: int = Field(5, ge=0, le=20)
+    # one message, all attempts and backoff: then it is given up; also how long the
+    deadline: Duration = 120.0
     # supervisor may outlive its job's end for its webhooks (the largest deadline of the job's webhooks)
 
     @model_validator(mode="after")
@@ -93,8 +97,8 @@ def _prom_path(value: Any) -> Any:
         raise ValueError(f"cannot hold a control character (found {control_char(value)})")
     for name in re.findall(r"\{([^{}]*)\}", value):
         if name != "job_id":
-            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; the textfile's only placeholder is "
-                             "{job_id}")
+            raise ValueError(f"unknown placeholder {{{shorten(name, 40)}}}; "
+                             "the textfile's only placeholder is {job_id}")
     return value
 
 

@@ -110,9 +110,12 @@ def spec_text(recipe: str, command: list, *, name: str, target: str, sync: tuple
     lines += ["throughput:",  # every recipe reads its trainer's rate
               "  min_ratio: 0.8              # CHANGE ME: below 80% of the known-good baseline is a breach"]
     if need_tokens:
-        lines.append(f"  tokens_per_step: 4096       # CHANGE ME: {_TOKENS_HINT.get(recipe, 'tokens per step')}")
-    if "train.checkpoint.path" in came:  # else the plan opens with "a rollback can come before the first checkpoint"
-        lines += ["", "rollback:", "  wait_for_checkpoint: true    # an automatic rollback waits for this run's first "
+        lines.append(f"  tokens_per_step: 4096       # CHANGE ME: "
+                     f"{_TOKENS_HINT.get(recipe, 'tokens per step')}")
+    # else the plan opens with "a rollback can come before the first checkpoint"
+    if "train.checkpoint.path" in came:
+        lines += ["", "rollback:",
+                  "  wait_for_checkpoint: true    # an automatic rollback waits for this run's first "
                   "checkpoint,", "  #   so the resumed trainer never starts from scratch"]
     lines += ["", "# What the recipe fills in for this command (uncomment a line to change it):"]
     for key, value in came.items():

@@ -32,14 +32,16 @@ def requirement(value: Any) -> Any:
     """A ``requirements:`` entry: a requirement string, or {file, exclude}."""
     if isinstance(value, str):
         if not value.strip() or control_char(value):
-            raise ValueError("expected a requirement like transformers==4.57.1 (one line, no control characters)")
+            raise ValueError("expected a requirement like transformers==4.57.1 (one line, no control "
+                             "characters)")
         return value
     if isinstance(value, dict) and "package" in value:  # {package: specforge==0.2.0, no_deps: true}
         unknown = sorted(set(map(str, value)) - {"package", "no_deps"})
         if unknown:
             raise At((unknown[0],), "unknown field; expected package and no_deps")
         if not isinstance(value["package"], str) or not _NAME.match(value["package"].strip()):
-            raise At(("package",), f"expected a requirement like specforge==0.2.0, got {kind_of(value['package'])}")
+            raise At(("package",),
+                     f"expected a requirement like specforge==0.2.0, got {kind_of(value['package'])}")
         if value.get("no_deps") is not True:
             raise At(("no_deps",), "expected true (without it, write the requirement as a plain string)")
         return {"package": value["package"].strip(), "no_deps": True}
@@ -50,7 +52,8 @@ def requirement(value: Any) -> Any:
         if not isinstance(value.get("file"), str) or not value["file"].strip():
             raise At(("file",), f"expected the path of a requirements file, got {kind_of(value.get('file'))}")
         if control_char(value["file"]):
-            raise At(("file",), f"a path cannot hold a control character (found {control_char(value['file'])})")
+            raise At(("file",),
+                     f"a path cannot hold a control character (found {control_char(value['file'])})")
         exclude = value.get("exclude", [])
         if not isinstance(exclude, list):
             raise At(("exclude",), f"expected a list of package names, got {kind_of(exclude)}")

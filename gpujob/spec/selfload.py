@@ -50,8 +50,8 @@ def self_loads(recipe: str | None, command) -> str | None:
             return None
         if folder is not None and "{job_id}" not in folder:
             return (f"torchtitan loads the newest step-N in its checkpoint folder ({folder}, named by the "
-                    "command) by itself at a fresh start, an earlier job's included; drop --checkpoint.folder "
-                    "(the recipe gives each job its own) or put {job_id} in it")
+                    "command) by itself at a fresh start, an earlier job's included; drop "
+                    "--checkpoint.folder (the recipe gives each job its own) or put {job_id} in it")
     if recipe == "hf_trainer" and "--overwrite_output_dir" not in argv:
         if _value(argv, "--resume_from_checkpoint") is not None:
             return "the command's --resume_from_checkpoint is loaded at every start"
@@ -59,7 +59,8 @@ def self_loads(recipe: str | None, command) -> str | None:
                 "by themselves at a fresh start, an earlier job's included, unless --overwrite_output_dir is "
                 "given (a script that calls Trainer.train() alone loads none)")
     if recipe == "nanogpt" and _value(argv, "--init_from") == "resume":
-        return "nanoGPT started with --init_from=resume loads out_dir's ckpt.pt at a fresh start, whoever wrote it"
+        return ("nanoGPT started with --init_from=resume loads out_dir's ckpt.pt at a fresh start, whoever "
+                "wrote it")
     if recipe == "lightning" and _value(argv, "--ckpt_path") is not None:
         return "Lightning loads the command's --ckpt_path at every start"
     if recipe == "specforge" and any(a.startswith("training.resume_from=") for a in argv):
@@ -105,9 +106,10 @@ def save_warning(recipe: str | None, command, waits: bool, hold_limit: float) ->
     if every is None or length is None or every <= length:
         return None
     flag = next(n for n in SAVE_FLAGS[recipe][0] if _value(argv, n) is not None)
-    return (f"the command saves every {every} steps ({flag}) and runs {length}: no checkpoint comes before it "
-            f"ends, so a rollback decided on a slow profile waits the whole hold limit ({hold_limit:g}s, "
-            "rollback.wait_for_checkpoint) on it; save more often, or set rollback.wait_for_checkpoint: false")
+    return (f"the command saves every {every} steps ({flag}) and runs {length}: no checkpoint comes before "
+            f"it ends, so a rollback decided on a slow profile waits the whole hold limit ({hold_limit:g}s, "
+            "rollback.wait_for_checkpoint) on it; save more often, or set rollback.wait_for_checkpoint: "
+            "false")
 
 
 def plan_warnings(spec) -> list:

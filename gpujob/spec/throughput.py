@@ -30,7 +30,8 @@ def _count_or_duration(value: Any) -> Any:
         if secs <= 0:
             raise ValueError(f"expected a duration > 0, got {describe(value)}")
         return f"{secs:g}s"
-    raise ValueError(f"expected a count (an integer) or a duration with a unit like 60s, got {describe(value)}")
+    raise ValueError(f"expected a count (an integer) or a duration with a unit like 60s, got "
+                     f"{describe(value)}")
 
 
 CountOrDuration = Annotated[int | str, BeforeValidator(_count_or_duration)]
@@ -47,7 +48,8 @@ class Settle(Strict):
 
 class Throughput(Strict):
     source: Literal["stdout", "file"] = "stdout"  # the trainer's output lines, or a JSONL metrics file
-    format: Literal["ktok", "torchtitan", "tqdm", "tqdm_steps", "hf", "regex"] | None = None  # for source stdout
+    # for source stdout
+    format: Literal["ktok", "torchtitan", "tqdm", "tqdm_steps", "hf", "regex"] | None = None
     path: PathText | None = None  # source file: the JSONL file the trainer appends to (relative: the workdir)
     field: str | None = None  # source file: the tok/s field of each record ("a.b" reaches into objects)
     step_field: str | None = None  # source file: the step field, if the records carry one

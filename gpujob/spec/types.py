@@ -204,7 +204,8 @@ Args = Annotated[list[str], BeforeValidator(_args)]
 if TYPE_CHECKING:  # a Literal built at run time; to a type checker, a str
     Signal = str
 else:
-    Signal = Literal[tuple(s.value for s in FailureSignal)]  # rollback.on etc.: protocol.FailureSignal's names
+    # rollback.on etc.: protocol.FailureSignal's names
+    Signal = Literal[tuple(s.value for s in FailureSignal)]
 
 
 def _path_text(value: Any) -> Any:
@@ -228,7 +229,8 @@ def _local_path(info: ValidationInfo, path: str) -> Path:
 
 def _interpreter(value: Any) -> Any:
     if not (isinstance(value, str) and value.strip() and not control_char(value)):
-        raise ValueError(f"expected an interpreter path or name like /opt/torch/bin/python3, got {describe(value)}")
+        raise ValueError(f"expected an interpreter path or name like /opt/torch/bin/python3, got "
+                         f"{describe(value)}")
     return value
 
 

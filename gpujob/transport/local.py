@@ -100,7 +100,8 @@ class LocalTransport(Transport):
                     deadline = None  # drain what is left, then stop
                     continue
                 for key, _ in events:
-                    chunk = key.fileobj.read1(65536) if hasattr(key.fileobj, "read1") else os.read(key.fd, 65536)
+                    chunk = (key.fileobj.read1(65536) if hasattr(key.fileobj, "read1")
+                             else os.read(key.fd, 65536))
                     if not chunk:
                         sel.unregister(key.fileobj)
                         continue

@@ -276,7 +276,8 @@ class MuxClient:
                     raise payload
                 if self.misbehaving:
                     raise HostMisbehaving(self.error or too_much(self.where, argv))
-                raise ConnectionLost(self.error or f"lost the connection to {self.where} while running {argv[0]}")
+                raise ConnectionLost(self.error
+                                     or f"lost the connection to {self.where} while running {argv[0]}")
         except BaseException:  # Ctrl-C, a deadline or an error on our side: it must not live on
             self.cancel(p)
             raise

@@ -144,7 +144,8 @@ class Forked:
             if Zygote.zip_at(argv) == 3:  # python3 -c SRC ZIP …: SRC as -c runs it, with '' first on sys.path
                 sys.argv = ["-c"] + list(argv[3:])
                 sys.path[:] = [""] + [p for p in sys.path if p not in ("", argv[3])]
-                exec(compile(argv[2], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+                exec(compile(argv[2], "<string>", "exec"),
+                     {"__name__": "__main__", "__builtins__": __builtins__})
             else:
                 sys.argv = list(argv[1:])
                 runpy.run_path(argv[1], run_name="__main__")
@@ -238,8 +239,10 @@ def main():
                     return
                 proc = Forked(req["argv"], req.get("stdin"))
             else:
-                proc = subprocess.Popen(req["argv"], stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                proc = subprocess.Popen(req["argv"],
+                                        stdin=subprocess.PIPE if req.get("stdin") else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        start_new_session=True)
         except OSError as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             what = "command not found" if code == 127 else str(e.strerror or e)

@@ -240,11 +240,13 @@ def connect(settings, *, accept_new: bool = False, sock=None) -> paramiko.SSHCli
         name = known_hosts_name(settings.hostname, settings.port)
         if e.key.get_base64() in revoked:
             raise HostKeyError(f"host key of {name} ({e.key.get_name()} {fingerprint(e.key)}) is marked "
-                               f"@revoked in {known}; refused before authentication, nothing was run") from None
+                               f"@revoked in {known}; refused before authentication, "
+                               "nothing was run") from None
         raise HostKeyError(
             f"host key of {name} has CHANGED: known_hosts has {fingerprint(e.expected_key)}, "
             f"the server offered {e.key.get_name()} {fingerprint(e.key)}; refused, nothing was run",
-            hint=f"if the host was reinstalled, remove the old key: ssh-keygen -R '{name}' -f {known}") from None
+            hint="if the host was reinstalled, remove the old key: "
+                 f"ssh-keygen -R '{name}' -f {known}") from None
     except paramiko.AuthenticationException:
         client.close()
         tried = ", ".join(keys) if keys else "default keys"

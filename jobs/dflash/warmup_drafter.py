@@ -18,7 +18,8 @@ p.add_argument("--config", help="the drafter's config.json (the train command's 
                "heads, head dim, block size and dtype are read from it, so the warmup compiles the "
                "training shapes; the flags below override it")
 p.add_argument("--heads", type=int, help="num_attention_heads (default: --config's, else 32)")
-p.add_argument("--head-dim", type=int, help="head_dim (default: --config's, else hidden_size / heads, else 128)")
+p.add_argument("--head-dim", type=int,
+               help="head_dim (default: --config's, else hidden_size / heads, else 128)")
 p.add_argument("--seq-len", type=int, default=4096, help="the train command's --max-length")
 p.add_argument("--block-size", type=int, help="DFlash block size (default: --config's, else 16)")
 p.add_argument("--dtype", help="default: --config's dtype (torch_dtype), else bfloat16")

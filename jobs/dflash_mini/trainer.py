@@ -236,9 +236,10 @@ def main(argv=None) -> int:
     tdev, ddevs = devices(a)
     dtype = torch.bfloat16 if tdev.type == "cuda" else torch.float32
     torch.backends.cuda.matmul.allow_tf32 = True
+    attention = ('flex_attention ' + ('compiled' if compiled else 'eager')) if tdev.type == 'cuda' \
+        else 'SDPA dense mask (CPU)'
     print(f"dflash-mini: torch {torch.__version__} (import {IMPORT_S:.1f}s), target on {tdev}, "
-          f"drafters on {', '.join(map(str, ddevs))}, attention "
-          f"{('flex_attention ' + ('compiled' if compiled else 'eager')) if tdev.type == 'cuda' else 'SDPA dense mask (CPU)'}, "
+          f"drafters on {', '.join(map(str, ddevs))}, attention {attention}, "
           f"seq {a.seq_len} block {a.block_size} batch {a.batch}", flush=True)
     torch.manual_seed(0)
     target = Target(a).to(device=tdev, dtype=dtype).eval()

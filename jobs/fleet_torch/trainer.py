@@ -158,7 +158,8 @@ def main(argv=None) -> int:
             if speaker:
                 os.makedirs(a.ckpt_dir, exist_ok=True)
                 path = os.path.join(a.ckpt_dir, f"step_{step}.pt")
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, path + ".tmp")
+                state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+                torch.save(state, path + ".tmp")
                 os.replace(path + ".tmp", path)
                 files = step_files(a.ckpt_dir)
                 for old in sorted(files)[:-2]:

@@ -15,7 +15,8 @@ from bench.run import ORDER, main
 
 pytestmark = pytest.mark.testbed
 
-NO_BASELINE = {"latency_p50", "latency_p99", "supervisor_cpu", "supervisor_rss", "startup_version", "startup_help"}
+NO_BASELINE = {"latency_p50", "latency_p99", "supervisor_cpu", "supervisor_rss", "startup_version",
+               "startup_help"}
 
 
 def test_quick_bench_produces_every_figure(tmp_path, capsys):

@@ -72,7 +72,8 @@ def bis_index(tmp_path_factory):
     2.0: a subset with one and not the other does not resolve)."""
     from gpujob.ops.wheelhouse import serve
     root = tmp_path_factory.mktemp("bisindex")
-    for case, body in (("single", {"c": "FACTOR = 0.4\n"}), ("pair", {"b": "PAIR = True\n", "d": "PAIR = True\n"})):
+    for case, body in (("single", {"c": "FACTOR = 0.4\n"}),
+                       ("pair", {"b": "PAIR = True\n", "d": "PAIR = True\n"})):
         write_index(root / case, {(x, v): (body.get(x, "") if v == "2.0" else "")
                                   for x in PACKAGES for v in ("1.0", "2.0")})
     # tied: bis-b 2.0 is slow and needs bis-d 2.0 (as a torch needs its triton)
@@ -91,8 +92,8 @@ def spec_of(tmp_path: Path, url: str, profiles: dict, steps: int = 600) -> Path:
         "profiles": [{"name": n, "index_url": url, "env": env,
                       "packages": [f"bis-{x}=={v}" for x, v in sorted(pins.items())]}
                      for n, (pins, env) in profiles.items()],
-        "train": {"command": f"python trainer.py --steps {steps} --interval 0.04", "resume_args": ["--resume"],
-                  "checkpoint": {"path": "ckpt/state.json", "every": "1s"}},
+        "train": {"command": f"python trainer.py --steps {steps} --interval 0.04",
+                  "resume_args": ["--resume"], "checkpoint": {"path": "ckpt/state.json", "every": "1s"}},
         "throughput": {"format": "ktok", "window": 3, "min": "1K", "no_data_timeout": "60s"},
     }
     path = tmp_path / "bis.yaml"
@@ -113,10 +114,12 @@ def ledger(env, name="bis") -> dict:
 def test_bisect_names_the_culprit_within_its_bound(testbed, bed_env, tmp_path, bis_index, case, culprit):
     env = bed_env
     spec = spec_of(tmp_path, bis_index[case], {"old": (OLD, {}), "new": (NEW, {"BIS_HARMLESS": "1"})})
-    plan = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--plan"], env, check=True).stdout.decode()
+    plan = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--plan"], env,
+               check=True).stdout.decode()
     assert "6 changes" in plan and "env BIS_HARMLESS (none) -> 1" in plan and "uv" in plan
     assert not home_path(testbed, env, "jobs").exists()  # the plan runs nothing
-    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json", "--apply"],
+    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json",
+             "--apply"],
             env, timeout=900)
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     res = json.loads(p.stdout)
@@ -141,18 +144,21 @@ def test_bisect_names_the_culprit_within_its_bound(testbed, bed_env, tmp_path, b
     assert not [e for e in os.listdir(home_path(testbed, env, "envs")) if e.startswith("t-")]
 
 
-def test_tune_ranks_three_profiles_and_apply_makes_the_winner_known_good(testbed, bed_env, tmp_path, bis_index):
+def test_tune_ranks_three_profiles_and_apply_makes_the_winner_known_good(testbed, bed_env, tmp_path,
+                                                                         bis_index):
     env = bed_env
     spec = spec_of(tmp_path, bis_index["single"], {
         "slowest": (dict(OLD, c="2.0"), {}), "fast": (OLD, {}), "also-fast": (dict(OLD, a="2.0"), {})})
-    p = cli(["tune", str(spec), "-p", "slowest", "-p", "fast", "-p", "also-fast", "--trial-time", "20s", "--json"],
+    p = cli(["tune", str(spec), "-p", "slowest", "-p", "fast", "-p", "also-fast", "--trial-time", "20s",
+             "--json"],
             env, timeout=900)
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     ranked = json.loads(p.stdout)["ranked"]
     assert ranked[-1]["profile"] == "slowest" and {r["profile"] for r in ranked[:2]} == {"fast", "also-fast"}
     assert ranked[0]["median"] > 2 * ranked[-1]["median"]
     assert ledger(env)["history"] == []  # without --apply: nothing recorded
-    p = cli(["tune", str(spec), "-p", "slowest", "-p", "fast", "--trial-time", "20s", "--apply"], env, timeout=900)
+    p = cli(["tune", str(spec), "-p", "slowest", "-p", "fast", "--trial-time", "20s", "--apply"], env,
+            timeout=900)
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     assert "fastest: fast" in p.stdout.decode()
     progress = p.stderr.decode()
@@ -204,36 +210,40 @@ def test_a_running_job_is_never_touched_the_trial_is_refused(testbed, bed_env, t
     assert status(job_id, env)["state"] == "training"
     assert not home_path(testbed, env, "work", "bis-bisect").exists()
     assert os.listdir(home_path(testbed, env, "jobs")) == [job_id]  # no trial's job directory
-    assert "bis-bisect-" not in cli(["ps", "--json"], env, check=True).stdout.decode()  # nor a trial in the index
+    # nor a trial in the index
+    assert "bis-bisect-" not in cli(["ps", "--json"], env, check=True).stdout.decode()
     cli(["stop", job_id], env, check=True)
 
 
 def test_a_change_that_does_not_resolve_alone_moves_with_its_neighbour(testbed, bed_env, tmp_path, bis_index):
     env = bed_env
     spec = spec_of(tmp_path, bis_index["tied"], {"old": (OLD, {}), "new": (NEW, {})})
-    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json"], env, timeout=900)
+    p = cli(["bisect", str(spec), "--good", "old", "--bad", "new", "--trial-time", "20s", "--json"], env,
+            timeout=900)
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     res = json.loads(p.stdout)
     assert res["culprit"] == ["bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0)"], res
     unresolved = [t for t in res["trials"] if t["verdict"] == "unresolved"]
     assert unresolved and all("installing profile" in t["reason"] for t in unresolved), res["trials"]
-    assert res["answer"].startswith("slow with: bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0); 0.40x of good"), \
-        res["answer"]
+    assert res["answer"].startswith("slow with: bis-b 1.0 -> 2.0 (moves with bis-d 1.0 -> 2.0); "
+                                    "0.40x of good"), res["answer"]
 
 
 def test_trials_start_from_a_copy_of_the_jobs_newest_checkpoint_and_never_touch_it(
         testbed, bed_env, tmp_path, bis_index):
     env = bed_env
-    first = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})}, steps=30)
+    first = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})},
+                    steps=30)
     job = cli(["submit", str(first), "--profile", "old", "--follow"], env, timeout=300)
     assert job.returncode == 0, job.stderr.decode()[-2000:]
     job_id = job.stdout.decode().split("submitted ")[1].split()[0]
     ckpt = home_path(testbed, env, "work", "bis", "ckpt", "state.json")
     assert json.loads(ckpt.read_text()) == {"step": 30}
     before = (ckpt.read_bytes(), ckpt.stat().st_mtime_ns)
-    spec = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})}, steps=900)
-    p = cli(["tune", str(spec), "-p", "new", "-p", "old", "--from", job_id, "--trial-time", "20s", "--json"], env,
-            timeout=600)
+    spec = spec_of(tmp_path, bis_index["single"], {"old": (OLD, {}), "new": (dict(OLD, c="2.0"), {})},
+                   steps=900)
+    p = cli(["tune", str(spec), "-p", "new", "-p", "old", "--from", job_id, "--trial-time", "20s", "--json"],
+            env, timeout=600)
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     ranked = json.loads(p.stdout)["ranked"]
     assert [r["profile"] for r in ranked] == ["old", "new"]

@@ -24,7 +24,8 @@ def test_a_host_that_never_answers_is_cancelled_and_its_thread_ends(testbed, tmp
     mute.chmod(0o755)
     extra = "\n".join(["  mute:", "    address: 127.0.0.1", f"    port: {testbed.port}", "    user: root",
                        f"    identity_file: {testbed.user_key}", f"    known_hosts: {testbed.known_hosts}",
-                       f"    pct: {mute}", "    containers:", f"      ct{testbed.vmid}: {{vmid: {testbed.vmid}}}"])
+                       f"    pct: {mute}", "    containers:",
+                       f"      ct{testbed.vmid}: {{vmid: {testbed.vmid}}}"])
     inv = testbed.write_hosts_yaml(tmp_path / "hosts.yaml", extra_hosts=extra)
     targets = Targets(load_inventory(inv))
     opened: dict = {}

@@ -21,7 +21,8 @@ def events(testbed, env, job_id) -> list:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def test_a_trainer_saving_every_2s_is_rolled_back_from_its_last_save_and_stopped(testbed, bed_env, tmp_path, index):
+def test_a_trainer_saving_every_2s_is_rolled_back_from_its_last_save_and_stopped(testbed, bed_env, tmp_path,
+                                                                                 index):
     env = bed_env
     spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
                       profile="fast", warmup=False, throughput=False,
@@ -33,7 +34,8 @@ def test_a_trainer_saving_every_2s_is_rolled_back_from_its_last_save_and_stopped
     wait_for(lambda: sum(e["type"] == "checkpoint_finished" for e in events(testbed, env, job_id)) >= 2, 240,
              what="two finished saves")
     cli(["rollback", job_id, "--to", "slow"], env, check=True, timeout=120)
-    wait_for(lambda: any(e["type"] == "resume_point" for e in events(testbed, env, job_id)), 240, what="the resume")
+    wait_for(lambda: any(e["type"] == "resume_point" for e in events(testbed, env, job_id)), 240,
+             what="the resume")
     [point] = [e for e in events(testbed, env, job_id) if e["type"] == "resume_point"]
     assert point["file"] and point["file"].endswith("checkpoint.json"), point
     log = home_path(testbed, env, "jobs", job_id, "train.log")
@@ -56,8 +58,8 @@ def test_a_link_made_by_the_command_to_a_data_dir_never_lets_gc_delete_others_fi
                            f"echo mine > {data_dir}/precious.txt; touch -d '1 hour ago' {data_dir}/* "
                            f"{data_dir}/checkpoint-700/model.bin")
     try:
-        spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
-                          profile="fast", warmup=False, throughput=False,
+        spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"],
+                          slow_url=index["slow"], profile="fast", warmup=False, throughput=False,
                           trainer_args="--steps 8 --interval 0.05 --checkpoint-dir ckpt --checkpoint-every 2")
         data = yaml.safe_load(spec.read_text())
         data["train"]["command"] = f"ln -sfn {data_dir} ckpt && {data['train']['command']}"

@@ -37,7 +37,8 @@ def test_exec_through_the_daemon_is_the_full_cli_byte_for_byte(env):
     assert not [v for v in daemon_environ if v.startswith(b"SECRET_TOKEN=")]
     # the variables its key is made of (paths.ENV_KEYS) it keeps: it serves that environment
     assert f"GPUJOB_HOSTS={env['GPUJOB_HOSTS']}".encode() in daemon_environ
-    assert sock_path(env).name.startswith("conn-") and len(sock_path(env).name) == len("conn-0123456789abcdef.sock")
+    assert (sock_path(env).name.startswith("conn-")
+            and len(sock_path(env).name) == len("conn-0123456789abcdef.sock"))
     warm = cli(argv, env)
     full = cli_direct(argv, env)
     assert full.returncode == 7 and full.stdout == b"out\nx\0y" and full.stderr == "err ✓\n".encode()
@@ -159,7 +160,8 @@ def test_commands_at_once_start_one_daemon_and_another_setup_is_not_served(env, 
                               env=env, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               stdin=subprocess.DEVNULL) for i in range(4)]
     outs = [p.communicate(timeout=120) for p in procs]
-    assert [(p.returncode, o) for p, o in zip(procs, outs)] == [(0, (f"{i}\n".encode(), b"")) for i in range(4)]
+    assert [(p.returncode, o) for p, o in zip(procs, outs)] == [(0, (f"{i}\n".encode(), b""))
+                                                                for i in range(4)]
     pid = started(env)
     assert daemons_of(env) == [pid]
     # another state directory (or HOME, or ssh-agent): that daemon is not used, the answer is the same
@@ -252,7 +254,8 @@ def test_each_environment_keeps_its_own_daemon(env, tmp_path):
     assert alive(a) and daemon_pid(env) == a
     b = warm(other)
     p = cli(["disconnect", "--all"], env)
-    assert (p.returncode, p.stdout) == (0, b"gpujob: closed 2 kept connections (their SSH connections are closed)\n")
+    assert (p.returncode, p.stdout) == (0, b"gpujob: closed 2 kept connections (their SSH connections are "
+                                           b"closed)\n")
     wait_for(lambda: not alive(a) and not alive(b), 10, what="both daemons to end")
     assert cli(["disconnect", "--all"], env).stdout == b"gpujob: no kept connection was open\n"
     assert not list(sock_path(env).parent.glob("*.sock"))
@@ -306,11 +309,13 @@ def test_the_shipped_agent_carries_bytecode_its_python_loads(tmp_path):
     subprocess.run(["python3", "-c", BOOTSTRAP, str(dest)], input=data, check=True)
     names = set(zipfile.ZipFile(dest).namelist())
     assert {f"gpujob/agent/{m}c" for m in AGENT_MODULES} <= names
-    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpujob.agent.main as m, gpujob.agent.home.journal as j;"
-             "print(m.__file__, j.__file__)")
-    files = subprocess.run(["python3", "-c", probe, str(dest)], capture_output=True, text=True, check=True).stdout
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpujob.agent.main as m, "
+             "gpujob.agent.home.journal as j;print(m.__file__, j.__file__)")
+    files = subprocess.run(["python3", "-c", probe, str(dest)], capture_output=True, text=True,
+                           check=True).stdout
     assert all(f.endswith(".pyc") for f in files.split()), files
-    p = subprocess.run(["python3", str(dest), "--home", str(tmp_path / "home"), "status"], capture_output=True)
+    p = subprocess.run(["python3", str(dest), "--home", str(tmp_path / "home"), "status"],
+                       capture_output=True)
     assert p.returncode == 0 and json.loads(p.stdout)["jobs"] == []
 
 
@@ -320,7 +325,8 @@ def test_the_connection_bench_produces_its_figures(testbed, tmp_path, capsys):
     out = tmp_path / "conn.json"
     assert main(["--quick", "--json", str(out)], bed=testbed) == 0
     res = json.loads(out.read_text())
-    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "exec_warm_b", "status_warm", "exec_full", "status_full",
+    assert set(res["medians_ms"]) == {"ssh", "exec_warm", "exec_warm_b", "status_warm", "exec_full",
+                                      "status_full",
                                      "exec_cold", "ps_warm", "ps_full"}
     assert all(v > 0 for v in res["medians_ms"].values())
     assert res["figures"]["exec_warm"]["ratio"] > 0 and res["figures"]["exec_two_envs"]["ratio"] > 0

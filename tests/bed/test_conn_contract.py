@@ -56,9 +56,12 @@ def finished_job(testbed, tmp_path_factory):
 #: containers: through the daemon (the default) and with GPUJOB_NO_DAEMON=1 they must
 #: answer the same exit code, stdout and stderr, byte for byte
 READ_ONLY = (["status", "JOB"], ["status"], ["status", "JOB", "--json"], ["status", "--json"],
-             ["status", "JOB", "-t", "tb/ct200"], ["status", "nosuchjob"], ["status", "JOB", "-t", "tb/ct201"],
-             ["logs", "JOB"], ["logs", "JOB", "-f"], ["logs", "JOB", "--tail", "3"], ["logs", "JOB", "--events"],
-             ["logs", "JOB", "--samples", "--json"], ["logs", "JOB", "--phase", "train"], ["logs", "JOB", "--json"],
+             ["status", "JOB", "-t", "tb/ct200"], ["status", "nosuchjob"],
+             ["status", "JOB", "-t", "tb/ct201"],
+             ["logs", "JOB"], ["logs", "JOB", "-f"], ["logs", "JOB", "--tail", "3"],
+             ["logs", "JOB", "--events"],
+             ["logs", "JOB", "--samples", "--json"], ["logs", "JOB", "--phase", "train"],
+             ["logs", "JOB", "--json"],
              ["ps"], ["ps", "tb/ct200"], ["ps", "tb/ct200", "--all"], ["ps", "--json"],
              ["hosts"], ["hosts", "--json"], ["hosts", "--check"],
              ["profiles", "tb/ct200"], ["profiles", "tb/ct200", "--json"], ["cache", "ls", "tb/ct200"],
@@ -100,7 +103,8 @@ def test_every_read_only_command_is_the_same_bytes_both_ways(finished_job, tmp_p
                 same(cli(args, env, input=stdin), cli_direct(args, env, input=stdin))
         except AssertionError as e:  # with what the daemon said of it (when it started and ended)
             log = runtime / "gpujob" / "conn.log"
-            raise AssertionError(f"{e}\nconn.log:\n{log.read_text()[-3000:] if log.exists() else '-'}") from None
+            raise AssertionError(f"{e}\nconn.log:\n"
+                                 f"{log.read_text()[-3000:] if log.exists() else '-'}") from None
         assert daemon_pid(env) == pid  # one daemon served them all
         ok = cli(["status", job], env).stdout
         assert b"succeeded" in ok

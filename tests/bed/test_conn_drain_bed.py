@@ -27,7 +27,8 @@ def test_on_the_bed_disconnect_and_sigterm_drain_and_cut(env, testbed):  # noqa:
     p = running(["sh", "-c", f"touch {m}; sleep 1; echo slept"], env)
     started_in_container(m)
     d = cli(["disconnect"], env)
-    assert d.returncode == 0 and d.stdout == b"gpujob: closed the kept connection (its SSH connections are closed)\n"
+    assert (d.returncode == 0 and d.stdout == b"gpujob: closed the kept connection (its SSH connections are "
+                                              b"closed)\n")
     assert p.communicate(timeout=60) == (b"slept\n", b"") and p.returncode == 0
     assert daemon_pid(env) is None
     # SIGTERM drains the same way

@@ -47,7 +47,8 @@ def holds(pid: int, fd: int) -> bool:
 
 
 def loaded_modules(traced) -> set[str]:
-    return {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines() if ln.startswith("import time:")}
+    return {ln.split("|")[-1].strip() for ln in traced.stderr.decode().splitlines()
+            if ln.startswith("import time:")}
 
 
 @pytest.fixture

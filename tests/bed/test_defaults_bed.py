@@ -2,8 +2,9 @@
 only the keys `gpujob init` writes (``min_ratio`` and the rate source) and gpujob's defaults
 for every other judging key. The baseline comes from a first job on the fast profile (its
 ``good_after`` shortened with ``--set`` to 15 s, past the default 10 s window it must hold:
-the default, 10 minutes, would hold the bed that long); the slow job then runs with nothing set. What is asserted is what the user reads:
-the rollback, its signal, where it went, and the ledger's verdict; never how long it took."""
+the default, 10 minutes, would hold the bed that long); the slow job then runs with nothing
+set. What is asserted is what the user reads: the rollback, its signal, where it went, and the
+ledger's verdict; never how long it took."""
 
 from __future__ import annotations
 
@@ -29,14 +30,17 @@ def test_a_slow_profile_is_rolled_back_at_the_keys_init_writes(testbed, bed_env,
                       profile="fast", trainer_args="--steps 100000 --interval 0.1", warmup=False,
                       throughput={"format": "ktok", "min_ratio": 0.8})
     assert set(yaml.safe_load(spec.read_text())["throughput"]) == {"format", "min_ratio"}
-    first = job_id_of(cli(["submit", str(spec), "--set", "throughput.good_after=15s"], env, check=True).stdout)
+    first = job_id_of(cli(["submit", str(spec), "--set", "throughput.good_after=15s"], env,
+                          check=True).stdout)
     try:
-        wait_for(lambda: "known_good" in event_types(first, env), 300, every=2, what="fast to become known-good")
+        wait_for(lambda: "known_good" in event_types(first, env), 300, every=2,
+                 what="fast to become known-good")
     finally:
         cli(["stop", first], env, timeout=180)
     second = job_id_of(cli(["submit", str(spec), "--profile", "slow"], env, check=True).stdout)
     try:
-        st = wait_for(lambda: (lambda s: s if s.get("rollbacks") else None)(cli_json(["status", second, "--json"], env)),
+        st = wait_for(lambda: (lambda s: s if s.get("rollbacks") else None)(
+                          cli_json(["status", second, "--json"], env)),
                       400, every=2, what="the rollback of slow at the defaults")
         [rb] = st["rollbacks"]
         assert (rb["from"], rb["to"], rb["signal"]) == ("slow", "fast", "low_throughput"), rb

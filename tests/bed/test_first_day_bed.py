@@ -39,7 +39,8 @@ def run(args, env, *, daemon=True, timeout=120):
     e = dict(env)
     if not daemon:
         e["GPUJOB_NO_DAEMON"] = "1"
-    return subprocess.run([*gpujob_argv(), *args], env=e, capture_output=True, timeout=timeout, cwd=env["HOME"])
+    return subprocess.run([*gpujob_argv(), *args], env=e, capture_output=True, timeout=timeout,
+                          cwd=env["HOME"])
 
 
 def test_no_ssh_key_doctor_and_exec_say_so_and_what_to_do(testbed, tmp_path):
@@ -68,7 +69,8 @@ def piped(args, env, *, daemon: bool, lines: int) -> tuple[int, bytes, str]:
     return p.wait(timeout=120), got, err
 
 
-def test_a_closed_pipe_ends_status_and_exec_quietly_with_exit_0_with_and_without_the_daemon(testbed, tmp_path):
+def test_a_closed_pipe_ends_status_and_exec_quietly_with_exit_0_with_and_without_the_daemon(
+        testbed, tmp_path):
     """Row 9: `gpujob status | head -2` (exit 3 and `the connection daemon ended` through the
     daemon) and `gpujob exec ct -- seq 1 100000 | head -1` (a traceback, exit 120, without)."""
     env = new_user(tmp_path, bed_hosts(testbed, tmp_path / "hosts.yaml"))

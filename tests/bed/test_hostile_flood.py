@@ -57,7 +57,8 @@ def flood_env(env, testbed, tmp_path):  # noqa: F811 - the env fixture
     flood.chmod(0o755)
     extra = "\n".join(["  flood:", "    address: 127.0.0.1", f"    port: {testbed.port}", "    user: root",
                        f"    identity_file: {testbed.user_key}", f"    known_hosts: {testbed.known_hosts}",
-                       f"    pct: {flood}", "    containers:", f"      ct{testbed.vmid}: {{vmid: {testbed.vmid}}}"])
+                       f"    pct: {flood}", "    containers:",
+                       f"      ct{testbed.vmid}: {{vmid: {testbed.vmid}}}"])
     inv = testbed.write_hosts_yaml(tmp_path / "hosts.yaml", extra_hosts=extra)
     e = dict(env, GPUJOB_HOSTS=str(inv))
     rows(e, [("ok-1", f"tb/ct{testbed.vmid}"), ("bad-1", f"flood/ct{testbed.vmid}")])

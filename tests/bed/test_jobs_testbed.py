@@ -93,7 +93,8 @@ def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, 
     proc = subprocess.Popen([*gpujob_argv(), "submit", str(spec), "--follow"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     jobs = home_path(testbed, env, "jobs")
-    wait_for(lambda: jobs.exists() and any((d / "train.log").exists() and "step 2 " in (d / "train.log").read_text()
+    wait_for(lambda: jobs.exists()
+             and any((d / "train.log").exists() and "step 2 " in (d / "train.log").read_text()
                                            for d in jobs.iterdir()), 120, what="training")
     proc.send_signal(signal.SIGKILL)  # the laptop dies mid-training
     proc.wait()
@@ -121,7 +122,8 @@ def test_controller_sigkill_and_ten_cut_connections(testbed, bed_env, tmp_path, 
 def test_busy_refused_stop_leaves_nothing_and_plan_runs_nothing(testbed, bed_env, tmp_path, index):
     env = bed_env
     spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
-                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.1")
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 100000 --interval 0.1")
     sshd_log = [p for p in testbed.ssh_dir.rglob("sshd.log")][0]
     before = sshd_log.read_text().count("Accepted publickey")
     plan = cli(["submit", str(spec), "--plan"], env)
@@ -192,7 +194,8 @@ def test_sshd_restart_and_container_restart_the_job_goes_on(testbed, bed_env, tm
     testbed.restart_sshd(0)
     st = status(job_id, env)
     assert st["state"] == "training" and _container_trainers(testbed)
-    assert json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())["child"]["pgid"] == pgid
+    state = json.loads(home_path(testbed, env, "jobs", job_id, "state.json").read_text())
+    assert state["child"]["pgid"] == pgid
     testbed.restart_container()
     assert not _container_trainers(testbed)
     p = cli(["status", job_id], env, check=True)
@@ -233,7 +236,8 @@ def test_resume_after_reboot_brings_the_job_back_without_the_laptop(testbed, bed
     assert f"gpujob-boot {env['GPUJOB_TEST_HOME']}" not in rc_local.read_text()
 
 
-def test_a_trainer_that_only_writes_a_metrics_file_is_rolled_back_on_the_bed(testbed, bed_env, tmp_path, index):
+def test_a_trainer_that_only_writes_a_metrics_file_is_rolled_back_on_the_bed(testbed, bed_env, tmp_path,
+                                                                             index):
     from test_sources import QUIET
     code = tmp_path / "code"
     code.mkdir()
@@ -244,12 +248,14 @@ def test_a_trainer_that_only_writes_a_metrics_file_is_rolled_back_on_the_bed(tes
     for name, profile, steps in (("a.yaml", "fast", 40), ("b.yaml", "slow", 60)):
         spec = write_spec(tmp_path / name, target="ct200", fast_url=index["fast"], slow_url=index["slow"],
                           profile=profile, warmup=False, sync=[{"src": str(code), "dest": "."}],
-                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"], "grace": "2s"},
+                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"],
+                                 "grace": "2s"},
                           throughput=tp)
         p = cli(["submit", str(spec), "--follow"], bed_env, timeout=300)
         assert p.returncode == 0, p.stdout.decode()[-2000:]
         job = job_id_of(p.stdout)
     st = status(job, bed_env)
     assert st["state"] == "succeeded" and st["profile"] == "fast"
-    assert [(r["from"], r["to"], r["signal"]) for r in st["rollbacks"]] == [("slow", "fast", "low_throughput")]
+    assert [(r["from"], r["to"], r["signal"]) for r in st["rollbacks"]] == [("slow", "fast",
+                                                                             "low_throughput")]
     assert not home_path(testbed, bed_env, "jobs", job, "train.log").read_text().strip()

@@ -11,45 +11,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from helpers import gpujob_argv
+from journey import User, job_of
 
 pytestmark = pytest.mark.testbed
 
 TRAINER = Path(__file__).parents[1] / "data" / "firstday"
-
-
-class User:
-    """A person at a shell: an empty HOME, a folder of their own, `gpujob` on PATH."""
-
-    def __init__(self, tmp: Path):
-        self.home = tmp / "home"
-        self.home.mkdir()
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUJOB_", "XDG_", "SSH_AUTH"))}
-        self.env.update(HOME=str(self.home), COLUMNS="200")
-        for k in ("XDG_RUNTIME_DIR", "GPUJOB_CONN_IDLE"):  # the suite's daemons' place (tests/conftest.py)
-            if k in os.environ:
-                self.env[k] = os.environ[k]
-        self.cwd = self.home
-
-    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        p = subprocess.run([*gpujob_argv(), *args], env=self.env, cwd=self.cwd, capture_output=True,
-                           timeout=timeout)
-        p.out, p.err = p.stdout.decode(), p.stderr.decode()  # type: ignore[attr-defined]
-        return p
-
-    def ok(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        p = self.run(*args, timeout=timeout)
-        assert p.returncode == 0, f"gpujob {' '.join(args)} exited {p.returncode}\n{p.out[-3000:]}\n{p.err[-3000:]}"
-        return p
-
-
-def job_of(text: str, name: str) -> str:
-    return re.search(rf"\b({name}-[a-z0-9]{{4}})\b", text).group(1)
 
 
 def test_a_first_day(testbed, tmp_path, index):
@@ -68,18 +38,7 @@ def _first_day(me: User, testbed, index, home: str) -> None:
     demo_job = job_of(demo.out, "demo")
 
     # README step 2, by hand: the user's own hosts.yaml (this bed's sshd and keys)
-    config = me.home / ".config" / "gpujob" / "hosts.yaml"
-    config.parent.mkdir(parents=True)
-    config.write_text(f"""hosts:
-  pve1:
-    address: 127.0.0.1
-    port: {testbed.port}
-    user: root
-    identity_file: {testbed.user_key}
-    known_hosts: {testbed.known_hosts}
-    containers:
-      ct200: {{vmid: 200, home: {home}}}
-""")
+    config = me.hosts_by_hand(testbed, home)
     # the demo lives on beside it (row 3): status of its job, and the demo itself, still reach it
     st = me.ok("status", demo_job)
     assert demo_job in st.out and "succeeded" in st.out
@@ -91,8 +50,9 @@ def _first_day(me: User, testbed, index, home: str) -> None:
     repo = me.home / "nanoGPT"
     shutil.copytree(TRAINER, repo)
     me.cwd = repo
-    init = me.ok("init", "--recipe", "nanogpt", "-t", "ct200", "--", "python", "train.py", "config/train_tiny.py",
-                 "--batch_size=4", "--block_size=640", "--gradient_accumulation_steps=1")
+    init = me.ok("init", "--recipe", "nanogpt", "-t", "ct200", "--", "python", "train.py",
+                 "config/train_tiny.py", "--batch_size=4", "--block_size=640",
+                 "--gradient_accumulation_steps=1")
     assert "wrote train.yaml: check the CHANGE ME lines" in init.err
     text = (repo / "train.yaml").read_text()
     for shipped in ("train.py", "config/train_tiny.py", "model.py", "configurator.py"):
@@ -148,7 +108,8 @@ def _first_day(me: User, testbed, index, home: str) -> None:
 
     # a long run, stopped: logs -f then says how it ended, with exit 1
     long = me.ok("submit", "train.yaml", "-p", "fast", *quick, "--set", "train.command=python train.py "
-                 "config/train_tiny.py --batch_size=4 --block_size=640 --gradient_accumulation_steps=1 --max_iters=100000")
+                 "config/train_tiny.py --batch_size=4 --block_size=640 --gradient_accumulation_steps=1 "
+                 "--max_iters=100000")
     job3 = job_of(long.out, "train")
     stop = me.ok("stop", job3)
     assert job3 in stop.out

@@ -88,7 +88,8 @@ def test_each_damaged_ledger_is_refused_in_one_line_and_kept(testbed, bed_env, t
         make(path, good)
         before = _fingerprint(path)
         one_line_refusal(cli(["ledger", "history", "ct200", "tjob"], env, timeout=60), "tjob.json")
-        one_line_refusal(cli(["ledger", "set", "ct200", "tjob", "slow", "good"], env, timeout=60), "tjob.json")
+        one_line_refusal(cli(["ledger", "set", "ct200", "tjob", "slow", "good"], env, timeout=60),
+                         "tjob.json")
         one_line_refusal(cli(["ledger", "undo", "ct200", "tjob", "1"], env, timeout=60), "tjob.json")
         p = cli(["profiles", "ct200"], env, timeout=60)
         assert p.returncode == 0 and "(job other)" in p.stdout.decode(), (form, p.stdout.decode()[-1500:])
@@ -96,7 +97,8 @@ def test_each_damaged_ledger_is_refused_in_one_line_and_kept(testbed, bed_env, t
         assert cli(["profiles", "ct200", "--json"], env, timeout=60).returncode == 0
         if form in ("truncated", "a FIFO"):  # the intact ledger marked slow bad: nothing starts on it
             one_line_refusal(cli(["submit", str(spec)], env, timeout=120), "tjob.json", "--force")
-            assert not home_path(testbed, env, "jobs").exists() or not list(home_path(testbed, env, "jobs").iterdir())
+            assert not home_path(testbed, env, "jobs").exists() or not list(home_path(testbed, env,
+                                                                                      "jobs").iterdir())
         assert _fingerprint(path) == before, form  # nothing written over it
         os.unlink(path)
         os.replace(path.with_name("intact.keep"), path)
@@ -173,7 +175,8 @@ def test_the_supervisors_confirmation_racing_tight_hand_writers_loses_no_verdict
         t.start()
     job = None
     try:
-        spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
+        spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"],
+                          slow_url=index["slow"],
                           profile="slow", warmup=False, trainer_args="--steps 4000 --interval 0.05",
                           rollback={"confirm": "1s"})
         job = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
@@ -188,7 +191,8 @@ def test_the_supervisors_confirmation_racing_tight_hand_writers_loses_no_verdict
             cli(["stop", job], env)
     assert all(rc == 0 for rc, _, _ in counts.values()), counts
     led = ledger_json(testbed, env)
-    [confirmed] = [e for e in map(json.loads, events.read_text().splitlines()) if e.get("type") == "suspect_confirmed"]
+    [confirmed] = [e for e in map(json.loads, events.read_text().splitlines())
+                   if e.get("type") == "suspect_confirmed"]
     assert confirmed["suspect"] == "slow"
     assert led["profiles"]["slow"]["status"] == "bad"  # the journal and the ledger agree
     assert [h["status"] for h in led["history"] if h["profile"] == "slow"] == ["bad"]

@@ -30,7 +30,8 @@ def test_a_container_supervisor_notifies_and_resends_after_a_kill(testbed, bed_e
     spec = write_spec(tmp_path / "job.yaml", target="ct200", fast_url=index["fast"], slow_url=index["slow"],
                       trainer_args="--steps 90 --interval 0.1", rollback={"fallback": ["fast"]},
                       notify=[{"url": {"from_env": "HOOK_URL"}, "format": "slack"},
-                              {"url": f"{hooks.url}/json", "events": ["known_good", "success"], "retries": 20}],
+                              {"url": f"{hooks.url}/json", "events": ["known_good", "success"],
+                               "retries": 20}],
                       metrics={"every": "1s"})
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True, timeout=300).stdout)
     d = home_path(testbed, env, "jobs", job_id)

@@ -111,7 +111,8 @@ def agent(testbed, tmp_path):
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for(sock.exists, 20, what="the ssh-agent's socket")
-        subprocess.run(["ssh-add", "-q", str(testbed.user_key)], env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
+        subprocess.run(["ssh-add", "-q", str(testbed.user_key)],
+                       env=dict(os.environ, SSH_AUTH_SOCK=str(sock)),
                        check=True, capture_output=True, timeout=30)
         yield str(sock)
     finally:

@@ -135,12 +135,12 @@ def test_pct_errors_are_gpujobs_own_line_exit_3_never_pcts_exit_code(targets, te
         p = run(["exec", "ct201", "--", "true"], env)
         err = p.stderr.decode()
         assert p.returncode == 3 and err.startswith("gpujob: container 201 on ") and \
-            "is not running (pct: CT 201 not running)" in err and "  hint: start it on the host: pct start 201" \
-            in err, (daemon, err)
+            "is not running (pct: CT 201 not running)" in err and \
+            "  hint: start it on the host: pct start 201" in err, (daemon, err)
         p = run(["exec", "ct999", "--", "true"], env)
         err = p.stderr.decode()
-        assert p.returncode == 3 and err.startswith("gpujob: no container 999 on ") and "999.conf' does not exist" \
-            in err and "check the vmid in hosts.yaml" in err, (daemon, err)
+        assert p.returncode == 3 and err.startswith("gpujob: no container 999 on ") and \
+            "999.conf' does not exist" in err and "check the vmid in hosts.yaml" in err, (daemon, err)
     p = run(["hosts", "--json"], env)
     rows = {r["container"]: r for r in json.loads(p.stdout)["targets"]}
     assert rows["ct999"]["status"].startswith("no such vmid 999 on the host"), rows["ct999"]

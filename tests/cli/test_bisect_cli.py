@@ -39,8 +39,8 @@ def spec(tmp_path, **extra):
 
 
 def test_plan_shows_the_changes_and_each_trials_steps_and_runs_nothing(tmp_path, env):
-    p = cli(["bisect", str(spec(tmp_path)), "--good", "old", "--bad", "new", "--plan", "--together", "torch,triton",
-             "--trial-time", "3m"], env, check=True)
+    p = cli(["bisect", str(spec(tmp_path)), "--good", "old", "--bad", "new", "--plan", "--together",
+             "torch,triton", "--trial-time", "3m"], env, check=True)
     text = p.stdout.decode()
     assert "bisect old -> new: 2 changes; one culprit takes at most 3 trials" in text, text
     assert "1. torch 2.10.0 -> 2.11.0 (moves with triton 3.5.1 -> 3.6.0)" in text
@@ -61,10 +61,13 @@ def test_tune_plan_lists_each_profile(tmp_path, env):
 
 @pytest.mark.parametrize("args, expect", [
     (["bisect", "{spec}", "--good", "nope", "--bad", "new", "--plan"], "--good: profile 'nope' is not in"),
-    (["bisect", "{spec}", "--good", "old", "--bad", "old", "--plan"], "--good and --bad are the same profile"),
-    (["bisect", "{spec}", "--good", "old", "--bad", "same"], "hold the same packages and env: nothing to bisect"),
+    (["bisect", "{spec}", "--good", "old", "--bad", "old", "--plan"],
+     "--good and --bad are the same profile"),
+    (["bisect", "{spec}", "--good", "old", "--bad", "same"],
+     "hold the same packages and env: nothing to bisect"),
     (["bisect", "{spec}", "--good", "old", "--bad", "same", "--plan"], "nothing to bisect"),
-    (["bisect", "{spec}", "--good", "old", "--bad", "new", "--trial-time", "soon"], "--trial-time: expected a duration"),
+    (["bisect", "{spec}", "--good", "old", "--bad", "new", "--trial-time", "soon"],
+     "--trial-time: expected a duration"),
     (["bisect", "{spec}"], "--good: the ledger of bis on lab/box has no known-good profile"),
     (["tune", "{spec}", "-p", "old"], "--profile: name two profiles or more"),
     (["tune", "{spec}", "-p", "old", "-p", "x\x1b[31m"], "--profile: 'x\\x1b[31m' is not in"),

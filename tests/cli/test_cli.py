@@ -35,7 +35,8 @@ def one_line_error(p) -> str:
     ("- a\n- b\n", "job.yaml:1: "),
     ("name: x\ntrian: {command: t}\n", "job.yaml:2: trian: unknown field; did you mean 'train'?"),
     ("name: x\nprofiles:\n  - {name: a, index_url: 'https://x', packages: [torch==1]}\ntrain: {command: t}\n"
-     "throughput:\n  format: ktok\n  min: fast\n", "job.yaml:7: throughput.min: expected a number, got 'fast'"),
+     "throughput:\n  format: ktok\n  min: fast\n",
+     "job.yaml:7: throughput.min: expected a number, got 'fast'"),
 ])
 def test_bad_specs_give_one_line_and_exit_2(tmp_path, env, text, expect):
     spec = tmp_path / "job.yaml"
@@ -57,7 +58,8 @@ def test_bad_inventory_and_targets(tmp_path):
     assert p.returncode == 2 and "no such file" in one_line_error(p)
     good = local_env(tmp_path)
     p = cli(["exec", "bx", "--", "true"], good)
-    assert p.returncode == 2 and "unknown target 'bx'" in one_line_error(p) and "did you mean 'box'" in p.stderr.decode()
+    assert (p.returncode == 2 and "unknown target 'bx'" in one_line_error(p)
+            and "did you mean 'box'" in p.stderr.decode())
     p = cli(["logs", "--phase", "bogus"], good)
     assert p.returncode == 2 and "--phase" in one_line_error(p)
     p = cli(["status"], good)
@@ -88,11 +90,12 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
     assert "root@10.1.2.6:22" in out and "pct exec 200 --" in out
     assert "--index-url https://download.pytorch.org/whl/cu128 torch==2.11.0+cu128" in out
     # the real SpecForge CLI with its dotted overrides; its own warmup in a dir and run id of its own
-    assert "'python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs run_id=dflash " \
-           "training.log_interval=10'" in out
+    assert "'python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs " \
+           "run_id=dflash training.log_interval=10'" in out
     assert "training.max_steps=3 training.save_interval=0 training.eval_interval=0 " \
            "output_dir=/root/dflash/gpujob-warmup run_id=gpujob-warmup" in out
-    assert "--no-deps specforge==0.2.0" in out and "sglang" not in out.split("--no-deps")[0].split("uv pip")[-1]
+    assert ("--no-deps specforge==0.2.0" in out
+            and "sglang" not in out.split("--no-deps")[0].split("uv pip")[-1])
     assert "from recipe specforge: train.resume_args = [\"training.resume_from={resume_from}\"]" in out
     assert "'\"'\"'training.resume_from=<newest finished checkpoint of this job>'\"'\"'" in out
     assert 'from recipe specforge: train.checkpoint.path = "outputs/dflash-step*"' in out

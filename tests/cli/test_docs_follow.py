@@ -153,7 +153,8 @@ def test_commands_md_options_are_the_clis():
             continue  # not a command row (a field table)
         have = _cli_options(path)
         quoted = opts_cell.split("`")[1::2]  # what the backticks hold, paired from the start
-        for tok in [m.group(1) for q in quoted if (m := re.match(r"(--?[a-z][a-z-]*(?:/--?[a-z][a-z-]*)*)", q))]:
+        for tok in [m.group(1) for q in quoted
+                    if (m := re.match(r"(--?[a-z][a-z-]*(?:/--?[a-z][a-z-]*)*)", q))]:
             for name in tok.split("/"):
                 name = name.split("=")[0]
                 if name.startswith("-"):

@@ -25,7 +25,8 @@ class Here(Stacked):
 
 @pytest.fixture
 def target(tmp_path):
-    t = Target("here", "me", "local", Here(LocalTransport(), "here"), None, str(tmp_path / "home"), sys.executable)
+    t = Target("here", "me", "local", Here(LocalTransport(), "here"), None, str(tmp_path / "home"),
+               sys.executable)
     yield t
     t.transport.close()
 

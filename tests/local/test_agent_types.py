@@ -17,8 +17,8 @@ from gpujob.agent.judge.decide import Do
 
 
 def _out(signal: str) -> SimpleNamespace:
-    return SimpleNamespace(kind="signal", signal_name=signal, reason="it ended", evidence={}, to=None, request=None,
-                           mark_bad=True, exit_code=1, at=100.0)
+    return SimpleNamespace(kind="signal", signal_name=signal, reason="it ended", evidence={}, to=None,
+                           request=None, mark_bad=True, exit_code=1, at=100.0)
 
 
 def test_next_action_without_default_restarts_takes_the_specs_defaults():

@@ -88,7 +88,8 @@ def test_a_missing_relative_index_is_one_line_and_nothing_starts(tmp_path):
     err = p.stderr.decode()
     assert p.returncode == 2 and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
-    assert f"jobs/demo.yaml:23: profiles[1].index_url: no such folder: {clone / 'jobs' / 'nowhere' / 'simple'}" in err
+    assert ("jobs/demo.yaml:23: profiles[1].index_url: no such folder: "
+            f"{clone / 'jobs' / 'nowhere' / 'simple'}") in err
     assert not (tmp_path / "root").exists()  # nothing half-changed on the target side
 
 

@@ -42,7 +42,8 @@ def run_job(tmp_path, profile: dict, train: str) -> tuple[dict, str, dict]:
     agent.write_bytes(agent_zip()[0])
     spec = {"name": "basejob", "profiles": [profile], "train": {"command": train, "resume_args": []}}
     job = {"job_id": "basejob-aaaa", "spec": spec, "profile": profile["name"],
-           "env_keys": {profile["name"]: "p-0"}, "spec_hash": "basejob", "uv": str(uv_binary()), "sync_streams": []}
+           "env_keys": {profile["name"]: "p-0"}, "spec_hash": "basejob", "uv": str(uv_binary()),
+           "sync_streams": []}
     r = subprocess.run([sys.executable, str(agent), "--home", str(home), "submit"],
                        input=json.dumps(job).encode() + b"\n", capture_output=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -61,7 +62,8 @@ def test_profile_inherits_the_base_and_overrides_its_own_pin(tmp_path, base):
                "index_url": base["index"]["fast"].as_uri(),
                "packages": ["gpujob-demo-kernels==1.0.0+fast"]}
     st, log, marker = run_job(tmp_path, profile, "python -c 'import demo_kernels, demo_extra, torch; "
-                              "print(\"IMPORTED\", demo_kernels.BUILD, demo_extra.__version__, torch.__version__)'")
+                              "print(\"IMPORTED\", demo_kernels.BUILD, demo_extra.__version__, "
+                              "torch.__version__)'")
     assert st["state"] == "succeeded", log[-3000:]
     assert "IMPORTED fast 2.0 2.11.0+cu130" in log  # own pin wins; the rest from the base
     assert marker["packages"] == {"gpujob-demo-kernels": "1.0.0+fast", "torch": "2.11.0+cu130"}
@@ -82,7 +84,8 @@ def test_empty_profile_on_the_base_and_a_wrong_cuda_fail_verification(tmp_path, 
 
 def test_empty_base_profile_builds_without_an_index(tmp_path, base):
     profile = {"name": "p", "python": base["python"], "system_site_packages": True, "packages": []}
-    st, log, _ = run_job(tmp_path, profile, "python -c 'import demo_kernels; print(\"BUILD\", demo_kernels.BUILD)'")
+    st, log, _ = run_job(tmp_path, profile,
+                         "python -c 'import demo_kernels; print(\"BUILD\", demo_kernels.BUILD)'")
     assert st["state"] == "succeeded", log[-3000:]
     assert "BUILD slow" in log and "pip install" not in log
 

@@ -45,19 +45,22 @@ def test_gc_of_tens_of_thousands_of_checkpoints_answers_within_the_cap(tmp_path)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     assert len(p.stdout) < 1 << 20, len(p.stdout)
     res = json.loads(p.stdout)
-    assert len(res["checkpoints"]) == answers.LIST_MAX and res["more"]["checkpoints"] == 20000 - answers.LIST_MAX
+    assert (len(res["checkpoints"]) == answers.LIST_MAX
+            and res["more"]["checkpoints"] == 20000 - answers.LIST_MAX)
     assert res["counts"]["checkpoints"] == {"all": 20000, "remove": 20000} and res["freed"] == 20000
     assert all(os.path.exists(x) for x in paths[:10])  # a dry run
     p = cli(["gc", "box", "--keep-checkpoints", "0"], env)
     assert p.returncode == 0, p.stderr.decode()[-2000:]
-    assert "19800 more checkpoints not listed (of 20000, 20000 removed)" in p.stdout.decode().replace("\n", "")
+    assert "19800 more checkpoints not listed (of 20000, 20000 removed)" in \
+        p.stdout.decode().replace("\n", "")
     assert not any(os.path.exists(x) for x in paths)
 
 
 def big_ledger(root, name: str, verdicts: int) -> None:
     """A ledger of many verdicts (each with a long reason), as ledgerfile reads it."""
     hist = [{"before": None, "id": i + 1, "profile": f"p{i % 7}", "reason": f"slow {i} " + "r" * 400,
-             "status": "bad" if i % 2 else "good", "threshold": None, "time": 1.7e9 + i, "window_medians": None}
+             "status": "bad" if i % 2 else "good", "threshold": None, "time": 1.7e9 + i,
+             "window_medians": None}
             for i in range(verdicts)]
     led = {"format": 2, "history": hist, "last_good": "p0", "next_id": verdicts + 1,
            "profiles": {f"p{k}": {"at": 1.7e9, "reason": "r", "status": "good"} for k in range(7)}}

@@ -56,7 +56,8 @@ TRAINER = textwrap.dedent("""
 """)
 
 
-def setup(tmp_path: Path, name: str = "kjob", warmup: str = "python warmup.py", train: str = "python trainer.py"):
+def setup(tmp_path: Path, name: str = "kjob", warmup: str = "python warmup.py",
+          train: str = "python trainer.py"):
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     (code / "warmup.py").write_text(WARMUP)
@@ -126,7 +127,8 @@ def test_known_good_snapshots_and_a_cleared_cache_is_restored(tmp_path):
 
     second, log, ev = run_job(spec, env)
     assert found(log) == f"found: compiled by {first}"  # the kernels of the first job, restored
-    assert re.search(r"cache: restored snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(9 files, 0\.0 MB\)", log)
+    assert re.search(r"cache: restored snapshot of \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(9 files, 0\.0 MB\)",
+                     log)
     kinds = [e["type"] for e in ev]
     assert "cache_restored" in kinds and "warmup_skipped" in kinds  # a restored cache counts as warmed
     assert [e for e in ev if e["type"] == "cache_start"][0]["start"] == "restored"
@@ -201,7 +203,8 @@ def test_a_profile_proven_only_warm_is_warned_about_and_prove_cold_proves_it(tmp
     setup(tmp_path, name="busy", train="python trainer.py --sleep 60")
     busy = job_id_of(cli(["submit", str(tmp_path / "busy.yaml")], env, check=True).stdout)
     busy_log = tmp_path / "root" / "jobs" / busy / "job.log"
-    wait_for(lambda: busy_log.exists() and "kernels" in busy_log.read_text(), 60, what="the busy job to train")
+    wait_for(lambda: busy_log.exists() and "kernels" in busy_log.read_text(), 60,
+             what="the busy job to train")
     p = cli(["cache", "prove-cold", "box", "-p", "fast", "--gpus", "3"], env)
     assert p.returncode != 0 and f"job {busy} runs on GPUs 3" in p.stderr.decode(), p.stderr.decode()
     assert cli(["cache", "prove-cold", "box", "-p", "fast", "--gpus", "x"], env).returncode == 2
@@ -269,7 +272,8 @@ def test_a_supervisor_killed_mid_snapshot_or_mid_restore_leaves_old_or_whole_new
     assert log.count("kernels found") == 1  # the trainer ran once
     ev = events(root / "jobs" / first)
     # taken by the next supervisor (or again, when the kill came after it but before state said so)
-    assert [e["type"] for e in ev].count("cache_snapshot") == (1 if snaps == [] else 2), (snaps, [e for e in ev if e["type"].startswith(("cache", "supervisor"))])
+    assert [e["type"] for e in ev].count("cache_snapshot") == (1 if snaps == [] else 2), \
+        (snaps, [e for e in ev if e["type"].startswith(("cache", "supervisor"))])
     assert len(cli_json(["cache", "ls", "box", "--json"], env)["caches"][0]["snapshots"]) == 1
     entry = ledger(tmp_path)
     assert entry["status"] == "good" and entry["snapshot"]["files"] == 9000

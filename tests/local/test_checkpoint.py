@@ -38,8 +38,8 @@ SPEC = {"train": {"checkpoint": {"path": "c/*.pt", "every": 30.0}},
 def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     w = checkpoint.warnings(SPEC)
     assert len(w) == 2 and w[0].startswith("throughput.initial_delay (10s, counted from the first sample) "
-                                           "with the time parts of window and failure_limit (12.5s in all) is "
-                                           "shorter than train.checkpoint.every (30s)")
+                                           "with the time parts of window and failure_limit (12.5s in all) "
+                                           "is shorter than train.checkpoint.every (30s)")
     # issue 38: a deep drop is decided once a quarter of the (default 10 s) window holds it, whatever
     # the failure_limit: 10 + 2.5 s < 30 s; a 2m window's quarter is 30 s: 10 + 30 >= 30, no warning
     assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "10s",
@@ -47,8 +47,10 @@ def test_warnings_when_the_policy_can_decide_before_the_first_checkpoint():
     assert len(checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 10.0, "window": "2m",
                                                           "failure_limit": 3}))) == 1
     assert "rollback.gpu_idle.for (20s)" in w[1]
-    assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"], "wait_for_checkpoint": True})) == []
-    assert checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 40.0}, rollback={"on": ["low_throughput"]})) == []
+    assert checkpoint.warnings(dict(SPEC, rollback={"on": ["low_throughput"],
+                                                    "wait_for_checkpoint": True})) == []
+    assert checkpoint.warnings(dict(SPEC, throughput={"initial_delay": 40.0},
+                                    rollback={"on": ["low_throughput"]})) == []
     assert checkpoint.warnings({"train": {}}) == []
 
 
@@ -58,7 +60,8 @@ def ck_spec(tmp_path, index_urls, *, ck_every: int, wait: bool, path: str = "che
     """The stand-in trainer's spec with train.checkpoint (settle 0.3 s: it saves often)."""
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], warmup=False, throughput=throughput,
-                      trainer_args=f"--steps {steps} --interval {interval} --checkpoint-every {ck_every} {trainer}",
+                      trainer_args=f"--steps {steps} --interval {interval} --checkpoint-every {ck_every} "
+                                   f"{trainer}",
                       rollback={"wait_for_checkpoint": wait} if wait else None)
     import yaml
     data = yaml.safe_load(spec.read_text())
@@ -108,15 +111,17 @@ def test_without_a_checkpoint_the_rollback_says_restarted_from_scratch(tmp_path,
           "good_after": "1s", "initial_delay": "1.5s", "resume_initial_delay": 0}
     plan, st, ev, log, out = rollback_job(tmp_path, index_urls, ck_every=1000, wait=False, every="3s",
                                           throughput=tp, steps=80)
-    assert "warning" in plan and "initial_delay (1.5s, counted from the first sample)" in plan.replace("\n", " ") \
-        and "shorter than train.checkpoint.every (3s)" in plan.replace("\n", " ")
+    assert "warning" in plan and \
+        "initial_delay (1.5s, counted from the first sample)" in plan.replace("\n", " ") and \
+        "shorter than train.checkpoint.every (3s)" in plan.replace("\n", " ")
     # decision -> trainer start -> first sample -> first good -> first ok, in that order
     t = st["rollbacks"][0]["timings"]
     assert sorted(t) == sorted(["trainer_start", "first_sample", "first_good", "first_ok"])
     assert t["trainer_start"] <= t["first_sample"] <= t["first_good"] <= t["first_ok"]
     # resume_initial_delay 0 for the known-good profile resumed: ok long before initial_delay (1.5 s)
     assert t["first_ok"] - t["trainer_start"] < 1.4
-    assert [e["mark"] for e in ev if e["type"] == "rollback_timing"] == ["first_sample", "first_good", "first_ok"]
+    assert [e["mark"] for e in ev if e["type"] == "rollback_timing"] == ["first_sample", "first_good",
+                                                                         "first_ok"]
     assert "decision →" in out and "ok " in out
     [rb] = st["rollbacks"]
     assert rb["resumed"] == "no checkpoint of this job: restarted from scratch, without resume_args"

@@ -78,7 +78,8 @@ def test_a_link_to_a_system_directory_registers_nothing(tmp_path):
         os.symlink(sysdir, tmp_path / "w" / "ckpt")
         write_ours(w, tmp_path / "w" / "ckpt", ["checkpoint-2"])
         assert ckregister.load(home, "j-1")["files"] == {}
-        assert w.refused_why and "leads to /var/tmp/gpujob-ckowner" in w.refused_why and "/var" in w.refused_why
+        assert (w.refused_why and "leads to /var/tmp/gpujob-ckowner" in w.refused_why
+                and "/var" in w.refused_why)
         assert gc_paths(home) == []
     finally:
         shutil.rmtree(sysdir)
@@ -223,7 +224,8 @@ def test_a_job_whose_checkpoint_glob_covers_100k_files_finishes_and_status_answe
     time.sleep(ckscan.PRE_RUN_SLACK + 0.3)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
-                      trainer_args="--steps 60 --interval 0.05 --checkpoint tree/ckpt.json --checkpoint-every 20")
+                      trainer_args="--steps 60 --interval 0.05 --checkpoint tree/ckpt.json "
+                                   "--checkpoint-every 20")
     data = yaml.safe_load(spec.read_text())
     data["train"]["checkpoint"] = {"path": "tree/*", "every": "1s", "settle": "0.3s"}
     spec.write_text(yaml.safe_dump(data))
@@ -236,8 +238,10 @@ def test_a_job_whose_checkpoint_glob_covers_100k_files_finishes_and_status_answe
     wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] == "succeeded", 300,
              what="the job to finish")
     reg = ckregister.load(str(tmp_path / "root"), job_id)
-    assert list(reg["files"]) == [str(tree / "ckpt.json")] and reg["files"][str(tree / "ckpt.json")]["finished"]
-    assert reg["runs"][0]["before_count"] == 100_000 and len(reg["runs"][0]["before"]) == ckregister.BEFORE_KEPT
+    assert (list(reg["files"]) == [str(tree / "ckpt.json")]
+            and reg["files"][str(tree / "ckpt.json")]["finished"])
+    assert (reg["runs"][0]["before_count"] == 100_000
+            and len(reg["runs"][0]["before"]) == ckregister.BEFORE_KEPT)
     left = [e for e in events(tmp_path / "root" / "jobs" / job_id) if e["type"] == "checkpoints_left"]
     assert left and left[0]["count"] == 100_000
 
@@ -250,10 +254,11 @@ def test_gpujob_stop_says_it_waited_for_a_save_in_progress(tmp_path, index_urls)
     env = local_env(tmp_path)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], warmup=False, throughput=False, profile="fast",
-                      trainer_args="--steps 100000 --interval 0.05 --checkpoint-dir ckpt --checkpoint-every 10 "
-                                   "--save-seconds 3")
+                      trainer_args="--steps 100000 --interval 0.05 --checkpoint-dir ckpt --checkpoint-every "
+                                   "10 --save-seconds 3")
     data = yaml.safe_load(spec.read_text())
-    data["train"]["checkpoint"] = {"path": "ckpt/checkpoint-*", "every": "1s", "done_file": "trainer_state.json"}
+    data["train"]["checkpoint"] = {"path": "ckpt/checkpoint-*", "every": "1s",
+                                   "done_file": "trainer_state.json"}
     spec.write_text(yaml.safe_dump(data))
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     ck = tmp_path / "root" / "work" / "tjob" / "ckpt"

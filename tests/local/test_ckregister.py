@@ -54,7 +54,8 @@ def test_a_file_already_there_is_not_this_runs_until_it_changes(tmp_path):
     old.write_text("an earlier job's")
     home, w = watch(tmp_path)
     assert w.poll(time.time() + 1) == [] and w.newest_own(time.time())["file"] is None
-    assert ckregister.foreign(w.reg, w.reg["runs"][0]["before"]) == [(str(old), ckregister.signature(str(old)))]
+    assert ckregister.foreign(w.reg, w.reg["runs"][0]["before"]) == [(str(old),
+                                                                      ckregister.signature(str(old)))]
     (tmp_path / "w" / "ck-2").write_text("ours")
     ev = w.poll(time.time() + 2)
     assert [(e["ckpt"], e["op"]) for e in ev] == [("w/ck-2", "new")]
@@ -127,7 +128,8 @@ def test_a_watch_taken_over_by_a_new_supervisor_goes_on_with_the_same_run(tmp_pa
     (tmp_path / "w" / "ck-1").write_text("a")
     w.poll(time.time() + 1)
     (tmp_path / "w" / "ck-1").write_text("ab")  # changed after the last write of the register
-    again = ckregister.CkWatch.resume(home, "j-1", "j", 1, str(tmp_path / "w/ck-*"), str(tmp_path), True, 0.3, None)
+    again = ckregister.CkWatch.resume(home, "j-1", "j", 1, str(tmp_path / "w/ck-*"), str(tmp_path), True, 0.3,
+                                      None)
     assert again.run == 1 and [e["op"] for e in again.poll(time.time() + 2)] == ["changed"]
     again.poll(time.time() + 3)
     assert again.newest_own(time.time())["file"] == str(tmp_path / "w" / "ck-1")
@@ -193,7 +195,8 @@ def test_a_register_writer_killed_at_any_moment_leaves_a_whole_register(tmp_path
     counts = []
     for delay in (0.0, 0.01, 0.03, 0.07, 0.1, 0.2, 0.35):
         before = len(ckregister.load(str(home), "j-1")["files"])
-        p = subprocess.Popen([sys.executable, "-c", WRITER, str(home), str(work)], cwd=REPO, stdout=subprocess.PIPE)
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(home), str(work)], cwd=REPO,
+                             stdout=subprocess.PIPE)
         p.stdout.readline()
         time.sleep(delay)
         p.send_signal(signal.SIGKILL)
@@ -207,7 +210,8 @@ def test_a_register_writer_killed_at_any_moment_leaves_a_whole_register(tmp_path
             assert os.path.exists(path) and 1 <= e["run"] <= len(reg["runs"])
         counts.append(len(reg["files"]))
     assert counts == sorted(counts) and counts[-1] > counts[0]
-    assert ckregister.all_registers(str(home))[0]["job_id"] == "j-1"  # a killed writer's temp file is no register
+    # a killed writer's temp file is no register
+    assert ckregister.all_registers(str(home))[0]["job_id"] == "j-1"
 
 
 def test_a_supervisor_killed_while_a_save_is_in_progress_is_followed_by_one_that_finishes_the_record(
@@ -220,7 +224,8 @@ def test_a_supervisor_killed_while_a_save_is_in_progress_is_followed_by_one_that
                       trainer_args="--steps 100000 --interval 0.05 --checkpoint-every 10 "
                                    "--checkpoint-dir ck --save-seconds 2")
     data = yaml.safe_load(spec.read_text())
-    data["train"]["checkpoint"] = {"path": "ck/checkpoint-*", "every": "1m", "done_file": "trainer_state.json"}
+    data["train"]["checkpoint"] = {"path": "ck/checkpoint-*", "every": "1m",
+                                   "done_file": "trainer_state.json"}
     spec.write_text(yaml.safe_dump(data))
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     j = tmp_path / "root" / "jobs" / job_id

@@ -90,7 +90,8 @@ def box(tmp_path_factory):
 # ---- usage errors --------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, expect", [
-    (["logs", "--folow"], "gpujob: No such option: --folow (Possible options: --follow) (try 'gpujob logs --help')"),
+    (["logs", "--folow"],
+     "gpujob: No such option: --folow (Possible options: --follow) (try 'gpujob logs --help')"),
     (["exec", "box", "ls", "-la"], "gpujob: No such option: -l (put '--' before the command: "
                                    "gpujob exec TARGET -- COMMAND [ARGS...])"),
     (["logs", "--tail", "x"], "(try 'gpujob logs --help')"),
@@ -169,7 +170,8 @@ def test_zsh_and_fish_scripts_and_their_call_back(box, shell, word):
     env = dict(box["env"], _GPUJOB_COMPLETE=f"complete_{shell}", _TYPER_COMPLETE_ARGS="gpujob lo",
                _TYPER_COMPLETE_FISH_ACTION="get-args")
     assert word in run([], env).stdout.decode()
-    assert json.loads(run(["completion", shell, "--json"], box["env"]).stdout)["script"] == script.rstrip("\n")
+    assert json.loads(run(["completion", shell, "--json"], box["env"]).stdout)["script"] == \
+        script.rstrip("\n")
 
 
 # ---- exit codes (README: "Exit codes") -------------------------------------------------
@@ -297,7 +299,8 @@ def test_json_on_the_other_commands(box):
     cleared = json.loads(run(["cache", "clear", "box", "-p", "fast", "--json"], env).stdout)
     assert cleared["cleared"]
     restored = run(["cache", "restore", "box", "-p", "fast", "--json"], env)
-    assert restored.returncode in (0, 5) and (restored.returncode == 5 or json.loads(restored.stdout)["restored"])
+    assert restored.returncode in (0, 5) and (restored.returncode == 5
+                                              or json.loads(restored.stdout)["restored"])
 
 
 # ---- output: piped, narrow ------------------------------------------------------------
@@ -306,7 +309,8 @@ def test_piped_output_is_never_hard_wrapped(box):
     out = run(["logs", LONG_ID, "--events"], box["env"]).stdout.decode()  # piped, no COLUMNS
     lines = out.splitlines()
     assert max(len(ln) for ln in lines) > 100  # long records: a wrap at 80 would show
-    assert all(re.match(r"\d\d:\d\d:\d\d \S", ln) for ln in lines), [ln for ln in lines if not re.match(r"\d\d:", ln)]
+    assert all(re.match(r"\d\d:\d\d:\d\d \S", ln) for ln in lines), [ln for ln in lines
+                                                                     if not re.match(r"\d\d:", ln)]
     st = run(["status", LONG_ID], box["env"]).stdout.decode()
     assert st.count(LONG_ID) == 1
 
@@ -317,7 +321,8 @@ def test_ids_are_whole_at_80_columns(box):
     assert max(len(ln) for ln in out.splitlines()) <= 80
     st = run_tty(["status", LONG_ID], box["env"])
     assert LONG_ID in st
-    keys = {c["env_key"] for c in json.loads(run(["cache", "ls", "box", "--json"], box["env"]).stdout)["caches"]}
+    keys = {c["env_key"]
+            for c in json.loads(run(["cache", "ls", "box", "--json"], box["env"]).stdout)["caches"]}
     for args in (["status", LONG_ID], ["cache", "ls", "box"], ["profiles", "box"], ["hosts"]):
         out = run_tty(args, box["env"])
         assert "…" not in out and max(len(ln) for ln in out.splitlines()) <= 80, (args, out)

@@ -16,9 +16,12 @@ from gpujob import complete_table
 from helpers import GPUJOB, REPO, local_env
 
 # word lines whose answer has no value from this laptop: typer's answer is the reference
-TYPER_CASES = ["gpujob ", "gpujob lo", "gpujob logs --fo", "gpujob logs -", "gpujob logs -f -", "gpujob cache c",
-               "gpujob cache ", "gpujob ledger ", "gpujob --hosts x st", "gpujob exec x -- ", "gpujob exec x -- -",
-               "gpujob submit --", "gpujob ps --limit 3 -", "gpujob logs --tail=", "gpujob nosuch ", "gpujob -"]
+TYPER_CASES = ["gpujob ", "gpujob lo", "gpujob logs --fo", "gpujob logs -", "gpujob logs -f -",
+               "gpujob cache c",
+               "gpujob cache ", "gpujob ledger ", "gpujob --hosts x st", "gpujob exec x -- ",
+               "gpujob exec x -- -",
+               "gpujob submit --", "gpujob ps --limit 3 -", "gpujob logs --tail=", "gpujob nosuch ",
+               "gpujob -"]
 
 
 def run_complete(shell: str, words: str, env: dict, *, full: bool = False) -> subprocess.CompletedProcess:
@@ -39,8 +42,9 @@ def lab(tmp_path_factory):
     """A local inventory (lab/box, and `box` on a second host too) and two jobs in the index."""
     tmp = tmp_path_factory.mktemp("complete")
     env = local_env(tmp)
-    (tmp / "hosts.yaml").write_text("hosts:\n  lab: {kind: local, containers: {box: {root: /tmp/x}, gpu1: {root: /tmp/y}}}\n"
-                                    "  lab2: {kind: local, containers: {box: {root: /tmp/z}}}\n")
+    (tmp / "hosts.yaml").write_text("hosts:\n  lab: {kind: local, containers: {box: {root: /tmp/x}, gpu1: "
+                                    "{root: /tmp/y}}}\n  lab2: {kind: local, containers: {box: {root: "
+                                    "/tmp/z}}}\n")
     code = ("from gpujob.ops.state import State\ns = State()\n"
             "s.reserve('train-aaaa', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\n"
             "s.reserve('train-bbbb', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\ns.close()\n")
@@ -80,7 +84,8 @@ def test_bash_tab_completes_targets_job_ids_and_choices(lab):
     assert p.stdout.decode().splitlines() == [
         "gpu1 lab/box lab/gpu1 lab2/box", "gpu1", "lab2/box",
         "train-bbbb train-aaaa", "train-bbbb", "train-bbbb train-aaaa",
-        "warmup train prepare", "zsh", "good bad untried", "nanogpt", "lab/box lab/gpu1 lab2/box"], p.stderr.decode()
+        "warmup train prepare", "zsh", "good bad untried", "nanogpt",
+        "lab/box lab/gpu1 lab2/box"], p.stderr.decode()
 
 
 def test_a_tab_imports_neither_typer_nor_rich(lab):
@@ -90,7 +95,8 @@ def test_a_tab_imports_neither_typer_nor_rich(lab):
     assert p.stdout.decode().split() == ["gpu1", "lab/box", "lab/gpu1", "lab2/box"]
     loaded = {ln.split("|")[-1].strip().split(".")[0] for ln in p.stderr.decode().splitlines()
               if ln.startswith("import time:")}
-    assert not loaded & {"typer", "rich", "pydantic", "paramiko"}, loaded & {"typer", "rich", "pydantic", "paramiko"}
+    assert not loaded & {"typer", "rich", "pydantic", "paramiko"}, loaded & {"typer", "rich", "pydantic",
+                                                                             "paramiko"}
 
 
 def test_a_broken_inventory_or_index_offers_nothing_and_never_a_traceback(lab, tmp_path):
@@ -107,8 +113,9 @@ def test_a_broken_inventory_or_index_offers_nothing_and_never_a_traceback(lab, t
 def test_a_name_with_a_control_character_or_space_is_never_offered(lab, tmp_path):
     """hosts.yaml is read here without the inventory's checks: a container name that would end
     or split a completion line (which the inventory refuses anyway) is left out."""
-    (tmp_path / "hosts.yaml").write_text('hosts:\n  lab:\n    kind: local\n    root: /tmp/x\n    containers:\n'
-                                         '      "ok1": {}\n      "bad\\nname": {}\n      "two words": {}\n'
+    (tmp_path / "hosts.yaml").write_text('hosts:\n  lab:\n    kind: local\n    root: /tmp/x\n    '
+                                         'containers:\n      "ok1": {}\n      "bad\\nname": {}\n      "two '
+                                         'words": {}\n'
                                          '      "esc\\e[31m": {}\n')
     env = dict(lab, GPUJOB_HOSTS=str(tmp_path / "hosts.yaml"))
     p = run_complete("bash", "gpujob exec ", env)

@@ -77,7 +77,8 @@ def test_prewarm_opens_the_targets_connection_and_exec_channel_and_gives_the_ent
 
 
 def test_a_prewarm_that_fails_is_one_line_and_the_entry_is_given_back(logged):
-    chan = Chan(ConnectionLost("lost the connection to root@bed:22 while opening the exec channel into ct200"))
+    chan = Chan(ConnectionLost("lost the connection to root@bed:22 while opening the exec channel into "
+                               "ct200"))
     s = server_with(Entry(chan))
     s.prewarm(None, "tb/ct200")  # never raises: a side thread of the daemon
     assert s.pool.users == 0 and len(logged) == 1
@@ -108,7 +109,8 @@ def test_the_spawned_daemon_is_told_the_target_as_argv(monkeypatch, tmp_path):
     assert seen["argv"][-1] == "serve"
 
 
-@pytest.mark.parametrize("argv", [["serve", "--warm"], ["serve", "--warm", "a"], ["serve", "--cold", "a", "b"]])
+@pytest.mark.parametrize("argv", [["serve", "--warm"], ["serve", "--warm", "a"],
+                                  ["serve", "--cold", "a", "b"]])
 def test_a_daemon_argv_it_does_not_know_is_its_usage_line(argv):
     p = subprocess.run([sys.executable, "-m", "gpujob.daemon", *argv], capture_output=True, text=True,
                        cwd=str(REPO), timeout=60)
@@ -133,7 +135,8 @@ def mux_servers() -> list[int]:
 def test_a_starting_marker_of_a_killed_daemon_or_another_process_is_not_a_daemon_on_its_way():
     # the marker can outlive a fast daemon (written after the spawn, removed at bind); a
     # daemon killed then is a zombie until init reaps it, and kill(pid, 0) still succeeds
-    daemon_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpujob.daemon", "serve"])
+    daemon_like = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpujob.daemon",
+                                    "serve"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         assert client._starting(daemon_like.pid)

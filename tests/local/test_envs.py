@@ -60,8 +60,8 @@ def test_supervisor_builds_with_pip_when_there_is_no_uv(tmp_path):
     spec = {"name": "pipjob", "profiles": [{"name": "fast", "index_url": idx["fast"].as_uri(),
                                             "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
             "train": {"command": "python trainer.py --steps 2 --interval 0.01", "resume_args": []}}
-    job = {"job_id": "pipjob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"}, "spec_hash": "h",
-           "uv": None}
+    job = {"job_id": "pipjob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"},
+           "spec_hash": "h", "uv": None}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(TRAINER_DIR / "trainer.py", "trainer.py")
@@ -124,14 +124,15 @@ def test_supervisor_installs_a_wheel_found_only_through_find_links(tmp_path):
                                            "find_links": [(tmp_path / "flat").as_uri()],
                                            "packages": ["gpujob-demo-kernels==1.0.0+fast"]}],
             "train": {"command": "python trainer.py --steps 2 --interval 0.01", "resume_args": []}}
-    job = {"job_id": "fljob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"}, "spec_hash": "h",
-           "uv": str(uv)}
+    job = {"job_id": "fljob-aaaa", "spec": spec, "profile": "fast", "env_keys": {"fast": "fast-0"},
+           "spec_hash": "h", "uv": str(uv)}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(TRAINER_DIR / "trainer.py", "trainer.py")
     job["sync_streams"] = [{"dest": ".", "size": len(buf.getvalue())}]
     r = subprocess.run([sys.executable, str(agent), "--home", str(home), "submit"],
-                       input=json.dumps(job).encode() + b"\n" + buf.getvalue(), capture_output=True, timeout=60)
+                       input=json.dumps(job).encode() + b"\n" + buf.getvalue(), capture_output=True,
+                       timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
     state = home / "jobs" / "fljob-aaaa" / "state.json"
     for _ in range(600):

@@ -100,7 +100,8 @@ def submit_training(tmp_path, env, wheelhouse) -> str:
     train phase: the job id."""
     urls = wheelhouse[1]
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.05")
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 100000 --interval 0.05")
     job_id = submit(spec, env)
     wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 60,
              what="the trainer")
@@ -237,10 +238,12 @@ def test_disk_full_while_training_ends_the_job_clearly(tmp_path, env, wheelhouse
 def test_a_clock_step_on_the_laptop_changes_no_default_job(tmp_path, env, wheelhouse):
     urls = wheelhouse[1]
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 2 --interval 0.01")
     older = job_id_of(cli(["submit", str(spec), "--follow"], env, check=True).stdout)
     spec2 = write_spec(tmp_path / "job2.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                       profile="fast", throughput=False, warmup=False, trainer_args="--steps 100000 --interval 0.1")
+                       profile="fast", throughput=False, warmup=False,
+                       trainer_args="--steps 100000 --interval 0.1")
     newer = submit(spec2, env)
     # the laptop's clock had stepped back an hour when `newer` was recorded
     db = sqlite3.connect(str(tmp_path / "state" / "gpujob" / "state.db"))
@@ -262,7 +265,8 @@ def test_a_job_id_the_laptop_knows_is_refused_before_anything_starts(tmp_path, w
     env["GPUJOB_HOSTS"] = str(hosts)
     urls = wheelhouse[1]
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="fast", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+                      profile="fast", throughput=False, warmup=False,
+                      trainer_args="--steps 2 --interval 0.01")
     cli(["submit", str(spec), "--job-id", "same-1", "--follow"], env, check=True)
     p = cli(["submit", str(spec), "--job-id", "same-1", "--target", "box2"], env)
     assert p.returncode == 5 and "same-1 is already taken" in p.stderr.decode()
@@ -296,8 +300,8 @@ def test_a_supervisor_dying_between_starting_the_trainer_and_writing_it_down(tmp
     # make the state what it is for an instant at every start: the child not yet written down
     from gpujob.agent.base.fsio import write_json
     child = st.pop("child")
-    st["child_starting"] = {k: child[k] for k in ("phase", "log", "started_at", "boot", "exit_file", "log_start",
-                                                  "profile", "gpu", "watch_tps")}
+    st["child_starting"] = {k: child[k] for k in ("phase", "log", "started_at", "boot", "exit_file",
+                                                  "log_start", "profile", "gpu", "watch_tps")}
     write_json(str(jdir(tmp_path, job_id) / "state.json"), st)
     trainer = trainers_of(tmp_path)
     cli(["status", job_id], env, check=True)  # restarts the supervisor
@@ -319,7 +323,8 @@ def test_a_trainer_that_finishes_after_its_supervisor_died_is_succeeded_not_lost
                       slow_url=wheelhouse[1]["slow"], profile="fast", throughput=False, warmup=False,
                       trainer_args="--steps 30 --interval 0.1")
     first = submit(spec, env)
-    wait_for(lambda: (state_of(tmp_path, first).get("child") or {}).get("phase") == "train", 60, what="training")
+    wait_for(lambda: (state_of(tmp_path, first).get("child") or {}).get("phase") == "train", 60,
+             what="training")
     os.kill(state_of(tmp_path, first)["supervisor_pid"], signal.SIGKILL)
     exit_file = Path(state_of(tmp_path, first)["child"]["exit_file"])
     wait_for(exit_file.exists, 30, what="the trainer's keeper to record its exit")

@@ -24,7 +24,8 @@ def _trainer_dir(tmp_path: Path, name: str, code: str) -> Path:
 
 def test_a_last_line_without_newline_is_read_and_gpujob_s_line_starts_a_new_one(tmp_path, env, wheelhouse):
     d = _trainer_dir(tmp_path, "oom", "import sys\nprint('step 1 | 12.8K tok/s', flush=True)\n"
-                     "sys.stdout.write('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB')\n"
+                     "sys.stdout.write('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 "
+                     "GiB')\n"
                      "sys.exit(1)\n")
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=wheelhouse[1]["fast"],
                       slow_url=wheelhouse[1]["slow"], profile="fast", warmup=False,
@@ -73,10 +74,13 @@ def test_restarts_on_the_same_profile_then_a_crash_loop_ends_the_job(tmp_path, e
     job_id = submit(spec, env)
     wait_for(lambda: state_of(tmp_path, job_id).get("state") in ("succeeded", "failed"), 60, what="the end")
     st = state_of(tmp_path, job_id)
-    assert st["state"] == "succeeded" and len(st["restarts"]) == 1 and st["restarts"][0]["signal"] == "nccl_timeout"
+    assert (st["state"] == "succeeded" and len(st["restarts"]) == 1
+            and st["restarts"][0]["signal"] == "nccl_timeout")
     assert not st.get("rollbacks")  # restarts are counted apart from rollbacks
-    steps = [ln for ln in (jdir(tmp_path, job_id) / "train.log").read_text().splitlines() if ln.startswith("step")]
-    assert steps[-1].startswith("step 8") and "resumed at 4" in (jdir(tmp_path, job_id) / "job.log").read_text()
+    steps = [ln for ln in (jdir(tmp_path, job_id) / "train.log").read_text().splitlines()
+             if ln.startswith("step")]
+    assert (steps[-1].startswith("step 8")
+            and "resumed at 4" in (jdir(tmp_path, job_id) / "job.log").read_text())
     # a trainer that crashes every time: two restarts, then the loop ends the job
     (tmp_path / "root" / "work" / "tjob" / "ckpt").unlink()
     spec = write_spec(tmp_path / "job2.yaml", **base, env={"ALWAYS_CRASH": "1"},

@@ -51,14 +51,16 @@ def test_init_ships_the_script_its_config_and_what_it_imports_then_plan_and_subm
                                                    ("configurator.py", "configurator.py")]
     plan = run_in(repo, ["submit", "train.yaml", "--plan"], env)
     assert plan.returncode == 0, plan.stderr.decode()
-    assert "no code to ship" not in plan.stdout.decode() and "which no sync entry ships" not in plan.stdout.decode()
+    assert ("no code to ship" not in plan.stdout.decode()
+            and "which no sync entry ships" not in plan.stdout.decode())
 
 
 def test_init_in_another_folder_writes_src_relative_to_the_spec(tmp_path):
     repo = nanogpt_repo(tmp_path / "nanoGPT")
     (tmp_path / "specs").mkdir()
     env = local_env(tmp_path)
-    p = run_in(repo, ["init", "--recipe", "nanogpt", "-o", "../specs/t.yaml", "--", "python", "train.py"], env)
+    p = run_in(repo, ["init", "--recipe", "nanogpt", "-o", "../specs/t.yaml", "--", "python", "train.py"],
+               env)
     assert p.returncode == 0, p.stderr.decode()
     spec = load_spec(tmp_path / "specs" / "t.yaml")
     assert ("../nanoGPT/train.py", "train.py") in [(s.src, s.dest) for s in spec.sync]
@@ -117,7 +119,8 @@ def test_a_failed_submit_leaves_no_job_row_in_ps_nor_in_the_container(tmp_path):
     assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 0
 
 
-def test_the_daemons_console_on_a_closed_pipe_is_a_quiet_end_not_rich_exiting_the_daemon(monkeypatch, tmp_path):
+def test_the_daemons_console_on_a_closed_pipe_is_a_quiet_end_not_rich_exiting_the_daemon(monkeypatch,
+                                                                                         tmp_path):
     """Row 9 (`gpujob status | head -2` through the kept connection): rich's own answer to a
     broken pipe dup2'd devnull over the daemon's stdout and raised SystemExit in its worker,
     so the client said `the connection daemon ended while the command ran` (exit 3)."""
@@ -150,7 +153,8 @@ def test_exec_to_a_closed_pipe_without_the_daemon_is_exit_0_and_ends_the_command
     assert p.wait(timeout=60) == 0 and err == "", err
 
 
-README_HOSTS = "hosts:\n  pve1:\n    address: 10.1.2.6\n    user: root\n    containers:\n      ct200: {vmid: 200, gpus: 8}\n"
+README_HOSTS = ("hosts:\n  pve1:\n    address: 10.1.2.6\n    user: root\n    containers:\n      ct200: "
+                "{vmid: 200, gpus: 8}\n")
 
 
 def fresh_home(tmp_path: Path) -> dict:
@@ -182,7 +186,8 @@ def test_the_demo_host_lives_beside_the_users_hosts_yaml_and_a_clones_never_shad
     plan = run_in(clone, ["submit", "j.yaml", "--plan"], env)
     text = plan.stdout.decode()
     assert plan.returncode == 0, plan.stderr.decode()
-    assert f"pve1/ct200: from {config}" in text and f"hosts.yaml is not read ({config} comes first" in text, text
+    assert f"pve1/ct200: from {config}" in text and \
+        f"hosts.yaml is not read ({config} comes first" in text, text
     assert "10.1.2.6" in text and "10.9.9.9" not in text
     sub = run_in(clone, ["submit", "j.yaml", "-t", "demo"], env)
     assert sub.returncode == 0, sub.stderr.decode()
@@ -259,7 +264,8 @@ def test_logs_follow_exits_with_the_jobs_outcome_and_a_busy_container_names_stop
     long = run_in(repo, ["submit", spec], env).stdout.decode().split()[1]
     try:
         busy = run_in(repo, ["submit", spec], env)
-        assert busy.returncode == 5 and f"`gpujob stop {long}` ends it" in busy.stderr.decode(), busy.stderr.decode()
+        assert busy.returncode == 5 and f"`gpujob stop {long}` ends it" in busy.stderr.decode(), \
+            busy.stderr.decode()
     finally:
         assert run_in(repo, ["stop", long], env).returncode == 0
     spec = two_profile_spec(repo, "true")
@@ -313,7 +319,8 @@ def test_init_plans_open_without_a_warning_and_hf_trainer_invents_no_flags_the_s
     (tmp_path / "train_hf.py").write_text(HF_OWN_FLAGS)
     args = ["python", "train_hf.py", "--per_device_train_batch_size", "2", "--max_seq_length", "64"]
     for recipe in ("nanogpt", "hf_trainer", "specforge", "lightning", "torchtitan"):
-        p = run_in(tmp_path, ["init", "-r", recipe, "-t", "lab/box", "-o", f"{recipe}.yaml", "--", *args], env)
+        p = run_in(tmp_path, ["init", "-r", recipe, "-t", "lab/box", "-o", f"{recipe}.yaml", "--", *args],
+                   env)
         assert p.returncode == 0, p.stderr.decode()
         plan = run_in(tmp_path, ["submit", f"{recipe}.yaml", "--plan", "--json"], env)
         assert plan.returncode == 0, plan.stderr.decode()
@@ -336,7 +343,8 @@ def test_doctor_spec_takes_set_and_nanogpt_is_a_repository_not_a_package(tmp_pat
     """Row 7: `doctor --spec` took no --set, and warned `nanoGPT is not installed in the venv`."""
     repo = nanogpt_repo(tmp_path / "nanoGPT")
     env = local_env(tmp_path)
-    assert run_in(repo, ["init", "-r", "nanogpt", "-t", "lab/nowhere", "--", "python", "train.py"], env).returncode == 0
+    assert run_in(repo, ["init", "-r", "nanogpt", "-t", "lab/nowhere", "--", "python", "train.py"],
+                  env).returncode == 0
     p = run_in(repo, ["doctor", "--spec", "train.yaml", "--set", "target=lab/box", "--json"], env)
     report = json.loads(p.stdout)
     assert list(report) == ["lab/box"], (p.stdout + p.stderr).decode()
@@ -356,7 +364,8 @@ def test_a_wait_over_2s_says_what_it_waits_for_with_bytes_and_rate_in_a_pipe(mon
     monkeypatch.setattr(waits, "EVERY", 0.05)
     now = [100.0]
     buf = io.StringIO()
-    w = waits.Wait(Console(file=buf, force_terminal=False, width=200), "probing lab/box", clock=lambda: now[0])
+    w = waits.Wait(Console(file=buf, force_terminal=False, width=200), "probing lab/box",
+                   clock=lambda: now[0])
     w.bytes(120_000_000, 300_000_000)
     now[0] += 3.0
     assert w.text() == "probing lab/box: 120.0 MB of 300.0 MB, 40.0 MB/s"

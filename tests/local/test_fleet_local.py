@@ -328,7 +328,8 @@ def test_a_controller_dead_between_the_holds_and_the_go_starts_nothing(tmp_path,
         wait_for(lambda: node_state(tmp_path, rank, "fleet-dead")["state"] == "failed", 30,
                  what=f"node {rank} giving up")
         st = node_state(tmp_path, rank, "fleet-dead")
-        assert "the controller never said go within 3s" in st["reason"] and "nothing was started" in st["reason"]
+        assert ("the controller never said go within 3s" in st["reason"]
+                and "nothing was started" in st["reason"])
         assert not (tmp_path / f"n{rank}" / "envs").exists()
         assert not (node_dir(tmp_path, rank, "fleet-dead") / "secrets.json").exists()
     # the containers are free again: a whole submit runs

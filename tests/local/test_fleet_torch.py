@@ -34,7 +34,8 @@ def torch_python() -> str | None:
 
 
 TORCH = torch_python()
-pytestmark = pytest.mark.skipif(TORCH is None, reason="no interpreter with torch here (set GPUJOB_TORCH_PYTHON): "
+pytestmark = pytest.mark.skipif(TORCH is None,
+                                reason="no interpreter with torch here (set GPUJOB_TORCH_PYTHON): "
                                                      "the real torchrun job across two nodes did not run")
 
 

@@ -40,9 +40,10 @@ def test_without_hosts_yaml_the_unknown_target_says_where_it_looked(tmp_path):
     p = cli(["exec", "ct200", "true"], env, timeout=60)
     err = p.stderr.decode()
     assert p.returncode == 2 and err.count("\n") == 1, err
-    assert (f"unknown target 'ct200'; known: demo (no hosts.yaml found (looked in "  # the user's first (issue 34)
-            f"{tmp_path}/home/.config/gpujob/hosts.yaml, {tmp_path}/hosts.yaml); using the built-in inventory; "
-            "give --hosts FILE or set $GPUJOB_HOSTS)") in err
+    # the user's first (issue 34)
+    assert (f"unknown target 'ct200'; known: demo (no hosts.yaml found (looked in "
+            f"{tmp_path}/home/.config/gpujob/hosts.yaml, {tmp_path}/hosts.yaml); using the built-in "
+            f"inventory; give --hosts FILE or set $GPUJOB_HOSTS)") in err
     (tmp_path / "h.yaml").write_text("hosts:\n  l:\n    kind: local\n    containers:\n      box: {root: r}\n")
     p = cli(["--hosts", str(tmp_path / "h.yaml"), "exec", "ct200", "true"], env, timeout=60)
     assert p.returncode == 2 and "no hosts.yaml found" not in p.stderr.decode()
@@ -87,7 +88,8 @@ def test_ctrl_c_in_submit_says_what_it_left_and_the_job_id(tmp_path):
                     "train: {command: sleep 60, grace: 1s}\n")
     for attempt in range(3):  # on a loaded machine the submit can end before the signal lands: again
         p = subprocess.Popen([*gpujob_argv(), "submit", str(spec)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO), start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO),
+                             start_new_session=True)
         err = b""
         deadline = time.monotonic() + 120
         while b"starting the supervisor" not in err and time.monotonic() < deadline:

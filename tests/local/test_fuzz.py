@@ -66,7 +66,8 @@ def test_loader_fuzz(tmp_path):
         os.unlink(path)
     totals = sum(counts.values(), collections.Counter())
     print(f"\nloader fuzz: {LOADER_CASES} mutants: {dict(totals)}; worst child +{worst_rss:.0f} MB, "
-          f"{worst_cpu:.2f} CPU-s\n  by class: " + json.dumps({k: dict(v) for k, v in sorted(counts.items())}))
+          f"{worst_cpu:.2f} CPU-s\n  by class: "
+          + json.dumps({k: dict(v) for k, v in sorted(counts.items())}))
     assert not bad, "\n".join(map(repr, bad[:5]))
     assert sum(totals.values()) == LOADER_CASES >= 2000
     assert totals["ok"] > 50 and totals["error"] > 1000  # the mutants reach both sides

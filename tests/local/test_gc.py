@@ -10,7 +10,8 @@ from helpers import cli, cli_json, local_env, write_spec
 
 
 def test_select_keeps_active_and_known_good():
-    envs = [{"env_key": k, "profile": k.split("-")[0], "last_used": 0.0} for k in ("a-1", "b-1", "c-1", "d-1")]
+    envs = [{"env_key": k, "profile": k.split("-")[0], "last_used": 0.0}
+            for k in ("a-1", "b-1", "c-1", "d-1")]
     got = {e["env_key"]: why for e, why in gc.select(envs, 1, 10 * 86400, {"a-1"}, {"b-1"}, {"c"})}
     assert got == {"a-1": "active: a running job uses it", "b-1": "known-good", "c-1": "known-good",
                    "d-1": "remove"}

@@ -15,7 +15,8 @@ from helpers import cli, cli_json, job_id_of, local_env
 TRAINER = textwrap.dedent('''
     import argparse, os, time
     p = argparse.ArgumentParser()
-    p.add_argument("--util-file"); p.add_argument("--save", type=float); p.add_argument("--first-save", type=float)
+    p.add_argument("--util-file"); p.add_argument("--save", type=float)
+    p.add_argument("--first-save", type=float)
     p.add_argument("--write-checkpoints", type=int, default=1)
     a = p.parse_args()
     def util(v):
@@ -39,7 +40,8 @@ def run(tmp_path, index_urls, write_checkpoints: int):
     fake = tmp_path / "bin"
     fake.mkdir()
     util = tmp_path / "util"
-    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '0, %s\\n' \"$(cat {util} 2>/dev/null || echo 0)\"\n")
+    (fake / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '0, %s\\n' \"$(cat {util} 2>/dev/null || echo "
+                                     f"0)\"\n")
     (fake / "nvidia-smi").chmod(0o755)
     code = tmp_path / "code"
     code.mkdir()

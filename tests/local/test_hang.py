@@ -40,7 +40,8 @@ compile_flex_attention_forever()
 
 def test_the_compile_race_is_told_apart_from_other_signatures():
     assert signals.scan_line(RACE, SIGS) == F.COMPILE_RACE
-    assert signals.scan_line("torch._dynamo.exc.Unsupported: is_fx_symbolic_tracing() is True", SIGS) == F.COMPILE_RACE
+    assert signals.scan_line("torch._dynamo.exc.Unsupported: is_fx_symbolic_tracing() is True",
+                             SIGS) == F.COMPILE_RACE
     # a broken build's missing attribute is no race: the spec's signature, as before
     assert signals.scan_line("AttributeError: module 'torch.fx' has no attribute 'is_fx_symbolic_tracing'",
                              SIGS) == F.ERROR_SIGNATURE
@@ -59,7 +60,8 @@ def test_python_processes_and_faulthandler_text():
     from gpujob.agent.base.proc import KEEPER
     assert stacks.is_python(["/venv/bin/python3", "t.py"]) and stacks.is_python(["torchrun", "t.py"])
     assert not stacks.is_python(["/bin/bash", "-c", "python t.py"]) and not stacks.is_python([])
-    text = "loading model\nFatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File \"t.py\""
+    text = ("loading model\nFatal Python error: Aborted\n\nThread 0x7f (most recent call first):\n  File "
+            "\"t.py\"")
     assert stacks.faulthandler_blocks(text).startswith("Fatal Python error: Aborted")
     assert KEEPER  # the keeper is told apart by its -c program, not by its name
 
@@ -109,7 +111,8 @@ def test_a_start_hang_saves_every_threads_stack_and_logs_stacks_shows_them(tmp_p
     shown = p.stdout.decode()
     assert shown.startswith("== train start_hang at ") and "via faulthandler" in shown
     assert "compile_flex_attention_forever" in shown and "Thread 0x" in shown
-    [j] = [json.loads(ln) for ln in cli(["logs", job_id, "--stacks", "--json"], env, check=True).stdout.splitlines()]
+    [j] = [json.loads(ln)
+           for ln in cli(["logs", job_id, "--stacks", "--json"], env, check=True).stdout.splitlines()]
     assert j["type"] == "stacks" and j["stacks"][0]["pid"] > 0
     assert cli(["logs", job_id, "--stacks", "-f"], env).returncode == 2
 

@@ -42,11 +42,13 @@ def test_a_busy_box_names_its_holder_and_ps_all_shows_other_laptops_jobs(tmp_pat
     p = cli(["submit", str(spec)], bob)
     err = error_line(p)
     assert p.returncode == 5
-    assert f"container busy: job {job} of alice@{host}, since " in err and " UTC (" in err and " ago) holds it" in err
+    assert (f"container busy: job {job} of alice@{host}, since " in err and " UTC (" in err
+            and " ago) holds it" in err)
 
     assert cli_json(["ps", "--json"], bob) == []  # bob's laptop started nothing
     views = cli_json(["ps", "--all", "box", "--json"], bob)
-    assert [(v["job"], v["by"], v["mine"], v["state"]) for v in views] == [(job, f"alice@{host}", False, "training")]
+    assert [(v["job"], v["by"], v["mine"], v["state"]) for v in views] == [(job, f"alice@{host}", False,
+                                                                            "training")]
     table = cli(["ps", "--all", "box"], bob, check=True).stdout.decode()
     assert job in table and f"alice@{host}" in table
     assert f"alice@{host} (you)" in cli(["ps", "--all", "box"], alice, check=True).stdout.decode()
@@ -60,7 +62,8 @@ def test_a_busy_box_names_its_holder_and_ps_all_shows_other_laptops_jobs(tmp_pat
              30, what="the supervisor to die")
     p = cli(["submit", str(spec)], bob)
     err = error_line(p)
-    assert p.returncode == 5 and f"job {job} of alice@{host} has no supervisor but its train command still runs" in err
+    assert (p.returncode == 5 and f"job {job} of alice@{host} has no supervisor but its train command still "
+                                  f"runs" in err)
     # ps --all only looks: it restarts no supervisor
     assert cli_json(["ps", "--all", "box", "--json"], bob)[0]["job"] == job
     assert json.loads((tmp_path / "root" / "jobs" / job / "state.json").read_text())["supervisor_pid"] == pid

@@ -18,9 +18,10 @@ TOKEN = "hf_sekret-TOKEN-1234567890"
 FILE_TOKEN = "file-sekret-0987654321"
 
 TRAIN = ("printf '%s' {workdir} > wd.txt; printf '%s' \"$GPUJOB_WORKDIR\" > env_wd.txt; "
-         "printf '%s' \"$HF_TOKEN\" > tok.txt; printf '%s' \"$FILE_TOK\" > ftok.txt; printf '%s' \"$PLAIN\" > plain.txt; "
-         "stat -c %a code/run.sh > mode.txt; "
-         "stat -c %a \"$GPUJOB_HOME/jobs/$GPUJOB_JOB_ID/secrets.json\" > smode.txt; echo '[/bold] [rank0]: done'")
+         "printf '%s' \"$HF_TOKEN\" > tok.txt; printf '%s' \"$FILE_TOK\" > ftok.txt; printf '%s' \"$PLAIN\" "
+         "> plain.txt; stat -c %a code/run.sh > mode.txt; "
+         "stat -c %a \"$GPUJOB_HOME/jobs/$GPUJOB_JOB_ID/secrets.json\" > smode.txt; echo '[/bold] [rank0]: "
+         "done'")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,8 @@ def test_hostile_workdir_secrets_and_setuid(tmp_path, fast_url):
     # no token in this shell: the plan refuses, pointing at the line, and runs nothing
     p = cli(["submit", str(spec), "--plan"], env)
     assert p.returncode == 2
-    assert p.stderr.decode().startswith(f"gpujob: {spec}:{line}: env.HF_TOKEN: from_env: $GJ_TEST_TOKEN is not set")
+    assert p.stderr.decode().startswith(f"gpujob: {spec}:{line}: env.HF_TOKEN: from_env: $GJ_TEST_TOKEN is "
+                                        f"not set")
     env["GJ_TEST_TOKEN"] = TOKEN
     p = cli(["submit", str(spec), "--plan"], env, check=True)
     plan = p.stdout.decode()

@@ -125,7 +125,8 @@ RUN = {"t": 1, "run": {"profile": "p"}}
     ([HEAD, RUN, {"t": 2, "recorded": [1]}], ":3: field recorded: expected an object or null, got a list"),
     ([{"trace": 1, "meta": [1]}, RUN], ":1: field meta: expected an object or null, got a list"),
     ([{"trace": 1, "meta": {"throughput": "fast"}}, RUN], ":1: field meta.throughput: expected an object"),
-    ([HEAD, RUN, {"t": 2, "ckpt": "c", "size": "big"}], ":3: field size: expected a number or null, got a string"),
+    ([HEAD, RUN, {"t": 2, "ckpt": "c", "size": "big"}],
+     ":3: field size: expected a number or null, got a string"),
     ([HEAD, RUN, b'{"t":NaN,"out":"x"}\n'], ":3: field t: expected a number, got nan"),
     ([HEAD, RUN, {"t": "soon", "out": "x"}], ":3: field t: expected a number, got a string"),
     ([HEAD, RUN, {"t": 2, "out": 5}], ":3: field out: expected a string, got a number"),
@@ -135,7 +136,8 @@ RUN = {"t": 1, "run": {"profile": "p"}}
     ([HEAD, RUN, [1, 2]], ":3: expected a JSON object, got a list"),
     ([{"trace": 1, "meta": {"throughput": {"format": "ktok", "window": "abc"}}}, RUN],
      ":1: field meta.throughput.window: "),
-    ([{"trace": 1, "meta": {"throughput": {"format": "ktok", "min": [80]}}}, RUN], ":1: field meta.throughput.min"),
+    ([{"trace": 1, "meta": {"throughput": {"format": "ktok", "min": [80]}}}, RUN],
+     ":1: field meta.throughput.min"),
 ])
 def test_a_trace_field_of_the_wrong_type_is_named_with_its_line(tmp_path, lines, expect):
     p = gz_lines(tmp_path / "t.jsonl.gz", *lines, {"t": 9, "out": "last"})
@@ -159,7 +161,8 @@ def test_a_samples_field_of_the_wrong_type(tmp_path, text, expect):
 def test_what_is_tolerated_stays_tolerated(tmp_path):
     """A torn last record (a writer that died) and a trimmed journal's NUL hole read as before."""
     p = tmp_path / "s.jsonl"
-    p.write_bytes(b"\0" * (8 << 20) + b"".join(b'{"t":%d,"value":9000000}\n' % i for i in range(50)) + b'{"t":60,"va')
+    p.write_bytes(b"\0" * (8 << 20) + b"".join(b'{"t":%d,"value":9000000}\n' % i for i in range(50))
+                  + b'{"t":60,"va')
     rc, out, err, peak = replay(p, tmp_path, "--spec", str(SPEC), "--json")
     assert rc == 0, err.decode()
     assert json.loads(out.splitlines()[-1])["summary"]["per_segment"][0]["samples"] == 50

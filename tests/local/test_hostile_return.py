@@ -42,7 +42,8 @@ def test_a_follower_survives_any_hello_and_joins_the_real_leader_after():
             if n < len(BAD_HELLOS) * 2:  # every bad hello, and each again after a valid one
                 bad = BAD_HELLOS[n % len(BAD_HELLOS)]
                 if n >= len(BAD_HELLOS):  # a good hello, then a nested "message"
-                    bad = (b'{"wire": "gpujob-fleet", "version": 1, "hello": "' + b"b" * 32 + b'"}\n' + NESTED)
+                    bad = (b'{"wire": "gpujob-fleet", "version": 1, "hello": "' + b"b" * 32 + b'"}\n'
+                           + NESTED)
                 try:
                     c.sendall(bad)
                 except OSError:

@@ -91,7 +91,8 @@ def test_every_render_path_shows_outside_text_literally():
         out = _render(render.ps_table([view, unreachable]))
         assert "unreachable" in out and _shown(text) in out
         out = _render(render.hosts_table([{"host": text, "container": "c", "status": "unreachable",
-                                           "error": text}, {"host": "h", "container": text, "status": "running",
+                                           "error": text},
+                                          {"host": "h", "container": text, "status": "running",
                                                             "vmid": 200, "job": text}], text))
         assert _shown(text) in out
         check = SimpleNamespace(name=text, status="fail", detail=text, hint=text)
@@ -128,7 +129,8 @@ def test_ps_hosts_doctor_with_an_unreachable_target(tmp_path, far_env):
     assert "gpujob: y-[/]b was never started" in p.stderr.decode(), p.stderr.decode()
     p = cli(["hosts"], far_env, timeout=60)
     assert p.returncode == 0, p.stderr.decode()
-    assert "far/ct" in p.stdout.decode() and "unreachable" in p.stdout.decode() and "lab/box" in p.stdout.decode()
+    assert ("far/ct" in p.stdout.decode() and "unreachable" in p.stdout.decode()
+            and "lab/box" in p.stdout.decode())
     p = cli(["doctor"], far_env, timeout=60)
     assert p.returncode == 1 and b"Traceback" not in p.stderr
     assert "gpujob doctor: far/ct" in p.stdout.decode() and "connection refused" in p.stdout.decode()
@@ -165,7 +167,8 @@ def test_known_hosts_oddities_are_one_line(tmp_path):
     blob = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
     kh = tmp_path / "known_hosts"
     kh.write_text(f"# comment\nhost1 ssh-ed25519 {blob}\n@revoked * ssh-ed25519 {blob}\n"
-                  f"@cert-authority *.lan ssh-ed25519 {blob}\n{paramiko.HostKeys.hash_host('h2')} ssh-ed25519 {blob}\n")
+                  f"@cert-authority *.lan ssh-ed25519 {blob}\n{paramiko.HostKeys.hash_host('h2')} "
+                  f"ssh-ed25519 {blob}\n")
     client = paramiko.SSHClient()
     assert load_known_hosts(client, kh) == {blob}
     # a revoked key is known nowhere (issue 24): paramiko then asks the policy, which refuses it
@@ -175,7 +178,8 @@ def test_known_hosts_oddities_are_one_line(tmp_path):
     assert load_known_hosts(client, kh) == frozenset()
     assert client.get_host_keys().lookup("host1") is not None
     assert client.get_host_keys().lookup("h2") is not None
-    for bad, where in (("h ssh-rsa !!!notbase64\n", ":1:"), ("@weird * ssh-ed25519 x\n", ":1:"), (f"|1|abc=|def= ssh-ed25519 {blob}\n", ":1:"),
+    for bad, where in (("h ssh-rsa !!!notbase64\n", ":1:"), ("@weird * ssh-ed25519 x\n", ":1:"),
+                       (f"|1|abc=|def= ssh-ed25519 {blob}\n", ":1:"),
                        (f"ok ssh-ed25519 {blob}\n@revoked\n", ":2:")):
         kh.write_text(bad)
         with pytest.raises(HostKeyError) as e:
@@ -231,7 +235,8 @@ def test_streaming_tar_keeps_laptop_memory_flat(tmp_path):
         r = LocalTransport().run(["sh", "-c", "wc -c"], stdin=Concat([b'{"job": 1}\\n', tar]))
         print(tar.size, int(r.stdout.split()[0]), hwm())
     """)
-    p = subprocess.run([sys.executable, "-c", script, str(src)], capture_output=True, timeout=300, cwd=str(REPO))
+    p = subprocess.run([sys.executable, "-c", script, str(src)], capture_output=True, timeout=300,
+                       cwd=str(REPO))
     assert p.returncode == 0, p.stderr.decode()
     tar_size, received, rss_mb = map(int, p.stdout.split())
     print(f"\nstreamed {received >> 20} MiB with a peak RSS of {rss_mb} MiB")
@@ -251,7 +256,8 @@ def test_agent_refuses_a_relative_dest_outside_the_workdir(tmp_path):
     import json
     req = {"job_id": "x-aaaa", "spec": {"name": "x"}, "profile": "p", "env_keys": {"p": "p-0"},
            "spec_hash": "h", "sync_streams": [{"dest": "../../escaped", "size": 0}]}
-    p = subprocess.run([sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path / "home"), "submit"],
+    p = subprocess.run([sys.executable, "-m", "gpujob.agent.main", "--home", str(tmp_path / "home"),
+                        "submit"],
                        input=json.dumps(req).encode() + b"\n", capture_output=True, timeout=60, cwd=str(REPO))
     assert p.returncode == 1 and "resolves outside the workdir" in p.stdout.decode()
     assert not (tmp_path / "home" / "escaped").exists() and not (tmp_path / "escaped").exists()

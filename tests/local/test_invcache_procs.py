@@ -16,7 +16,8 @@ from test_invcache import cached_files, hosts, rt  # noqa: F401 (rt: a fixture)
 
 def test_killed_while_writing_the_cache_leaves_nothing_read(tmp_path, rt):
     path = hosts(tmp_path)
-    code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpujob.inventory import cache as invcache; invcache.load({path!r})"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from gpujob.inventory import cache as invcache; "
+            f"invcache.load({path!r})")
     env = dict(os.environ, GPUJOB_TEST_DIE_AT=f"invcache_written@{tmp_path / 'died'}")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=60)
     assert p.returncode == -9 and (tmp_path / "died").exists()

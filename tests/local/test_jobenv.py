@@ -32,15 +32,16 @@ def test_local_job_sees_no_cli_variables_but_the_passthrough(tmp_path):
     from gpujob.ops.wheelhouse import build_indexes
     idx = {b: p.as_uri() for b, p in build_indexes(tmp_path / "wh").items()}
     hosts = tmp_path / "hosts.yaml"
+    box = {"root": str(tmp_path / "root"), "env_passthrough": ["KEEP_ME"]}
     hosts.write_text(yaml.safe_dump({"hosts": {"lab": {"kind": "local", "env_passthrough": ["NCCL_*"],
-                                                       "containers": {"box": {"root": str(tmp_path / "root"),
-                                                                              "env_passthrough": ["KEEP_ME"]}}}}}))
+                                                       "containers": {"box": box}}}}))
     env = dict(os.environ, GPUJOB_HOSTS=str(hosts), XDG_STATE_HOME=str(tmp_path / "state"), COLUMNS="200",
                PYTHONPATH="/cli/only", VIRTUAL_ENV="/cli/venv", NCCL_NVLS_ENABLE="0", KEEP_ME="yes",
                CLI_LEAK="1")
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=idx["fast"], slow_url=idx["slow"],
                       profile="fast", warmup=False, throughput=False, env={"FROM_SPEC": "s"},
-                      train={"command": "python -c 'import os, json; print(\"ENV\" + json.dumps(dict(os.environ)))'"})
+                      train={"command": "python -c 'import os, json; print(\"ENV\" + "
+                                        "json.dumps(dict(os.environ)))'"})
     plan = cli(["submit", str(spec), "--plan"], env, check=True).stdout.decode()
     assert "pass-through NCCL_*, KEEP_ME" in plan.replace("\n", " ")
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)

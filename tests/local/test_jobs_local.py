@@ -121,7 +121,8 @@ def test_busy_container_refused_and_stop_leaves_nothing(tmp_path, env, index_url
     wait_for(lambda: status(job_id, env)["state"] == "training", 60, what="training")
     second = cli(["submit", str(spec)], env)
     assert second.returncode == 5
-    assert f"container busy: job {job_id} of " in second.stderr.decode() and " holds it (supervisor pid" in second.stderr.decode()
+    assert (f"container busy: job {job_id} of " in second.stderr.decode()
+            and " holds it (supervisor pid" in second.stderr.decode())
     pgid = json.loads((journal(tmp_path, job_id) / "state.json").read_text())["child_pgid"]
     p = cli(["stop", job_id], env, check=True)
     assert "stopped" in p.stdout.decode()

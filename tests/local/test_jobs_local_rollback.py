@@ -165,7 +165,8 @@ def test_gpu_idle_signal_with_mocked_nvidia_smi(tmp_path, env, index_urls):
                       slow_url=index_urls["slow"], profile="fast", warmup=False,
                       trainer_args="--steps 400 --interval 0.05",
                       throughput={"format": "ktok", "min": "1K", "window": 3, "good_after": "1h"},
-                      rollback={"on": ["gpu_idle"], "gpu_idle": {"group": "drafter", "below": 5, "for": "2s"}})
+                      rollback={"on": ["gpu_idle"],
+                                "gpu_idle": {"group": "drafter", "below": 5, "for": "2s"}})
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 1
     st = status(job_id_of(p.stdout), env)
@@ -176,8 +177,9 @@ def test_gpu_idle_signal_with_mocked_nvidia_smi(tmp_path, env, index_urls):
 def test_error_signature_of_a_trainer_that_hangs_rolls_back(tmp_path, env, index_urls):
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"], throughput=False, warmup=False,
-                      trainer_args="--steps 6 --interval 0.02 --fail-on-build slow --fail-step 2 --hang-on-fail "
-                                   "--fail-message 'Detected that you are using FX to symbolically trace'",
+                      trainer_args="--steps 6 --interval 0.02 --fail-on-build slow --fail-step 2 "
+                                   "--hang-on-fail --fail-message 'Detected that you are using FX to "
+                                   "symbolically trace'",
                       rollback={"fallback": ["fast"], "signature_grace": "1s"})
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 0, p.stdout.decode()[-2000:]
@@ -269,7 +271,8 @@ def test_a_supervisor_killed_after_no_recovery_leaves_the_target_running_once(tm
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     wait_for(marker.exists, 90, what="the supervisor to die in keep_running")
     cli(["status", job_id], env, check=True)  # a new supervisor takes the job over
-    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed", "stopped"), 120, what="the job's end")
+    wait_for(lambda: status(job_id, env)["state"] in ("succeeded", "failed", "stopped"), 120,
+             what="the job's end")
     st = status(job_id, env)
     assert st["state"] == "succeeded" and st["profile"] == "fast", st.get("reason")
     ev = events(journal(tmp_path, job_id))
@@ -294,7 +297,8 @@ def test_a_slow_profile_is_caught_within_a_minute_at_the_default_judging_times(t
     assert p.returncode == 0, p.stdout.decode()[-3000:]
     st = status(job_id_of(p.stdout), env)
     ev = events(journal(tmp_path, job_id_of(p.stdout)))
-    assert len(st["rollbacks"]) == 1, "\n".join(str((e["type"], e.get("verdict"), e.get("reason"))) for e in ev[-30:])
+    assert len(st["rollbacks"]) == 1, "\n".join(str((e["type"], e.get("verdict"), e.get("reason")))
+                                                for e in ev[-30:])
     [rb] = st["rollbacks"]
     assert (rb["from"], rb["to"], rb["signal"]) == ("slow", "fast", "low_throughput")
     roll = next(e for e in ev if e["type"] == "decision" and e["verdict"] == "rollback")

@@ -55,4 +55,5 @@ def test_ledger_history_and_undo_through_the_cli(tmp_path):
     res = cli_json(["ledger", "undo", "box", "tjob", "2", "--json"], env)
     assert res["status"] == "good"
     p = cli(["ledger", "undo", "box", "tjob", "99"], env)
-    assert p.returncode != 0 and "no verdict '99'" in p.stderr.decode() and "Traceback" not in p.stderr.decode()
+    assert (p.returncode != 0 and "no verdict '99'" in p.stderr.decode()
+            and "Traceback" not in p.stderr.decode())

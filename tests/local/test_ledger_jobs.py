@@ -1,10 +1,10 @@
-"""Local jobs and the ledger (issue 39). A supervisor SIGKILLed right after a ledger write of a hand rollback (`gpujob rollback
---mark-bad`), before its state write: the new supervisor redoes the switch from the plan and
-finds the verdict already there (its op): the profile left is marked bad once, the job goes
-on on the profile asked for, one trainer (issue 39; the confirmation's point is in
-test_rollback_kill.py). A job started with `submit --force` onto a damaged ledger runs: the
-supervisor journals the ledger's line once, decides as with an empty ledger and writes
-nothing over the damaged file."""
+"""Local jobs and the ledger (issue 39). A supervisor SIGKILLed right after a ledger write of a
+hand rollback (`gpujob rollback --mark-bad`), before its state write: the new supervisor redoes
+the switch from the plan and finds the verdict already there (its op): the profile left is
+marked bad once, the job goes on on the profile asked for, one trainer (issue 39; the
+confirmation's point is in test_rollback_kill.py). A job started with `submit --force` onto a
+damaged ledger runs: the supervisor journals the ledger's line once, decides as with an empty
+ledger and writes nothing over the damaged file."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def test_a_supervisor_killed_after_a_hand_rollbacks_ledger_mark_records_one_verd
     marker = tmp_path / "died"
     env = dict(local_env(tmp_path), GPUJOB_TEST_DIE_AT=f"rollback_marked@{marker}")
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=urls["fast"], slow_url=urls["slow"],
-                      profile="slow", warmup=False, trainer_args="--steps 4000 --interval 0.05", throughput=False)
+                      profile="slow", warmup=False, trainer_args="--steps 4000 --interval 0.05",
+                      throughput=False)
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     wait_for(lambda: (state_of(tmp_path, job_id).get("child") or {}).get("phase") == "train", 90,
              what="slow's trainer")

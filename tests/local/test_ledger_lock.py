@@ -19,7 +19,8 @@ def test_a_writer_that_cannot_get_the_lock_in_time_says_so_and_writes_nothing(tm
     led.mark("fast", "good")
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
                                "fd = os.open(sys.argv[1], os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
-                               "print('held', flush=True)\ntime.sleep(60)", str(tmp_path / "ledger" / "tjob.lock")],
+                               "print('held', flush=True)\ntime.sleep(60)",
+                               str(tmp_path / "ledger" / "tjob.lock")],
                               stdout=subprocess.PIPE)
     try:
         assert holder.stdout.readline() == b"held\n"

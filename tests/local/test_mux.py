@@ -154,7 +154,8 @@ def _client(script: str) -> MuxClient:
 
 def test_stray_bytes_before_the_preamble_are_skipped():
     """A motd or an lxc-attach warning on pct exec's stdout comes before the server's preamble."""
-    noisy = ("import sys; sys.stdout.buffer.write(b'Welcome to CT 200\\nlxc-attach: warning: H\\x00\\x00\\x00\\x01 '); "
+    noisy = ("import sys; sys.stdout.buffer.write(b'Welcome to CT 200\\nlxc-attach: warning: "
+             "H\\x00\\x00\\x00\\x01 '); "
              "sys.stdout.flush(); exec(compile(sys.argv[1], 'mux_server', 'exec'))")
     client = MuxClient(LocalTransport().open_stream([sys.executable, "-c", noisy, SERVER_SOURCE]), "ct-test")
     try:
@@ -168,14 +169,16 @@ def test_stray_bytes_before_the_preamble_are_skipped():
 
 @pytest.mark.parametrize("after, expected", [
     (b"GJMX\x02", "speaks version 2, this gpujob speaks 1"),
-    (b"x" * (70 << 10), "no gpujob exec-channel preamble in the first 65536 bytes from ct-test (it began b'xxx"),
+    (b"x" * (70 << 10),
+     "no gpujob exec-channel preamble in the first 65536 bytes from ct-test (it began b'xxx"),
     (b"GJMX\x01" + b"Z\x00\x00\x00\x01\x00\x00\x00\x00",
-     "bad frame header on the exec channel from ct-test: expected a kind in H, o, e, x and a length <= 2097152, "
-     "got kind b'Z', length 0"),
+     "bad frame header on the exec channel from ct-test: expected a kind in H, o, e, x and a length <= "
+     "2097152, got kind b'Z', length 0"),
     (b"GJMX\x01" + b"o\x00\x00\x00\x01\xff\xff\xff\xff", "got kind b'o', length 4294967295"),
 ])
 def test_a_bad_preamble_or_header_is_one_clear_error_never_a_misread_frame(after, expected):
-    script = f"import sys, time; sys.stdout.buffer.write({after!r}); sys.stdout.flush(); sys.stdin.buffer.read()"
+    script = (f"import sys, time; sys.stdout.buffer.write({after!r}); sys.stdout.flush(); "
+              f"sys.stdin.buffer.read()")
     client = _client(script)
     try:
         assert not client.wait_ready(HANG)
@@ -191,7 +194,9 @@ def test_the_server_refuses_a_client_that_does_not_speak_its_wire():
     p = subprocess.run([sys.executable, "-c", SERVER_SOURCE], input=b"O\x00\x00\x00\x01\x00\x00\x00\x02{}",
                        capture_output=True, timeout=HANG)
     assert p.stdout.startswith(PREAMBLE + b"H")  # the server's preamble, then its hello
-    assert b"gpujob mux: expected the preamble b'GJMX\\x01' from the client, got b'O\\x00\\x00\\x00\\x01'" in p.stderr
-    p = subprocess.run([sys.executable, "-c", SERVER_SOURCE], input=PREAMBLE + b"Q\x00\x00\x00\x01\x00\x00\x00\x00",
-                       capture_output=True, timeout=HANG)
+    assert b"gpujob mux: expected the preamble b'GJMX\\x01' from the client, " \
+        b"got b'O\\x00\\x00\\x00\\x01'" in p.stderr
+    p = subprocess.run([sys.executable, "-c", SERVER_SOURCE],
+                       input=PREAMBLE + b"Q\x00\x00\x00\x01\x00\x00\x00\x00", capture_output=True,
+                       timeout=HANG)
     assert b"bad frame header from the client: expected a kind in O, I, E, K" in p.stderr

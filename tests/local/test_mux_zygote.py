@@ -34,7 +34,9 @@ def main():
         raise RuntimeError("boom")
     if args[:1] == ["say"]:
         sys.exit("said no")
-    print(json.dumps({"argv0": sys.argv[0], "args": args, "forked": any(b"F_SETPIPE_SZ" in a for a in cmdline), "pgid": os.getpgid(0) == os.getpid()}))
+    print(json.dumps({"argv0": sys.argv[0], "args": args,
+                      "forked": any(b"F_SETPIPE_SZ" in a for a in cmdline),
+                      "pgid": os.getpgid(0) == os.getpid()}))
     print("to stderr ü", file=sys.stderr)
     return int(args[0]) if args and args[0].isdigit() else 0
 '''
@@ -72,7 +74,8 @@ def test_a_forked_agent_is_the_same_command_exec_d(mux, tmp_path, launcher):
         out = json.loads(r.stdout)
         assert out["forked"] and out["pgid"]  # forked from the server, in a session of its own
         assert dict(out, forked=False) == json.loads(direct.stdout)
-        assert (r.exit_code, r.stderr) == (direct.exit_code, direct.stderr) == (int(args[0]), "to stderr ü\n".encode())
+        assert (r.exit_code, r.stderr) == (direct.exit_code, direct.stderr) == (int(args[0]),
+                                                                                "to stderr ü\n".encode())
     data = bytes(range(256)).decode("latin-1").encode() * 1000
     assert mux.run([*py, pyz, *HS, "cat"], stdin=b"hello\n").stdout == b"hello\n"
     assert len(mux.run([*py, pyz, *HS, "cat"], stdin=data).stdout) == len(data)

@@ -88,7 +88,8 @@ def test_each_format_renders_as_its_receiver_expects():
     assert headers["Authorization"] == "Bearer tok"
     body, _ = notify.render("json", msg)
     sent = json.loads(body)
-    assert (sent["id"], sent["type"], sent["from"], sent["to"]) == ("j-1.rollback.1", "rollback", "slow", "fast")
+    assert (sent["id"], sent["type"], sent["from"], sent["to"]) == ("j-1.rollback.1", "rollback", "slow",
+                                                                    "fast")
     # outside text never breaks a header: one latin-1 line
     odd = notify.message("failure", "x", "j", "n\r\nX-Evil: 1 ☃", 0.0, reason="r")
     assert "\n" not in notify.render("ntfy", odd)[1]["Title"]
@@ -147,8 +148,8 @@ train: {command: python t.py}
 
 @pytest.mark.parametrize("block, message", [
     ("notify:\n  - url: hooks.slack.com/services/T/B/sekret\n",
-     "job.yaml:6: notify[0].url: expected an http(s):// URL or {from_env: VAR} / {from_file: PATH}, got a string "
-     "that does not start with http:// or https:// (not echoed: it may hold a token)"),
+     "job.yaml:6: notify[0].url: expected an http(s):// URL or {from_env: VAR} / {from_file: PATH}, got a "
+     "string that does not start with http:// or https:// (not echoed: it may hold a token)"),
     ("notify:\n  - url: https://u:pw@h/x\n", "job.yaml:6: notify[0].url: this URL holds credentials"),
     ("notify:\n  - url: https://h/x\n    token: abc\n", "job.yaml:7: notify[0].token: a token is a secret"),
     ("notify:\n  - url: https://h/x\n    format: teams\n", "job.yaml:7: notify[0].format:"),
@@ -178,7 +179,8 @@ def test_webhook_secrets_ride_apart_masked_everywhere_else(tmp_path, monkeypatch
     from gpujob.spec.model import load_spec
     (tmp_path / "tok").write_text("tok-123456\n")
     (tmp_path / "job.yaml").write_text(BASE + "notify:\n  - url: {from_env: HOOK}\n    format: slack\n"
-                                       "  - url: https://ntfy.sh/t\n    format: ntfy\n    token: {from_file: tok}\n")
+                                       "  - url: https://ntfy.sh/t\n    format: ntfy\n    token: {from_file: "
+                                       "tok}\n")
     spec = load_spec(tmp_path / "job.yaml")
     with pytest.raises(SpecError, match=r"job.yaml:6: notify\[0\].url: from_env: \$HOOK is not set"):
         secrets_env.resolve(spec)
@@ -287,13 +289,14 @@ def test_webhooks_get_rollback_known_good_and_success_and_no_secret_is_written(t
     assert [t["status"] for t in tries] == [500, 500, 200]
     assert len({t["headers"]["X-Gpujob-Event-Id"] for t in tries}) == 1
     sent = json.loads(tries[-1]["body"])
-    assert (sent["type"], sent["job_id"], sent["profile"], sent["rollbacks"]) == ("success", job_id, "fast", 1)
+    assert (sent["type"], sent["job_id"], sent["profile"], sent["rollbacks"]) == ("success", job_id, "fast",
+                                                                                  1)
     ev = events(jdir(tmp_path, job_id))
     errors = [e for e in ev if e["type"] == "notify_error"]
     assert [(e["webhook"], e["attempt"], e["error"], e["gave_up"]) for e in errors] == \
         [(2, 1, "HTTP 500", False), (2, 2, "HTTP 500", False)]
-    wait_for(lambda: len([e for e in events(jdir(tmp_path, job_id)) if e["type"] == "notify_sent"]) == 3 + 2 + 1,
-             10, what="an event for each message taken")
+    wait_for(lambda: len([e for e in events(jdir(tmp_path, job_id)) if e["type"] == "notify_sent"]) == 3 + 2
+             + 1, 10, what="an event for each message taken")
     # the secrets: in no file of the job (secrets.json is gone now the outbox is empty), no argv
     d = jdir(tmp_path, job_id)
     wait_for(lambda: not (d / "secrets.json").exists(), 10, what="the secrets to leave with the last message")
@@ -327,7 +330,8 @@ def test_the_plan_shows_the_webhooks_and_the_textfile_never_a_secret(tmp_path, i
     p = cli(["submit", str(spec), "--plan", "--job-id", "tjob-plan"], env)
     assert p.returncode == 0, p.stderr.decode()
     out = " ".join(p.stdout.decode().split())
-    assert "post to notify[0] (slack, a secret URL)" in out and "(on rollback, failure, success, known_good, no_recovery, internal_error)" in out
+    assert ("post to notify[0] (slack, a secret URL)" in out
+            and "(on rollback, failure, success, known_good, no_recovery, internal_error)" in out)
     assert "post to notify[1] (ntfy, https://ntfy.sh/t)" in out and "(on failure)" in out
     assert "notify[0].url=*** (from $HOOK_URL)" in out
     assert "gauges to /var/lib/node_exporter/textfile/gpujob-tjob-plan.prom" in out
@@ -428,7 +432,8 @@ def test_a_job_restarted_by_hand_after_its_end_keeps_no_env_secret_but_sends_wha
     p = cli(["rollback", job_id, "--to", "slow"], env, check=True)  # ends the sender, starts a supervisor
     assert "restarted" in p.stdout.decode()
     wait_for(lambda: not os.path.exists(f"/proc/{sender}") or
-             open(f"/proc/{sender}/stat").read().split(")")[1].split()[0] == "Z", 10, what="the old sender to go")
+             open(f"/proc/{sender}/stat").read().split(")")[1].split()[0] == "Z", 10,
+             what="the old sender to go")
     wait_for(lambda: json.loads((d / "state.json").read_text()).get("state") == "failed", 60, what="the end")
     assert "secrets were removed" in json.loads((d / "state.json").read_text())["reason"]
     hooks.down.clear()

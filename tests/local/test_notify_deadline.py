@@ -47,7 +47,8 @@ def test_the_plan_shows_each_webhooks_attempt_timeout_and_deadline(tmp_path, ind
     env = local_env(tmp_path)
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=index_urls["fast"],
                       slow_url=index_urls["slow"],
-                      notify=[{"url": "https://ntfy.sh/t", "format": "ntfy", "timeout": "3s", "deadline": "45s"},
+                      notify=[{"url": "https://ntfy.sh/t", "format": "ntfy", "timeout": "3s",
+                               "deadline": "45s"},
                               {"url": "https://hooks.example/j"}])
     p = cli(["submit", str(spec), "--plan", "--job-id", "tjob-plan"], env)
     assert p.returncode == 0, p.stderr.decode()

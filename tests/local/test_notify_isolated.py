@@ -162,7 +162,8 @@ def outbox(j: Journal) -> dict:
 def test_a_healthy_webhook_gets_every_message_while_a_slow_drip_one_is_stalled(tmp_path, servers):
     drip, ok = servers("drip"), servers("healthy")
     j = journal(tmp_path)
-    hooks = [{"url": drip.url, "timeout": 1.0, "retries": 1, "deadline": 120.0},  # first: the old sender's order
+    # first: the old sender's order
+    hooks = [{"url": drip.url, "timeout": 1.0, "retries": 1, "deadline": 120.0},
              {"url": f"{ok.url}/ok"}]
     n = notify.Notifier(j, {"spec": {"name": "ni", "notify": hooks}}, j.path("secrets.json"))
     n.start()
@@ -178,8 +179,8 @@ def test_a_healthy_webhook_gets_every_message_while_a_slow_drip_one_is_stalled(t
             {i: ([1], [0], {"0": 2, "1": 1}) for i in ids}
         assert drip.counts()[0] == 6
         errors = [e for e in j.events()[0] if e["type"] == "notify_error"]
-        assert {i: [(e["webhook"], e["attempt"], e["gave_up"]) for e in errors if e["id"] == i] for i in ids} == \
-            {i: [(0, 1, False), (0, 2, True)] for i in ids}
+        assert {i: [(e["webhook"], e["attempt"], e["gave_up"]) for e in errors if e["id"] == i]
+                for i in ids} == {i: [(0, 1, False), (0, 2, True)] for i in ids}
         assert all("no complete answer within the attempt's 1s" in e["error"] for e in errors)
     finally:
         n.close(limit=0)
@@ -266,7 +267,8 @@ def bounded_post(url: str, timeout: float) -> str | None:
     """notify.post in a thread, waited for generously: a post that never returns fails the
     test instead of hanging it."""
     out: list = []
-    t = threading.Thread(target=lambda: out.append(notify.post(url, b"{}", {"X-Gpujob-Event-Id": "x"}, timeout)),
+    t = threading.Thread(target=lambda: out.append(notify.post(url, b"{}", {"X-Gpujob-Event-Id": "x"},
+                                                               timeout)),
                          daemon=True)
     t.start()
     t.join(120)
@@ -279,7 +281,8 @@ def test_a_tls_webhook_is_verified_acknowledged_and_cut_at_its_timeout_even_mid_
     import ssl
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                    str(cert), "-days", "2", "-subj", "/CN=127.0.0.1", "-addext",
+                    "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(cert), str(key))
@@ -292,7 +295,8 @@ def test_a_tls_webhook_is_verified_acknowledged_and_cut_at_its_timeout_even_mid_
     assert why is not None and "CERTIFICATE_VERIFY_FAILED" in why, why
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # now it is trusted (OpenSSL reads this at each context)
     assert bounded_post(https(ok), 5) is None
-    assert bounded_post(https(drip), 1) == "no complete answer within the attempt's 1s (the connection was closed)"
+    assert (bounded_post(https(drip), 1) == "no complete answer within the attempt's 1s (the connection was "
+                                            "closed)")
     # a handshake that drips (each byte within the socket timeout): cut by the watchdog too
     handshake = servers("tlsdrip")
     assert bounded_post(https(handshake), 1) == \

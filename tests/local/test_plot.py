@@ -36,8 +36,10 @@ def journal():
                                                                          "threshold_source": "baseline"}},
           {"t": 105.0, "type": "known_good", "profile": "fast", "baseline": 12900.0},
           {"t": 106.0, "type": "state", "state": "succeeded", "phase": "done"}]
-    samples = [{"t": 101.5 + i * 0.25, "type": "sample", "value": 4300.0, "profile": "slow"} for i in range(4)]
-    samples += [{"t": 103.5 + i * 0.25, "type": "sample", "value": 12800.0, "profile": "fast"} for i in range(8)]
+    samples = [{"t": 101.5 + i * 0.25, "type": "sample", "value": 4300.0, "profile": "slow"}
+               for i in range(4)]
+    samples += [{"t": 103.5 + i * 0.25, "type": "sample", "value": 12800.0, "profile": "fast"}
+                for i in range(8)]
     return ev, samples
 
 
@@ -170,7 +172,8 @@ def test_without_matplotlib_one_line_says_how_to_install(demo, tmp_path):
     p = run(["plot", "-o", str(tmp_path / "x.png")], env)
     err = p.stderr.decode().strip()
     assert p.returncode == 1 and len(err.splitlines()) == 1 and "Traceback" not in err
-    assert "pip install 'gpujob-proxmox[plot]'" in err and "'gpujob[plot]'" not in err and not (tmp_path / "x.png").exists()
+    assert ("pip install 'gpujob-proxmox[plot]'" in err and "'gpujob[plot]'" not in err
+            and not (tmp_path / "x.png").exists())
     assert run(["plot"], env).returncode == 0  # the terminal plot needs no matplotlib
 
 

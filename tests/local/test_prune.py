@@ -22,7 +22,8 @@ from helpers import REPO, cli, cli_json, job_id_of, local_env, wait_for, write_s
 def test_select_jobs_and_checkpoints_pure():
     day = 86400.0
     jobs = [{"job_id": "a", "live": True, "ended_at": None}, {"job_id": "b", "live": False, "ended_at": None},
-            {"job_id": "c", "live": False, "ended_at": 0.0}, {"job_id": "d", "live": False, "ended_at": 9 * day}]
+            {"job_id": "c", "live": False, "ended_at": 0.0},
+            {"job_id": "d", "live": False, "ended_at": 9 * day}]
     got = {j["job_id"]: why for j, why in prune.select_jobs(jobs, 2, 10 * day)}
     assert got == {"a": "live", "b": "not ended", "c": "remove", "d": "ended 1.0 days ago"}
     groups = [{"files": [("x1", 1), ("x3", 3), ("x2", 2)], "live": False},
@@ -69,8 +70,10 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
         p.write_text(yaml.safe_dump(data))
         return p
     # checkpoints are what the trainers wrote (HF-style checkpoint-N/ folders), recorded in the register
-    old = job_id_of(cli(["submit", str(spec(tmp_path / "old.yaml", 5, 1)), "--follow"], env, timeout=120).stdout)
-    live = job_id_of(cli(["submit", str(spec(tmp_path / "live.yaml", 100000, 3, 0.1))], env, check=True).stdout)
+    old = job_id_of(cli(["submit", str(spec(tmp_path / "old.yaml", 5, 1)), "--follow"], env,
+                        timeout=120).stdout)
+    live = job_id_of(cli(["submit", str(spec(tmp_path / "live.yaml", 100000, 3, 0.1))], env,
+                         check=True).stdout)
     work = root / "work" / "tjob" / "ckpt"
     wait_for(lambda: (work / live / "checkpoint-6" / "trainer_state.json").exists(), 60, what="live's saves")
     for n in range(40):  # enough files in the old job's directory to be cut halfway
@@ -86,8 +89,10 @@ def test_gc_prunes_old_jobs_and_checkpoints_never_a_live_job_s_and_survives_sigk
         f"{old}/checkpoint-5": "newest 2", f"{old}/checkpoint-4": "newest 2", f"{old}/checkpoint-3": "remove",
         f"{old}/checkpoint-2": "remove", f"{old}/checkpoint-1": "remove"}
     assert {v for k, v in whys.items() if k.startswith(live)} == {"a live job's"}
-    assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 6  # a dry run removes nothing
-    assert cli_json(["gc", "box", "--older-than", "1", "--json"], env)["jobs"][0]["why"].startswith("ended 0.0 days")
+    # a dry run removes nothing
+    assert (root / "jobs" / old).is_dir() and len(list((work / old).iterdir())) == 6
+    assert cli_json(["gc", "box", "--older-than", "1", "--json"], env)["jobs"][0]["why"].startswith(
+        "ended 0.0 days")
     live_ckpts = sorted(p.name for p in (work / live).iterdir())
 
     # death 1: SIGKILL inside the removal of a checkpoint folder (checkpoints go first)
@@ -128,9 +133,11 @@ def test_gc_of_a_venv_killed_halfway_leaves_no_half_venv_and_the_next_gc_finishe
     env = local_env(tmp_path)
     root = tmp_path / "root"
     spec = write_spec(tmp_path / "job.yaml", target="box", fast_url=idx["fast"], slow_url=idx["slow"],
-                      profile="slow", throughput=False, warmup=False, trainer_args="--steps 2 --interval 0.01")
+                      profile="slow", throughput=False, warmup=False,
+                      trainer_args="--steps 2 --interval 0.01")
     assert cli(["submit", str(spec), "--follow"], env, timeout=120).returncode == 0
-    cli(["ledger", "set", "box", "tjob", "slow", "untried"], env, check=True)  # not known-good: gc may take it
+    # not known-good: gc may take it
+    cli(["ledger", "set", "box", "tjob", "slow", "untried"], env, check=True)
     (venv,) = [d.name for d in (root / "envs").iterdir() if d.name.startswith("slow-")]
     p = agent_killed_at(root, f"env-{venv}", ["--days", "0"])
     assert p.returncode == -9, p.stderr.decode()

@@ -21,7 +21,8 @@ told = []
 def on_term(*a):
     time.sleep(0.3)  # a framework's handler takes a moment to act
     if worker.poll() is not None:
-        print(f"RuntimeError: DataLoader worker (pid {worker.pid}) is killed by signal: Terminated.", flush=True)
+        print(f"RuntimeError: DataLoader worker (pid {worker.pid}) is killed by signal: Terminated.",
+              flush=True)
         sys.exit(1)
     worker.terminate()
     worker.wait()
@@ -93,7 +94,8 @@ def test_a_supervisor_killed_right_after_the_quiet_sigterm_leaves_a_stopped_job_
                       throughput=False)
     data = yaml.safe_load(spec.read_text())
     data.update(profiles=[{"name": "base", "system_site_packages": True}], profile="base",
-                sync=[{"src": str(extra), "dest": "."}], train={"command": "python workers.py", "grace": "10s"})
+                sync=[{"src": str(extra), "dest": "."}],
+                train={"command": "python workers.py", "grace": "10s"})
     spec.write_text(yaml.safe_dump(data))
     job_id = job_id_of(cli(["submit", str(spec)], env, check=True).stdout)
     jdir = tmp_path / "root" / "jobs" / job_id
@@ -102,8 +104,8 @@ def test_a_supervisor_killed_right_after_the_quiet_sigterm_leaves_a_stopped_job_
     time.sleep(0.5)
     cli(["stop", job_id], env, timeout=120)  # its supervisor dies mid-stop: the answer may say so
     assert marker.exists()
-    wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] in ("stopped", "failed", "lost"), 120,
-             what="the job to end under a new supervisor")
+    wait_for(lambda: cli_json(["status", job_id, "--json"], env)["state"] in ("stopped", "failed", "lost"),
+             120, what="the job to end under a new supervisor")
     assert cli_json(["status", job_id, "--json"], env)["state"] == "stopped"
     assert "stopped cleanly with its workers" in (jdir / "train.log").read_text()
     assert not trainers_of(tmp_path)

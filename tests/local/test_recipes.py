@@ -50,7 +50,8 @@ def test_specforge_recipe_with_python_m_gets_a_standby_and_its_paths(tmp_path):
         "command": "python -m specforge.cli train -c run.yaml output_dir={workdir}/o run_id=r "
                    "training.log_interval=5"}, throughput={"tokens_per_step": 512, "min_ratio": 0.8}))
     assert spec.train.command.endswith("training.log_interval=5")  # given: not appended again
-    assert spec.train.checkpoint.path == "o/r-step*" and spec.train.checkpoint.done_file == "training_state.pt"
+    assert (spec.train.checkpoint.path == "o/r-step*"
+            and spec.train.checkpoint.done_file == "training_state.pt")
     assert spec.train.resume_args == ["training.resume_from={resume_from}"]
     assert spec.throughput.ranks == "first"
     assert "specforge.cli" in spec.train.standby.preload
@@ -76,7 +77,8 @@ def test_hf_tokens_per_step_read_from_the_command(tmp_path):
                    "--per_device_train_batch_size 8 --max_seq_length 1024 --gradient_accumulation_steps 2"},
         throughput={"min_ratio": 0.8}))
     assert spec.throughput.tokens_per_step == 8 * 1024 * 2 * 4 and spec.throughput.format == "tqdm"
-    assert spec.train.checkpoint.path == "o/checkpoint-*" and spec.train.checkpoint.done_file == "trainer_state.json"
+    assert (spec.train.checkpoint.path == "o/checkpoint-*"
+            and spec.train.checkpoint.done_file == "trainer_state.json")
     assert spec.train.resume_args == ["--resume_from_checkpoint", "{resume_from}"]
     assert spec.throughput.pause_pattern == r"^\{'eval_loss'"
     with pytest.raises(SpecError, match="per_device_train_batch_size"):
@@ -94,7 +96,8 @@ def test_every_recipe_says_what_it_was_read_from():
         assert r.read_from and r.proven_on and r.revision >= 1
     assert apply({"name": "x"}) == ({"name": "x"}, {})
     import gpujob.spec.recipes.registry
-    assert not hasattr(gpujob.spec.recipes.registry, "RECIPE_PENDING_KEYS")  # every key a recipe should set, it sets
+    # every key a recipe should set, it sets
+    assert not hasattr(gpujob.spec.recipes.registry, "RECIPE_PENDING_KEYS")
 
 
 def test_job_json_spec_records_the_recipe_version(tmp_path):
@@ -114,7 +117,8 @@ def test_set_replaces_values_before_the_recipe_and_errors_name_the_set(tmp_path)
     assert spec._layers["sets"][0] == ("train.command", "python a.py", "python b.py")
     with pytest.raises(InputError) as e:
         load_spec(path, ["throughput.window=zero"])
-    assert str(e.value).startswith("--set throughput.window: throughput.window: expected a count (an integer) or a duration")
+    assert str(e.value).startswith("--set throughput.window: throughput.window: expected a count (an "
+                                   "integer) or a duration")
     for bad, want in (("nokey", "expected KEY=VALUE"), ("profiles.3.name=x", "has 1 items"),
                       ("name.x=1", "is not a mapping")):
         with pytest.raises(InputError, match=want):
@@ -123,7 +127,8 @@ def test_set_replaces_values_before_the_recipe_and_errors_name_the_set(tmp_path)
 
 def test_plan_marks_recipe_keys_and_sets(tmp_path):
     env = local_env(tmp_path)
-    path = write(tmp_path, recipe="nanogpt", train={"command": "python train.py"}, throughput={"min_ratio": 0.8})
+    path = write(tmp_path, recipe="nanogpt", train={"command": "python train.py"},
+                 throughput={"min_ratio": 0.8})
     p = cli(["submit", str(path), "--plan", "--json", "--set", "train.grace=5s"], env, check=True)
     steps = json.loads(p.stdout)["steps"]
     whats = [s["what"] for s in steps if s["kind"] in ("recipe", "set")]
@@ -142,7 +147,8 @@ def test_recipes_json_lists_each_and_what_it_sets(tmp_path):
     assert items["specforge"]["sets"]["throughput.format"] == "regex"
     assert items["nanogpt"]["sets"]["throughput.format"] == "regex"
     assert items["nanogpt"]["sets"]["throughput.tokens_per_step"] == 12 * 1024 * 40  # read, not given
-    assert "given" not in items["nanogpt"] and items["lightning"]["given"] == {"throughput.tokens_per_step": 4096}
+    assert "given" not in items["nanogpt"] and \
+        items["lightning"]["given"] == {"throughput.tokens_per_step": 4096}
     assert not any("pending_keys" in r for r in items.values())
     human = cli(["recipes"], local_env(tmp_path), check=True).stdout.decode()
     assert "(later)" not in human and 'train.resume_args: ["--ckpt_path", "{resume_from}"]' in human
@@ -235,8 +241,8 @@ def test_profile_names_a_profile_that_a_set_brought_in_place_of_the_specs_own(tm
     env = local_env(tmp_path)
     spec = Path(__file__).resolve().parents[2] / "jobs" / "dflash.yaml"
     sets = ["--set", "profiles=[{name: compiled, system_site_packages: true}, {name: broken, "
-            "system_site_packages: true, env: {TORCHDYNAMO_DISABLE: '1'}}]", "--set", "rollback.fallback=[compiled]",
-            "--set", "requirements=[]"]
+            "system_site_packages: true, env: {TORCHDYNAMO_DISABLE: '1'}}]", "--set",
+            "rollback.fallback=[compiled]", "--set", "requirements=[]"]
     p = cli(["submit", str(spec), "-t", "box", "--plan", "--profile", "broken", *sets], env)
     assert p.returncode == 0, p.stderr.decode()
     assert "profile broken" in p.stdout.decode()
@@ -251,8 +257,8 @@ def _titan(command: str) -> dict:
 def test_torchtitan_03_dump_folder_flag_and_a_warmup_its_parser_accepts():
     """torchtitan 0.3 (--module/--config, no TOML) names the dump folder --dump_folder and
     refuses --job.dump_folder: the checkpoint path is read from it and the warmup uses it."""
-    frag = _titan("torchrun --nproc_per_node 1 -m torchtitan.train --module llama3 --config llama3_debugmodel "
-                  "--dump_folder out")
+    frag = _titan("torchrun --nproc_per_node 1 -m torchtitan.train --module llama3 --config "
+                  "llama3_debugmodel --dump_folder out")
     assert frag["train"]["checkpoint"]["path"] == "out/checkpoint/{job_id}/step-*"
     warm = frag["warmup"]["command"]
     assert "--dump_folder {workdir}/gpujob-warmup" in warm and "--job." not in warm
@@ -311,7 +317,8 @@ def test_init_writes_a_launcher_that_starts_and_doctor_spec_says_when_the_progra
         checks = {c["name"]: c for c in json.loads(p.stdout)["lab/box"]}
         assert checks["program base"]["status"] == status, checks["program base"]
         if status == "fail":
-            assert p.returncode == 1 and "not on the job's PATH in profile base" in checks["program base"]["detail"]
+            assert (p.returncode == 1
+                    and "not on the job's PATH in profile base" in checks["program base"]["detail"])
 
 
 def test_plan_warns_of_a_save_interval_beyond_the_run_when_a_rollback_waits_for_a_checkpoint(tmp_path):
@@ -320,8 +327,8 @@ def test_plan_warns_of_a_save_interval_beyond_the_run_when_a_rollback_waits_for_
     env = local_env(tmp_path)
     cmd = "python run_clm.py --output_dir out --per_device_train_batch_size 2 --max_seq_length 64 " \
           "--save_steps 5000 --max_steps 600"
-    path = write(tmp_path, recipe="hf_trainer", train={"command": cmd}, rollback={"wait_for_checkpoint": True},
-                 throughput={"min_ratio": 0.8})
+    path = write(tmp_path, recipe="hf_trainer", train={"command": cmd},
+                 rollback={"wait_for_checkpoint": True}, throughput={"min_ratio": 0.8})
     p = cli(["submit", str(path), "-t", "box", "--plan"], env)
     assert p.returncode == 0, p.stderr.decode()
     text = " ".join(p.stdout.decode().split())

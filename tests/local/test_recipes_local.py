@@ -18,11 +18,14 @@ from test_jobs_local import journal, status
 STANDIN = Path(__file__).parents[1] / "data" / "recipes"
 
 CASES = {
-    "specforge": ("specforge", "python standin.py specforge -c run.yaml output_dir={workdir}/outputs run_id=tiny "
-                  "training.log_interval=1 training.save_interval=2", 1000, "outputs/tiny-step*/training_state.pt"),
+    "specforge": ("specforge",
+                  "python standin.py specforge -c run.yaml output_dir={workdir}/outputs run_id=tiny "
+                  "training.log_interval=1 training.save_interval=2", 1000,
+                  "outputs/tiny-step*/training_state.pt"),
     # one evaluation, at step 150 (fast: 7.5 s in, 6.5 s before the end: longer than a pause lasts)
     "hf_trainer": ("hf", "python standin.py hf --output_dir out --per_device_train_batch_size 1 "
-                   "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None, "out/checkpoint-*/trainer_state.json"),
+                   "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None,
+                   "out/checkpoint-*/trainer_state.json"),
     "torchtitan": ("torchtitan", "python standin.py torchtitan --checkpoint.enable", None,
                    "outputs/checkpoint/r-torchtitan-*/step-*/.metadata"),  # a folder per job
     # 150 steps: the recipe reads Lightning's bar by its step counter over time (a sample per
@@ -94,7 +97,8 @@ def test_recipe_rolls_back_and_resumes_from_the_trainers_own_checkpoint(tmp_path
     warm = workdir / "gpujob-warmup"
     # the warmup ran in its own folder, outside the job's checkpoint path: nothing it saved is a resume point
     assert not any(warm in p.parents for p in workdir.glob(ckpt)) and str(warm) not in trains[1]["argv"][-1]
-    if recipe != "lightning":  # the others' warmups save nothing (Lightning's keeps the run's ModelCheckpoint:
+    # the others' warmups save nothing (Lightning's keeps the run's ModelCheckpoint:
+    if recipe != "lightning":
         assert not list(warm.glob("**/*.pt")) and not list(warm.glob("**/trainer_state.json"))  # it refuses
         # enable_checkpointing false beside one)
     assert st["window_median"] >= 5000

@@ -23,7 +23,8 @@ from helpers import cli, events, job_id_of, local_env, wait_for
 from test_jobs_local import journal, status
 from test_recipes_local import CASES, recipe_spec
 
-PRELOAD = "train.standby.preload=[pydantic]"  # what the stand-in imports (the recipes' torch etc. are not here)
+# what the stand-in imports (the recipes' torch etc. are not here)
+PRELOAD = "train.standby.preload=[pydantic]"
 
 
 def act2(spec, env, tmp_path, recipe, *sets):
@@ -51,7 +52,8 @@ def test_rollback_onto_the_standby_gives_a_good_sample(tmp_path, recipe):
              or status(one, env)["state"] in ended, 90, what="fast known-good or act 1's end")
     ev1 = events(journal(tmp_path, one))
     assert any(e["type"] == "known_good" for e in ev1), \
-        [(e["type"], e.get("verdict"), e.get("reason")) for e in ev1 if e["type"] in ("decision", "pause", "exit")]
+        [(e["type"], e.get("verdict"), e.get("reason")) for e in ev1
+         if e["type"] in ("decision", "pause", "exit")]
     cli(["stop", one], env, check=True)
     wait_for(lambda: status(one, env)["state"] in ("stopped", "succeeded"), 60, what="act 1 stopped")
     # act 2: slow, rolled back onto the waiting standby of fast

@@ -82,8 +82,8 @@ def test_a_missing_file_is_a_plan_note_and_a_one_line_submit_error(tmp_path):
     p = cli(["submit", str(spec)], env)
     err = p.stderr.decode().strip()
     assert p.returncode == 2 and len(err.splitlines()) == 1, err
-    assert f"job.yaml:5: requirements[1].file: no such file: {(tmp_path.parent / 'nowhere' / 'requirements.txt')}" \
-        in err
+    assert ("job.yaml:5: requirements[1].file: no such file: "
+            f"{(tmp_path.parent / 'nowhere' / 'requirements.txt')}") in err
     assert not (tmp_path / "root").exists()  # nothing changed on the target side
 
 
@@ -95,10 +95,13 @@ def test_an_option_line_is_refused_at_submit(spec, tmp_path):
 
 
 @pytest.mark.parametrize("entry, expect", [
-    ("{file: 5}", "job.yaml:5: requirements[1].file: expected the path of a requirements file, got an integer"),
+    ("{file: 5}",
+     "job.yaml:5: requirements[1].file: expected the path of a requirements file, got an integer"),
     ("{fil: x.txt}", "job.yaml:5: requirements[1].fil: unknown field; expected file and exclude"),
-    ("{file: x.txt, exclude: torch}", "job.yaml:5: requirements[1].exclude: expected a list of package names"),
-    ("5", "job.yaml:5: requirements[1]: expected a requirement string, {file: PATH, exclude: [...]} or {package: REQ, no_deps: true}"),
+    ("{file: x.txt, exclude: torch}",
+     "job.yaml:5: requirements[1].exclude: expected a list of package names"),
+    ("5", "job.yaml:5: requirements[1]: expected a requirement string, {file: PATH, exclude: [...]} or "
+          "{package: REQ, no_deps: true}"),
 ])
 def test_bad_entries_are_one_line(tmp_path, entry, expect):
     spec = tmp_path / "job.yaml"
@@ -111,8 +114,8 @@ def test_bad_entries_are_one_line(tmp_path, entry, expect):
 def test_the_dflash_warmup_reads_its_shapes_from_the_drafter_s_config(tmp_path):
     script = REPO / "jobs" / "dflash" / "warmup_drafter.py"
     cfg = tmp_path / "qwen3-8b-dflash.json"
-    cfg.write_text(json.dumps({"num_attention_heads": 32, "head_dim": 128, "block_size": 16, "dtype": "bfloat16",
-                               "hidden_size": 4096}))
+    cfg.write_text(json.dumps({"num_attention_heads": 32, "head_dim": 128, "block_size": 16,
+                               "dtype": "bfloat16", "hidden_size": 4096}))
     small = tmp_path / "small.json"
     small.write_text(json.dumps({"num_attention_heads": 16, "hidden_size": 2048, "block_size": 8,
                                  "torch_dtype": "float16"}))

@@ -85,4 +85,5 @@ def test_a_supervisor_killed_between_the_rollback_decision_and_its_writes(tmp_pa
     train = (jdir(tmp_path, job_id) / "train.log").read_text().splitlines()
     log = (jdir(tmp_path, job_id) / "job.log").read_text().splitlines()
     assert [ln for ln in log if ln in set(train)] == train  # each of the trainers' lines once, in order
-    assert any(e["type"] in ("supervisor_revived", "supervisor_restarted") for e in events(jdir(tmp_path, job_id)))
+    assert any(e["type"] in ("supervisor_revived", "supervisor_restarted")
+               for e in events(jdir(tmp_path, job_id)))

@@ -48,7 +48,8 @@ def test_snapshot_links_inductor_and_triton_copies_extensions_and_keeps_n(tmp_pa
     assert meta["files"] == 120 and meta["linked"] == 80 and meta["warm"]
     snap = Path(meta["path"])
     assert os.stat(snap / "inductor/d0/k0.bin").st_ino == os.stat(live / "inductor/d0/k0.bin").st_ino
-    assert os.stat(snap / "torch_extensions/d0/k0.bin").st_ino != os.stat(live / "torch_extensions/d0/k0.bin").st_ino
+    assert os.stat(snap / "torch_extensions/d0/k0.bin").st_ino != \
+        os.stat(live / "torch_extensions/d0/k0.bin").st_ino
     assert digest(snap) == digest(live)
     assert (snap / "meta.json").exists()
     # an in-place rebuild of torch_extensions does not reach the snapshot

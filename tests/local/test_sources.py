@@ -21,7 +21,8 @@ QUIET = textwrap.dedent('''
         for _ in range(int(sys.argv[1])):
             time.sleep(0.05)
             step += 1
-            m.write(json.dumps({"step": step, "perf": {"tokens_per_sec": demo_kernels.TOKENS_PER_SECOND}}) + "\\n")
+            m.write(json.dumps({"step": step, "perf": {"tokens_per_sec": demo_kernels.TOKENS_PER_SECOND}})
+                    + "\\n")
             m.flush()
             open("ckpt", "w").write(str(step))
 ''')
@@ -71,7 +72,8 @@ def test_a_trainer_that_prints_nothing_is_rolled_back_on_its_metrics_file(tmp_pa
     for name, profile, steps in (("a.yaml", "fast", 40), ("b.yaml", "slow", 60)):
         spec = write_spec(tmp_path / name, target="box", fast_url=urls["fast"], slow_url=urls["slow"],
                           profile=profile, warmup=False, sync=[{"src": str(code), "dest": "."}],
-                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"], "grace": "2s"},
+                          train={"command": f"python t.py {steps}", "resume_args": ["--resume"],
+                                 "grace": "2s"},
                           throughput=tp)
         p = cli(["submit", str(spec), "--follow"], env, timeout=120)
         assert p.returncode == 0, p.stdout.decode()[-2000:]

@@ -46,7 +46,8 @@ def job(tmp_path, wheelhouse):  # noqa: F811
     code = tmp_path / "code"
     code.mkdir()
     (code / "t.py").write_text(TRAINER)
-    (code / "heavymod.py").write_text("import time\ntime.sleep(1.0)  # a heavy import, like torch\nIMPORTS = 1\n")
+    (code / "heavymod.py").write_text("import time\ntime.sleep(1.0)  # a heavy import, like torch\nIMPORTS = "
+                                      "1\n")
     urls = wheelhouse[1]
 
     def spec(name: str, profile: str, steps: int):
@@ -103,7 +104,8 @@ def _alive(pgid: int) -> bool:
 def test_standby_needs_a_plain_python_command(tmp_path):
     spec = tmp_path / "j.yaml"
     spec.write_text("name: x\nprofiles: [{name: a, index_url: 'https://x', packages: ['torch==2.0']}]\n"
-                    "train:\n  command: torchrun --nproc_per_node 8 train.py\n  standby: {preload: [torch]}\n")
+                    "train:\n  command: torchrun --nproc_per_node 8 train.py\n  standby: {preload: "
+                    "[torch]}\n")
     p = cli(["submit", str(spec), "--target", "box", "--plan"], local_env(tmp_path))
     assert p.returncode == 2
     assert p.stderr.decode().startswith(f"gpujob: {spec}:5: train.standby: needs train.command to be")

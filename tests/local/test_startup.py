@@ -25,7 +25,8 @@ def imported(args: list[str], env: dict | None = None) -> set[str]:
                        env=env or dict(os.environ, COLUMNS="100"), cwd=str(REPO), timeout=120,
                        stdin=subprocess.DEVNULL)
     assert p.returncode in (0, 2), p.stderr.decode()[-2000:]
-    return {ln.split("|")[-1].strip() for ln in p.stderr.decode().splitlines() if ln.startswith("import time:")}
+    return {ln.split("|")[-1].strip() for ln in p.stderr.decode().splitlines()
+            if ln.startswith("import time:")}
 
 
 def commands() -> list[list[str]]:
@@ -45,7 +46,8 @@ def test_help_imports_no_model_and_no_ssh():
     assert "typer" in got  # it did render typer's help
     assert not got & set(NOT_AT_START), sorted(got & set(NOT_AT_START))
     # typer's help module without its markdown and traceback parts (unused here)
-    assert "typer.rich_utils" in got and not got & {"markdown_it", "pygments", "rich.markdown", "rich.traceback"}
+    assert "typer.rich_utils" in got and not got & {"markdown_it", "pygments", "rich.markdown",
+                                                    "rich.traceback"}
 
 
 @pytest.mark.parametrize("argv", commands(), ids=" ".join)
@@ -77,6 +79,7 @@ def test_paramiko_without_invoke_until_a_match_exec_needs_it(tmp_path):
             "print('invoke.runners' in sys.modules)\n"
             f"c = paramiko.SSHConfig.from_text('Match exec \"touch {tmp_path}/ran\"\\n  User someone\\n')\n"
             "print(c.lookup('h').get('user'), 'invoke.runners' in sys.modules)\n")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=str(REPO))
     assert p.stdout.split() == ["False", "someone", "True"], p.stderr
     assert (tmp_path / "ran").exists()

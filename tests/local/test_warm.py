@@ -18,7 +18,8 @@ def run(tmp_path, env, spec, warmup: str) -> list:
     p = cli(["submit", str(spec), "--follow"], env, timeout=120)
     assert p.returncode == 0, p.stdout.decode()[-2000:]
     return [e for e in events(tmp_path / "root" / "jobs" / job_id_of(p.stdout))
-            if e["type"] in ("warmup_skipped", "warm_marked") or (e["type"] == "phase" and e["phase"] == "warmup")]
+            if e["type"] in ("warmup_skipped", "warm_marked")
+            or (e["type"] == "phase" and e["phase"] == "warmup")]
 
 
 def test_a_warmup_that_compiles_nothing_runs_once(tmp_path):

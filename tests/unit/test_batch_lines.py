@@ -20,21 +20,29 @@ from gpujob.agent.supervisor.parts import History, PolicyHolder
 from gpujob.agent.supervisor.watch import Watch
 from gpujob.agent.supervisor.watchpause import PauseWatch
 
-BENCH = ["1732890000.{:06d} step {} | loss 0.1234 | 12.{}K tok/s", "1732890000.{:06d} seq {} | data loader: batch ready"]
-ODD = ["", " ", "tok/s", "12.8K tok/s", "tok/s: 12.8K", "\x1b[32m12.8K tok/s\x1b[0m", "t\x1b[0mok 5 tok/s", "5K t\x1b[0mok/s", "12 TOK/S",
-       "[rank0]: step 3 | 5K tok/s", "[rank1]: step 3 | 7K tok/s", "rank 2: 9K tok/s", "[default0]: 1K tokens/sec",
-       "tps: 12,800", "wps: 1.5k", "TPS: 99", "tpſ: 5", "step 9 | tps: 3k", "  1%|▏ | 12/1000 [00:01<01:40, 9.8it/s]",
+BENCH = ["1732890000.{:06d} step {} | loss 0.1234 | 12.{}K tok/s",
+         "1732890000.{:06d} seq {} | data loader: batch ready"]
+ODD = ["", " ", "tok/s", "12.8K tok/s", "tok/s: 12.8K", "\x1b[32m12.8K tok/s\x1b[0m", "t\x1b[0mok 5 tok/s",
+       "5K t\x1b[0mok/s", "12 TOK/S",
+       "[rank0]: step 3 | 5K tok/s", "[rank1]: step 3 | 7K tok/s", "rank 2: 9K tok/s",
+       "[default0]: 1K tokens/sec",
+       "tps: 12,800", "wps: 1.5k", "TPS: 99", "tpſ: 5", "step 9 | tps: 3k",
+       "  1%|▏ | 12/1000 [00:01<01:40, 9.8it/s]",
        "5/100 [00:10, 3.20s/it]", "{'loss': 1.0, 'train_tokens_per_second': 1234.5, 'step': 4}",
-       '{"tokens_per_second": 77.0, "global_step": 8}', "CUDA out of memory. Tried to allocate", "İ tok/s 3K tok/s",
-       "Kelvin 4K tok/s", "\x9b31m 8K tok/s", "Detected that you are using FX to symbolically trace a dynamo-optimized function",
-       "RuntimeError: boom", "NCCL watchdog timeout", "é\udc80 5K tok/s", "Evaluating: 10%", "my-signature here"]
+       '{"tokens_per_second": 77.0, "global_step": 8}', "CUDA out of memory. Tried to allocate",
+       "İ tok/s 3K tok/s",
+       "Kelvin 4K tok/s", "\x9b31m 8K tok/s",
+       "Detected that you are using FX to symbolically trace a dynamo-optimized function",
+       "RuntimeError: boom", "NCCL watchdog timeout", "é\udc80 5K tok/s", "Evaluating: 10%",
+       "my-signature here"]
 
 
 def _stream(rng, n):
     out = []
     for k in range(n):
         r = rng.random()
-        out.append(rng.choice(ODD) if r < 0.3 else BENCH[0].format(k, k, k % 10) if r < 0.45 else BENCH[1].format(k, k))
+        out.append(rng.choice(ODD) if r < 0.3 else BENCH[0].format(k, k, k % 10) if r < 0.45
+                   else BENCH[1].format(k, k))
     return out
 
 
@@ -45,7 +53,8 @@ class _Slow(throughput.LineSplitter):
 
 def test_splitter_reads_a_stream_as_the_line_by_line_way_does():
     rng = random.Random(7)
-    alphabet = [b"a", b"\n", b"\r", b"\r\n", b"\xe2\x82\xac", b"\xe2\x82", b"\xff", b"\xf0\x9f\x98", b"\x80", b"tok/s "]
+    alphabet = [b"a", b"\n", b"\r", b"\r\n", b"\xe2\x82\xac", b"\xe2\x82", b"\xff", b"\xf0\x9f\x98", b"\x80",
+                b"tok/s "]
     for trial in range(400):
         data = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 300)))
         if trial % 3 == 0:
@@ -125,11 +134,13 @@ def _watch(tmp, signatures=(), spec=None, fleet=None, runner=None, checkpoints=N
     spec = {"name": "n"} if spec is None else spec
     job = SimpleNamespace(job_id="j", spec=spec, rb={}, workdir=str(tmp), home=SimpleNamespace(root=str(tmp)),
                           cache_key=lambda profile: "shared")
-    journal = journal or SimpleNamespace(dir=str(tmp), state=dict, record=StateRecord, event=lambda *a, **k: None,
-                                         set_state=lambda **k: None)
+    journal = journal or SimpleNamespace(dir=str(tmp), state=dict, record=StateRecord, event=lambda *a,
+                                         **k: None, set_state=lambda **k: None)
     report = SimpleNamespace(say=lambda text: None, set_state=lambda *a, **k: None,
-                             notifier=SimpleNamespace(emit=lambda *a, **k: None), metrics=SimpleNamespace(write=lambda: None))
-    ledger = SimpleNamespace(baseline=lambda profile: None, last_good=lambda: None, status=lambda profile: None)
+                             notifier=SimpleNamespace(emit=lambda *a, **k: None),
+                             metrics=SimpleNamespace(write=lambda: None))
+    ledger = SimpleNamespace(baseline=lambda profile: None, last_good=lambda: None,
+                             status=lambda profile: None)
     holder = PolicyHolder(None)
     trimmer = SimpleNamespace(trim=lambda *a, **k: None, trim_before=lambda *a: None, start_of=lambda name: 0)
     return Watch(job, journal, ledger, report, runner, SimpleNamespace(values=lambda profile, gpu=None: {}),
@@ -155,12 +166,14 @@ def _sup(tmp, signatures, pause_pattern, stop_at):
     """The watch loop's line side with a journal and a fleet that records what it saw."""
     fleet = _Fleet(stop_at)
     fleet.watch = _watch(tmp, signatures, {"name": "n", "throughput": {"format": "ktok",
-                                                                       "pause_pattern": pause_pattern}}, fleet)
+                                                                       "pause_pattern": pause_pattern}},
+                         fleet)
     return fleet.watch
 
 
 def _run(sup, tp):
-    run = SimpleNamespace(start=0.0, profile="a", phase="train", baseline=None, tail=collections.deque(maxlen=200),
+    run = SimpleNamespace(start=0.0, profile="a", phase="train", baseline=None,
+                          tail=collections.deque(maxlen=200),
                           hits=[], hit_at=None, watch_tps=True, source=sources.line_source(tp))
     sup.pause.pause_setup(run)
     return run
@@ -173,10 +186,12 @@ def test_on_lines_takes_a_read_as_on_line_takes_its_lines(tmp_path, signatures, 
     tp = section({"throughput": {"format": "ktok", "ranks": "sum"}}, "throughput")
     rng = random.Random(11)
     for k in range(40):
-        reads = [_stream(rng, rng.randrange(0, 30)) if k % 2 else [BENCH[j % 2].format(j, j, 1) for j in range(25)]
+        reads = [_stream(rng, rng.randrange(0, 30)) if k % 2
+                 else [BENCH[j % 2].format(j, j, 1) for j in range(25)]
                  for _ in range(4)]
         (tmp_path / f"{k}a").mkdir(), (tmp_path / f"{k}b").mkdir()
-        one, batch = _sup(tmp_path / f"{k}a", signatures, pause, stop_at), _sup(tmp_path / f"{k}b", signatures, pause,
+        one, batch = _sup(tmp_path / f"{k}a", signatures, pause, stop_at), _sup(tmp_path / f"{k}b",
+                                                                                signatures, pause,
                                                                                  stop_at)
         r1, r2 = _run(one, tp), _run(batch, tp)
         for t, lines in enumerate(reads):
@@ -207,7 +222,8 @@ def test_the_policy_finds_the_first_sample_at_or_after_a_time(monkeypatch, versi
 def test_a_policy_reads_its_window_and_limit_once():
     from gpujob.agent.judge.policy import PolicyConfig
     cfg = PolicyConfig(window="30s", failure_limit=3)
-    assert (cfg.window_n, cfg.window_s, cfg.limit_n, cfg.limit_s, cfg.needed_span()) == (None, 30.0, 3, None, 60.0)
+    assert (cfg.window_n, cfg.window_s, cfg.limit_n, cfg.limit_s, cfg.needed_span()) == (None, 30.0, 3, None,
+                                                                                         60.0)
     assert {"window_n", "window_s", "limit_n", "limit_s"} <= set(vars(cfg))
     assert cfg == PolicyConfig(window="30s", failure_limit=3)  # the cached values are no fields
 

@@ -30,7 +30,8 @@ def test_a_file_and_a_directory_land_at_their_place_in_the_trials_workdir(tmp_pa
     assert got == {"path": str(trial / "ckpt" / "state.json"), "job": "bis-abcd", "step": 30,
                    "copied_from": str(wd / "ckpt" / "state.json")}
     assert (trial / "ckpt" / "state.json").read_text() == '{"step": 30}'
-    got = copy_start({"path": str(wd / "ckpt" / "checkpoint-30"), "job": "bis-abcd"}, str(tmp_path), str(trial))
+    got = copy_start({"path": str(wd / "ckpt" / "checkpoint-30"), "job": "bis-abcd"}, str(tmp_path),
+                     str(trial))
     assert (trial / "ckpt" / "checkpoint-30" / "model.bin").read_bytes() == b"w" * 100
     assert not [n for n in os.listdir(trial / "ckpt") if "gpujob-copy" in n]  # no temp left
 
@@ -54,7 +55,8 @@ def test_a_checkpoint_outside_the_jobs_workdir_goes_under_gpujob_start(tmp_path)
     elsewhere.write_bytes(b"x")
     assert place(str(elsewhere), str(tmp_path / "work" / "bis"), "/w/t") == "/w/t/.gpujob-start/ck.pt"
     assert place(str(elsewhere), None, "/w/t") == "/w/t/.gpujob-start/ck.pt"
-    assert place(str(tmp_path / "work" / "bis" / "a" / "b"), str(tmp_path / "work" / "bis"), "/w/t") == "/w/t/a/b"
+    assert place(str(tmp_path / "work" / "bis" / "a" / "b"), str(tmp_path / "work" / "bis"),
+                 "/w/t") == "/w/t/a/b"
 
 
 def test_a_linked_folder_on_the_way_is_refused(tmp_path):

@@ -118,7 +118,8 @@ def test_the_hf_save_bar_gives_no_sample():
     from gpujob.agent.judge import throughput
     parse = throughput.make_parser("tqdm", tokens_per_step=16384)
     shard = [r["out"] for r in _records("hf-good-b") if "Writing model shards" in r.get("out", "")]
-    bars = [r["out"] for r in _records("hf-good-b") if r.get("out", "").startswith(" ") and "it/s]" in r["out"]]
+    bars = [r["out"] for r in _records("hf-good-b") if r.get("out", "").startswith(" ")
+            and "it/s]" in r["out"]]
     assert len(shard) >= 10 and len(bars) >= 100
     assert [parse(x) for x in shard if parse(x) is not None] == []
     assert all(parse(x) for x in bars if "?it/s" not in x)  # the trainer's own bar still reads

@@ -21,7 +21,8 @@ def out(kind="signal", signal="low_throughput", reason="median 4K < 10K", **kw):
                            exit_code=kw.get("exit_code"), at=100.0)
 
 
-def act(o, profile="slow", ledger=GOOD_FAST, rb=RB, rollbacks=(), suspect=None, restarts=(), restart_cfg=None):
+def act(o, profile="slow", ledger=GOOD_FAST, rb=RB, rollbacks=(), suspect=None, restarts=(),
+        restart_cfg=None):
     return decide.next_action(o, profile, ledger, PROFILES, rb, restart_cfg or {"on": []}, list(rollbacks),
                               list(restarts), suspect, 1000.0, DEFAULTS["restarts"])
 
@@ -33,8 +34,10 @@ def test_exit_0_succeeds():
 def test_a_breach_rolls_back_and_leaves_a_suspect_never_a_bad_profile():
     a = act(out())
     assert a.do == Do.ROLLBACK and a.target == "fast" and not a.mark_bad
-    assert a.suspect == {"profile": "slow", "target": "fast", "signal": "low_throughput", "reason": "median 4K < 10K",
-                         "evidence": {"median": 4000.0}, "since": 100.0, "ok_since": None, "status_before": "untried"}
+    assert a.suspect == {"profile": "slow", "target": "fast", "signal": "low_throughput",
+                         "reason": "median 4K < 10K",
+                         "evidence": {"median": 4000.0}, "since": 100.0, "ok_since": None,
+                         "status_before": "untried"}
 
 
 def test_a_breach_of_the_known_good_with_nowhere_to_go_continues_and_marks_nothing():
@@ -54,7 +57,8 @@ def test_max_rollbacks_continues_or_stops_by_on_no_recovery(limit_reason):
 
 
 def test_a_crash_with_nowhere_to_go_fails_and_marks_nothing():
-    a = act(out(signal="error_signature", reason="is_fx_symbolic_tracing"), profile="fast", rb=dict(RB, fallback=[]))
+    a = act(out(signal="error_signature", reason="is_fx_symbolic_tracing"), profile="fast",
+            rb=dict(RB, fallback=[]))
     assert a.do == Do.FAIL and "no known-good profile to roll back to" in a.reason and not a.mark_bad
 
 
@@ -131,11 +135,13 @@ def test_a_compile_race_or_compiler_crash_with_a_known_good_rolls_back_there_els
     """Issue 33 item 8: with a known-good profile on the ledger a compile race (or a crash in
     torch's compiler stack) goes on there, the raced profile a suspect (bad after confirm);
     without one it is restarted on the same wheels and then fails, as before."""
-    race = out(signal="compile_race", reason="compile race (exited with code 1): Detected that you are using FX")
+    race = out(signal="compile_race",
+               reason="compile race (exited with code 1): Detected that you are using FX")
     a = act(race)
     assert a.do == Do.ROLLBACK and a.target == "fast" and a.suspect["profile"] == "slow"
     assert a.suspect["signal"] == "compile_race" and not a.mark_bad
-    crash = out(signal="crash", reason="exited with code 1: torch._dynamo.exc.BackendCompilerFailed: backend='inductor'")
+    crash = out(signal="crash",
+                reason="exited with code 1: torch._dynamo.exc.BackendCompilerFailed: backend='inductor'")
     assert act(crash).do == Do.ROLLBACK and act(crash).target == "fast"
     plain = out(signal="crash", reason="exited with code 1: ValueError: bad batch")
     assert act(plain).do != Do.ROLLBACK  # any other crash: as before (crash is not in rollback.on here)

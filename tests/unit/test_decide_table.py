@@ -26,7 +26,8 @@ WARMUP = {"when": "first"}
 
 
 def outcome(kind="signal", signal=None, reason="it failed", to=None, mark_bad=True, cold=False):
-    return SimpleNamespace(kind=kind, signal_name=signal, reason=reason, to=to, request=None, mark_bad=mark_bad,
+    return SimpleNamespace(kind=kind, signal_name=signal, reason=reason, to=to, request=None,
+                           mark_bad=mark_bad,
                            exit_code=1, at=100.0, evidence={"cold_cache": True} if cold else {})
 
 
@@ -39,13 +40,14 @@ ROWS = [
      Do.STOP, None, None, "stopped on request"),
     ("by-hand-onto-itself", outcome("rollback", to="slow"), "slow", GOOD_FAST, {}, {}, [], [], None, None,
      Do.ALREADY_ON, None, None, "already runs on it"),
-    ("by-hand", outcome("rollback", to="fast", reason="asked"), "slow", GOOD_FAST, {}, {}, [], [], SUSPECT, None,
-     Do.ROLLBACK, "fast", "manual", "asked"),
+    ("by-hand", outcome("rollback", to="fast", reason="asked"), "slow", GOOD_FAST, {}, {}, [], [], SUSPECT,
+     None, Do.ROLLBACK, "fast", "manual", "asked"),
     ("slow-to-known-good", outcome(signal="low_throughput"), "slow", GOOD_FAST, {}, {}, [], [], None, None,
      Do.ROLLBACK, "fast", "low_throughput", "it failed"),
     ("slow-to-fallback", outcome(signal="low_throughput"), "fast", NO_GOOD, {}, {}, [], [], None, None,
      Do.ROLLBACK, "slow", "low_throughput", "it failed"),
-    ("slow-nowhere-continues", outcome(signal="low_throughput"), "fast", GOOD_FAST, {"fallback": []}, {}, [], [],
+    ("slow-nowhere-continues", outcome(signal="low_throughput"), "fast", GOOD_FAST, {"fallback": []}, {}, [],
+     [],
      None, None, Do.CONTINUE, "fast", "low_throughput", "no known-good profile to roll back to from fast"),
     ("slow-nowhere-stops", outcome(signal="low_throughput"), "fast", GOOD_FAST,
      {"fallback": [], "on_no_recovery": "stop"}, {}, [], [], None, None,
@@ -58,9 +60,10 @@ ROWS = [
      Do.FAIL, None, "stall", "(stall is in rollback.stop_on)"),
     ("rollback-off", outcome(signal="low_throughput"), "slow", GOOD_FAST, {"enabled": False}, {}, [], [],
      None, None, Do.FAIL, None, "low_throughput", "it failed"),
-    ("crash-nowhere-fails", outcome(signal="error_signature"), "fast", GOOD_FAST, {"fallback": []}, {}, [], [],
-     None, None, Do.FAIL, None, "error_signature", "no known-good profile to roll back to"),
-    ("compiler-crash-to-known-good", outcome(signal="crash", reason="torch._dynamo.exc.BackendCompilerFailed"),
+    ("crash-nowhere-fails", outcome(signal="error_signature"), "fast", GOOD_FAST, {"fallback": []}, {}, [],
+     [], None, None, Do.FAIL, None, "error_signature", "no known-good profile to roll back to"),
+    ("compiler-crash-to-known-good",
+     outcome(signal="crash", reason="torch._dynamo.exc.BackendCompilerFailed"),
      "slow", GOOD_FAST, {}, {}, [], [], None, None, Do.ROLLBACK, "fast", "crash", "BackendCompilerFailed"),
     ("race-to-known-good", outcome(signal="compile_race"), "slow", GOOD_FAST, {}, {}, [], [], None, None,
      Do.ROLLBACK, "fast", "compile_race", "it failed"),
@@ -70,8 +73,8 @@ ROWS = [
      [], [], None, None, Do.FAIL, None, "compile_race", "hung on a cold compile cache"),
     ("container-restart", outcome(signal="container_restart"), "slow", GOOD_FAST, {}, {}, [], [], None, None,
      Do.RESTART, "slow", "container_restart", "it failed"),
-    ("crash-restarts", outcome(signal="crash"), "slow", GOOD_FAST, {}, DEFAULTS["restarts"], [], [], None, None,
-     Do.RESTART, "slow", "crash", "it failed"),
+    ("crash-restarts", outcome(signal="crash"), "slow", GOOD_FAST, {}, DEFAULTS["restarts"], [], [], None,
+     None, Do.RESTART, "slow", "crash", "it failed"),
     ("crash-loop", outcome(signal="crash"), "slow", GOOD_FAST, {}, DEFAULTS["restarts"], [], RESTARTED,
      None, None, Do.FAIL, None, "crash", "crash loop: 3 restarts"),
     ("oom-kill-loop", outcome(signal="oom_killed"), "slow", GOOD_FAST, {}, {"on": ["oom_killed"], "max": 9,

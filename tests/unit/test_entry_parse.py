@@ -14,8 +14,10 @@ from gpujob import entry
     (["ps"], {"target": None, "json": False, "limit": 20, "timeout": None}),
     (["ps", "--json"], {"target": None, "json": True, "limit": 20, "timeout": None}),
     (["ps", "tb/ct200", "--limit", "3"], {"target": "tb/ct200", "json": False, "limit": 3, "timeout": None}),
-    (["ps", "--limit=7", "--timeout=2.5", "--json"], {"target": None, "json": True, "limit": 7, "timeout": 2.5}),
-    (["ps", "--timeout", "0.1", "tb/ct200"], {"target": "tb/ct200", "json": False, "limit": 20, "timeout": 0.1}),
+    (["ps", "--limit=7", "--timeout=2.5", "--json"],
+     {"target": None, "json": True, "limit": 7, "timeout": 2.5}),
+    (["ps", "--timeout", "0.1", "tb/ct200"],
+     {"target": "tb/ct200", "json": False, "limit": 20, "timeout": 0.1}),
 ])
 def test_ps_lines_the_daemon_serves(argv, req):
     assert entry.parse(argv) == dict(req, op="ps", hosts=None)

@@ -66,7 +66,8 @@ def test_bad_multi_node_input_is_one_clear_line(tmp_path):
     assert "one entry per node (2), got 1" in error(tmp_path, target=["a", "b"],
                                                     nodes={"env": [{"X": "1"}]})
     assert "on_loss" in error(tmp_path, target=["a", "b"], nodes={"on_loss": "retry"})
-    assert "start_timeout: expected a duration > 0" in error(tmp_path, target=["a", "b"], nodes={"start_timeout": 0})
+    assert "start_timeout: expected a duration > 0" in error(tmp_path, target=["a", "b"],
+                                                             nodes={"start_timeout": 0})
     assert "secret" in error(tmp_path, target=["a", "b"], nodes={"env": [{"X": {"from_env": "HOME"}}, {}]})
 
 

@@ -60,17 +60,25 @@ BOMB = "name: x\na: &a [x,x,x,x,x,x,x,x,x]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n
     ("name: x\nenv: " + "[" * 600 + "]" * 600 + "\n", "job.yaml:2: nested deeper than 40 levels"),
     ("name: x\nenv:\n  A: b\x00c\n", "job.yaml:3: a NUL byte; expected UTF-8 text"),
     ("name: x\nworkdir: !!float 'x'\n", "job.yaml:2: workdir: cannot read the float value 'x'"),
-    (edit("grace: 30s", "grace: " + "9" * 400), "job.yaml:13: train.grace: expected a duration of at most 365 days"),
+    (edit("grace: 30s", "grace: " + "9" * 400),
+     "job.yaml:13: train.grace: expected a duration of at most 365 days"),
     (BOMB, "once aliases are expanded"),
-    ("name: x\nenv: {" + ",".join(f"{i:x}: 1" for i in range(100_000)) + "}\n", "a mapping with over 2000 keys"),
+    ("name: x\nenv: {" + ",".join(f"{i:x}: 1" for i in range(100_000)) + "}\n",
+     "a mapping with over 2000 keys"),
     ("", "job.yaml:1: empty file"),
-    (edit("grace: 30s", "grace: 1.0e+308"), "job.yaml:13: train.grace: expected a duration of at most 365 days"),
-    (edit("window: 5", "window: " + str(10**30)), "job.yaml:14: throughput.window: expected a count from 1 to 10000, got 1000000000000000000000000000000"),
-    (edit("all: [0, 1]", "all: [0, " + str(10**30) + "]"), "job.yaml:6: gpus.all[1]: expected a GPU index (an integer from 0 to 1023)"),
-    (edit("dest: code", "dest: ../../../../tmp/x"), "job.yaml:5: sync[0].dest: '../../../../tmp/x' resolves to /tmp/x, outside the workdir"),
+    (edit("grace: 30s", "grace: 1.0e+308"),
+     "job.yaml:13: train.grace: expected a duration of at most 365 days"),
+    (edit("window: 5", "window: " + str(10**30)),
+     "job.yaml:14: throughput.window: expected a count from 1 to 10000, got 1000000000000000000000000000000"),
+    (edit("all: [0, 1]", "all: [0, " + str(10**30) + "]"),
+     "job.yaml:6: gpus.all[1]: expected a GPU index (an integer from 0 to 1023)"),
+    (edit("dest: code", "dest: ../../../../tmp/x"),
+     "job.yaml:5: sync[0].dest: '../../../../tmp/x' resolves to /tmp/x, outside the workdir"),
     (edit("dest: code", "dest: /"), "job.yaml:5: sync[0].dest: '/' is the container's root"),
-    (edit("command: python t.py", "command: cd '{workdir}' && python t.py"), "job.yaml:12: train.command: drop the quotes around {workdir}"),
-    (edit("command: python t.py", 'command: python t.py --out "{workdir}/o"'), "drop the quotes around {workdir}"),
+    (edit("command: python t.py", "command: cd '{workdir}' && python t.py"),
+     "job.yaml:12: train.command: drop the quotes around {workdir}"),
+    (edit("command: python t.py", 'command: python t.py --out "{workdir}/o"'),
+     "drop the quotes around {workdir}"),
     (edit("command: python t.py", "command: [sh, -c, \"cd '{gpu}'\"]"), "drop the quotes around {gpu}"),
 ])
 def test_each_listed_case_is_one_line(tmp_path, text, expect):
@@ -88,7 +96,8 @@ def test_newlines_in_keys_and_names_stay_on_one_line(tmp_path):
     msg = spec_error(tmp_path, edit("HF_HOME: /root/hf", '"HF\\nHOME": /root/hf'))
     assert msg.startswith("job.yaml:8: env['HF\\nHOME']: expected a name matching")
     msg = spec_error(tmp_path, edit("name: a,", 'name: "a\\nb: [/bold]",'))
-    assert msg.startswith("job.yaml:10: profiles[0].name: expected a name matching") and "'a\\nb: [/bold]'" in msg
+    assert (msg.startswith("job.yaml:10: profiles[0].name: expected a name matching")
+            and "'a\\nb: [/bold]'" in msg)
 
 
 def test_a_megabyte_value_is_not_echoed_whole(tmp_path):
@@ -124,7 +133,8 @@ def test_inventory_bounds(tmp_path):
         tmp_path, base.replace("connect_timeout: 5", "connect_timeout: 1.0e+300"), load_inventory)
     assert "gpus: must be <= 1024" in spec_error(
         tmp_path, base.replace("{vmid: 200}", "{vmid: 200, gpus: 100000000000000000000}"), load_inventory)
-    assert "nested deeper" in spec_error(tmp_path, base + "x: " + "[" * 300 + "]" * 300 + "\n", load_inventory)
+    assert "nested deeper" in spec_error(tmp_path, base + "x: " + "[" * 300 + "]" * 300 + "\n",
+                                         load_inventory)
 
 
 def test_cli_line_100_is_not_an_emoji_and_a_missing_target_has_a_line(tmp_path):
@@ -139,7 +149,8 @@ def test_cli_line_100_is_not_an_emoji_and_a_missing_target_has_a_line(tmp_path):
     assert p.returncode == 2 and p.stderr.decode().startswith(f"gpujob: {spec}:1: target: missing (required)")
     spec.write_text(SPEC.replace("target: box", "target: bx"))
     p = cli(["submit", str(spec), "--plan"], env)
-    assert p.returncode == 2 and p.stderr.decode().startswith(f"gpujob: {spec}:2: target: unknown target 'bx'")
+    assert p.returncode == 2 and p.stderr.decode().startswith(f"gpujob: {spec}:2: target: unknown target "
+                                                              f"'bx'")
 
 
 def test_hosts_check_validates_without_connecting(tmp_path):

@@ -17,12 +17,16 @@ INVENTORY = "hosts:\n  pve:\n    address: h\n    containers:\n      ct: {vmid: 2
 
 
 @pytest.mark.parametrize("old, new, where", [
-    ("workdir: /root/w", 'workdir: "/root/w\\nrm -rf /"', "job.yaml:3: workdir: cannot hold a control character (found \\n)"),
-    ("{src: code, dest: code}", '{src: "co\\0de", dest: code}', "job.yaml:5: sync[0].src: cannot hold a control character (found \\x00)"),
-    ("{src: code, dest: code}", '{src: code, dest: "co\\rde"}', "job.yaml:5: sync[0].dest: cannot hold a control character (found \\r)"),
+    ("workdir: /root/w", 'workdir: "/root/w\\nrm -rf /"',
+     "job.yaml:3: workdir: cannot hold a control character (found \\n)"),
+    ("{src: code, dest: code}", '{src: "co\\0de", dest: code}',
+     "job.yaml:5: sync[0].src: cannot hold a control character (found \\x00)"),
+    ("{src: code, dest: code}", '{src: code, dest: "co\\rde"}',
+     "job.yaml:5: sync[0].dest: cannot hold a control character (found \\r)"),
     ("command: python t.py", 'command: python t.py\n  checkpoint: {path: "ck/\\x1b[2J*.pt", every: 1m}',
      "job.yaml:13: train.checkpoint.path: cannot hold a control character (found \\x1b)"),
-    ("throughput: {format: ktok, min: 10K, window: 5}", 'throughput: {source: file, path: "m\\n.jsonl", field: t, min: 1}',
+    ("throughput: {format: ktok, min: 10K, window: 5}",
+     'throughput: {source: file, path: "m\\n.jsonl", field: t, min: 1}',
      "job.yaml:14: throughput.path: cannot hold a control character (found \\n)"),
     ("throughput:", 'metrics: {textfile: "/var/lib/x\\n.prom"}\nthroughput:',
      "job.yaml:14: metrics.textfile: cannot hold a control character (found \\n)"),
@@ -79,7 +83,8 @@ def _special(tmp_path, kind: str) -> str:
     return path
 
 
-@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO"), ("socket", "a socket"), ("dev", "a character device")])
+@pytest.mark.parametrize("kind, what",
+                         [("fifo", "a FIFO"), ("socket", "a socket"), ("dev", "a character device")])
 def test_from_file_reads_regular_files_only(tmp_path, kind, what):
     env = local_env(tmp_path)
     path = _special(tmp_path, kind)
@@ -110,4 +115,5 @@ def test_a_notify_url_from_a_file_is_validated_too(tmp_path):
     spec.write_text(SPEC + f"notify:\n  - url: {{from_file: {tmp_path / 'url'}}}\n")
     p = cli(["submit", str(spec), "--plan"], env, timeout=30)
     err = p.stderr.decode()
-    assert p.returncode == 2 and f"{spec}:16: notify[0].url: from {tmp_path / 'url'}: the URL names no host" in err, err
+    assert p.returncode == 2 and \
+        f"{spec}:16: notify[0].url: from {tmp_path / 'url'}: the URL names no host" in err, err

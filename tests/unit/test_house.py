@@ -39,7 +39,8 @@ LAPTOP_KEEPS = {
     ("ops/target.py", "gpujob.agent.main"):
         "the agent zip's __main__.py, a string: the container runs agent.main, the laptop never imports it",
     ("transport/mux_server.py", "gpujob.agent.main"):
-        "the zygote preloads the agent in the container (mux_server ships as python3 -c); not run on the laptop",
+        "the zygote preloads the agent in the container (mux_server ships as python3 -c); not run on the "
+        "laptop",
 }
 
 _NAMED = re.compile(r"\bgpujob\.agent\.(\w+)(?:\.(\w+))?")
@@ -63,7 +64,8 @@ def imported(tree: ast.AST) -> list:
         elif isinstance(n, ast.ImportFrom):
             if n.level:
                 out.append((n.lineno, "." * n.level + (n.module or "")))
-            elif n.module in ("gpujob", "gpujob.agent") or n.module in {f"gpujob.agent.{w}" for w in MAY_IMPORT}:
+            elif n.module in ("gpujob", "gpujob.agent") or n.module in {f"gpujob.agent.{w}"
+                                                                        for w in MAY_IMPORT}:
                 out += [(n.lineno, f"{n.module}.{a.name}") for a in n.names]
             elif n.module:
                 out.append((n.lineno, n.module))
@@ -94,7 +96,8 @@ def wing_breaks(path: Path, source: str) -> list:
 
 
 def test_every_agent_module_lives_in_a_wing():
-    strays = [str(p.relative_to(AGENT)) for p in AGENT.glob("*.py") if p.name not in ("__init__.py", "main.py")]
+    strays = [str(p.relative_to(AGENT)) for p in AGENT.glob("*.py")
+              if p.name not in ("__init__.py", "main.py")]
     assert strays == [], f"modules outside the wings: {strays}"
     wings = sorted(p.name for p in AGENT.iterdir() if p.is_dir() and p.name != "__pycache__")
     assert wings == sorted(set(MAY_IMPORT) - {"main"})
@@ -116,7 +119,8 @@ def test_each_wing_imports_only_the_wings_below_it():
 def test_judge_and_home_never_import_each_other():
     # the table says so; this keeps it from being loosened by an edit of one row
     assert "home" not in MAY_IMPORT["judge"] and "judge" not in MAY_IMPORT["home"]
-    assert all(w in MAY_IMPORT[above] for above in MAY_IMPORT for w in MAY_IMPORT[above])  # transitively closed
+    # transitively closed
+    assert all(w in MAY_IMPORT[above] for above in MAY_IMPORT for w in MAY_IMPORT[above])
 
 
 def test_the_rule_catches_an_import_upward():
@@ -182,8 +186,8 @@ def test_the_laptop_keeps_are_still_there():
 
 
 # judge/ is pure: it decides over values and never touches the disk (its callers read the files)
-IO_MODULES = {"os", "io", "gzip", "zlib", "bz2", "lzma", "glob", "shutil", "pathlib", "tempfile", "subprocess",
-              "socket", "sqlite3", "fcntl", "mmap"}
+IO_MODULES = {"os", "io", "gzip", "zlib", "bz2", "lzma", "glob", "shutil", "pathlib", "tempfile",
+              "subprocess", "socket", "sqlite3", "fcntl", "mmap"}
 IO_NAMES = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "read_records", "job_records",
             "read_json", "write_json", "append_record", "listdir", "scandir", "stat", "unlink", "remove",
             "makedirs", "fsync_dir", "iterdir", "rglob", "glob", "exists", "getmtime", "getsize"}
@@ -208,7 +212,8 @@ def judge_io(source: str) -> list:
 
 
 def test_judge_reads_and_writes_no_file():
-    bad = [f"judge/{p.name}:{line}" for p in sorted((AGENT / "judge").glob("*.py")) for line in judge_io(p.read_text())]
+    bad = [f"judge/{p.name}:{line}" for p in sorted((AGENT / "judge").glob("*.py"))
+           for line in judge_io(p.read_text())]
     assert bad == [], "judge/ is pure: read the file at the edge and pass the records in\n" + "\n".join(bad)
 
 
@@ -354,7 +359,8 @@ def test_every_controller_module_lives_in_a_wing():
     strays = [rel for rel in controller_modules() if controller_wing(rel) is None]
     assert strays == [], f"modules outside the wings (place each in GROUND_FILES or a package): {strays}"
     top = sorted(p.name for p in PKG.glob("*.py"))
-    assert len(top) <= TOP_LEVEL_MAX, f"{len(top)} modules directly under gpujob/ (at most {TOP_LEVEL_MAX}): {top}"
+    assert len(top) <= TOP_LEVEL_MAX, \
+        f"{len(top)} modules directly under gpujob/ (at most {TOP_LEVEL_MAX}): {top}"
     assert set(GROUND_FILES) == set(top), "GROUND_FILES names a module that is not there"
     for w in PACKAGES - {"conn", "kinds", "transport", "cli", "daemon"}:  # the new wings say what they are
         doc = ast.get_docstring(ast.parse((PKG / w / "__init__.py").read_text()))
@@ -436,6 +442,7 @@ def test_no_circle_of_imports_in_the_controller():
 
 def test_only_cli_imports_typer():
     # ops/ is values in and out: what a face does with them (typer's options, exit codes) is the face's
-    bad = [f"{rel}:{line}: imports {mod}" for rel, p in controller_modules().items() if controller_wing(rel) != "cli"
+    bad = [f"{rel}:{line}: imports {mod}" for rel, p in controller_modules().items()
+           if controller_wing(rel) != "cli"
            for line, mod in imported(ast.parse(p.read_text())) if mod.split(".")[0] in ("typer", "click")]
     assert bad == [], "\n".join(bad)

@@ -44,9 +44,10 @@ def _differences(node: ast.AST) -> list[ast.AST]:
 
 def _timers(tree: ast.AST) -> frozenset:
     """The module's functions that return a difference of clock readings (``_timed(fn)``)."""
-    return frozenset(fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and any(isinstance(r, ast.Return) and r.value is not None and
-                             any(_reads_clock(b) for b in _differences(r.value)) for r in ast.walk(fn)))
+    fns = [fn for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return frozenset(fn.name for fn in fns
+                     if any(isinstance(r, ast.Return) and r.value is not None and
+                            any(_reads_clock(b) for b in _differences(r.value)) for r in ast.walk(fn)))
 
 
 def _elapsed_names(fn: ast.AST, timers: frozenset) -> set[str]:
@@ -65,7 +66,8 @@ def _measured(node: ast.AST, elapsed: set, timers: frozenset) -> bool:
     for n in ast.walk(node):
         if _is_clock(n, timers) or (isinstance(n, ast.Name) and n.id in elapsed) or \
                 (isinstance(n, ast.Attribute) and n.attr in MEASURED) or \
-                (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value in MEASURED):
+                (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and
+                 n.slice.value in MEASURED):
             return True
     return False
 

@@ -23,7 +23,8 @@ REVIEWED = {
     "gpujob/cli/jobs_cmds.py": "the typer commands of one job: submit, logs, status, stop, rollback",
     "gpujob/agent/judge/policy.py": "the throughput policy: one state machine over samples (pure)",
     "gpujob/agent/supervisor/supervisor.py": "the supervisor: it builds its roles and keeps the lifecycle",
-    "gpujob/agent/supervisor/watch.py": "the watch loop of one phase command (its pause side is watchpause.py)",
+    "gpujob/agent/supervisor/watch.py": "the watch loop of one phase command (its pause side is "
+                                        "watchpause.py)",
     "gpujob/show/render.py": "rich tables and lines for every command (outside text always as Text)",
     "gpujob/transport/ssh.py": "the SSH transport over paramiko: connect, exec, streams, errors",
     "tests/unit/test_house.py": "the house rules: the agent's and the controller's import tables",

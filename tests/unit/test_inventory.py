@@ -58,11 +58,13 @@ def test_embedded_default():
     inventory = load_inventory(None)
     assert inventory.source == "embedded default"
     host_name, host, name, container = inventory.resolve("demo")
-    assert (host_name, host.kind, name, container.root) == ("local", "local", "demo", "~/.local/share/gpujob/demo")
+    assert (host_name, host.kind, name, container.root) == ("local", "local", "demo",
+                                                            "~/.local/share/gpujob/demo")
 
 
 def test_resolve(tmp_path):
-    inventory = load_inventory(write(tmp_path, GOOD + "  other:\n    address: o\n    containers:\n      demo: {vmid: 300}\n"))
+    inventory = load_inventory(write(tmp_path, GOOD + "  other:\n    address: o\n    containers:\n      "
+                                                      "demo: {vmid: 300}\n"))
     host_name, host, name, container = inventory.resolve("ct200")
     assert (host_name, host.address, name, container.vmid) == ("pve1", "10.1.2.6", "ct200", 200)
     assert inventory.resolve("other/demo")[3].vmid == 300
@@ -83,34 +85,43 @@ def test_resolve(tmp_path):
 
 
 def test_unknown_target_message_from_brief(tmp_path):
-    inventory = load_inventory(write(tmp_path, GOOD.replace("      ct201: {vmid: 201, home: /opt/gpujob}\n", "")))
+    inventory = load_inventory(write(tmp_path,
+                                     GOOD.replace("      ct201: {vmid: 201, home: /opt/gpujob}\n", "")))
     with pytest.raises(InputError) as info:
         inventory.resolve("ct2000")
     assert str(info.value) == "unknown target 'ct2000'; known: ct200, demo (did you mean 'ct200'?)"
 
 
 @pytest.mark.parametrize("old, new, message", [
-    ("vmid: 200", "vmid: '200'", "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected an integer VMID, got '200'"),
+    ("vmid: 200", "vmid: '200'",
+     "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected an integer VMID, got '200'"),
     ("vmid: 200", "vmid: -5",
      "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected a VMID between 100 and 999999999, got -5"),
-    ("vmid: 200", "vmid: 200.0", "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected an integer VMID, got 200.0"),
-    ("vmid: 200", "vmid: true", "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected an integer VMID, got true"),
+    ("vmid: 200", "vmid: 200.0",
+     "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected an integer VMID, got 200.0"),
+    ("vmid: 200", "vmid: true",
+     "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: expected an integer VMID, got true"),
     ("vmid: 200, ", "", "hosts.yaml:11: hosts.pve1.containers.ct200.vmid: missing (required)"),
     ("gpus: 8", "gpus: -1", "hosts.yaml:11: hosts.pve1.containers.ct200.gpus: must be >= 0, got -1"),
-    ("gpus: 8", "gpus: eight", "hosts.yaml:11: hosts.pve1.containers.ct200.gpus: expected an integer, got 'eight'"),
-    ("gpus: 8}", "gpus: 8, root: /x}", "hosts.yaml:11: hosts.pve1.containers.ct200.root: only for local hosts"),
-    ("{root: ~/.local/share/gpujob/demo}", "{}", "hosts.yaml:16: hosts.laptop.containers.demo.root: missing (required)"),
+    ("gpus: 8", "gpus: eight",
+     "hosts.yaml:11: hosts.pve1.containers.ct200.gpus: expected an integer, got 'eight'"),
+    ("gpus: 8}", "gpus: 8, root: /x}",
+     "hosts.yaml:11: hosts.pve1.containers.ct200.root: only for local hosts"),
+    ("{root: ~/.local/share/gpujob/demo}", "{}",
+     "hosts.yaml:16: hosts.laptop.containers.demo.root: missing (required)"),
     ("{root: ", "{vmid: 300, root: ", "hosts.yaml:16: hosts.laptop.containers.demo.vmid: only for ssh hosts"),
     ("{root: ", "{home: /h, root: ", "hosts.yaml:16: hosts.laptop.containers.demo.home: only for ssh hosts"),
     ("    address: 10.1.2.6\n", "", "hosts.yaml:2: hosts.pve1.address: missing (required)"),
-    ("kind: local", "kind: local\n    address: 10.0.0.1", "hosts.yaml:15: hosts.laptop.address: only for ssh hosts"),
+    ("kind: local", "kind: local\n    address: 10.0.0.1",
+     "hosts.yaml:15: hosts.laptop.address: only for ssh hosts"),
     ("kind: local", "kind: lxc", "hosts.yaml:14: hosts.laptop.kind: expected one of ssh, local, got 'lxc'"),
     ("address:", "adress:", "hosts.yaml:3: hosts.pve1.adress: unknown field; did you mean 'address'?"),
     ("pct:", "zzz:", "hosts.yaml:9: hosts.pve1.zzz: unknown field"),
     ("port: 22", "port: 70000", "hosts.yaml:4: hosts.pve1.port: must be <= 65535, got 70000"),
     ("port: 22", "port: '22'", "hosts.yaml:4: hosts.pve1.port: expected an integer, got '22'"),
     ("ct200:", "'ct 200':",
-     "hosts.yaml:11: hosts.pve1.containers['ct 200']: expected a name matching [A-Za-z0-9][A-Za-z0-9_.-]*, got 'ct 200'"),
+     "hosts.yaml:11: hosts.pve1.containers['ct 200']: expected a name matching [A-Za-z0-9][A-Za-z0-9_.-]*, "
+     "got 'ct 200'"),
     ("containers:\n      demo: {root: ~/.local/share/gpujob/demo}", "containers: {}",
      "hosts.yaml:15: hosts.laptop.containers: must not be empty"),
     ("ct201: {vmid: 201", "ct200: {vmid: 201", "hosts.yaml:12: hosts.pve1.containers: duplicate key 'ct200'"),
@@ -123,7 +134,8 @@ def test_broken(tmp_path, old, new, message):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("hosts: [a\n", "hosts.yaml:2: not valid YAML: while parsing a flow sequence, did not find expected ',' or ']'"),
+    ("hosts: [a\n",
+     "hosts.yaml:2: not valid YAML: while parsing a flow sequence, did not find expected ',' or ']'"),
     ("- pve1\n", "hosts.yaml:1: expected a mapping at the top level, got a list"),
     ("", "hosts.yaml:1: empty file; expected a YAML mapping"),
     ("hosts: {}\n", "hosts.yaml:1: hosts: must not be empty"),
@@ -246,7 +258,8 @@ def test_ssh_settings_errors(tmp_path):
     with pytest.raises(InputError, match="^(proxy_jump 'loop' of jump host 'loop': only one level of jump"
                                          "|ssh config for host 'loop': jumphost loop via loop)"):
         ssh_settings("pve1", ssh_host(address="x", proxy_jump="loop"), config)
-    with pytest.raises(InputError, match=r"^proxy_jump 'a,b': expected one jump host, \[user@\]host\[:port\]$"):
+    with pytest.raises(InputError,
+                       match=r"^proxy_jump 'a,b': expected one jump host, \[user@\]host\[:port\]$"):
         ssh_settings("pve1", ssh_host(address="x", proxy_jump="a,b"), config)
     local = load_inventory(None).hosts["local"]
     with pytest.raises(InputError, match="^host 'local' is local; it has no SSH settings$"):
@@ -255,7 +268,8 @@ def test_ssh_settings_errors(tmp_path):
 
 def test_jump_host_without_a_key_of_its_own_tries_the_hosts_key(tmp_path):
     config = write(tmp_path, SSH_CONFIG, "ssh_config")
-    s = ssh_settings("pve1", ssh_host(address="10.9.9.9", identity_file="~/k", proxy_jump="root@10.0.0.9"), config)
+    s = ssh_settings("pve1", ssh_host(address="10.9.9.9", identity_file="~/k", proxy_jump="root@10.0.0.9"),
+                     config)
     assert s.jump.identity_files == [str(Path.home() / "k")]
     s = ssh_settings("pve1", ssh_host(address="10.9.9.9", identity_file="~/k", proxy_jump="bastion"), config)
     assert s.jump.identity_files == ["/keys/jump"]  # the jump's own config entry wins

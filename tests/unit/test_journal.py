@@ -21,7 +21,8 @@ from gpujob.agent.supervisor.supervisor import restart_refusal
 def test_a_stale_writer_is_fenced_off(tmp_path):
     home = Home(str(tmp_path))
     os.makedirs(home.job_dir("j"))
-    Journal(home, "j", generation=1).set_state(state="training", step="env")  # a legal first step (agent/base/stages.py)
+    # a legal first step (agent/base/stages.py)
+    Journal(home, "j", generation=1).set_state(state="training", step="env")
     Journal(home, "j", generation=2).set_state(step="rollback")
     with pytest.raises(Fenced):
         Journal(home, "j", generation=1).set_state(step="train")  # a late write of the old holder
@@ -52,12 +53,14 @@ def test_state_json_is_one_compact_line_and_an_older_agents_indented_one_reads_o
     j = Journal(home, "j1")
     old = {"job_id": "j1", "state": "running", "phase": "train", "step": "train", "format": 1,
            "tps_recent": [1.5, 2.0], "window": {"median": 2.0}}
-    (tmp_path / "jobs/j1/state.json").write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")  # older agents'
+    # older agents'
+    (tmp_path / "jobs/j1/state.json").write_text(json.dumps(old, indent=1, sort_keys=True) + "\n")
     assert j.state() == old
     st = j.set_state(durable=False, tps=2.0, verdict="ok")
     text = (tmp_path / "jobs/j1/state.json").read_text()
     assert text == json.dumps(st, sort_keys=True, separators=(",", ":")) + "\n"  # one line, no spaces
-    assert text.count("\n") == 1 and json.loads(text) == dict(old, tps=2.0, verdict="ok", updated_at=st["updated_at"])
+    assert text.count("\n") == 1 and json.loads(text) == dict(old, tps=2.0, verdict="ok",
+                                                              updated_at=st["updated_at"])
     assert j.state() == json.loads(text)
 
 

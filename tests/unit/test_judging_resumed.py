@@ -65,4 +65,5 @@ def test_a_run_slower_than_its_threshold_stays_suspended_and_says_why():
         run.samples.append(policy.Sample(k / 10, 1_100_000.0))
         got = v.review(run, d, k / 10)
     assert run.suspended is not None and run.baseline == 1_311_000.0
-    assert got.verdict == Verdict.INCONCLUSIVE and "baseline 1.3M" in got.reason and "judging suspended until" in got.reason
+    assert (got.verdict == Verdict.INCONCLUSIVE and "baseline 1.3M" in got.reason
+            and "judging suspended until" in got.reason)

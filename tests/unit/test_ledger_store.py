@@ -40,7 +40,8 @@ def test_todays_ledger_is_migrated_once_with_its_history_and_ids_going_on(tmp_pa
     led.mark("mid", "good", reason="held")
     on_disk = json.loads((tmp_path / "ledger" / "tjob.json").read_text())
     assert on_disk["format"] == ledgerfile.FORMAT and [h["id"] for h in on_disk["history"]] == [1, 2, 3]
-    assert on_disk["history"][1]["window_medians"] == [4000.0] and on_disk["profiles"]["fast"]["baseline"] == 9000.0
+    assert (on_disk["history"][1]["window_medians"] == [4000.0]
+            and on_disk["profiles"]["fast"]["baseline"] == 9000.0)
     assert json.loads((tmp_path / "ledger" / "tjob.json.v1").read_text()) == TODAY  # today's bytes, kept once
     led.mark("mid", "bad")
     assert json.loads((tmp_path / "ledger" / "tjob.json.v1").read_text()) == TODAY
@@ -107,7 +108,8 @@ def test_the_supervisor_is_told_and_goes_on_while_a_hand_verb_is_refused(tmp_pat
     (tmp_path / "ledger").mkdir()
     (tmp_path / "ledger" / "tjob.json").write_text("garbage")
     led = Ledger(Home(str(tmp_path)), "tjob", report=said.append)
-    assert led.read() == {"profiles": {}} and led.mark("slow", "bad") is None and led.status("slow") == "untried"
+    assert (led.read() == {"profiles": {}} and led.mark("slow", "bad") is None
+            and led.status("slow") == "untried")
     assert len(said) == 1 and "does not parse" in said[0]  # said once
     assert (tmp_path / "ledger" / "tjob.json").read_text() == "garbage"
 
@@ -120,7 +122,8 @@ def test_recover_keeps_the_damaged_file_and_restores_the_last_good_copy_ids_neve
     path.write_text('{"history": [{"id": 41}], "profiles": ')  # torn, with an id beyond the copy's
     res = led.recover()
     kept = tmp_path / "ledger" / os.path.basename(res["kept_as"])
-    assert kept.read_text().startswith('{"history": [{"id": 41}]') and res["restored_from"] == "tjob.json.last-good"
+    assert (kept.read_text().startswith('{"history": [{"id": 41}]')
+            and res["restored_from"] == "tjob.json.last-good")
     assert [h["id"] for h in led.history()] == [1, 2, 3] and res["next_id"] == 42
     led.mark("p9", "bad")
     assert led.history()[-1]["id"] == 42
@@ -156,8 +159,8 @@ def test_the_temp_files_of_dead_writers_go_at_the_next_write(tmp_path):
         (tmp_path / "ledger" / n).write_text("half")
     (tmp_path / "ledger" / "other.json.tmpkeep").write_text("another name's")
     led.mark("slow", "bad")
-    assert sorted(os.listdir(tmp_path / "ledger")) == ["other.json.tmpkeep", "tjob.json", "tjob.json.last-good",
-                                                       "tjob.lock"]
+    assert sorted(os.listdir(tmp_path / "ledger")) == ["other.json.tmpkeep", "tjob.json",
+                                                       "tjob.json.last-good", "tjob.lock"]
 
 
 def test_pick_rolls_back_to_the_newest_known_good_profile_the_spec_lists():

@@ -52,7 +52,8 @@ def _counter_rate(lines) -> float:
 
 
 def test_the_resumed_run_is_read_at_its_rate_not_its_restored_steps():
-    [(slow, _, slow_lines), (good, resumed, lines)] = _runs(DATA / "traces" / "gpujob_h200_1204_lightning_act2.jsonl.gz")
+    [(slow, _, slow_lines), (good, resumed, lines)] = _runs(
+        DATA / "traces" / "gpujob_h200_1204_lightning_act2.jsonl.gz")
     assert (slow, good, resumed) == ("broken", "compiled", True)
     truth = _counter_rate(lines)
     old = _samples("tqdm", lines)
@@ -62,7 +63,8 @@ def test_the_resumed_run_is_read_at_its_rate_not_its_restored_steps():
     assert abs(statistics.median(v for _, v in new[:5]) - truth) < 0.2 * truth, (new[:5], truth)
     assert abs(statistics.median(v for _, v in new) - truth) < 0.1 * truth
     # "recovered" as the counter says: the resumed run against the slow one
-    ratio_new = statistics.median(v for _, v in new) / statistics.median(v for _, v in _samples("tqdm_steps", slow_lines))
+    ratio_new = statistics.median(v for _, v in new) / statistics.median(v for _, v in _samples("tqdm_steps",
+                                                                                                slow_lines))
     ratio_truth = truth / _counter_rate(slow_lines)
     assert abs(ratio_new / ratio_truth - 1) < 0.05, (ratio_new, ratio_truth)
 
@@ -79,8 +81,8 @@ def test_each_step_counts_once_and_samples_follow_time_not_lines():
 def _bar(n: int, elapsed: float, initial: int = 0) -> str:
     """A line as Lightning's TQDMProgressBar draws it (smoothing=0: n / elapsed)."""
     rate = n / elapsed if elapsed else 0.0
-    return f"Epoch 0:   0%|          | {n}/1000000 [{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}<99:00:00, " \
-           f"{rate:.2f}it/s, v_num=0, loss=3.210]"
+    return f"Epoch 0:   0%|          | {n}/1000000 " \
+           f"[{int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}<99:00:00, {rate:.2f}it/s, v_num=0, loss=3.210]"
 
 
 def test_a_fall_after_an_hour_is_seen_at_once_not_twenty_minutes_later():
@@ -111,7 +113,8 @@ def test_other_bars_and_lines_give_no_sample():
 
 def test_the_lightning_recipe_reads_the_step_counter():
     from gpujob.spec.recipes import lightning
-    frag = lightning.derive({"train": {"command": "python train.py fit"}, "throughput": {"tokens_per_step": 1}})
+    frag = lightning.derive({"train": {"command": "python train.py fit"},
+                             "throughput": {"tokens_per_step": 1}})
     assert frag["throughput"] == {"format": "tqdm_steps"}
 
 
@@ -124,7 +127,8 @@ def test_real_lightning_on_the_cpu_resumed_from_600_steps():
     truth_fit, truth = _counter_rate(fit), _counter_rate(lines)
     old, new = _samples("tqdm", lines), _samples("tqdm_steps", lines)
     assert old[0][1] > 10 * truth  # the restored steps in the bar's it/s
-    assert max(v for _, v in new) < 1.5 * truth and abs(statistics.median(v for _, v in new) - truth) < 0.1 * truth
+    assert (max(v for _, v in new) < 1.5 * truth
+            and abs(statistics.median(v for _, v in new) - truth) < 0.1 * truth)
     assert abs(statistics.median(v for _, v in _samples("tqdm_steps", fit)) - truth_fit) < 0.1 * truth_fit
     # each step drawn twice, counted once: samples by time, not by line
     assert len([1 for _, x in lines if _N.search(x)]) > 1000 and len(new) < 40

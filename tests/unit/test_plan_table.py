@@ -25,8 +25,8 @@ ROWS = [
     ("base", {}, {}, HEAD + WARMUPS + ["train"],
      ("warmup", "CUDA_VISIBLE_DEVICES=3"), "resuming on purpose"),
     ("no-warmup", {"warmup": None}, {}, HEAD + ["train"], ("train", "within 900s of its start"), "warmup"),
-    ("warmup-never", {"warmup": {"command": "python warmup.py", "when": "never"}}, {}, HEAD + ["warmup", "train"],
-     ("warmup", "never"), "CUDA_VISIBLE_DEVICES"),
+    ("warmup-never", {"warmup": {"command": "python warmup.py", "when": "never"}}, {},
+     HEAD + ["warmup", "train"], ("warmup", "never"), "CUDA_VISIBLE_DEVICES"),
     ("no-code", {"sync": []}, {}, [k for k in HEAD if k != "manifest"] + WARMUPS + ["train"],
      ("submit", "no code to ship"), "list the files already shipped"),
     ("clear-caches", {"caches": {"clear_on_submit": True}}, {}, HEAD + WARMUPS + ["train"],
@@ -61,7 +61,8 @@ def test_build_plan(box, keys, kw, kinds, has, never):
     steps = build_plan(load_spec(path), target, "tjob-1", "slow", **kw)
     assert [s.kind for s in steps] == kinds
     kind, piece = has
-    assert any(s.kind == kind and piece in f"{s.what} {s.when}" for s in steps), [(s.kind, s.what) for s in steps]
+    assert any(s.kind == kind and piece in f"{s.what} {s.when}" for s in steps), [(s.kind, s.what)
+                                                                                  for s in steps]
     assert not any(never in f"{s.what} {s.when}" for s in steps)
 
 
@@ -70,7 +71,8 @@ def test_the_profile_picks_the_venv_and_the_steps_say_it(box):
     path = write_spec(tmp / "job.yaml", target="box", fast_url="file:///wh/fast", slow_url="file:///wh/slow")
     spec = load_spec(path)
     fast, slow = (build_plan(spec, target, "tjob-1", p) for p in ("fast", "slow"))
-    venv = [[s.what for s in steps if s.kind == "env" and s.what.startswith("build venv")] for steps in (fast, slow)]
+    venv = [[s.what for s in steps if s.kind == "env" and s.what.startswith("build venv")]
+            for steps in (fast, slow)]
     assert venv[0] and venv[1] and venv[0] != venv[1]
     assert all(w.startswith("build venv fast-") for w in venv[0]) and all(w.startswith("build venv slow-")
                                                                         for w in venv[1])

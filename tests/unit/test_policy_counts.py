@@ -175,7 +175,8 @@ def test_known_good():
     cfg = Cfg(min_ratio=0.8, window=3, good_after=100, initial_delay=20)
     s = mk([100] * 2 + [12_800] * 15)  # t 0..160; first counted at t=20
     assert known_good(cfg, s, now=100, phase_start=0, baseline=None) is None  # too early
-    assert known_good(cfg, s[:12], now=200, phase_start=0, baseline=None) is None  # no sample reaches t=120 yet
+    # no sample reaches t=120 yet
+    assert known_good(cfg, s[:12], now=200, phase_start=0, baseline=None) is None
     assert known_good(cfg, s, now=200, phase_start=0, baseline=None) == 12_800  # first baseline
     assert known_good(cfg, s, now=200, phase_start=0, baseline=12_800) == 12_800
     # a breaching window inside the span spoils it, even with a good tail

@@ -23,7 +23,8 @@ FORMATS = {  # as tests/unit/test_real_traces.py replays the recordings without 
     "dflash_mini": {"format": "ktok"},
 }
 POLICY = {"window": "10s", "failure_limit": "20s", "min_ratio": 0.5, "good_after": 20.0, "pause_tail": 1.0}
-GPU_ACT2 = {  # act 1's known-good baselines, as tests/unit/test_real_traces.py replays the supervisors' traces
+# act 1's known-good baselines, as tests/unit/test_real_traces.py replays the supervisors' traces
+GPU_ACT2 = {
     "gpujob_hf_act2": 313262.08, "gpujob_nanogpt_act2": 1299286.28, "gpujob_nanogpt_act2_kept": 1234664.66,
     "gpujob_lightning_act2": 719421.44, "gpujob_specforge_act2": 8166.84, "gpujob_torchtitan_act2": 217443.0,
     "gpujob_dflash_mini_act2": 910000.0,
@@ -41,7 +42,8 @@ def _cases() -> list:
         for prefix, fmt in FORMATS.items():
             if name.startswith(prefix):
                 out.append((name, {"throughput": dict(fmt, **POLICY)}, 1000.0))  # a baseline: windows judged
-                out.append((name + "+count", {"throughput": {**fmt, **POLICY, "window": 3, "failure_limit": 2}}, None))
+                out.append((name + "+count",
+                            {"throughput": {**fmt, **POLICY, "window": 3, "failure_limit": 2}}, None))
     return out
 
 

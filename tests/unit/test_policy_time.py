@@ -92,7 +92,8 @@ def test_failure_limit_in_time_and_pauses_do_not_count():
     # a shallow breach (8 under 10: shallower than 75 % of the threshold) must hold the whole limit
     s = [Sample(float(k), 20.0) for k in range(20)] + [Sample(float(k), 8.0) for k in range(20, 80)]
     verdicts = {d.verdict for d in run(cfg, s[:50], None)}
-    assert "rollback" not in verdicts and "breach" in verdicts  # 30 s of low samples: the median flips at ~25 s: not 30 s of breach
+    # 30 s of low samples: the median flips at ~25 s: not 30 s of breach
+    assert "rollback" not in verdicts and "breach" in verdicts
     assert run(cfg, s, None)[-1].verdict == "rollback"
     # the same stretch with a 30 s pause inside: pause time is no breach time
     p = Pauses(tail=0.0, lead=0.0)
@@ -178,7 +179,8 @@ def test_lightning_saves_and_rewrites_in_place_are_told_apart_from_one_long_save
     from gpujob.agent.judge.pauses import QUIET, Pauses, save_key
     ck = "lightning_logs/version_0/checkpoints"
     assert save_key(f"{ck}/epoch=0-step=12.ckpt") == "epoch=0-step=12.ckpt"
-    assert save_key("run_3/w.pt") == "run_3" and save_key("out/step_7/model-00001-of-00002.safetensors") == "step_7"
+    assert (save_key("run_3/w.pt") == "run_3"
+            and save_key("out/step_7/model-00001-of-00002.safetensors") == "step_7")
     lt = Pauses(5.0)  # every_n_train_steps: a new file each save, the previous one deleted (save_top_k=1)
     lt.on_ckpt_events([{"t": 10.0, "ckpt": f"{ck}/epoch=0-step=2.ckpt", "op": "new", "size": 1}])
     assert lt.ckpt and lt.count == 1
@@ -188,8 +190,8 @@ def test_lightning_saves_and_rewrites_in_place_are_told_apart_from_one_long_save
     last = Pauses(5.0)  # save_last=True: the step file and last.ckpt of one save are one save
     for t in (10.0, 40.0):
         last.on_ckpt_events([{"t": t, "ckpt": f"{ck}/epoch=0-step={int(t)}.ckpt", "op": "new", "size": 1},
-                             {"t": t + 0.2, "ckpt": f"{ck}/last.ckpt", "op": "new" if t == 10.0 else "changed",
-                              "size": 1}])
+                             {"t": t + 0.2, "ckpt": f"{ck}/last.ckpt",
+                              "op": "new" if t == 10.0 else "changed", "size": 1}])
     assert last.ckpt and last.rhythm is None and last.count == 2
     ng = Pauses(5.0)  # nanoGPT: out/ckpt.pt rewritten in place every 5 s
     ng.on_ckpt_events([{"t": 10.0, "ckpt": "out/ckpt.pt", "op": "new", "size": 1}])

@@ -90,7 +90,8 @@ def test_the_hf_save_dips_are_deep_and_only_the_pauses_keep_them_out():
     base = SUMMARY["hf_trainer_compiled_2lanes"]["median_tok_s"]
     dips = [d for d in decisions if d.get("value") is not None and d["value"] < 0.5 * base
             and d["verdict"] not in ("settling", "warming_up")]
-    assert dips and all(d["verdict"] == "paused" for d in dips), [(d["value"], d["verdict"]) for d in dips[:5]]
+    assert dips and all(d["verdict"] == "paused" for d in dips), [(d["value"], d["verdict"])
+                                                                  for d in dips[:5]]
 
 
 def test_frequent_saves_are_the_trainers_pace_not_pauses():
@@ -117,7 +118,8 @@ def test_the_supervisors_own_trace_from_the_gpu_replays_to_the_rollback_it_took(
     Replayed offline, the policy rolls back at the very moment the live supervisor did, and the
     known-good profile it resumed on is judged good."""
     spec = json.loads((TRACES / "gpujob_dflash_mini_act2.spec.json").read_text())
-    decisions, summary = replay_trace(str(TRACES / "gpujob_dflash_mini_act2.jsonl.gz"), spec, baseline=910000.0)
+    decisions, summary = replay_trace(str(TRACES / "gpujob_dflash_mini_act2.jsonl.gz"), spec,
+                                      baseline=910000.0)
     slow, fast = [s for s in summary["per_segment"] if s["samples"]]
     assert (slow["profile"], fast["profile"]) == ("slow", "fast")
     assert slow["rollback_at"] is not None and abs(slow["rollback_at"] - slow["recorded_rollback_at"]) < 0.5
@@ -145,9 +147,11 @@ def test_each_recipes_own_gpu_trace_replays_to_the_rollback_it_took(name):
     segs = [s for s in summary["per_segment"] if s["samples"] and s["profile"]]  # (the warmup's: no profile)
     broken, resumed = segs[0], segs[1]
     assert (broken["profile"], resumed["profile"]) == ("broken", "compiled")
-    assert broken["rollback_at"] is not None and abs(broken["rollback_at"] - broken["recorded_rollback_at"]) < 0.5
+    assert (broken["rollback_at"] is not None
+            and abs(broken["rollback_at"] - broken["recorded_rollback_at"]) < 0.5)
     assert summary["time_to_decide"] <= 60.0  # caught within a minute of its first sample
     if name.startswith("gpujob_nanogpt"):  # the resumed run's dip under a GPU shared with 3 more lanes
-        assert resumed["rollback_at"] is not None and resumed["rollback_at"] == resumed["recorded_rollback_at"]
+        assert (resumed["rollback_at"] is not None
+                and resumed["rollback_at"] == resumed["recorded_rollback_at"])
     else:  # the known-good profile it resumed on was never judged a failure
         assert resumed["rollback_at"] is None and resumed["recorded_rollback_at"] is None

@@ -41,7 +41,8 @@ SETS = {
         "throughput.ranks": "first", "train.checkpoint.path": "out/r-step*",
         "train.checkpoint.done_file": "training_state.pt",
         "train.resume_args": ["training.resume_from={resume_from}"]}),
-    "hf_trainer": ("python run_clm.py --output_dir out --per_device_train_batch_size 2 --max_seq_length 64", None, {
+    "hf_trainer": ("python run_clm.py --output_dir out --per_device_train_batch_size 2 --max_seq_length 64",
+                   None, {
         "train.checkpoint.path": "out/checkpoint-*", "train.checkpoint.done_file": "trainer_state.json",
         "train.resume_args": ["--resume_from_checkpoint", "{resume_from}"],
         "throughput.pause_pattern": r"^\{'eval_loss'", "throughput.tokens_per_step": 128}),
@@ -85,7 +86,8 @@ def test_the_agent_reads_each_recipes_rate_keys(tmp_path):
     assert decisions and {d["value"] for d in decisions if d["value"]} == {2.0 * 512}
     _, ng = agent_spec(tmp_path, "nanogpt", SETS["nanogpt"][0])
     recs = lines(1.0, [f"iter {i}: loss 2.0000, time 500.00ms, mfu 1.00%" for i in range(10)]
-                 + ["step 10: train loss 2.0000, val loss 2.1000", "iter 10: loss 2.0, time 9000.00ms, mfu 1.00%"])
+                 + ["step 10: train loss 2.0000, val loss 2.1000",
+                    "iter 10: loss 2.0, time 9000.00ms, mfu 1.00%"])
     decisions, summary = replay_records(recs, ng)
     assert summary["per_segment"][0]["samples"] == 11 and summary["pauses"] == 1
     assert {d["value"] for d in decisions if d["value"]} <= {2048 / 0.5, 2048 / 9.0}
@@ -96,7 +98,8 @@ def test_the_agent_reads_each_recipes_rate_keys(tmp_path):
     assert summary["pauses"] == 1
     _, tt = agent_spec(tmp_path, "torchtitan", SETS["torchtitan"][0])
     assert tt["throughput"]["ranks"] == "first"
-    recs = lines(1.0, [f"[rank{r}]:[titan] step: {s}  loss:  2.0  memory: 1GiB(1%)  tps: {1000 + r:,}  mfu: 1%"
+    recs = lines(1.0, [f"[rank{r}]:[titan] step: {s}  loss:  2.0  memory: 1GiB(1%)  tps: {1000 + r:,}  mfu: "
+                       f"1%"
                        for s in range(1, 5) for r in range(2)])
     decisions, summary = replay_records(recs, tt)
     assert summary["per_segment"][0]["samples"] == 4 and all(d["value"] in (1000, None) for d in decisions)
@@ -110,8 +113,8 @@ def test_a_directory_checkpoint_is_finished_by_its_done_file_and_resumed_by_path
     ck = job["train"]["checkpoint"]
     work = tmp_path / "work"
     home = str(tmp_path / "home")
-    w = ckregister.CkWatch.begin(home, "j-1", "j", "base", str(work / ck["path"].replace("{job_id}", "j-1")), str(work), True,
-                                 ck["settle"], ck["done_file"], time.time())
+    w = ckregister.CkWatch.begin(home, "j-1", "j", "base", str(work / ck["path"].replace("{job_id}", "j-1")),
+                                 str(work), True, ck["settle"], ck["done_file"], time.time())
     step = ck["path"].replace("*", "12").replace("{job_id}", "j-1")
     (work / step).mkdir(parents=True)
     (work / step / "weights.bin").write_text("w")
@@ -139,8 +142,8 @@ def test_a_file_written_in_place_is_finished_after_the_recipes_settle(tmp_path, 
     ck = job["train"]["checkpoint"]
     assert ck["settle"] == settle
     work = tmp_path / "work"
-    w = ckregister.CkWatch.begin(str(tmp_path / "home"), "j-1", "j", "base", str(work / ck["path"]), str(work),
-                                 True, ck["settle"], ck.get("done_file"), time.time())
+    w = ckregister.CkWatch.begin(str(tmp_path / "home"), "j-1", "j", "base", str(work / ck["path"]),
+                                 str(work), True, ck["settle"], ck.get("done_file"), time.time())
     f = work / ck["path"].replace("version_*", "version_0").replace("*.ckpt", "epoch=0-step=2.ckpt")
     f.parent.mkdir(parents=True)
     f.write_text("half")
@@ -156,7 +159,8 @@ def test_rate_and_checkpoint_keys_yield_with_the_spec_own(tmp_path):
     # the spec reads its rate another way: the recipe's format, pattern and tokens go
     spec, _ = agent_spec(tmp_path, "nanogpt", "python train.py", throughput={"format": "ktok"})
     assert spec.throughput.pattern is None and spec.throughput.tokens_per_step is None
-    assert spec.throughput.pause_pattern == r"^step \d+: train loss"  # its eval line pauses whatever reads the rate
+    # its eval line pauses whatever reads the rate
+    assert spec.throughput.pause_pattern == r"^step \d+: train loss"
     spec, _ = agent_spec(tmp_path, "lightning", "python main.py fit", throughput={"format": "ktok"})
     assert spec.throughput.format == "ktok"  # no tokens_per_step required of it
     # checkpoint: null takes the {resume_from} resume_args with it
@@ -164,7 +168,8 @@ def test_rate_and_checkpoint_keys_yield_with_the_spec_own(tmp_path):
                          train={"command": "python main.py fit", "checkpoint": None})
     assert spec.train.checkpoint is None and spec.train.resume_args == []
     # nanoGPT with a config file: its values are not read, so tokens per iteration is required
-    with pytest.raises(SpecError, match="tokens_per_step: missing .required. for recipe nanogpt: a config file"):
+    with pytest.raises(SpecError,
+                       match="tokens_per_step: missing .required. for recipe nanogpt: a config file"):
         agent_spec(tmp_path, "nanogpt", "python train.py config/train_gpt2.py --batch_size=8")
     spec, _ = agent_spec(tmp_path, "nanogpt", "python train.py config/x.py --batch_size=8 --block_size=64 "
                          "--gradient_accumulation_steps=1")
@@ -175,7 +180,8 @@ def test_standby_preloads_only_for_commands_the_standby_runs(tmp_path):
     spec, _ = agent_spec(tmp_path, "specforge", SETS["specforge"][0], throughput={"tokens_per_step": 1})
     assert spec.train.standby.preload == PRELOAD["specforge"]
     assert {"specforge.cli", "torch._inductor.compile_fx"} <= set(PRELOAD["specforge"])
-    spec, _ = agent_spec(tmp_path, "specforge", "specforge train -c run.yaml", throughput={"tokens_per_step": 1})
+    spec, _ = agent_spec(tmp_path, "specforge", "specforge train -c run.yaml",
+                         throughput={"tokens_per_step": 1})
     assert spec.train.standby is None  # a console script: the standby cannot run it
     spec, _ = agent_spec(tmp_path, "torchtitan", SETS["torchtitan"][0])
     assert spec.train.standby is None  # torchrun's workers are fresh processes
@@ -198,7 +204,8 @@ def test_a_recipes_keys_never_change_within_a_revision():
     known = json.loads(REVISIONS.read_text())
     for name, r in RECIPES.items():
         revs = known[name]
-        assert max(int(k) for k in revs) == r.revision, f"{name}: revision {r.revision} is not the newest recorded"
+        assert max(int(k) for k in revs) == r.revision, \
+            f"{name}: revision {r.revision} is not the newest recorded"
         assert revs[str(r.revision)] == fingerprint(name), \
             f"recipe {name}'s keys changed within revision {r.revision}: bump its revision"
         assert len(set(revs.values())) == len(revs)  # each revision changed something

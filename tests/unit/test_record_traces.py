@@ -53,7 +53,8 @@ def test_recorded_traces_are_v1_and_small():
         if meta["trainer"] != "compile_race":
             assert meta["tokens_per_step"] > 0
             assert meta["profile"] in ("compiled", "broken_compile")
-            assert (meta["profile_env"].get("TORCHDYNAMO_DISABLE") == "1") == (meta["profile"] == "broken_compile")
+            assert (meta["profile_env"].get("TORCHDYNAMO_DISABLE") == "1") == \
+                (meta["profile"] == "broken_compile")
             assert any("ckpt" in r for r in recs), path
 
 

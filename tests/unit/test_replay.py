@@ -72,7 +72,8 @@ def test_slow_profile_rolled_back_with_detection_time_and_the_recorded_one(tmp_p
     # (ln(649/300) / ln(1/0.75))^2 = 7.2 s of the 30 s failure_limit per second (agent/judge/tail.py)
     assert 6 <= took <= 14, took
     note = [d for d in decisions if d["verdict"] == "note"][0]
-    assert note["reason"].startswith("would have rolled back at t=+") and "recorded: at t=+60.0s" in note["reason"]
+    assert (note["reason"].startswith("would have rolled back at t=+")
+            and "recorded: at t=+60.0s" in note["reason"])
     assert summary["per_segment"][0]["known_good"] == 811e3  # the baseline segment 2 is judged against
 
 

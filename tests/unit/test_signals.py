@@ -57,7 +57,8 @@ def test_scan_line_and_find_signature():
     assert scan_line(OOM[0], SIGS) == "cuda_oom"
     assert scan_line("step 10 loss 1.0", SIGS) is None
     assert scan_line("anything", [""]) is None  # empty signature never matches
-    assert find_signature(["a", "undefined symbol: cuLaunchKernel", TRACE[2]], SIGS) == "undefined symbol: cuLaunch"
+    assert (find_signature(["a", "undefined symbol: cuLaunchKernel", TRACE[2]], SIGS) == "undefined symbol: "
+                                                                                         "cuLaunch")
 
 
 @pytest.mark.parametrize("line,name", [

@@ -69,7 +69,8 @@ def test_in_production_the_last_legal_step_stays_with_an_event_and_a_notificatio
 def test_a_state_json_written_by_the_previous_agent_for_a_running_job_is_read_and_goes_on(tmp_path):
     """state.json as gpujob 4594edf wrote it mid-training (raw step strings, format 1)."""
     j = journal(tmp_path, generation=3)
-    old = {"format": 1, "generation": 3, "job_id": "j1", "name": "tjob", "state": "training", "phase": "train",
+    old = {"format": 1, "generation": 3, "job_id": "j1", "name": "tjob", "state": "training",
+           "phase": "train",
            "step": "train", "profile": "slow", "resume": False, "warmup_done": [0], "cache_cold": False,
            "child": {"phase": "train", "log": "train.log", "pgid": 4242, "ticks": 1, "exit_file": "x",
                      "log_start": 0, "profile": "slow", "gpu": None, "watch_tps": True},
@@ -78,4 +79,5 @@ def test_a_state_json_written_by_the_previous_agent_for_a_running_job_is_read_an
     st = j.state()
     assert Stage.of(st["step"]) is Stage.TRAIN and st["child"]["pgid"] == 4242
     st = j.set_state(step=Stage.ROLLBACK, pending_rollback={"from": "slow", "to": "fast"})
-    assert st["format"] == 1 and json.loads((tmp_path / "jobs" / "j1" / "state.json").read_text())["step"] == "rollback"
+    assert (st["format"] == 1
+            and json.loads((tmp_path / "jobs" / "j1" / "state.json").read_text())["step"] == "rollback")

@@ -71,12 +71,14 @@ def test_the_recorded_running_job_is_read_and_goes_on_through_the_journal(tmp_pa
     old = json.loads((ROOT / "tests/data/state/running_after_rollback.json").read_text())
     j = journal(tmp_path, generation=old["generation"], state=old)
     rec = j.record()
-    assert rec.profile == "fast" and rec.rollback_list[0]["from"] == "slow" and rec.child["pgid"] == old["child_pgid"]
+    assert (rec.profile == "fast" and rec.rollback_list[0]["from"] == "slow"
+            and rec.child["pgid"] == old["child_pgid"])
     st = j.set_state(step=Stage.ROLLBACK, pending_rollback={"from": "fast", "to": "slow", "reason": "x"})
     assert st["step"] == "rollback" and st["format"] == 1
     again = json.loads((tmp_path / "jobs/j1/state.json").read_text())
+    # nothing of the old file lost
     assert {k: again[k] for k in old if k not in ("step", "updated_at", "pending_rollback")} == \
-        {k: old[k] for k in old if k not in ("step", "updated_at", "pending_rollback")}  # nothing of the old file lost
+        {k: old[k] for k in old if k not in ("step", "updated_at", "pending_rollback")}
 
 
 def test_unknown_and_mistyped_keys_in_an_old_file_crash_no_reader_and_are_kept(tmp_path):
@@ -86,7 +88,8 @@ def test_unknown_and_mistyped_keys_in_an_old_file_crash_no_reader_and_are_kept(t
     j = journal(tmp_path, state=old)
     rec = j.record()
     assert rec.profile == "fast" and rec.tps is None and rec.window is None
-    assert rec.extra == {"from_a_newer_agent": {"x": 1}, "tps": "fast!", "window": [1, 2], "tps_recent": "abc"}
+    assert rec.extra == {"from_a_newer_agent": {"x": 1}, "tps": "fast!", "window": [1, 2],
+                         "tps_recent": "abc"}
     assert rec.rollback_list == [{"from": "a", "to": "b"}]
     j.set_state(reason="still written")  # the write changes only what it names
     kept = json.loads((tmp_path / "jobs/j1/state.json").read_text())
@@ -134,7 +137,8 @@ def test_in_production_an_undeclared_key_is_written_and_said(tmp_path, monkeypat
 
 def test_the_laptop_reads_the_status_answer_through_the_same_record():
     st = json.loads((ROOT / "tests/data/state/running_after_rollback.json").read_text())
-    v = render.status_view(dict(st, ledger={"profiles": {"fast": {"status": "good"}}}, now=st["updated_at"]), "box")
+    v = render.status_view(dict(st, ledger={"profiles": {"fast": {"status": "good"}}}, now=st["updated_at"]),
+                           "box")
     assert (v["state"], v["phase"], v["profile"], v["tok_s"]) == ("training", "train", "fast", st["tps"])
     assert v["window_median"] == st["window"]["median"] and v["trend"] == st["tps_recent"]
     assert v["rollbacks"][0]["to"] == "fast" and v["ledger"] == {"fast": {"status": "good"}}
@@ -177,8 +181,10 @@ def state_json_writers(source: str) -> list:
 
 
 def test_only_the_journal_writes_state_json():
-    found = {str(p.relative_to(ROOT)): state_json_writers(p.read_text()) for p in sorted((ROOT / "gpujob").rglob("*.py"))}
-    assert {k: v for k, v in found.items() if v} == {"gpujob/agent/home/journal.py": found["gpujob/agent/home/journal.py"]}
+    found = {str(p.relative_to(ROOT)): state_json_writers(p.read_text())
+             for p in sorted((ROOT / "gpujob").rglob("*.py"))}
+    journal = "gpujob/agent/home/journal.py"
+    assert {k: v for k, v in found.items() if v} == {journal: found[journal]}
     assert len(found["gpujob/agent/home/journal.py"]) == 1  # set_state's write_json (sync only fsyncs it)
     for planted in ('write_json(os.path.join(d, "state.json"), st)', 'open(j.path("state.json"), "w")',
                     'os.open(p("state.json"), os.O_WRONLY | os.O_CREAT)'):

@@ -1,7 +1,8 @@
 
 import pytest
 
-from gpujob.agent.judge.throughput import LineSplitter, fmt_rate, make_parser, make_step_parser, sparkline, strip_ansi
+from gpujob.agent.judge.throughput import (LineSplitter, fmt_rate, make_parser, make_step_parser, sparkline,
+                                           strip_ansi)
 
 # ---------------------------------------------------------------- LineSplitter
 
@@ -190,7 +191,8 @@ def test_regex():
     assert make_parser("regex", pattern=r"rate (?P<value>\d+)")("rate 40") == 40
     # unknown unit -> None; steps/s pattern × tokens_per_step
     assert make_parser("regex", pattern=r"(?P<value>\d+)(?P<unit>[a-z]*)/s")("12x/s") is None
-    assert make_parser("regex", pattern=r"(?P<value>[\d.]+) steps/s", tokens_per_step=4096)("2.5 steps/s") == 10240
+    assert make_parser("regex", pattern=r"(?P<value>[\d.]+) steps/s",
+                       tokens_per_step=4096)("2.5 steps/s") == 10240
 
 
 def test_make_parser_errors():

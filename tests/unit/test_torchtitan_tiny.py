@@ -58,7 +58,8 @@ def test_build_writes_a_tokenizer_below_the_models_vocabulary(tmp_path):
     tok = Tokenizer.from_file(str(tmp_path / "assets" / "tokenizer.json"))
     assert got["vocab"] == tok.get_vocab_size() <= tiny.VOCAB
     special = json.loads((tmp_path / "assets" / "tokenizer_config.json").read_text())
-    assert tok.token_to_id(special["bos_token"]) is not None and tok.token_to_id(special["eos_token"]) is not None
+    assert (tok.token_to_id(special["bos_token"]) is not None
+            and tok.token_to_id(special["eos_token"]) is not None)
     ids = tok.encode("kato rimu sena.").ids
     assert ids and max(ids) < tiny.VOCAB
     first = json.loads((tmp_path / "data" / "train.jsonl").read_text().splitlines()[0])

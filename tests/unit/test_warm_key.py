@@ -18,14 +18,18 @@ CASES = {
                    "--save_steps 200", ("--save_steps 200", "--save_steps 50 --logging_steps 5"),
                    ("--per_device_train_batch_size 8", "--per_device_train_batch_size 16"), None),
     "nanogpt": ("python train.py --batch_size=12 --eval_interval=250", ("--eval_interval=250",
-                "--eval_interval=100 --max_iters=9000 --out_dir=o2"), ("--batch_size=12", "--batch_size=16"), None),
-    "lightning": ("python main.py fit --trainer.callbacks+=ModelCheckpoint --trainer.callbacks.every_n_train_steps=50",
+                "--eval_interval=100 --max_iters=9000 --out_dir=o2"), ("--batch_size=12", "--batch_size=16"),
+                None),
+    "lightning": ("python main.py fit --trainer.callbacks+=ModelCheckpoint "
+                  "--trainer.callbacks.every_n_train_steps=50",
                   ("every_n_train_steps=50", "every_n_train_steps=500 --trainer.max_steps 99"),
                   ("fit", "fit --model.dim 512"), 10),
-    "torchtitan": ("torchrun --nproc_per_node 1 -m torchtitan.train --job.config_file t.toml --checkpoint.interval 100",
+    "torchtitan": ("torchrun --nproc_per_node 1 -m torchtitan.train --job.config_file t.toml "
+                   "--checkpoint.interval 100",
                    ("--checkpoint.interval 100", "--checkpoint.interval 500 --training.steps 7"),
                    ("t.toml", "t.toml --compile.enable"), None),
-    "specforge": ("python -m specforge.cli train -c run.yaml output_dir=out run_id=r training.save_interval=100",
+    "specforge": ("python -m specforge.cli train -c run.yaml output_dir=out run_id=r "
+                  "training.save_interval=100",
                   ("training.save_interval=100", "training.save_interval=7 run_id=q"),
                   ("-c run.yaml", "-c run2.yaml"), 512),
 }
@@ -53,7 +57,8 @@ def test_the_keyed_command_drops_each_form_of_an_ignored_flag():
     assert envs.keyed_command(argv, ig) == ["python", "t.py", "--keep", "1", "--save_steps_extra", "2",
                                             "training.save_interval_x=1"]
     assert envs.keyed_command("python t.py --save_steps 5 --lr 1", ig) == ["python", "t.py", "--lr", "1"]
-    assert envs.keyed_command("python t.py --save_steps 5", []) == "python t.py --save_steps 5"  # no list: as is
+    # no list: as is
+    assert envs.keyed_command("python t.py --save_steps 5", []) == "python t.py --save_steps 5"
     assert envs.keyed_command("python 't.py", ig) == "python 't.py"  # unbalanced: as is
 
 

@@ -25,7 +25,8 @@ SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/l
 #: never these directories themselves (a subdirectory is fine)
 SYSTEM_DIRS = ("/", "/root", "/home", "/mnt", "/media", "/opt", "/srv", "/tmp")
 #: gpujob's own directories under its home
-HOME_OWN = ("jobs", "envs", "caches", "snapshots", "ledger", "bin", "uv-cache", "checkpoints", "proofs", ".gc")
+HOME_OWN = ("jobs", "envs", "caches", "snapshots", "ledger", "bin", "uv-cache", "checkpoints", "proofs",
+            ".gc")
 
 _GLOB = re.compile(r"[*?\[]")
 _PLACEHOLDER = re.compile(r"\{[a-z_.]+\}")

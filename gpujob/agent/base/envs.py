@@ -162,8 +162,9 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     """The argv lists that create ``venv`` and install a profile into it.
 
     With uv: ``uv venv`` then ``uv pip install`` of the pinned packages from the
-    profile's index (and its extra indexes and ``find_links`` folders), then the job's common requirements from the default index
-    with the profile's index as an extra one, the pins held as constraints so a
+    profile's index (and its extra indexes and ``find_links`` folders), then the job's
+    common requirements from the default index with the profile's index as an extra one,
+    the pins held as constraints so a
     common requirement can never swap the torch build; then the ``no_deps`` requirements
     the same way with ``--no-deps``. Without uv: the same with
     ``python3 -m venv`` and pip.
@@ -181,7 +182,8 @@ def build_commands(profile: dict, venv: str, python: str, *, uv: str | None, uv_
     else:
         base = [vpy, "-m", "pip", "install", "--disable-pip-version-check"]
         # nothing to install: no pip needed (a base without ensurepip can still make the venv)
-        bare = [] if pins or profile_requirements_file or common_requirements or no_deps else ["--without-pip"]
+        bare = ([] if pins or profile_requirements_file or common_requirements or no_deps
+                else ["--without-pip"])
         cmds = [[python, "-m", "venv", *ssp, *bare, venv]]
     if inherit:
         cmds.append(link_base_command(python, venv))
@@ -241,7 +243,8 @@ def check_verify(profile: dict, report: dict) -> list:
         if pinned and torch["version"] != pinned:
             problems.append(f"torch.__version__ is {torch['version']}, the profile pins {pinned}")
         cuda = profile.get("cuda")
-        if cuda and (torch.get("cuda") or "") != cuda and not (torch.get("cuda") or "").startswith(cuda + "."):
+        got = torch.get("cuda") or ""
+        if cuda and got != cuda and not got.startswith(cuda + "."):
             problems.append(f"torch.version.cuda is {torch.get('cuda')}, the profile says {cuda}")
     return problems
 

@@ -80,6 +80,7 @@ def job_env(login: dict, passthrough: dict, layers: list, venv: str, extra: dict
     path = env.get("PATH") or DEFAULT_PATH
     env.update(VIRTUAL_ENV=venv, PATH=os.path.join(venv, "bin") + os.pathsep + path, PYTHONUNBUFFERED="1")
     env.pop("PYTHONHOME", None)
-    env.setdefault("PYTHONFAULTHANDLER", "1")  # a hung trainer's SIGABRT writes its stacks (agent/supervisor/stacks.py)
+    # a hung trainer's SIGABRT writes its stacks (agent/supervisor/stacks.py)
+    env.setdefault("PYTHONFAULTHANDLER", "1")
     env.update(extra or {})
     return env

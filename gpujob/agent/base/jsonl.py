@@ -105,8 +105,9 @@ class Splitter:
     """Bytes in, whole lines out (``feed`` returns ``[(line number, bytes or None)]``); a
     line longer than ``max_line`` is never held: it comes out as ``None`` as soon as it is
     past the bound, and its bytes are dropped up to its newline. NULs that start a line (a
-    trimmed journal's punched-out hole, as long as what was trimmed) are never held. ``close`` gives the last line when the data did not end in
-    a newline (a torn record, as its reader sees fit)."""
+    trimmed journal's punched-out hole, as long as what was trimmed) are never held.
+    ``close`` gives the last line when the data did not end in a newline (a torn record, as
+    its reader sees fit)."""
 
     def __init__(self, max_line: int = MAX_LINE):
         self.max_line = max_line
@@ -292,7 +293,8 @@ def is_number(v) -> bool:
 
 
 _KINDS = {"number": ("a number", is_number), "string": ("a string", lambda v: isinstance(v, str)),
-          "object": ("an object", lambda v: isinstance(v, dict)), "list": ("a list", lambda v: isinstance(v, list)),
+          "object": ("an object", lambda v: isinstance(v, dict)),
+          "list": ("a list", lambda v: isinstance(v, list)),
           "bool": ("a boolean", lambda v: isinstance(v, bool))}
 
 

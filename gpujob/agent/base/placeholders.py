@@ -10,8 +10,8 @@ import re
 import shlex
 
 FLEET_KEYS = ("nnodes", "node_rank", "rdzv_endpoint", "master_addr", "master_port")
-PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir|nnodes|node_rank|rdzv_endpoint"
-                         r"|master_addr|master_port|resume_from)\}")
+PLACEHOLDER = re.compile(r"\{(gpus\.[a-z_][a-z0-9_]*|gpu|profile|job_id|workdir|nnodes|node_rank"
+                         r"|rdzv_endpoint|master_addr|master_port|resume_from)\}")
 
 
 def substitute(text: str, values: dict, quote=None) -> str:

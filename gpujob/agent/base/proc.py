@@ -272,7 +272,7 @@ class Phase:
         return self._pidfd
 
     def kill(self, grace: float, first: float = 0.0) -> list:
-        left = kill_group(self.pgid, grace, reap=self.popen.poll if self.popen else None, leader_fd=self._pidfd,
-                          first=first)
+        left = kill_group(self.pgid, grace, reap=self.popen.poll if self.popen else None,
+                          leader_fd=self._pidfd, first=first)
         self.running()
         return left

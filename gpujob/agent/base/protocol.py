@@ -174,8 +174,8 @@ class OffsetSplitter:
         except ValueError:
             rec = None
         if not isinstance(rec, dict) or not isinstance(rec.get("offset"), int):
-            self.error = rec.get("error") if isinstance(rec, dict) and isinstance(rec.get("error"), str) else \
-                line[:2000].decode("utf-8", "replace")
+            self.error = (rec.get("error") if isinstance(rec, dict) and isinstance(rec.get("error"), str)
+                          else line[:2000].decode("utf-8", "replace"))
             self.answer = rec if isinstance(rec, dict) else None
             self.on_offset = self.sink = lambda _x: None  # nothing after an error is log
             return

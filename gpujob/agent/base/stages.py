@@ -35,7 +35,8 @@ _ANY = frozenset(Stage)
 # ROLLBACK is reachable from everywhere: a request by hand is taken at any step, and
 # `gpujob rollback` restarts an ended job from whatever step it ended at.
 TRANSITIONS = {
-    None: frozenset({Stage.ENV, Stage.ROLLBACK}),                        # submit; rollback of a job never started
+    # submit; rollback of a job never started
+    None: frozenset({Stage.ENV, Stage.ROLLBACK}),
     Stage.ENV: frozenset({Stage.RESTORE, Stage.ROLLBACK}),
     Stage.RESTORE: frozenset({Stage.WARMUP, Stage.ROLLBACK}),
     Stage.WARMUP: frozenset({Stage.TRAIN, Stage.RESTORE, Stage.ROLLBACK}),  # done / restart; cold retry

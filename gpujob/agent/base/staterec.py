@@ -47,7 +47,8 @@ class StateRecord:
 
     # ---- the file and its writer
     format: Optional[int] = _key(_I, "the file's format version (protocol.FORMAT); none means 1")
-    generation: Optional[int] = _key(_I, "lock generation of the last writer; an older one is refused (fencing)")
+    generation: Optional[int] = _key(_I, "lock generation of the last writer; an older one is refused "
+                                         "(fencing)")
     updated_at: Optional[float] = _key(_N, "when the file was last written (time.time())")
     # ---- the job
     job_id: Optional[str] = _key(_S, "the job's id (its directory's name)")
@@ -56,7 +57,8 @@ class StateRecord:
     phase: Optional[str] = _key(_S, "what runs now", PHASES)
     step: Optional[str] = _key(_S, "the supervisor's durable Stage: where its loop goes on after a death",
                                tuple(s.value for s in Stage))
-    reason: Optional[str] = _key(_S, "why the job is in its state (a final state's cause, a rollback's, a wait's)")
+    reason: Optional[str] = _key(_S, "why the job is in its state (a final state's cause, a rollback's, a "
+                                     "wait's)")
     started_at: Optional[float] = _key(_N, "when the job's first supervisor started")
     finished_at: Optional[float] = _key(_N, "when the job reached a final state (None: not ended)")
     exit_code: Optional[int] = _key(_I, "the trainer's exit status at the end")
@@ -73,17 +75,22 @@ class StateRecord:
     env_key: Optional[str] = _key(_S, "that profile's venv key (H/envs/<env_key>)")
     resume: Optional[bool] = _key(_B, "the next trainer start resumes from a checkpoint")
     resumed: Optional[str] = _key(_S, "the last resume's note: which checkpoint it took, or why none")
-    waiting: Optional[dict] = _key(_D, "what the supervisor waits for before it acts: {what, for (a checkpoint, "
-                                   "a save), since, limit (s)}; None when it waits for nothing")
+    waiting: Optional[dict] = _key(_D, "what the supervisor waits for before it acts: {what, for "
+                                       "(a checkpoint, a save), since, limit (s)}; None when it waits "
+                                       "for nothing")
     warmup_done: Optional[list] = _key(_L, "the GPUs whose warmup finished in this profile's warmup step")
     warmup_again: Optional[bool] = _key(_B, "the warmup reruns after a compile race (then train resumes)")
     cache_cold: Optional[bool] = _key(_B, "this start clears the profile's compile caches first")
-    cache_start: Optional[dict] = _key(_D, "how the profile's cache started: {profile, kind: warm|cold|restored}")
-    cold_retry: Optional[dict] = _key(_D, "the one retry of a failed cold start on a snapshot (profile, reason, at, …)")
-    snapshot_due: Optional[str] = _key(_S, "a profile whose cache snapshot is owed (taken again after a death)")
+    cache_start: Optional[dict] = _key(_D, "how the profile's cache started: {profile, kind: "
+                                           "warm|cold|restored}")
+    cold_retry: Optional[dict] = _key(_D, "the one retry of a failed cold start on a snapshot (profile, "
+                                          "reason, at, …)")
+    snapshot_due: Optional[str] = _key(_S, "a profile whose cache snapshot is owed (taken again after a "
+                                           "death)")
     standby: Optional[dict] = _key(_D, "the warm standby interpreter (its process record, profile, fifo, …)")
     # ---- the phase's child process
-    child: Optional[dict] = _key(_D, "the running phase command's record (phase, pgid, ticks, log, exit_file, …)")
+    child: Optional[dict] = _key(_D, "the running phase command's record (phase, pgid, ticks, log, "
+                                     "exit_file, …)")
     child_pid: Optional[int] = _key(_I, "its pid (its process group's id)")
     child_pgid: Optional[int] = _key(_I, "its process group (what stop and takeover kill)")
     child_starting: Optional[dict] = _key(_D, "a child being spawned: written before the spawn, so a death "
@@ -110,7 +117,8 @@ class StateRecord:
     # ---- a multi-node job
     fleet_go: Optional[bool] = _key(_B, "the controller said go (every node's lock is taken)")
     fleet_round: Optional[int] = _key(_I, "the fleet's relaunch round")
-    fleet_relaunch: Optional[dict] = _key(_D, "node 0's last relaunch message (sent again to a node that missed it)")
+    fleet_relaunch: Optional[dict] = _key(_D, "node 0's last relaunch message (sent again to a node that "
+                                              "missed it)")
 
     # keys this version cannot read as declared (another agent's, a damaged value), as they came
     extra: Dict[str, Any] = field(default_factory=dict, metadata={"types": None})

@@ -69,7 +69,8 @@ class TraceWriter:
         if self.gz is None:
             self._open()
         # the bytes json.dumps({"t": …, "out": line}, separators=(",", ":")) gives, without its dict walk
-        self._add(('{"t":' + repr(round(t, 3)) + ',"out":' + json.dumps(line) + "}\n").encode("utf-8", "replace"))
+        self._add(('{"t":' + repr(round(t, 3)) + ',"out":' + json.dumps(line) + "}\n")
+                  .encode("utf-8", "replace"))
 
     def out_lines(self, t: float, lines) -> None:
         """``out(t, line)`` for each of ``lines``, the same bytes, built as one string (the

@@ -70,8 +70,8 @@ class BadShape(ValueError):
 
 
 _T = TypeVar("_T", bound="Record")
-_TYPES: Dict[str, Any] = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict, "list": list,
-          "Dict": dict, "List": list}
+_TYPES: Dict[str, Any] = {"str": str, "int": int, "float": (int, float), "bool": bool, "dict": dict,
+                          "list": list, "Dict": dict, "List": list}
 
 
 def _check(owner: str, name: str, kind: str, value) -> None:

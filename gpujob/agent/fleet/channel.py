@@ -185,11 +185,13 @@ class Server:
             _hello(c, mine)
             line = rfile.readline(MAX_LINE)
             join = open_line(self.key, mine, 1, line)
-            if join.get("kind") != "join" or join.get("job") != self.job_id or not isinstance(join.get("rank"), int):
+            if (join.get("kind") != "join" or join.get("job") != self.job_id
+                    or not isinstance(join.get("rank"), int)):
                 raise Refused("not a join of this job")
             rank = join["rank"]
             if join.get("version") != VERSION:
-                raise Refused(f"the follower speaks {WIRE} version {join.get('version')!r}, the leader {VERSION}")
+                raise Refused(f"the follower speaks {WIRE} version {join.get('version')!r}, the leader "
+                              f"{VERSION}")
             conn = Conn(c, self.key, mine, str(join.get("nonce")), rfile)
             conn.in_seq = 1
             c.settimeout(SILENCE)  # a follower beats every second: silence means a dead link
@@ -270,7 +272,8 @@ class Client:
             theirs = _read_hello(rfile)
             mine = os.urandom(16).hex()
             conn = Conn(c, self.key, mine, theirs, rfile)
-            conn.send(dict(self.hello, kind="join", job=self.job_id, rank=self.rank, nonce=mine, version=VERSION))
+            conn.send(dict(self.hello, kind="join", job=self.job_id, rank=self.rank, nonce=mine,
+                           version=VERSION))
             c.settimeout(SILENCE)  # the leader beats every second: silence means a dead link
             return conn
         except BaseException:

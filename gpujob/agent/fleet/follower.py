@@ -105,7 +105,8 @@ class Follower(Node):
             if req is not None and req.kind == OutcomeKind.STOP:
                 return req
             if self.leader_gone_for(now()) > self.lost_after:
-                return Outcome(OutcomeKind.FLEET_END, "failed", f"{why}; leader {self.label(0)} unreachable for "
+                return Outcome(OutcomeKind.FLEET_END, "failed",
+                               f"{why}; leader {self.label(0)} unreachable for "
                                f"{self.leader_gone_for(now()):.0f}s (nodes.lost_after {self.lost_after:g}s)")
             time.sleep(0.05)
 

@@ -189,7 +189,8 @@ class Leader(Node):
         st = self.port.journal.state()
         if st.get("step") == "rollback" and st.get("pending_rollback"):
             to, reason = st["pending_rollback"]["to"], st["pending_rollback"]["reason"]
-        elif len(self.port.restarts) > restarts_before or (out.kind == OutcomeKind.SIGNAL and st.get("step") == "train"):
+        elif len(self.port.restarts) > restarts_before or (out.kind == OutcomeKind.SIGNAL
+                                                           and st.get("step") == "train"):
             to, reason = st.get("profile") or profile, f"restart on {profile}: {out.reason}"
         else:
             return

@@ -79,7 +79,8 @@ class Node:
             limit = float(self.info["start_timeout"])
             if now() - since > limit:  # the controller died between the holds and the go
                 self.port.finish("failed", f"the controller never said go within {limit:g}s "
-                                          "(nodes.start_timeout; the submit was cut off): nothing was started")
+                                          "(nodes.start_timeout; the submit was cut off): nothing was "
+                                          "started")
                 return False
             time.sleep(0.1)
 

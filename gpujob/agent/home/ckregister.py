@@ -41,11 +41,10 @@ a checkpoint that changed again and settles anew.
 from __future__ import annotations
 
 import glob
-import json
 import os
-import tempfile
 import time
 
+from gpujob.agent.base import fsio
 from gpujob.agent.base.ckpaths import step_of
 from gpujob.agent.home import ckscan
 
@@ -89,35 +88,19 @@ def load(home_root: str, job_id: str, name: str = "") -> dict:
 
 
 def save(home_root: str, data: dict) -> None:
-    """Atomic and durable: a temp file from mkstemp beside the register, fsync, rename."""
+    """Atomic and durable (fsio.write_json: a fresh temp file beside the register that a
+    planted link cannot redirect, fsync, rename, fsync of the directory)."""
     target = path_of(home_root, data["job_id"])
     d = os.path.dirname(target)
     os.makedirs(d, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".reg-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write((json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    fsio.write_json(target, data, mode=0o600)
     for name in os.listdir(d):  # the temp file of a writer killed before its rename
-        if name.startswith(".reg-") and name.endswith(".tmp"):
+        if ".json.tmp" in name or name.startswith(".reg-") and name.endswith(".tmp"):  # (.reg-: before 12-05)
             try:
                 if os.lstat(os.path.join(d, name)).st_mtime < time.time() - 60:
                     os.unlink(os.path.join(d, name))
             except OSError:
                 pass
-    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def all_registers(home_root: str) -> list:
@@ -166,11 +149,13 @@ def newest(reg: dict, run: int | None = None, exists=os.path.lexists) -> dict | 
     that is still there, or None."""
     best = None
     for path, e in reg["files"].items():
-        if not e.get("finished") or e.get("gone") or e.get("torn") or (run is not None and e.get("run") != run):
+        if not e.get("finished") or e.get("gone") or e.get("torn") or (run is not None
+                                                                       and e.get("run") != run):
             continue
         if not exists(path):
             continue
-        if best is None or (e["changed"], e.get("step") or -1) > (best[1]["changed"], best[1].get("step") or -1):
+        if best is None or (e["changed"], e.get("step") or -1) > (best[1]["changed"],
+                                                                  best[1].get("step") or -1):
             best = (path, e)
     if best is None:
         return None
@@ -304,7 +289,8 @@ class CkWatch:
             if entry is not None and not entry.get("gone"):
                 entry["gone"] = t
                 dirty = True
-            events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone", "size": 0})
+            events.append({"t": t, "ckpt": entry["shown"] if entry else self.shown(path), "op": "gone",
+                           "size": 0})
         for path, entry in self._unfinished():
             done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
             # a file replaced by another inode (renamed into place) is whole once one look saw it unchanged
@@ -444,12 +430,13 @@ def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
         return out
     path = ask if os.path.isabs(ask) else os.path.join(workdir, ask)
     if os.path.lexists(path):
-        entry = {"path": os.path.normpath(path), "job": own.get(os.path.normpath(path)), "step": step_of(path)}
+        entry = {"path": os.path.normpath(path), "job": own.get(os.path.normpath(path)),
+                 "step": step_of(path)}
     elif "/" not in ask and os.path.exists(path_of(home_root, ask)):
         best = newest(load(home_root, ask))
         if best is None:
-            raise ValueError(f"--resume-from {ask}: that job wrote no finished checkpoint that is still there "
-                             f"(its register: {path_of(home_root, ask)})")
+            raise ValueError(f"--resume-from {ask}: that job wrote no finished checkpoint that is still "
+                             f"there (its register: {path_of(home_root, ask)})")
         entry = {"path": best["path"], "job": ask, "step": best.get("step")}
     else:
         raise ValueError(f"--resume-from {ask}: no such checkpoint ({path}) and no job of that id in "

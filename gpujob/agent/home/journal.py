@@ -15,10 +15,12 @@ import os
 import time
 from typing import Callable
 
-from gpujob.agent.base.fsio import append_record, fsync_dir, now, pid_alive, read_json, read_records, write_json
+from gpujob.agent.base.fsio import (append_record, fsync_dir, now, pid_alive, read_json, read_records,
+                                    write_json)
 from gpujob.agent.base import staterec
 from gpujob.agent.base.staterec import StateRecord
-from gpujob.agent.base.protocol import ENDED, FINAL_STATES, FORMAT, FORMAT_KEY, JobState, check_format  # noqa: F401
+from gpujob.agent.base.protocol import (ENDED, FINAL_STATES, FORMAT, FORMAT_KEY,  # noqa: F401
+                                       JobState, check_format)
 
 _SORTED = json.JSONEncoder(sort_keys=True)  # json.dumps(…, sort_keys=True) without a new encoder each sample
 

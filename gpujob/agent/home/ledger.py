@@ -119,7 +119,8 @@ class Ledger:
     def note(self, profile: str, **data):
         """Add facts to a profile's entry (a snapshot, a cold proof) without changing
         its status or its time."""
-        return self._write(lambda led: led["profiles"].setdefault(profile, {"status": "untried"}).update(data))
+        return self._write(lambda led: led["profiles"].setdefault(profile, {"status": "untried"})
+                           .update(data))
 
     def recover(self) -> dict:
         """A damaged ledger put aside (kept) and its last good copy restored (ledgerfile.recover)."""
@@ -169,7 +170,8 @@ _EVIDENCE = ("reason", "evidence", "baseline", "job", "by_hand", "undoes", "op")
 def _record(led: dict, profile: str, status: str, before, entry: dict) -> dict:
     """Append one verdict to the ledger's history (ids count up, never reused); returns it."""
     hist = led.setdefault("history", [])
-    n = max(int(led.get("next_id") or 1), max((h["id"] for h in hist if type(h.get("id")) is int), default=0) + 1)
+    n = max(int(led.get("next_id") or 1), max((h["id"] for h in hist if type(h.get("id")) is int), default=0)
+            + 1)
     ev = entry.get("evidence") or {}
     hist.append(dict({k: entry[k] for k in _EVIDENCE if k in entry}, id=n, profile=profile, status=status,
                      time=entry.get("at"), before=before,

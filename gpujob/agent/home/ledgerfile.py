@@ -133,7 +133,8 @@ _NUM, _STR = ("a number", _num), ("a string", lambda v: isinstance(v, str))
 _TIME = ("a time", lambda v: _num(v) and 0 <= v < 1e11)  # seconds since 1970, before the year 5000
 ENTRY_FIELDS = {"at": _TIME, "baseline": _NUM, "proof": _STR, "reason": _STR, "env_key": _STR, "job": _STR}
 VERDICT_FIELDS = {"time": _TIME, "baseline": _NUM, "threshold": _NUM, "reason": _STR, "job": _STR, "op": _STR,
-                  "window_medians": ("a list of numbers", lambda v: isinstance(v, list) and all(map(_num, v))),
+                  "window_medians": ("a list of numbers",
+                                     lambda v: isinstance(v, list) and all(map(_num, v))),
                   "before": ("an entry", lambda v: isinstance(v, dict) and _entry_error(v) is None)}
 
 
@@ -217,7 +218,8 @@ def take(fd: int, wait: float) -> bool:
     except BlockingIOError:
         pass
     if wait > 0 and threading.current_thread() is threading.main_thread() and \
-            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None) and signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None) and \
+            signal.getitimer(signal.ITIMER_REAL)[0] == 0:
         old = signal.signal(signal.SIGALRM, _late)
         try:
             signal.setitimer(signal.ITIMER_REAL, wait)
@@ -259,7 +261,8 @@ class locked:
         os.makedirs(d, exist_ok=True)
         lock = self.path[:-5] + ".lock"
         try:
-            self.fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+            self.fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                              0o600)
         except OSError as e:
             raise Busy(f"ledger lock {lock}: cannot be opened ({e.strerror}); remove it if it is not a "
                        f"plain file (no ledger write holds it then)") from None
@@ -289,7 +292,8 @@ class locked:
     def _sweep(self) -> None:
         """Remove the temp files of writers that died mid-write (none is alive: the lock)."""
         d = os.path.dirname(self.path)
-        prefixes = tuple(os.path.basename(p)[:64] + ".tmp" for p in (self.path, self.path + COPY, self.path + ".v1"))
+        prefixes = tuple(os.path.basename(p)[:64] + ".tmp"
+                         for p in (self.path, self.path + COPY, self.path + ".v1"))
         for n in os.listdir(d):
             if n.startswith(prefixes):
                 try:

@@ -4,8 +4,9 @@
 for as long as one open file description of it is open, and drops it the moment
 its holder dies, so there is no stale lock to guess about and no race between
 two processes that both find one. ``H/lock.json`` says who holds it (job, pid,
-since, and by: the user@laptop that submitted the job) and the *generation*: a number that grows by one at every acquisition.
-Every state write of a job carries the generation of the lock its writer holds,
+since, and by: the user@laptop that submitted the job) and the *generation*: a number
+that grows by one at every acquisition. Every state write of a job carries the
+generation of the lock its writer holds,
 and a write from an older generation is refused (``Fenced``): a holder that lost
 the lock without knowing it cannot overwrite what its successor wrote.
 

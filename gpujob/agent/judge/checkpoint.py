@@ -54,10 +54,11 @@ def warnings(spec: dict) -> list:
     fix = "set rollback.wait_for_checkpoint: true, or a longer delay"
     earliest = _earliest_rollback(spec) if tp else None
     if tp and earliest is not None and FailureSignal.LOW_THROUGHPUT in on and earliest < every:
-        out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s, counted from the first "
-                   f"sample) with the time parts of window and failure_limit ({earliest:g}s in all) is shorter "
-                   f"than train.checkpoint.every ({every:g}s): a low_throughput rollback can come before the "
-                   f"first checkpoint exists, and the resumed trainer would start from scratch; {fix}")
+        out.append(f"throughput.initial_delay ({float(tp.get('initial_delay') or 0):g}s, counted from the "
+                   f"first sample) with the time parts of window and failure_limit ({earliest:g}s in all) is "
+                   f"shorter than train.checkpoint.every ({every:g}s): a low_throughput rollback can come "
+                   f"before the first checkpoint exists, and the resumed trainer would start from scratch; "
+                   f"{fix}")
     idle = rb.get("gpu_idle")
     if idle and FailureSignal.GPU_IDLE in on and float(idle["for"]) < every:
         out.append(f"rollback.gpu_idle.for ({float(idle['for']):g}s) is shorter than train.checkpoint.every "

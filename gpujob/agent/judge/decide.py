@@ -73,8 +73,8 @@ def pick(ledger: dict, current: str, profiles, fallback, exclude=()) -> Optional
 
 
 #: a crash inside torch's compiler stack (dynamo, inductor, triton's compile): the wheels', not the job's
-_COMPILER_CRASH = re.compile(r"BackendCompilerFailed|InductorError|torch\._dynamo\.exc\.|torch\._inductor\.exc\."
-                             r"|CppCompileError|triton\.compiler\.errors\.")
+_COMPILER_CRASH = re.compile(r"BackendCompilerFailed|InductorError|torch\._dynamo\.exc\."
+                             r"|torch\._inductor\.exc\.|CppCompileError|triton\.compiler\.errors\.")
 
 
 def compiler_crash(failure: str, reason: str | None) -> bool:
@@ -94,7 +94,8 @@ def restart_refusal(cfg: dict, restarts: list, failure: str, t: float) -> Option
     limit = int(cfg["max"])
     within = float(cfg["within"])
     recent = [r for r in restarts if t - r["at"] <= within]
-    if failure == FailureSignal.OOM_KILLED and restarts and restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
+    if failure == FailureSignal.OOM_KILLED and restarts and \
+            restarts[-1].get("signal") == FailureSignal.OOM_KILLED:
         return "OOM-kill loop: killed by the OOM killer again right after a restart"
     if len(recent) >= limit:
         return f"crash loop: {len(recent)} restarts within {within:g}s (train.restarts.max {limit})"
@@ -106,8 +107,8 @@ def _nowhere(why: str, out, profile: str, rb: dict, suspect, verdict=None, event
     failure = out.signal_name
     if rb.get("on_no_recovery", "continue") == "continue" and failure in SLOWNESS:
         return Action(Do.CONTINUE, f"{why}; staying on {profile}, judging suspended until it holds "
-                      f"against its baseline again (rollback.on_no_recovery: continue)", target=profile, signal=failure,
-                      suspect=None, verdict=verdict, events=events)
+                      f"against its baseline again (rollback.on_no_recovery: continue)", target=profile,
+                      signal=failure, suspect=None, verdict=verdict, events=events)
     tail = " (rollback.on_no_recovery: stop)" if failure in SLOWNESS else ""
     return Action(Do.FAIL, f"{why}{tail}; last: {last or out.reason}", signal=failure, suspect=None,
                   verdict=verdict, events=events)
@@ -174,12 +175,14 @@ def next_action(out, profile: str, ledger: dict, profiles, rb: dict, restart_cfg
         # from this job's newest finished checkpoint; the raced profile is a suspect (bad after confirm)
         status = ((ledger or {}).get("profiles", {}).get(profile) or {}).get("status", "untried")
         new = {"profile": profile, "target": good, "signal": failure, "reason": reason,
-               "evidence": dict(out.evidence or {}), "since": out.at, "ok_since": None, "status_before": status}
+               "evidence": dict(out.evidence or {}), "since": out.at, "ok_since": None,
+               "status_before": status}
         return Action(Do.ROLLBACK, reason, target=good, signal=failure, suspect=new, events=events)
     if failure == FailureSignal.COMPILE_RACE:  # the same wheels on a warmer cache first
         refusal, warmup_again = race_refusal(out, warmup, restart_cfg, default_restarts, restarts, now)
         if refusal is None:
-            rec = {"at": now, "signal": failure, "reason": reason, "profile": profile, "exit_code": out.exit_code}
+            rec = {"at": now, "signal": failure, "reason": reason, "profile": profile,
+                   "exit_code": out.exit_code}
             return Action(Do.RESTART, reason, target=profile, signal=failure, restart=rec, suspect=suspect,
                           events=events, fields={"warmup_again": warmup_again})
         reason = f"{reason}; {refusal}"  # then a failure of this profile, as any other
@@ -203,7 +206,8 @@ def next_action(out, profile: str, ledger: dict, profiles, rb: dict, restart_cfg
         cfg = restart_cfg if failure in restart_on else default_restarts
         refusal = restart_refusal(cfg, restarts, failure, now)
         if refusal is None:
-            rec = {"at": now, "signal": failure, "reason": reason, "profile": profile, "exit_code": out.exit_code}
+            rec = {"at": now, "signal": failure, "reason": reason, "profile": profile,
+                   "exit_code": out.exit_code}
             return Action(Do.RESTART, reason, target=profile, signal=failure, restart=rec, suspect=suspect,
                           events=events)
         return Action(Do.FAIL, f"{refusal}; last: {reason}", signal=failure, suspect=suspect, events=events)
@@ -220,13 +224,15 @@ def confirmation(suspect: dict, verdict: str, t: float, confirm: float) -> tuple
     if verdict == Verdict.OK:
         ok_since = t if ok_since is None else ok_since
         if t - ok_since >= confirm:
-            return "confirmed", dict(suspect, ok_since=ok_since, confirmed_at=t, held_for=round(t - ok_since, 3))
+            return "confirmed", dict(suspect, ok_since=ok_since, confirmed_at=t,
+                                     held_for=round(t - ok_since, 3))
     elif verdict in (Verdict.BREACH, Verdict.ROLLBACK):
         ok_since = None
     return "pending", dict(suspect, ok_since=ok_since)
 
 
-def promotion(has_min: bool, baseline, spec_baseline, accept_baseline: bool, ever_good: bool) -> Optional[str]:
+def promotion(has_min: bool, baseline, spec_baseline, accept_baseline: bool,
+              ever_good: bool) -> Optional[str]:
     """Why a profile that held steady may not become known-good (None: it may). A profile
     becomes known-good against the ``min`` floor or a baseline; with neither (a
     ``min_ratio``-only spec) it sets the first baseline, unless the ledger once had a

@@ -90,7 +90,8 @@ class Pauses:
             if ev.get("op") in ("new", "changed") and isinstance(ev.get("t"), (int, float)):
                 t = float(ev["t"])
                 last = self.save["start"] if self.save else None
-                if self.starts_save(t, str(ev.get("ckpt") or ""), ev["op"]) and self.saves_are_the_pace(t, last):
+                if self.starts_save(t, str(ev.get("ckpt") or ""), ev["op"]) and \
+                        self.saves_are_the_pace(t, last):
                     return opened
                 got = self.mark(t, f"checkpoint {ev.get('ckpt')}")
                 if got is not None:
@@ -137,7 +138,8 @@ class Pauses:
         return self._spans
 
     def active_at(self, t: float) -> Optional[List]:
-        return self.intervals[-1] if self.intervals and self.intervals[-1][0] <= t < self.intervals[-1][1] else None
+        return (self.intervals[-1] if self.intervals and self.intervals[-1][0] <= t < self.intervals[-1][1]
+                else None)
 
     def paused_seconds(self, since: float, until: float) -> float:
         """Paused time inside ``[since, until]`` (gpu_idle does not count it as idle)."""

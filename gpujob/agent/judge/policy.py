@@ -137,7 +137,8 @@ def _threshold(cfg: PolicyConfig, baseline: Optional[float]) -> Tuple[Optional[f
     if cfg.min is not None:
         cands.append((float(cfg.min), "min"))
     if cfg.min_ratio is not None and baseline is not None and baseline > 0:
-        cands.append((cfg.min_ratio * baseline, f"min_ratio {cfg.min_ratio:g} × baseline {fmt_rate(baseline)}"))
+        cands.append((cfg.min_ratio * baseline,
+                      f"min_ratio {cfg.min_ratio:g} × baseline {fmt_rate(baseline)}"))
     if cands:
         return max(cands, key=lambda c: c[0])
     if cfg.min_ratio is not None:
@@ -234,7 +235,8 @@ def decide(
         if cfg.no_data_timeout is not None and quiet > cfg.no_data_timeout:
             return Decision(Verdict.STALL, make=(*reasons.STALL, ctx, quiet, "the initial delay ended"))
         if now < phase_start + cfg.initial_delay:
-            return Decision(Verdict.WARMING_UP, make=(*reasons.PLAIN, ctx, "waiting for the first sample (initial delay)"))
+            return Decision(Verdict.WARMING_UP,
+                            make=(*reasons.PLAIN, ctx, "waiting for the first sample (initial delay)"))
         return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no throughput sample yet"))
     assert tail is not None
     if i > 0 and now < spans[i - 1][1]:
@@ -255,7 +257,8 @@ def _windows(cfg, tail: Tail, thr, ctx) -> Decision:
     if thr is None:
         return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, ctx[2], n_win))
     if not tail.at_v:
-        return Decision(Verdict.INCONCLUSIVE, make=(*reasons.PLAIN, ctx, "no sample since judging started", n_win))
+        return Decision(Verdict.INCONCLUSIVE,
+                        make=(*reasons.PLAIN, ctx, "no sample since judging started", n_win))
     m = tail.med[-1]
     if m is None:
         ws = cfg.window_s

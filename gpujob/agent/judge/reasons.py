@@ -34,7 +34,8 @@ class Decision:
     _evidence: Optional[Dict]
     _make: Optional[tuple]
 
-    def __init__(self, verdict, reason: str = "", evidence: Optional[Dict] = None, make: Optional[tuple] = None):
+    def __init__(self, verdict, reason: str = "", evidence: Optional[Dict] = None,
+                 make: Optional[tuple] = None):
         _set(self, "verdict", verdict)
         _set(self, "_make", make)
         if make is None:
@@ -129,7 +130,8 @@ PLAIN = (given_reason, given_evidence)
 
 
 def stall_reason(ctx: tuple, quiet: float, since: str) -> str:
-    return f"no throughput sample for {quiet:.0f}s since {since} (no_data_timeout {ctx[0].no_data_timeout:g}s)"
+    return (f"no throughput sample for {quiet:.0f}s since {since} (no_data_timeout "
+            f"{ctx[0].no_data_timeout:g}s)")
 
 
 def stall_evidence(ctx: tuple, quiet: float, since: str) -> Dict:
@@ -143,7 +145,8 @@ STALL = (stall_reason, stall_evidence)
 
 def paused_reason(ctx: tuple, p: tuple) -> str:
     now = ctx[4]
-    return f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, judging again in {p[1] - now:.0f}s"
+    return (f"paused (checkpoint save or pause_pattern) for {now - p[0]:.0f}s, "
+            f"judging again in {p[1] - now:.0f}s")
 
 
 def paused_evidence(ctx: tuple, p: tuple) -> Dict:
@@ -171,7 +174,8 @@ def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, me
         return f"{head} < {limit_txt} for {streak} consecutive windows"
     if weighed is not None and weighed > breach_for + 0.5:  # a deep breach counts more (agent/judge/tail.py)
         return (f"{head} < {limit_txt}: breaching for {breach_for:.0f}s, weighed as "
-                f"{min(weighed, span_needed):.0f}s of failure_limit {span_needed:g}s (a deeper breach counts more)")
+                f"{min(weighed, span_needed):.0f}s of failure_limit {span_needed:g}s (a deeper breach counts "
+                f"more)")
     if breach_for < span_needed:
         return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s of {span_needed:g}s"
     return f"{head} < {limit_txt}: breaching for {breach_for:.0f}s (failure_limit {span_needed:g}s)"
@@ -179,11 +183,13 @@ def windows_reason(ctx: tuple, considered: int, first_vals: list, med: float, me
 
 def windows_evidence(ctx: tuple, considered: int, first_vals: list, med: float, medians: list, streak: int,
                      breach_for: float, span_needed, weighed=None) -> Dict:
-    cfg, thr, src, baseline, now, last = ctx  # (evidence()'s keys, then the windows': one literal, read per sample)
+    # (evidence()'s keys, then the windows': one literal, read per sample)
+    cfg, thr, src, baseline, now, last = ctx
     return {"threshold": thr, "threshold_source": src, "baseline": baseline, "window_size": cfg.window,
             "failure_limit": cfg.failure_limit, "last_sample_age": now - last.t, "last_step": last.step,
             "samples_considered": considered, "window": first_vals[-50:], "median": med,
-            "window_medians": medians[:20], "consecutive_breaches": streak, "breach_for": round(breach_for, 3),
+            "window_medians": medians[:20], "consecutive_breaches": streak,
+            "breach_for": round(breach_for, 3),
             "breach_weighed": round(weighed, 3) if weighed is not None else None}
 
 

@@ -85,14 +85,16 @@ class Segment:
                                    if self.rolled_back_at is not None and self.first_sample is not None
                                    else None),
                 "pauses": self.pauses.count, "known_good": self.known_good,
-                "recorded_rollback_at": next((r["t"] for r in self.recorded if r["verdict"] == "rollback"), None)}
+                "recorded_rollback_at": next((r["t"] for r in self.recorded if r["verdict"] == "rollback"),
+                                             None)}
 
 
 def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
     """(decisions, summary) over trace records (CONTRACT trace format v1)."""
     tp = throughput_section(spec)
-    every = ((spec.get("train") or {}).get("checkpoint") or {}).get("every") if isinstance(spec.get("train"), dict) \
-        else None  # a spec's train.checkpoint.every: frequent saves open no pauses (agent/judge/pauses.py)
+    # a spec's train.checkpoint.every: frequent saves open no pauses (agent/judge/pauses.py)
+    every = (((spec.get("train") or {}).get("checkpoint") or {}).get("every")
+             if isinstance(spec.get("train"), dict) else None)
     segs: list = []
     base = baseline
     cur = None
@@ -107,20 +109,23 @@ def replay_records(records, spec: dict, profile=None, baseline=None) -> tuple:
                 continue
             prof = profile or run.get("profile")
             judged = run.get("baseline") if isinstance(run.get("baseline"), (int, float)) else None
-            # the baseline given (--baseline) first, then the one the run was judged against, then the inferred
-            cur = Segment(tp, t, prof, baseline if baseline is not None else judged if judged is not None else base,
-                          bool(run.get("resume")), ckpt_every=every)
+            # the baseline given (--baseline) first, then the one the run was judged against,
+            # then the inferred
+            cur = Segment(tp, t, prof, baseline if baseline is not None else judged if judged is not None
+                          else base, bool(run.get("resume")), ckpt_every=every)
             segs.append(cur)
             continue
         if cur is None:
             if "out" not in rec and "ckpt" not in rec:
                 continue
-            cur = Segment(tp, t, profile, base, False, ckpt_every=every)  # a trace cut before its first run record
+            # a trace cut before its first run record
+            cur = Segment(tp, t, profile, base, False, ckpt_every=every)
             segs.append(cur)
         if "out" in rec:
             cur.line(t, str(rec["out"]))
         elif "ckpt" in rec:
-            cur.pauses.on_ckpt_events([{"t": t, "ckpt": rec["ckpt"], "op": rec.get("op"), "size": rec.get("size")}])
+            cur.pauses.on_ckpt_events([{"t": t, "ckpt": rec["ckpt"], "op": rec.get("op"),
+                                        "size": rec.get("size")}])
         elif "recorded" in rec:
             r = rec["recorded"] or {}
             cur.recorded.append({"t": t, "verdict": r.get("verdict"), "reason": r.get("reason")})

@@ -24,8 +24,8 @@ _DRIVER_MISMATCH = re.compile(r"Driver/library version mismatch|CUDA driver vers
                               r"NVML library version mismatch")
 # the seeds' race: threads compiling flex_attention at once on one cache; a restart on a
 # warmer cache cures it, so it is told apart from the spec's error signatures (which it wins over)
-_COMPILE_RACE = re.compile(r"Detected that you are using FX to symbolically trace a dynamo-optimized function|"
-                           r"is_fx_symbolic_tracing\(\) is True")
+_COMPILE_RACE = re.compile(r"Detected that you are using FX to symbolically trace a dynamo-optimized "
+                           r"function|is_fx_symbolic_tracing\(\) is True")
 _EXC_LINE = re.compile(r"\b\w*(?:Error|Exception|Interrupt)\b")
 # words every match of these holds: a line (or a whole read) without them cannot match
 _RACE_WORDS = ("symbolically trace", "is_fx_symbolic_tracing()")

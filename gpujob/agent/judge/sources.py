@@ -80,7 +80,8 @@ class LineSource:
         if len(needles) == 1:
             n = needles[0]
             return [i for i, line in enumerate(lines) if n in (line.lower() if lower else line)]
-        return [i for i, line in enumerate(lines) if any(n in (line.lower() if lower else line) for n in needles)]
+        return [i for i, line in enumerate(lines)
+                if any(n in (line.lower() if lower else line) for n in needles)]
 
     def poll(self) -> list:
         return []

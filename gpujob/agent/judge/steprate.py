@@ -17,7 +17,8 @@ class StepRate:
     the same with ``v_num=…, loss=…``). So: a sample is ``(n - n0) / (t - t0)`` over at least
     ``SPAN`` seconds since the last one; the same ``n`` again is no step; the first counter of
     a run (restored steps and all), its first move (the start-up's step) and a counter that
-    went back (a new epoch's bar) only set the reference. Called with the line's time (``timed``); without one it gives nothing."""
+    went back (a new epoch's bar) only set the reference. Called with the line's time
+    (``timed``); without one it gives nothing."""
 
     SPAN = 0.5
     timed = True

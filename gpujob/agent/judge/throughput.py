@@ -16,7 +16,8 @@ import re
 from typing import Callable, List, Optional, Sequence
 
 from gpujob.agent.judge.steprate import StepRate
-from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401 (strip_ansi: its home for callers)
+# strip_ansi: its home for callers
+from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401
 
 __all__ = [
     "FORMATS",
@@ -377,7 +378,8 @@ def sparkline(values: Sequence[float], width: int = 40) -> str:
         return ""
     n = len(vals)
     if n > width:
-        vals = [sum(vals[i * n // width : (i + 1) * n // width]) / ((i + 1) * n // width - i * n // width) for i in range(width)]
+        vals = [sum(vals[i * n // width : (i + 1) * n // width]) / ((i + 1) * n // width - i * n // width)
+                for i in range(width)]
     lo, hi = min(vals), max(vals)
     if hi <= lo:
         return _BARS[3] * len(vals)

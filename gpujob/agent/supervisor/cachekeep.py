@@ -129,14 +129,17 @@ class Caches:
         # deferred to the spawn's durable write (the restore above was preceded by a durable one;
         # a death before the spawn redoes this step)
         self.journal.set_state(cache_start={"profile": profile, "kind": kind}, durable=None, **then)
-        self.journal.event("cache_start", profile=profile, start=kind, files=live if kind != "restored" else None)
+        self.journal.event("cache_start", profile=profile, start=kind,
+                           files=live if kind != "restored" else None)
 
     # ---- a failed cold start: one retry on the snapshot ---------------------
     def cold_retry(self, out, profile: str) -> bool:
         """True when the failure ``out`` is retried once on the restored cache."""
         st = self.journal.state()
         start = st.get("cache_start") or {}
-        if out.kind != OutcomeKind.SIGNAL or out.signal_name not in (FailureSignal.ERROR_SIGNATURE, FailureSignal.COMPILE_RACE) or st.get("cold_retry"):
+        if out.kind != OutcomeKind.SIGNAL or \
+                out.signal_name not in (FailureSignal.ERROR_SIGNATURE, FailureSignal.COMPILE_RACE) or \
+                st.get("cold_retry"):
             return False
         if start.get("profile") != profile or start.get("kind") != "cold":
             return False

@@ -48,13 +48,16 @@ class Checkpoints:
         if not ck:
             return None
         pattern, rel = self.checkpoint_pattern(profile)
-        args = dict(workdir=self.job.workdir, shown_relative=rel, settle=ck["settle"], done_file=ck.get("done_file"))
+        args = dict(workdir=self.job.workdir, shown_relative=rel, settle=ck["settle"],
+                    done_file=ck.get("done_file"))
         name = self.job.spec.get("name", "")
         if adopt is not None and adopt.get("ck_run"):
-            w = ckregister.CkWatch.resume(self.job.home.root, self.job.job_id, name, adopt["ck_run"], pattern, **args)
+            w = ckregister.CkWatch.resume(self.job.home.root, self.job.job_id, name, adopt["ck_run"], pattern,
+                                          **args)
             if w is not None:
                 return w
-        w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(), **args)
+        w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(),
+                                     **args)
         left = ckregister.foreign(w.reg, w.before)
         if left and w.run == 1:
             self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
@@ -88,7 +91,8 @@ class Checkpoints:
         t = now()
         self.poll_checkpoints(run, t, force=True)
         for entry in run.ckwatch.close(t, clean=returncode == 0):
-            self.journal.event("checkpoint_torn", ckpt=entry["shown"], run=run.ckwatch.run, returncode=returncode)
+            self.journal.event("checkpoint_torn", ckpt=entry["shown"], run=run.ckwatch.run,
+                               returncode=returncode)
             again = " (a new save into the same file had begun: the earlier one there is overwritten)" \
                 if entry.get("took") is not None else ""
             self.say(f"checkpoint {entry['shown']} was being written when the trainer ended "
@@ -128,12 +132,13 @@ class Checkpoints:
         if run.held is None:
             run.held, run.held_at, run.held_told = outcome, t, 0.0
             limit = checkpoint.hold_limit(float(ck["every"]))
-            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason, limit=limit)
+            self.journal.event("rollback_held", signal=outcome.signal_name, reason=outcome.reason,
+                               limit=limit)
             self.journal.set_state(waiting={"what": "rollback", "for": f"a finished checkpoint of this run "
                                             f"({ck['path']})", "since": t, "limit": limit,
                                             "reason": outcome.reason or outcome.signal_name})
-            self.say(f"{outcome.signal_name}: rollback decided, held until this run writes a finished checkpoint "
-                     f"({ck['path']}), {limit:g}s at most; then it rolls back anyway")
+            self.say(f"{outcome.signal_name}: rollback decided, held until this run writes a finished "
+                     f"checkpoint ({ck['path']}), {limit:g}s at most; then it rolls back anyway")
         elif waited - run.held_told >= 30:  # every 30 s in job.log (logs -f follows it)
             run.held_told = waited
             self.say(f"rollback still held for a finished checkpoint ({ck['path']}): "
@@ -146,7 +151,8 @@ class Checkpoints:
         not: the register and the trace hold it)."""
         for e in events:
             if e["op"] in ("new", "gone"):
-                self.journal.event("checkpoint", op=e["op"], ckpt=e["ckpt"], size=e["size"], run=run.ckwatch.run)
+                self.journal.event("checkpoint", op=e["op"], ckpt=e["ckpt"], size=e["size"],
+                                   run=run.ckwatch.run)
         for entry in run.ckwatch.just_finished:
             self.journal.event("checkpoint_finished", ckpt=entry["shown"], step=entry.get("step"),
                                size=entry.get("size"), run=run.ckwatch.run,
@@ -207,8 +213,9 @@ class Checkpoints:
         self.journal.set_state(waiting=None)
         self.journal.event("save_waited", waited=waited, finished=not left, left=[e["shown"] for e in left])
         self.say(f"checkpoint save finished after {waited:g}s: signalling the trainer" if not left else
-                 f"checkpoint {', '.join(e['shown'] for e in left[:3])} still being written after {waited:g}s "
-                 f"(at most {limit:g}s): signalling the trainer; that save will not be resumed from")
+                 f"checkpoint {', '.join(e['shown'] for e in left[:3])} still being written after "
+                 f"{waited:g}s (at most {limit:g}s): signalling the trainer; that save will not be resumed "
+                 f"from")
 
     def resume_choice(self, profile: str):
         """Where a resumed trainer starts: the newest finished checkpoint this job wrote,
@@ -238,9 +245,11 @@ class Checkpoints:
         if point["file"] is None:
             note = "no checkpoint of this job: restarted from scratch, without resume_args"
             spec_args = []
-        elif point.get("from_job") is not None or self.job.job.get("resume_from", {}).get("path") == point["file"]:
+        elif point.get("from_job") is not None or \
+                self.job.job.get("resume_from", {}).get("path") == point["file"]:
             note += f" (submit --resume-from{' ' + point['from_job'] if point.get('from_job') else ''})"
         self.journal.event("resume_point", note=note, **point)
         self.journal.set_state(resumed=note)
         self.say(note)
-        return [substitute(a, {"resume_from": point["file"] or ""}) for a in spec_args], dict(point, note=note)
+        return ([substitute(a, {"resume_from": point["file"] or ""}) for a in spec_args],
+                dict(point, note=note))

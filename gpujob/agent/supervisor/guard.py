@@ -17,7 +17,8 @@ from gpujob.agent.base.protocol import JobState
 
 class Guard:
     def __init__(self, job, journal, report, child_env, runner):
-        self.job, self.journal, self.report, self.child_env, self.runner = job, journal, report, child_env, runner
+        self.job, self.journal, self.report = job, journal, report
+        self.child_env, self.runner = child_env, runner
 
     def drop_boot_hook(self) -> None:
         """The job's boot hook goes when no other job of this home needs it."""
@@ -32,7 +33,8 @@ class Guard:
             if boothook.remove(self.job.home.root):
                 self.journal.event("boot_hook_removed", path=boothook.RC_LOCAL)
         except OSError as e:
-            self.journal.event("warning", message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
+            self.journal.event("warning",
+                               message=f"could not remove the boot hook from {boothook.RC_LOCAL}: {e}")
 
     # ---- disk full ---------------------------------------------------------
     RESERVE = 256 * 1024
@@ -71,7 +73,8 @@ class Guard:
             code = proc.returncode
         self.drop_reserve()
         reason = f"no space left on device in {where}"
-        self.report.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)  # if it fits
+        # if it fits
+        self.report.notifier.emit("failure", "end", reason=reason, signal="disk_full", exit_code=code)
         self.child_env.drop_secrets()
         self.journal.set_state(state=JobState.FAILED, phase="done", reason=reason, finished_at=now(),
                                child=None, exit_code=code, signal="disk_full")

@@ -20,7 +20,8 @@ from gpujob.agent.base.protocol import FailureSignal, OutcomeKind
 def start_hang(phase: str, waited: float, timeout: float, cold_cache: bool) -> tuple:
     """``(failure, reason, evidence)`` of a run with no sample ``waited`` s after its
     start (pure)."""
-    reason = f"no throughput sample {waited:.0f}s after {phase} started (throughput.start_timeout {timeout:g}s)"
+    reason = (f"no throughput sample {waited:.0f}s after {phase} started (throughput.start_timeout "
+              f"{timeout:g}s)")
     if cold_cache:
         return (FailureSignal.COMPILE_RACE,
                 f"{reason} on a cold compile cache: the multi-thread compile race hangs so",
@@ -69,4 +70,5 @@ def predecessor_outcome(journal, proc, make_outcome):
         return None
     journal.event("ending_resumed", signal=prior.get("signal"), pgid=proc.pgid)
     return make_outcome(prior.get("kind") or OutcomeKind.SIGNAL, prior.get("signal") or "",
-                        f"{prior.get('reason')} (decided before a supervisor restart)", prior.get("evidence") or {})
+                        f"{prior.get('reason')} (decided before a supervisor restart)",
+                        prior.get("evidence") or {})

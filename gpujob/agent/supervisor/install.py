@@ -68,7 +68,8 @@ class Envs:
         self.say(f"profile {profile}: building venv {key} with {'uv' if uv else 'pip'}")
         os.makedirs(venv, exist_ok=True)  # so the side files below have a place; uv venv reuses it
         constraints, req_file = planshare.side_files(venv, prof)
-        cmds = planshare.env_build_commands(prof, venv, sys.executable, uv=uv, home=self.job.home.root, spec=self.job.spec)
+        cmds = planshare.env_build_commands(prof, venv, sys.executable, uv=uv, home=self.job.home.root,
+                                            spec=self.job.spec)
         try:
             for i, argv in enumerate(cmds):
                 if i == 1:  # the venv exists now; side files go in

@@ -23,7 +23,8 @@ _GAUGES = (  # (name, key in gauges(), help)
     ("gpujob_tokens_per_second", "tok_s", "Last throughput sample of the job (tokens/s)."),
     ("gpujob_window_median_tokens_per_second", "window_median",
      "Median of the throughput policy's last window (tokens/s)."),
-    ("gpujob_threshold_tokens_per_second", "threshold", "Throughput below which a window breaches (tokens/s)."),
+    ("gpujob_threshold_tokens_per_second", "threshold",
+     "Throughput below which a window breaches (tokens/s)."),
     ("gpujob_known_good_baseline_tokens_per_second", "baseline",
      "Known-good baseline of the profile the job runs on (tokens/s)."),
 )

@@ -36,7 +36,8 @@ from gpujob.agent.base.fsio import now, read_json, write_json
 from gpujob.agent.supervisor.notifytext import EVENTS, backoff, message, render
 from gpujob.agent.supervisor.webhook import post
 
-__all__ = ["EVENTS", "OUTBOX", "Notifier", "backoff", "message", "outbox_summary", "post", "render", "waiting"]
+__all__ = ["EVENTS", "OUTBOX", "Notifier", "backoff", "message", "outbox_summary", "post", "render",
+           "waiting"]
 
 OUTBOX = "notify"
 QUEUE_CAP = 100  # messages waiting per webhook; a full queue drops its oldest (counted, reported)
@@ -59,7 +60,8 @@ def outbox_summary(job_dir: str) -> dict | None:
         names = os.listdir(os.path.join(job_dir, OUTBOX))
     except OSError:
         return None
-    recs = {n: read_json(os.path.join(job_dir, OUTBOX, n)) or {} for n in names if n.endswith((".json", ".done"))}
+    recs = {n: read_json(os.path.join(job_dir, OUTBOX, n)) or {} for n in names
+            if n.endswith((".json", ".done"))}
     done = [r for n, r in recs.items() if n.endswith(".done")]
     return {"waiting": sum(n.endswith(".json") for n in names),
             "sent": sum(1 for r in done if not r.get("failed")),
@@ -118,7 +120,8 @@ class Notifier:
             return self._emit(kind, key, **fields)
         except Exception as e:
             try:
-                self.journal.event("notify_error", error=f"cannot queue the {kind} message: {type(e).__name__}: {e}")
+                self.journal.event("notify_error",
+                                   error=f"cannot queue the {kind} message: {type(e).__name__}: {e}")
             except Exception:
                 pass
             return None
@@ -181,7 +184,8 @@ class Notifier:
                         self._event("notify_error", id=event_id, webhook=i, gave_up=True,
                                     error="the job's spec has no such webhook")
         for s in self._senders:
-            threading.Thread(target=self._run, args=(s,), name=f"gpujob-notify-{s.index}", daemon=True).start()
+            threading.Thread(target=self._run, args=(s,), name=f"gpujob-notify-{s.index}",
+                             daemon=True).start()
 
     def close(self, limit: float | None = None) -> None:
         """Wait for the outbox to drain, at most ``limit`` seconds (None: the largest
@@ -282,7 +286,8 @@ class Notifier:
             self._event("notify_sent", id=event_id, webhook=s.index, attempt=attempts)
         else:
             gave_up = s.index in rec["failed"]
-            self._event("notify_error", id=event_id, webhook=s.index, attempt=attempts, error=self._scrub(why),
+            self._event("notify_error", id=event_id, webhook=s.index, attempt=attempts,
+                        error=self._scrub(why),
                         gave_up=gave_up, retry_in=None if gave_up else backoff(attempts))
 
     def _event(self, kind: str, **data) -> None:

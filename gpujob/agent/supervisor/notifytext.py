@@ -11,8 +11,8 @@ USER_AGENT = "gpujob-notify/1"
 
 _TAGS = {"rollback": "warning", "failure": "rotating_light", "success": "white_check_mark",
          "known_good": "+1", "no_recovery": "warning", "internal_error": "bug"}
-_PRIORITY = {"rollback": "high", "failure": "high", "success": "default", "known_good": "low", "no_recovery": "high",
-             "internal_error": "high"}
+_PRIORITY = {"rollback": "high", "failure": "high", "success": "default", "known_good": "low",
+             "no_recovery": "high", "internal_error": "high"}
 
 
 def backoff(attempt: int) -> float:

@@ -95,7 +95,8 @@ class PolicyHolder:
 
     def resumed(self, initial_delay: float | None) -> None:
         """``initial_delay`` for this run (None: the spec's policy as it is)."""
-        self.now = self.base if initial_delay is None else dataclasses.replace(self.base, initial_delay=initial_delay)
+        self.now = self.base if initial_delay is None else dataclasses.replace(self.base,
+                                                                               initial_delay=initial_delay)
 
 
 class StopFlag:
@@ -141,7 +142,8 @@ class ChildEnv:
             self.journal.event("job_env", login=source, passthrough=sorted(passed))
             self._passed = passed
         secrets = self.secrets()
-        own = {"GPUJOB_HOME": j.home.root, **placeholder_env(self.values(profile))}  # GPUJOB_GPUS_*, _JOB_ID, ...
+        # GPUJOB_GPUS_*, _JOB_ID, ...
+        own = {"GPUJOB_HOME": j.home.root, **placeholder_env(self.values(profile))}
         if j.job.get("fleet"):
             own.update(fleet_env(j.job["fleet"]["values"]))
         return jobenv.job_env(self._login, self._passed,

@@ -59,8 +59,8 @@ class Phases:
                 return out
             done = list(done) + [gpu]
             self.journal.set_state(warmup_done=done)
-        envs.mark_warm(self.job.home.root, self.cache_key(profile), digest, profile=profile, job=self.job.job_id,
-                       at=now(), was=cache)
+        envs.mark_warm(self.job.home.root, self.cache_key(profile), digest, profile=profile,
+                       job=self.job.job_id, at=now(), was=cache)
         self.journal.event("warm_marked", profile=profile, hash=digest)
         if again:
             self.journal.set_state(warmup_again=None)
@@ -81,8 +81,8 @@ class Phases:
         env = self.child_env.child_env(profile)
         # deferred to the trainer's start (child_starting, or the sync before the standby's
         # hand-over), which is durable; a death before it redoes this step
-        self.set_state(JobState.TRAINING, phase="train", profile=profile, restarts_count=len(self.history.restarts),
-                       durable=None, **then)
+        self.set_state(JobState.TRAINING, phase="train", profile=profile,
+                       restarts_count=len(self.history.restarts), durable=None, **then)
         self.say(f"train (profile {profile}){' resuming' if resume else ''}: {shlex.join(argv)}")
         self.journal.event("phase", phase="train", profile=profile, argv=argv, resume=resume)
         self.resumed_policy(profile, resume)
@@ -133,11 +133,13 @@ class Phases:
         logname = child.get("log") or f"{child.get('phase')}.log"
         if child.get("phase") == "train":
             self.resumed_policy(child.get("profile") or profile, bool(self.journal.state().get("resume")))
-            if self.history.rollbacks and "running_at" not in self.history.rollbacks[-1]:  # its supervisor died at the spawn:
+            # its supervisor died at the spawn:
+            if self.history.rollbacks and "running_at" not in self.history.rollbacks[-1]:
                 self.runner.spawned_at = child.get("started_at") or now()  # the start it wrote down
                 self.rollback_done(None)
         watch_tps = bool(child.get("watch_tps"))
         timeout = defaults.section(self.job.spec, "warmup")["timeout"] if child.get("phase") == "warmup" \
             else defaults.section(self.job.spec, "train")["timeout"]
         return self.watch(None, None, logname, child.get("profile") or profile, timeout=timeout,
-                          watch_tps=watch_tps, grace=defaults.section(self.job.spec, "train")["grace"], adopt=child)
+                          watch_tps=watch_tps, grace=defaults.section(self.job.spec, "train")["grace"],
+                          adopt=child)

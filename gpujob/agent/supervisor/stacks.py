@@ -107,8 +107,8 @@ def capture(pgid: int, log_path: str, venv: str | None, faulthandler: bool) -> d
         stacks, failed = [], []
         for pid in pids:
             try:
-                p = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, timeout=PYSPY_TIMEOUT,
-                                   stdin=subprocess.DEVNULL)
+                p = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True,
+                                   timeout=PYSPY_TIMEOUT, stdin=subprocess.DEVNULL)
                 text = (p.stdout or b"").decode("utf-8", "replace")
                 if p.returncode != 0 or not text.strip():
                     failed.append(f"{pid}: {(p.stderr or b'').decode('utf-8', 'replace').strip()[:200]}")
@@ -136,7 +136,8 @@ def capture(pgid: int, log_path: str, venv: str | None, faulthandler: bool) -> d
     while time.monotonic() < end and any(os.path.exists(f"/proc/{pid}") and _cmdline(pid) for pid in pids):
         time.sleep(0.05)
     text = faulthandler_blocks(_read_from(log_path, start))
-    return {"method": "faulthandler", "stacks": [{"pid": pids[0], "argv": argvs[pids[0]], "text": _clip(text)}]
+    return {"method": "faulthandler",
+            "stacks": [{"pid": pids[0], "argv": argvs[pids[0]], "text": _clip(text)}]
             if text.strip() else [],
             "note": "SIGABRT with PYTHONFAULTHANDLER=1: every thread's stack, from the trainer's log"
                     + ("" if text.strip() else " (nothing was written)"),

@@ -29,14 +29,16 @@ from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import Phase
 
 STANDBY = r"""
-import importlib, json, os, runpy, sys, time
+import importlib, json, os, runpy, sys, tempfile, time
 fifo, ready = sys.argv[1], sys.argv[2]
 t0 = time.time()
 for name in sys.argv[3:]:
     importlib.import_module(name)
-with open(ready + ".tmp", "w") as f:
+# a fresh name, so no planted link is written through
+fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(ready)), prefix=".ready-")
+with os.fdopen(fd, "w") as f:
     json.dump({"pid": os.getpid(), "preloaded": sys.argv[3:], "seconds": round(time.time() - t0, 3)}, f)
-os.replace(ready + ".tmp", ready)
+os.replace(tmp, ready)
 with open(fifo) as f:               # blocks until the supervisor writes the go message
     line = f.readline()
 if not line:

@@ -32,7 +32,8 @@ from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Guard
 from gpujob.agent.supervisor.install import Envs
-from gpujob.agent.supervisor.parts import SECRETS_FILE, ChildEnv, History, Job, PolicyHolder, Report, Runner, StopFlag
+from gpujob.agent.supervisor.parts import (SECRETS_FILE, ChildEnv, History, Job, PolicyHolder, Report, Runner,
+                                           StopFlag)
 from gpujob.agent.supervisor.phases import Phases
 from gpujob.agent.base.stages import Stage
 from gpujob.agent.supervisor.standby import Standby
@@ -49,8 +50,8 @@ class FleetPort:
     of a multi-node job asks of it. ``judge_sample`` is the watch's, bound once the watch
     is built (the watch needs the fleet first)."""
 
-    def __init__(self, job: Job, journal, report: Report, child_env: ChildEnv, stop: StopFlag, history: History,
-                 finish, plan_rollback, requests):
+    def __init__(self, job: Job, journal, report: Report, child_env: ChildEnv, stop: StopFlag,
+                 history: History, finish, plan_rollback, requests):
         self.job_id, self.job, self.spec, self.journal = job.job_id, job.job, job.spec, journal
         self.say, self.set_state, self.secrets = report.say, report.set_state, child_env.secrets
         self.finish, self.plan_rollback, self.requests = finish, plan_rollback, requests
@@ -70,8 +71,10 @@ class Supervisor:
     def __init__(self, home: str, job_id: str, held: Held | None = None):
         self.held = held
         self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
-        self.jobv = jobv = Job.of(self.journal.home, job_id, self.journal.job())  # the shared pieces (parts.py)
-        self.job_id, self.job, self.spec, self.profiles, self.rb = job_id, jobv.job, jobv.spec, jobv.profiles, jobv.rb
+        # the shared pieces (parts.py)
+        self.jobv = jobv = Job.of(self.journal.home, job_id, self.journal.job())
+        self.job_id, self.job, self.spec = job_id, jobv.job, jobv.spec
+        self.profiles, self.rb = jobv.profiles, jobv.rb
         self.ledger = Ledger(self.journal.home, planshare.ledger_name(self.job),  # per fleet shape
                              report=self._ledger_trouble)  # damaged or locked: said, never a crash
         self.stop = StopFlag()
@@ -108,8 +111,9 @@ class Supervisor:
         self.standby = Standby(jobv, self.journal, self.ledger, self.envs, self.env, self.report)
         self.verdicts = Verdicts(jobv, self.journal, self.ledger, self.report, self.caches, self.history,
                                  self.policy_holder, self.fleet, ends=self)
-        self.watch = Watch(jobv, self.journal, self.ledger, self.report, self.runner, self.env, self.checkpoints,
-                           self.pause, self.caches.mark_good, self.verdicts, self.policy_holder, self.history,
+        self.watch = Watch(jobv, self.journal, self.ledger, self.report, self.runner, self.env,
+                           self.checkpoints, self.pause, self.caches.mark_good, self.verdicts,
+                           self.policy_holder, self.history,
                            self.fleet, Trimmer(self.journal.dir), self.requests, line_source=line_source,
                            tp_scale=tp_scale, signatures=self.rb["error_signatures"],
                            grace_after_signature=float(self.rb["signature_grace"]),
@@ -198,7 +202,8 @@ class Supervisor:
             left = self.runner.proc.kill(5)
             kw.setdefault("left", left)
         self.standby.drop_standby()
-        if state in (JobState.SUCCEEDED, JobState.FAILED):  # written down before the state: a death between re-emits it
+        # written down before the state: a death between re-emits it
+        if state in (JobState.SUCCEEDED, JobState.FAILED):
             self.notifier.emit("success" if state == JobState.SUCCEEDED else "failure", "end", reason=reason,
                                profile=self.journal.state().get("profile"), signal=kw.get("signal"),
                                exit_code=kw.get("exit_code"), rollbacks=len(self.history.rollbacks))
@@ -264,7 +269,8 @@ class Supervisor:
                             if self.requests() is not None:  # the loop takes it (the trainer's start durable)
                                 self.journal.set_state(step=Stage.TRAIN, durable=False)
                                 continue
-                            out = self.phases.train(profile, bool(st.get("resume")), step=Stage.TRAIN)  # one write fewer
+                            # one write fewer
+                            out = self.phases.train(profile, bool(st.get("resume")), step=Stage.TRAIN)
                     else:
                         out = self.phases.train(profile, bool(st.get("resume")))
             restarts_before = len(self.history.restarts)
@@ -317,7 +323,8 @@ class Supervisor:
     def next_action(self, out: Outcome, profile: str) -> decide.Action:
         """What to do after ``out`` on ``profile``: decide.next_action over what this job knows."""
         return decide.next_action(out, profile, self.ledger.read(), self.profiles, self.rb, self.restart_cfg,
-                                  self.history.rollbacks, self.history.restarts, self.journal.state().get("suspect"), now(),
+                                  self.history.rollbacks, self.history.restarts,
+                                  self.journal.state().get("suspect"), now(),
                                   DEFAULTS["restarts"], warmup=defaults.section(self.spec, "warmup"))
 
     def plan_rollback(self, frm: str, to: str, out: Outcome, failure: str, mark_bad: bool,
@@ -345,7 +352,8 @@ class Supervisor:
             if p.get("mark_bad"):
                 self.journal.sync()
                 done = self.ledger.mark(p["from"], "bad", reason=p["reason"], job=self.job_id,
-                                        op=f"{self.job_id}:rollback:{p['decided_at']}")  # once, after a death too
+                                        # once, after a death too
+                                        op=f"{self.job_id}:rollback:{p['decided_at']}")
                 die_here("rollback_marked")  # a new supervisor redoes the switch: the op makes it one verdict
                 marked = {"ledger": "written" if done is not None else "not written (see the warning)"}
             rec = {"from": p["from"], "to": p["to"], "reason": p["reason"], "signal": p["signal"],
@@ -354,7 +362,8 @@ class Supervisor:
             # a previous supervisor that died in the switch may have said it already (the
             # record below is deferred when nothing else was done: see the write)
             again = p["decided_at"] != self._planned_at and any(
-                e.get("type") == "rollback" and e.get("decided_at") == p["decided_at"] for e in self.journal.events()[0])
+                e.get("type") == "rollback" and e.get("decided_at") == p["decided_at"]
+                for e in self.journal.events()[0])
             if not again:
                 self.journal.event("rollback", evidence=p.get("evidence") or {}, **rec, **marked)
             acted = bool(p.get("mark_bad")) or self.notifier.wants("rollback")
@@ -371,8 +380,8 @@ class Supervisor:
         # written at once after a ledger mark or a message (so they are never done twice), else
         # deferred with the switch's next steps to the spawn's durable write (a death before it
         # redoes the switch from the plan)
-        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"], rollbacks=self.history.rollbacks,
-                       pending_rollback=p, durable=False if acted else None)
+        self.set_state(JobState.ROLLING_BACK, phase="env", reason=p["reason"],
+                       rollbacks=self.history.rollbacks, pending_rollback=p, durable=False if acted else None)
         die_here("rollback_recorded")
         if (self.journal.state().get("standby") or {}).get("profile") != p["to"]:
             self.standby.drop_standby()

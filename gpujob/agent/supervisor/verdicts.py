@@ -46,8 +46,8 @@ class Verdicts:
             self.journal.event(kind, **fields)
         if a.verdict == "no_recovery":
             self.say(a.reason)
-            self.notifier.emit("no_recovery", f"{profile}.{len(self.history.rollbacks)}", to=profile, reason=a.reason,
-                               profile=profile)
+            self.notifier.emit("no_recovery", f"{profile}.{len(self.history.rollbacks)}", to=profile,
+                               reason=a.reason, profile=profile)
         if a.do == Do.SUCCEED:  # written first: a new supervisor finishes the job, never reruns it
             self.journal.set_state(step=Stage.SUCCEEDED)
             self.suspect_at_exit(profile, a.suspect)
@@ -135,8 +135,9 @@ class Verdicts:
         ev = dict(s.get("evidence") or {}, confirmed_by={"target": s["target"], "how": how,
                                                          "held_for": s.get("held_for"),
                                                          "at": s.get("confirmed_at")})
+        op = f"{self.job.job_id}:confirm:{s['profile']}:{s.get('since')}"
         written = self.ledger.mark(s["profile"], "bad", reason=s["reason"], evidence=ev, job=self.job.job_id,
-                                   op=f"{self.job.job_id}:confirm:{s['profile']}:{s.get('since')}") is not None
+                                   op=op) is not None
         die_here("suspect_marked")  # a new supervisor confirms again: the op makes it one verdict
         self.journal.event("suspect_confirmed", suspect=s["profile"], target=s["target"], how=how,
                            ledger="written" if written else "not written (see the warning)")
@@ -157,7 +158,8 @@ class Verdicts:
             status, s2 = decide.confirmation(s, d.verdict, t, confirm)
             if status == "confirmed":
                 run.suspect = None
-                self.confirm_suspect(s2, f"held at or above {throughput.fmt_rate(d.evidence.get('threshold') or 0)}"
+                self.confirm_suspect(s2, f"held at or above "
+                                         f"{throughput.fmt_rate(d.evidence.get('threshold') or 0)}"
                                          f" tok/s for {s2['held_for']:g}s (rollback.confirm {confirm:g}s)")
             elif s2.get("ok_since") != s.get("ok_since"):
                 run.suspect = s2
@@ -175,8 +177,8 @@ class Verdicts:
         against = held.get("baseline") or run.baseline
         memo = run.__dict__.setdefault("suspend_memo", {})  # taken once per sample (agent/judge/tail.py)
         spans = run.pauses.spans() if getattr(run, "pauses", None) is not None else ()
-        base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, held["since"]), against,
-                                 spans, memo)
+        base = policy.known_good(self.policy_holder.now, run.samples, t, max(run.start, held["since"]),
+                                 against, spans, memo)
         if base is not None:
             new = against if against is not None else base
             run.baseline, run.suspended = new, None

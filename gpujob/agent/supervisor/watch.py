@@ -59,18 +59,21 @@ class Watch:
                  tp_scale: float = 1.0, signatures: list | None = None,
                  grace_after_signature: float = DEFAULTS["rollback"]["signature_grace"], start_timeout=None):
         self.job, self.journal, self.ledger, self.report, self.runner = job, journal, ledger, report, runner
-        self.child_env, self.checkpoints, self.pause, self.mark_good = child_env, checkpoints, pause, mark_good
+        self.child_env, self.checkpoints = child_env, checkpoints
+        self.pause, self.mark_good = pause, mark_good
         self.verdicts, self.policy_holder, self.history, self.fleet = verdicts, policy_holder, history, fleet
-        self.trimmer, self.requests, self.line_source, self.tp_scale = trimmer, requests, line_source, tp_scale
+        self.trimmer, self.requests = trimmer, requests
+        self.line_source, self.tp_scale = line_source, tp_scale
         self.signatures, self.grace_after_signature = list(signatures or []), grace_after_signature
         self.start_timeout = start_timeout  # throughput.start_timeout (None: not watched)
         self.spec, self.rb, self.workdir = job.spec, job.rb, job.workdir
-        self.say, self.set_state, self.notifier, self.metrics = report.say, report.set_state, report.notifier, \
-            report.metrics
+        self.say, self.set_state = report.say, report.set_state
+        self.notifier, self.metrics = report.notifier, report.metrics
         self.watching = policy_holder.base is not None  # throughput is watched: a policy, a ledger, rollbacks
         jcfg = defaults.section(self.spec, "journal")
         self.keep_log, self.full_rate = int(jcfg["keep_log"]), float(jcfg["full_rate_samples"])
-        self.sample_marks: collections.deque = collections.deque()  # (time, offset in samples.jsonl), one a minute
+        # (time, offset in samples.jsonl), one a minute
+        self.sample_marks: collections.deque = collections.deque()
         self._owed: list | None = None  # on_lines' lines not yet in the tail and the trace
 
     def samples_since(self, start: float) -> list:
@@ -130,7 +133,8 @@ class Watch:
             if run.ckwatch is not None:  # a re-adopting supervisor takes this run's watch over
                 extra["ck_run"] = run.ckwatch.run
             proc = self.runner.start_phase(argv, env, self.workdir, logname, extra, started)
-            self.journal.set_state(phase_started_at=run.start, durable=False)  # (a figure: shown, never acted on)
+            # (a figure: shown, never acted on)
+            self.journal.set_state(phase_started_at=run.start, durable=False)
             if after_start is not None:  # what can wait until the command runs
                 after_start()
         split = throughput.LineSplitter()
@@ -158,7 +162,8 @@ class Watch:
             outcome = self.checkpoints.gate(run, outcome, t)
             if outcome is not None or not alive:
                 break
-            if len(chunk) < COALESCE_BELOW:  # until the log grows (or COALESCE), it ends, or the checks are due
+            # until the log grows (or COALESCE), it ends, or the checks are due
+            if len(chunk) < COALESCE_BELOW:
                 logwait.after_read(relay, proc.wait_fd(), bool(chunk), POLL if run.held else
                                    run.last_check + 0.2 - now(), POLL, COALESCE)
         if outcome is not None:
@@ -166,7 +171,8 @@ class Watch:
             if outcome.kind == OutcomeKind.STOP:
                 self.set_state(JobState.STOPPING, phase=run.phase)
             if outcome.kind == OutcomeKind.SIGNAL and outcome.evidence.get("hung"):
-                hang.end_hung(self.journal, self.child_env, self.say, proc, run, outcome)  # its stacks first (journal, logs --stacks)
+                # its stacks first (journal, logs --stacks)
+                hang.end_hung(self.journal, self.child_env, self.say, proc, run, outcome)
             else:  # a hung trainer finishes no save; any other first ends the save it is in
                 self.checkpoints.wait_for_save(run, proc, now())
             first = quiet_first(grace) if run.phase == "train" else 0.0
@@ -199,7 +205,8 @@ class Watch:
             reason = f"the container restarted while {run.phase} ran (exit status unknown)"
             self.say(f"{run.phase} failed: {reason}")
             if self.spec.get("resume_after_reboot"):
-                return Outcome(OutcomeKind.SIGNAL, "container_restart", reason, {"tail": list(run.tail)[-10:]})
+                return Outcome(OutcomeKind.SIGNAL, "container_restart", reason,
+                               {"tail": list(run.tail)[-10:]})
             return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, reason, {"tail": list(run.tail)[-10:]})
         sig = -code if code is not None and code < 0 else None
         name, reason = signals.classify_exit(code if code is None or code >= 0 else None, sig,
@@ -298,7 +305,8 @@ class Watch:
 
     def trace_decision(self, d, t: float) -> None:
         self._pay()
-        self.pause.trace_writer().write({"t": round(t, 3), "recorded": {"verdict": str(d.verdict), "reason": d.reason}})
+        self.pause.trace_writer().write({"t": round(t, 3),
+                                         "recorded": {"verdict": str(d.verdict), "reason": d.reason}})
 
     def on_sample(self, run, value: float, step, t: float):
         """One throughput sample of this node's trainer; a multi-node job's leader judges
@@ -313,7 +321,8 @@ class Watch:
         if len(run.samples) > 50000:
             del run.samples[:25000]
         d = self.pause.decide_now(run, t)
-        d = self.verdicts.review(run, d, t)  # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
+        # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
+        d = self.verdicts.review(run, d, t)
         at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.median, profile=run.profile)
         if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
@@ -328,7 +337,8 @@ class Watch:
             run.last_verdict = d.verdict
         if t - run.last_state > STATE_EVERY or d.verdict == Verdict.ROLLBACK:
             where = run.source.position() if run.source is not None else None  # for a re-adopting supervisor
-            self.publish(run.samples, d, run.baseline, **({"source_offset": where} if where is not None else {}))
+            self.publish(run.samples, d, run.baseline,
+                         **({"source_offset": where} if where is not None else {}))
             run.last_state = t
         rollbacks = self.history.rollbacks
         rec = rollbacks[-1] if rollbacks and run.phase == "train" else None
@@ -376,21 +386,26 @@ class Watch:
         if run.hit_at and t - run.hit_at[0] > self.grace_after_signature and run.hit_at[1] in acted_on:
             _name, reason = signals.classify_exit(1, None, run.hits, self.signatures)
             return Outcome(OutcomeKind.SIGNAL, run.hit_at[1], f"{reason} (the process kept running "
-                           f"{self.grace_after_signature:g}s after it)", {"lines": run.hits[-5:], "hung": True})
+                           f"{self.grace_after_signature:g}s after it)",
+                           {"lines": run.hits[-5:], "hung": True})
         if run.timeout and t - run.start > run.timeout:
-            return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH, f"{run.phase} timed out after {run.timeout:g}s")
+            return Outcome(OutcomeKind.SIGNAL, FailureSignal.CRASH,
+                           f"{run.phase} timed out after {run.timeout:g}s")
         first = run.samples[0].t if run.samples else run.start
         if run.idle_gpus and t - run.last_gpu >= run.idle_poll and (run.samples or not run.watch_tps) and \
-                t >= first + (self.policy_holder.now.initial_delay if self.watching else 0) and run.pauses.active_at(t) is None:
+                t >= first + (self.policy_holder.now.initial_delay if self.watching else 0) and \
+                run.pauses.active_at(t) is None:
             # start-up (imports, compile) idles the GPUs: watched from the first sample (plus the
             # initial delay, which counts from it) on; a pause (save, eval) is not idleness
             run.last_gpu = t
             outcome = self.check_gpu_idle(run, t)
             if outcome:
                 return outcome
-        if run.watch_tps and not run.samples and self.start_timeout:  # before the first sample: start_timeout's
+        # before the first sample: start_timeout's
+        if run.watch_tps and not run.samples and self.start_timeout:
             if t - run.start > self.start_timeout:
-                name, reason, ev = hang.start_hang(run.phase, t - run.start, self.start_timeout, run.cold_cache)
+                name, reason, ev = hang.start_hang(run.phase, t - run.start, self.start_timeout,
+                                                   run.cold_cache)
                 self.journal.event("decision", verdict=name, reason=reason, evidence=ev)
                 return Outcome(OutcomeKind.SIGNAL, name, reason, ev)
         elif run.watch_tps:
@@ -409,7 +424,8 @@ class Watch:
         del run.gpu_history[:-1000]
         self.journal.event("gpu_util", group=cfg["group"], max=util)
         ck = self.spec["train"].get("checkpoint")
-        saved = ckregister.find(self.workdir, substitute(ck["path"], self.child_env.values(run.profile))) if ck else []
+        saved = (ckregister.find(self.workdir, substitute(ck["path"], self.child_env.values(run.profile)))
+                 if ck else [])
         last_pause = run.pauses.intervals[-1][1] if run.pauses.intervals else 0.0  # idle counts after it
         idle, run.save_time = checkpoint.idle_gap(run.gpu_history, cfg["below"],
                                                   max(saved[0][1] if saved else 0.0, min(last_pause, t)),

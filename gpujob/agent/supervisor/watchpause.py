@@ -57,8 +57,8 @@ class PauseWatch:
 
     def decide_now(self, run, t: float):
         """The policy's decision for ``run`` at ``t``: the same call replay makes."""
-        return policy.decide(self.policy_holder.now, run.samples, t, run.start, run.baseline, run.pauses.spans(),
-                             run.memo)
+        return policy.decide(self.policy_holder.now, run.samples, t, run.start, run.baseline,
+                             run.pauses.spans(), run.memo)
 
     def known_good_now(self, run, t: float):
         return policy.known_good(self.policy_holder.now, run.samples, t, run.start, run.baseline,
@@ -83,7 +83,8 @@ class PauseWatch:
     def _paused(self, run, iv, t: float) -> None:
         if iv is None:
             return
-        self.journal.event("pause", start=round(iv[0], 3), tail=run.pauses.tail, why=iv[2], profile=run.profile)
+        self.journal.event("pause", start=round(iv[0], 3), tail=run.pauses.tail, why=iv[2],
+                           profile=run.profile)
         self.journal.set_state(pauses=[[round(a, 3), round(b, 3)] for a, b in run.pauses.spans()[-20:]])
 
     def trace_end(self, code, t: float) -> None:

@@ -131,7 +131,8 @@ def post(url: str, body: bytes, headers: dict, timeout: float) -> str | None:
     except Exception as e:  # noqa: BLE001 - any failure is one failed attempt, counted against retries
         timed_out = (socket.timeout, TimeoutError)  # one class from 3.10, two before
         if attempt.expired or isinstance(e, timed_out) or isinstance(getattr(e, "reason", None), timed_out):
-            return f"no complete answer within the attempt's {round(timeout, 1):g}s (the connection was closed)"
+            return (f"no complete answer within the attempt's {round(timeout, 1):g}s (the connection was "
+                    f"closed)")
         if isinstance(e, urllib.error.URLError):
             r = e.reason
             return f"cannot reach the webhook: {type(r).__name__}: {getattr(r, 'strerror', None) or r}"

@@ -68,10 +68,12 @@ def ls(home: Home) -> dict:
         stats = envs.tree_stats(base)
         parts = {sub: envs.dir_size(os.path.join(base, sub)) for sub in envs.CACHE_VARS.values()}
         proofs = sorted({e.get("proof") or "unknown" for _n, _p, e in goods.get(k, [])})
-        rows.append({"env_key": k, "live": os.path.isdir(base), "size": stats["bytes"], "files": stats["files"],
+        rows.append({"env_key": k, "live": os.path.isdir(base), "size": stats["bytes"],
+                     "files": stats["files"],
                      "parts": parts, "age": (t - stats["newest"]) if stats["newest"] else None,
                      "proof": proofs, "snapshots": [snap_row(m, t) for m in snapshots.listing(home.root, k)]})
-        answers.cap(rows[-1], "snapshots", 20)  # the newest (listed first); the rest counted (agent/base/answers.py)
+        # the newest (listed first); the rest counted (agent/base/answers.py)
+        answers.cap(rows[-1], "snapshots", 20)
     return answers.cap({"caches": rows, "uv_cache": envs.dir_size(home.path("uv-cache"))}, "caches")
 
 
@@ -101,7 +103,8 @@ def clear(home: Home, profile: str | None, *, force: bool, with_snapshots: bool,
         for k in keys:
             snap = next(iter(snapshots.listing(home.root, k)), None)
             if snap:
-                kept[k] = f"the next start of a known-good profile on it restores its {snapshots.describe(snap)}"
+                kept[k] = (f"the next start of a known-good profile on it restores its "
+                           f"{snapshots.describe(snap)}")
     return {"cleared": keys, "snapshots_kept": kept, "snapshots_removed": removed, "warnings": warnings}
 
 
@@ -117,7 +120,8 @@ def restore(home: Home, profile: str, *, active: set) -> dict:
     for k in keys:
         meta = snapshots.restore(home.root, k)
         if meta:
-            done.append({"env_key": k, "snapshot": meta["name"], "files": meta["files"], "bytes": meta["bytes"],
+            done.append({"env_key": k, "snapshot": meta["name"], "files": meta["files"],
+                         "bytes": meta["bytes"],
                          "seconds": meta["restore_seconds"], "text": snapshots.describe(meta)})
     return {"restored": done}
 
@@ -204,15 +208,18 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
                 os.makedirs(workdir, exist_ok=True)
                 try:
                     p = subprocess.run(argv, env=env, cwd=workdir, stdin=subprocess.DEVNULL, stdout=f,
-                                       stderr=subprocess.STDOUT, timeout=float(defaults.section(spec, "warmup")["timeout"]),
+                                       stderr=subprocess.STDOUT,
+                                       timeout=float(defaults.section(spec, "warmup")["timeout"]),
                                        start_new_session=True)
                     code = p.returncode
                 except subprocess.TimeoutExpired:
                     code = None
                 tail = open(log, "rb").read()[-20000:].decode("utf-8", "replace").splitlines()[-200:]
                 name, reason = signals.classify_exit(code if code is None or code >= 0 else None,
-                                                        -code if code is not None and code < 0 else None, tail,
-                                                        (spec.get("rollback") or {}).get("error_signatures") or [],
+                                                        -code if code is not None and code < 0 else None,
+                                                     tail,
+                                                        (spec.get("rollback") or {}).get("error_signatures")
+                                                     or [],
                                                         log_name="the warmup's log")
                 if code is None:
                     name, reason = FailureSignal.CRASH, f"timed out after {w.get('timeout', 3600.0)}s"
@@ -226,7 +233,8 @@ def prove_cold(home: Home, profile: str, gpus: list | None) -> dict:
     entry = led.read()["profiles"].get(profile) or {}
     extra = {"proof": "cold"} if result["ok"] and entry.get("env_key", key) == key else {}
     led.note(profile, cold_proof=rec, **extra)
-    return dict(rec, profile=profile, name=spec["name"], ledger_proof=led.read()["profiles"][profile].get("proof"))
+    return dict(rec, profile=profile, name=spec["name"],
+                ledger_proof=led.read()["profiles"][profile].get("proof"))
 
 
 def cmd_cache(home: Home, args) -> None:

@@ -93,7 +93,8 @@ def cmd_rollback(home: Home, args) -> None:
         raise Refused(f"job {args.job} already runs on profile {current}", Code.CONFLICT)
     reason = args.reason or "rolled back by hand"
     target = args.to or pick(
-        Ledger(home, job["spec"]["name"]).read(), current, profiles, (job["spec"].get("rollback") or {}).get("fallback"))
+        Ledger(home, job["spec"]["name"]).read(), current, profiles,
+        (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to", Code.CONFLICT)
     if st.get("state") == JobState.LOST and st.get("lost_reason") is None:
@@ -111,8 +112,8 @@ def cmd_rollback(home: Home, args) -> None:
         pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
         if pgid:
             kill_group(int(pgid), 10)  # never two trainers on the same GPUs
-        jj.set_state(state=JobState.ROLLING_BACK, phase="env", step=Stage.ROLLBACK, reason=reason, finished_at=None,
-                     child=None, lost_reason=None, revivals=[],
+        jj.set_state(state=JobState.ROLLING_BACK, phase="env", step=Stage.ROLLBACK, reason=reason,
+                     finished_at=None, child=None, lost_reason=None, revivals=[],
                      pending_rollback={"from": current, "to": target, "reason": reason, "signal": "manual",
                                        "decided_at": now(), "mark_bad": bool(args.mark_bad), "request": None})
         pid = spawn_supervisor(home, args.job, held)

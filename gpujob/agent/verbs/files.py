@@ -116,7 +116,8 @@ def untar(stream, size: int, dest: str) -> int:
                     or member.issym() or member.islnk() or member.isdev():
                 raise ValueError(f"refusing tar member {member.name!r}")
             member.mode &= 0o777  # never setuid, setgid or sticky, whatever the laptop had
-            tar.extract(member, dest, set_attrs=True, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            tar.extract(member, dest, set_attrs=True,
+                        **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
             count += 1
     body.drain()
     return count

@@ -99,9 +99,10 @@ def acquire(home: Home, job_id: str, by: str | None = None) -> tuple:
         if left:
             held.release()
             who = oj.job().get("by")
-            raise Refused(f"job {other}{f' of {who}' if who else ''} has no supervisor but its {(st.get('child') or {}).get('phase') or 'phase'} "
-                          f"command still runs (pids {', '.join(map(str, left[:5]))}); `gpujob status {other}` "
-                          f"restarts its supervisor, `gpujob stop {other}` ends it", Code.BUSY)
+            raise Refused(f"job {other}{f' of {who}' if who else ''} has no supervisor but its "
+                          f"{(st.get('child') or {}).get('phase') or 'phase'} "
+                          f"command still runs (pids {', '.join(map(str, left[:5]))}); `gpujob status "
+                          f"{other}` restarts its supervisor, `gpujob stop {other}` ends it", Code.BUSY)
         # nothing of it runs and nobody holds the lock: that job is over, as its trainer's
         # recorded exit says (else lost); its log's last bytes reach its job.log first
         settle_orphan(Journal(home, other, held.generation), st, job_id)
@@ -133,7 +134,8 @@ def settle_orphan(j: Journal, st: dict, by_job: str) -> None:
     trained = child.get("phase") == "train"
     if (trained and code == 0) or (not child and st.get("step") == Stage.SUCCEEDED):
         j.event("exit", phase="train", returncode=0, profile=st.get("profile"), recorded_by="keeper")
-        j.set_state(state=JobState.SUCCEEDED, step=Stage.SUCCEEDED, phase="done", finished_at=now(), child=None,
+        j.set_state(state=JobState.SUCCEEDED, step=Stage.SUCCEEDED, phase="done", finished_at=now(),
+                    child=None,
                     exit_code=0, reason=f"train exited 0 (recorded by its keeper after its supervisor died; "
                                         f"settled when job {by_job} took the container)")
         return
@@ -218,7 +220,8 @@ def summary(home: Home, job_id: str) -> dict:
     st["notify"] = notify.outbox_summary(j.dir)
     t = now()  # durations on the container's own clock: the laptop's may be off
     st["now"] = t
-    st["uptime_s"] = max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at") else None
+    st["uptime_s"] = (max(0.0, (st.get("finished_at") or t) - st["started_at"]) if st.get("started_at")
+                      else None)
     return st
 
 

@@ -24,7 +24,7 @@ import shutil
 import time
 
 from gpujob.agent.home import ckregister, ckscan, gc
-from gpujob.agent.base import answers, ckpaths, envs
+from gpujob.agent.base import answers, ckpaths, envs, fsio
 from gpujob.agent.base.protocol import ENDED
 from gpujob.agent.base.wire import GcAnswer
 from gpujob.agent.home.journal import Home, Journal
@@ -154,9 +154,11 @@ def finish_leftovers(home) -> list:
                 shutil.rmtree(target, ignore_errors=True)
                 done.append(target)
             os.unlink(path)
-        else:
+        elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
             done.append(path)
+        else:  # a record's temp file, left by a gc killed before its rename
+            os.unlink(path)
     return done
 
 
@@ -195,11 +197,9 @@ def remove_checkpoint(home, path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
         hidden = os.path.join(os.path.dirname(path), f".gc-{os.path.basename(path)}-{os.getpid()}")
         record = os.path.join(_trash(home), f"ckpt-{time.time_ns()}.json")
-        with open(record + ".tmp", "w") as f:
-            json.dump({"path": hidden, "was": path}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(record + ".tmp", record)  # the record first: a death after the rename is finished later
+        # the record first (atomic, durable, through no planted link): a death after the rename
+        # is finished later
+        fsio.write_json(record, {"path": hidden, "was": path}, mode=0o600)
         os.rename(path, hidden)
         shutil.rmtree(hidden, ignore_errors=True)
         os.unlink(record)

@@ -65,7 +65,8 @@ def cmd_submit(home: Home, args) -> None:
             write_json(j.path("secrets.json"), secrets, mode=0o600)
         write_json(j.path("job.json"), dict(job, **{protocol.FORMAT_KEY: protocol.FORMAT}), mode=0o600)
         j.set_state(job_id=job_id, name=job["spec"]["name"], state=JobState.PREPARING, phase="start",
-                    step=Stage.ENV, profile=job["profile"], resume=bool(job.get("resume_from")), started_at=now())
+                    step=Stage.ENV, profile=job["profile"], resume=bool(job.get("resume_from")),
+                    started_at=now())
         j.event("submitted", profile=job["profile"], synced=synced,
                 stale_lock=stale.get("job_id") if stale else None)
         if job.get("boot_hook"):
@@ -97,7 +98,8 @@ def submit_checkpoints(home: Home, job: dict, workdir: str) -> dict | None:
         raise Refused(f"train.checkpoint.path {ck['path']!r} refused: {why}", Code.BAD_REQUEST)
     patterns = []
     for p in job["spec"]["profiles"]:
-        pat = substitute(ck["path"], planshare.template_values(job["spec"], job_id=job["job_id"], profile=p["name"],
+        pat = substitute(ck["path"],
+                         planshare.template_values(job["spec"], job_id=job["job_id"], profile=p["name"],
                                                                 workdir=workdir, fleet=job.get("fleet")))
         patterns.append(pat if os.path.isabs(pat) else os.path.join(workdir, pat))
     try:

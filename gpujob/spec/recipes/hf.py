@@ -13,10 +13,10 @@ HF_EVAL_PATTERN = r"^\{'eval_loss'"
 
 #: TrainingArguments that change when and where a run saves, logs and stops, nothing compiled:
 #: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
-UNCOMPILED = ["--save_steps", "--save_total_limit", "--save_strategy", "--logging_steps", "--logging_strategy",
-              "--logging_dir", "--eval_steps", "--eval_strategy", "--evaluation_strategy", "--output_dir",
-              "--output-dir", "--report_to", "--run_name", "--max_steps", "--num_train_epochs",
-              "--resume_from_checkpoint", "--seed"]
+UNCOMPILED = ["--save_steps", "--save_total_limit", "--save_strategy", "--logging_steps",
+              "--logging_strategy", "--logging_dir", "--eval_steps", "--eval_strategy",
+              "--evaluation_strategy", "--output_dir", "--output-dir", "--report_to", "--run_name",
+              "--max_steps", "--num_train_epochs", "--resume_from_checkpoint", "--seed"]
 
 
 def _nproc(argv: list) -> int:
@@ -52,7 +52,8 @@ def derive(data: dict) -> dict:
     train.update(standby(command, PRELOAD))
     warm = append(command, ["--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
                             "--output_dir", "{workdir}/gpujob-warmup"])
-    frag.update(train=train, warmup={"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED})
+    frag.update(train=train,
+                warmup={"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED})
     return frag
 
 

@@ -16,7 +16,8 @@ LIGHTNING_BAR = "--trainer.callbacks+=TQDMProgressBar"
 
 #: LightningCLI arguments that change when and where a run saves, logs and stops, nothing
 #: compiled: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
-UNCOMPILED = ["--trainer.max_steps", "--trainer.max_epochs", "--trainer.max_time", "--trainer.default_root_dir",
+UNCOMPILED = ["--trainer.max_steps", "--trainer.max_epochs", "--trainer.max_time",
+              "--trainer.default_root_dir",
               "--trainer.callbacks.every_n_train_steps", "--trainer.callbacks.save_top_k",
               "--trainer.callbacks.dirpath", "--trainer.log_every_n_steps", "--trainer.val_check_interval",
               "--trainer.check_val_every_n_epoch", "--trainer.enable_model_summary", "--trainer.logger",
@@ -51,7 +52,8 @@ def derive(data: dict) -> dict:
     # ModelCheckpoint (how a run saves every N steps); the warmup's own root dir keeps its saves apart.
     warm = append(train.get("command", command), ["--trainer.max_steps", "3", "--trainer.default_root_dir",
                                                   "{workdir}/gpujob-warmup"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
+    frag = {"train": train,
+            "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
     # the bar's step counter over time, each step once, restored steps not counted
     # (Lightning's it/s is the run's average: smoothing=0; agent/judge/steprate.StepRate)
     return dict(frag, throughput={"format": "tqdm_steps"}) if rate else frag
@@ -61,7 +63,8 @@ RECIPE = Recipe(name="lightning", trainer="lightning", revision=5,
                 read_from="lightning 2.5 and 2.6.6 (LightningCLI)",
                 proven_on="lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 "
                           "(torch 2.11.0+cu130; BENCHMARKS.md)",
-                summary="LightningCLI scripts: the TQDM progress bar's step counter over time x tokens_per_step (its it/s is the run's average; the bar "
+                summary="LightningCLI scripts: the TQDM progress bar's step counter over time x "
+                        "tokens_per_step (its it/s is the run's average; the bar "
                         "added: Lightning's rich bar prints nothing into a pipe), "
                         "version_N/checkpoints/*.ckpt (settled 1 s), --ckpt_path {resume_from}",
                 derive=derive, versions=("2.5", "2.6"),

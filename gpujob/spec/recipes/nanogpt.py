@@ -51,7 +51,8 @@ def derive(data: dict) -> dict:
     warm = append(train.get("command", command), ["--max_iters=3", "--eval_interval=1000000",
                                                   "--always_save_checkpoint=False",
                                                   "--out_dir={workdir}/gpujob-warmup"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED},
+    frag = {"train": train,
+            "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED},
             "throughput": {"pause_pattern": NANOGPT_EVAL_PATTERN}}
     if own_rate(data, "regex"):
         return frag

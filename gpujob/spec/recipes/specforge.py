@@ -16,7 +16,8 @@ SPECFORGE_PATTERN = r"^(?:\[?rank\d+\]?:\s*)?step (?P<step>\d+): \{.*'perf/globa
 
 #: SpecForge keys that change when and where a run saves, logs, evaluates and stops, nothing
 #: compiled: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
-UNCOMPILED = ["training.max_steps", "training.save_interval", "training.eval_interval", "training.log_interval",
+UNCOMPILED = ["training.max_steps", "training.save_interval", "training.eval_interval",
+              "training.log_interval",
               "training.num_epochs", "training.resume_from", "output_dir", "run_id", "report_to"]
 
 
@@ -44,7 +45,8 @@ def derive(data: dict) -> dict:
     warm = append(train.get("command", command),
                   ["training.max_steps=3", "training.save_interval=0", "training.eval_interval=0",
                    "output_dir={workdir}/gpujob-warmup", "run_id=gpujob-warmup"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
+    frag = {"train": train,
+            "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
     if own_rate(data, "regex"):
         return frag
     if "tokens_per_step" not in (data.get("throughput") or {}):

@@ -7,10 +7,12 @@ from gpujob.spec.recipes.base import Recipe, append, argv_of, flag, own_rate
 
 #: torchtitan options that change when and where a run saves, logs and stops, nothing compiled:
 #: a change of them alone keeps the warmup's cache warm (warmup.ignore_flags)
-UNCOMPILED = ["--training.steps", "--checkpoint.interval", "--checkpoint.folder", "--checkpoint.keep_latest_k",
-              "--checkpoint.enable", "--checkpoint.no-enable", "--checkpoint.no_enable", "--checkpoint.load_step",
-              "--metrics.log_freq", "--metrics.enable_tensorboard", "--metrics.enable_wandb", "--job.dump_folder",
-              "--job.description"]
+UNCOMPILED = ["--training.steps", "--checkpoint.interval", "--checkpoint.folder",
+              "--checkpoint.keep_latest_k",
+              "--checkpoint.enable", "--checkpoint.no-enable", "--checkpoint.no_enable",
+              "--checkpoint.load_step",
+              "--metrics.log_freq", "--metrics.enable_tensorboard", "--metrics.enable_wandb",
+              "--job.dump_folder", "--job.description"]
 
 
 def derive(data: dict) -> dict:
@@ -41,7 +43,8 @@ def derive(data: dict) -> dict:
     # first one's step-3 and trains no step (and a big model's last-step save is slow)
     warm = append(train.get("command", command), ["--training.steps", "3", dump, "{workdir}/gpujob-warmup",
                                                   "--checkpoint.no-enable"])
-    frag = {"train": train, "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
+    frag = {"train": train,
+            "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
     # every rank prints its own tps (tokens/s per device): the first rank's line is the
     # sample, so min and a given baseline are per device (scope per_gpu scales it by the GPUs)
     return frag if own_rate(data, "torchtitan") else dict(frag, throughput={"format": "torchtitan",
@@ -54,8 +57,8 @@ RECIPE = Recipe(name="torchtitan", trainer="torchtitan", revision=5,
                           "2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md); 0.3.0 not run: it needs "
                           "torch.distributed.set_timeout, newer than 2.13",
                 summary="torchtitan via torchrun: `tps: N` (the first rank's), DCP step-N/ checkpoints "
-                        "finished by .metadata (saving on) in a checkpoint folder of each job's own (it loads "
-                        "the newest there by itself: never an earlier job's)",
+                        "finished by .metadata (saving on) in a checkpoint folder of each job's own (it "
+                        "loads the newest there by itself: never an earlier job's)",
                 derive=derive, versions=("0.2", "0.3"),
                 sample_command="torchrun --nproc_per_node 8 -m torchtitan.train --job.config_file "
                                "train.toml")

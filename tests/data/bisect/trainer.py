@@ -34,8 +34,8 @@ if args.resume and os.path.exists(args.ckpt):
 rng = random.Random(1)
 for step in range(start + 1, args.steps + 1):
     time.sleep(args.interval)
-    print(f"step {step} | loss {8.0 / (1 + step * 0.05):.4f} | {rate * rng.uniform(0.97, 1.03) / 1000:.2f}K tok/s",
-          flush=True)
+    print(f"step {step} | loss {8.0 / (1 + step * 0.05):.4f} | {rate * rng.uniform(0.97, 1.03) / 1000:.2f}K "
+          f"tok/s", flush=True)
     if step % 10 == 0:
         os.makedirs(os.path.dirname(args.ckpt) or ".", exist_ok=True)
         with open(args.ckpt + ".tmp", "w") as f:

@@ -66,8 +66,8 @@ else:
     rfile = c.makefile("rb")
     if rfile.readline() != b"start\n":
         sys.exit("rendezvous: no start from node 0")
-print(f"rendezvous done: {args.nnodes} nodes, I am node {args.node_rank}, kernels build {demo_kernels.BUILD}, "
-      f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '-')}", flush=True)
+print(f"rendezvous done: {args.nnodes} nodes, I am node {args.node_rank}, kernels build "
+      f"{demo_kernels.BUILD}, CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '-')}", flush=True)
 while step < args.steps:
     time.sleep(args.interval)
     step += 1

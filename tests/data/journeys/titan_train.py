@@ -1,7 +1,7 @@
-"""A stand-in for torchtitan's train (under torchrun) in the recipe journeys (tests/bed/test_journey_recipes.py):
-standin.py beside it prints what that trainer prints and keeps its checkpoints as it does;
-a step takes 2,560 tokens at the speed of the kernels' wheel build in the venv (fast or slow),
-as a torch build sets a real trainer's."""
+"""A stand-in for torchtitan's train (under torchrun) in the recipe journeys
+(tests/bed/test_journey_recipes.py): standin.py beside it prints what that trainer prints and
+keeps its checkpoints as it does; a step takes 2,560 tokens at the speed of the kernels' wheel
+build in the venv (fast or slow), as a torch build sets a real trainer's."""
 
 import os
 import sys

@@ -79,9 +79,11 @@ elif style == "hf":
             print(f"resumed from checkpoint at step {start}", flush=True)
 
     def tick(step, dt):
-        sys.stdout.write(f"\r{100 * step // steps:3d}%|####| {step}/{steps} [00:01<00:01, {1.0 / dt:.2f}it/s]")
+        sys.stdout.write(f"\r{100 * step // steps:3d}%|####| {step}/{steps} "
+                         f"[00:01<00:01, {1.0 / dt:.2f}it/s]")
         sys.stdout.flush()
-        if eval_steps and step % eval_steps == 0:  # the eval bar, then tqdm.write of the metrics (bar cleared)
+        # the eval bar, then tqdm.write of the metrics (bar cleared)
+        if eval_steps and step % eval_steps == 0:
             sys.stdout.write(f"\r 50%|##  | 1/2 [00:00<00:00, {40.0 / dt:.2f}it/s]\r{' ' * 20}\r"
                              "{'eval_loss': 1.25, 'eval_runtime': 0.1, 'epoch': 0.5}\n")
             sys.stdout.flush()
@@ -103,7 +105,8 @@ elif style == "nanogpt":
 
     def tick(step, dt):
         if step % log_every == 0:  # dt is the whole iteration: an eval and save before it included
-            print(f"iter {step}: loss 2.0000, time {(dt + state['extra']) * 1000:.2f}ms, mfu 12.00%", flush=True)
+            print(f"iter {step}: loss 2.0000, time {(dt + state['extra']) * 1000:.2f}ms, mfu 12.00%",
+                  flush=True)
         state["extra"] = 0.0
         if step % eval_every == 2:  # at its eval interval: the losses, then ckpt.pt rewritten in place
             print(f"step {step}: train loss 2.0000, val loss 2.1000", flush=True)
@@ -148,8 +151,8 @@ elif style == "lightning":
     callbacks = [a.split("+=", 1)[1] for a in args if a.startswith("--trainer.callbacks+=")]
     every = int(opt("--trainer.callbacks.every_n_train_steps", default="0"))
     if opt("--trainer.enable_checkpointing") == "false" and "ModelCheckpoint" in callbacks:
-        sys.exit("lightning.fabric.utilities.exceptions.MisconfigurationException: Trainer was configured with "
-                 "`enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list.")
+        sys.exit("lightning.fabric.utilities.exceptions.MisconfigurationException: Trainer was configured "
+                 "with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list.")
     enabled = "ModelCheckpoint" in callbacks and every > 0
     tqdm_bar = "TQDMProgressBar" in callbacks
     if enabled:
@@ -172,8 +175,8 @@ elif style == "lightning":
                              f"{1.0 / dt:.2f}it/s, v_num={version}]")
             sys.stdout.flush()
         elif step == steps:  # the rich bar: one drawing when the run ends
-            print(f"Epoch 0/-2 ━━━━━━━━━━ {step}/{steps} 0:00:01 • 0:00:00 {1.0 / dt:.2f}it/s v_num: {version}",
-                  flush=True)
+            print(f"Epoch 0/-2 ━━━━━━━━━━ {step}/{steps} 0:00:01 • 0:00:00 {1.0 / dt:.2f}it/s v_num: "
+                  f"{version}", flush=True)
         if enabled and step % every == 2 % every:  # written in place, the previous one removed
             name = os.path.join(ck, f"epoch=0-step={step}.ckpt")
             with open(name, "w") as f:
