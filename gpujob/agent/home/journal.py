@@ -199,11 +199,31 @@ class Journal:
     # ---- requests: one ordered queue, kept until acted on ----------------
     def request(self, kind: str, **data) -> str:
         """Leave a request for the supervisor (stop, rollback); they are taken in
-        the order they came, except that a pending stop always wins."""
+        the order they came, except that a pending stop always wins. Each carries the
+        run it is aimed at (state.json's ``run``): a stop of an earlier run is dropped."""
         os.makedirs(self.path("control"), exist_ok=True)
         name = f"{time.time_ns():020d}-{os.getpid()}-{kind}.json"
-        write_json(os.path.join(self.path("control"), name), dict(data, kind=kind, at=now()))
+        run = self.state().get("run")
+        write_json(os.path.join(self.path("control"), name),
+                   dict(data, kind=kind, at=now(), run=run if isinstance(run, int) else 0))
         return name
+
+    def stale_stop(self, req: dict) -> bool:
+        """A stop request asked of an earlier run of the job (its supervisor died before
+        acting on it, and a newer command ran the job again): it must not end this run.
+        A request without a run (an older agent's) is taken as this run's."""
+        run, asked = self.state().get("run"), req.get("run")
+        return (req.get("kind") == "stop" and isinstance(asked, int) and isinstance(run, int)
+                and asked < run)
+
+    def drop_request(self, name: str, req: dict, why: str) -> dict:
+        """Remove a request that will not be acted on, with a ``request_dropped`` event
+        (what it was, when it was asked, why); returns what was dropped."""
+        gone = {"kind": req.get("kind"), "asked_at": req.get("at"), "run": req.get("run"), "why": why}
+        self.event("request_dropped", request=name, what=gone["kind"], asked_at=gone["asked_at"],
+                   run=gone["run"], why=why)
+        self.done(name)
+        return gone
 
     def pending(self) -> list:
         """[(name, request)] oldest first; unreadable ones are skipped."""

@@ -364,7 +364,9 @@ class Watch:
         if base is None or self.verdicts.refuse_promotion(run):
             return
         run.good_known = True
+        die_here("known_good_asked")  # the suite's death points: decided, nothing written yet
         self.journal.event("known_good", profile=run.profile, baseline=base)
+        die_here("known_good_said")  # the event written, the ledger not yet
         self.notifier.emit("known_good", f"{run.profile}.{len(self.history.rollbacks)}", profile=run.profile,
                            baseline=base)
         self.say(f"profile {run.profile} is now known-good "
