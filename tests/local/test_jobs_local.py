@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -107,8 +108,10 @@ def test_plan_runs_nothing(tmp_path, env, index_urls):
     for word in ("probe", "submit", "uv venv", "uv pip install", "CUDA_VISIBLE_DEVICES=3",
                  "python trainer.py"):
         assert word in out
-    # the interpreter the supervisor builds the venv on (the agent's), not a bare python3
-    assert f"uv venv --python {sys.executable} " in out.replace("\n", " ")
+    # the interpreter the supervisor builds the venv on (the agent's: the one `gpujob` runs on, named
+    # by its entry script's #! line, python or python3 of this venv), not a bare python3
+    built_on = re.search(r"uv venv --python (\S+) ", out.replace("\n", " ")).group(1)
+    assert os.path.realpath(built_on) == os.path.realpath(sys.executable), built_on
     assert not (tmp_path / "root").exists()  # nothing was created on the target side
     assert not (tmp_path / "state").exists()  # and no job recorded
 
