@@ -150,7 +150,9 @@ def offerable(values: list) -> list[str]:
 
 
 def job_ids() -> list[str]:
-    """This laptop's jobs, the most recent first (the local index, read-only)."""
+    """This laptop's jobs, the most recent first (the local index, read-only), less the
+    phantoms: a row still ``submitting`` whose gpujob died before it asked the container to
+    start the job (the container never had it; the next ``ps`` forgets it, and says so)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
     db = os.path.join(base, "gpujob", "state.db")
     if not os.path.isfile(db):
@@ -158,12 +160,43 @@ def job_ids() -> list[str]:
     try:
         con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=2)
         try:
-            return offerable([r[0] for r in con.execute("SELECT job_id FROM jobs ORDER BY submitted_at DESC "
-                                                        "LIMIT 200")])
+            cols = {r[1] for r in con.execute("PRAGMA table_info(jobs)")}
+            if not {"submitter", "asked"} <= cols:  # an index from before: nothing tells a phantom
+                return offerable([r[0] for r in con.execute(
+                    "SELECT job_id FROM jobs ORDER BY submitted_at DESC LIMIT 200")])
+            rows = con.execute("SELECT job_id, state, submitter, asked FROM jobs "
+                               "ORDER BY submitted_at DESC LIMIT 200").fetchall()
         finally:
             con.close()
     except sqlite3.Error:
         return []
+    return offerable([job for job, state, submitter, asked in rows
+                      if not (state == "submitting" and not asked and _gone(submitter))])
+
+
+def _gone(submitter) -> bool:
+    """The gpujob recorded as ``pid:start ticks`` has ended (the index's ``submitter``)."""
+    pid, _, ticks = str(submitter or "").partition(":")
+    if not pid.isdigit():
+        return False  # nothing recorded: never taken for a phantom
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        if os.path.isdir("/proc/self"):
+            return True  # no such process
+        try:  # no /proc (macOS): the pid alone
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+    except IndexError:
+        return False
+    if fields[0] in ("Z", "X"):
+        return True
+    return ticks.isdigit() and len(fields) > 19 and fields[19] != ticks
 
 
 def _args(env: dict) -> tuple[list[str], str]:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -103,6 +104,31 @@ def wait_for(pred, timeout: float = 60, every: float = 0.1, what: str = "conditi
             return v
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+#: the hang guard: how long a call that should end at once (woken, killed, given up on) may
+#: take before the test calls it hung. A guard, never a bound on speed (tests/README.md)
+HANG = 60.0
+
+
+def returns(fn, what: str, hang: float = HANG):
+    """``fn()``'s value, or the exception it raised, from a daemon thread; a call still
+    running after ``hang`` seconds fails the test as "hung" (it is left to its thread)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
+            box["error"] = e
+    th = threading.Thread(target=run, daemon=True, name="gpujob-test-returns")
+    th.start()
+    th.join(hang)
+    if th.is_alive():
+        raise AssertionError(f"hung: {what} had not returned after {hang:g}s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def job_id_of(stdout: bytes) -> str:

@@ -9,6 +9,7 @@ line the way ``print(..., flush=True)`` trainers do.
     --rate 1000 --seconds 60 --tps-every 10   1000 lines/s for 60 s; every 10th
                                               line is a step line with tok/s
     --lines 30 --rate 20                      30 step lines, 20 a second
+    --eval-every 5                            an eval line every 5 s (a pause_pattern's)
 """
 
 import argparse
@@ -27,6 +28,7 @@ p.add_argument("--lines", type=int, default=30)
 p.add_argument("--tps-every", type=int, default=1, help="every Nth line carries tok/s")
 p.add_argument("--resume", action="store_true")
 p.add_argument("--checkpoint", default="checkpoint.json")
+p.add_argument("--eval-every", type=float, default=None, help="an 'eval:' line every this many seconds")
 args = p.parse_args()
 
 out = sys.stdout
@@ -44,6 +46,7 @@ first = seq
 total = None if args.seconds is not None else args.lines
 speed = demo_kernels.TOKENS_PER_SECOND
 ckpt_every = max(1, int(args.rate / 4))  # a few checkpoints a second at most
+next_eval = start + (args.eval_every or 0)
 
 
 def checkpoint():
@@ -68,6 +71,9 @@ while True:
                   f"{tps / 1000:.1f}K tok/s\n")
     else:
         out.write(f"{time.time():.6f} seq {seq} | data loader: batch ready, padding 3.1%\n")
+    if args.eval_every and time.time() >= next_eval:
+        out.write(f"{time.time():.6f} eval: val loss {8.0 / (1 + seq * 0.05):.4f}\n")
+        next_eval += args.eval_every
     out.flush()
     if seq % ckpt_every == 0:
         checkpoint()

@@ -221,6 +221,8 @@ def rollback(job_id: str, labels: list, to: Optional[str], mark_bad: bool, as_js
         m.out.print_json(json.dumps(dict(res.to_dict(), mark_bad=mark_bad, nodes=labels)))
         return
     m.out.print(render.rollback_line(job_id, res, mark_bad))
+    for line in render.dropped_stop_lines(job_id, res):
+        m.out.print(line)
     m.out.print(render.lit(f"node 0 ({labels[0]}) relaunches all {len(labels)} nodes on that profile "
                            f"together"))
 

@@ -194,6 +194,7 @@ def _start(spec, spec_path: Path, t: Target, profile: str, job_id: str, clear: b
         said.append(message)
         err.print(render.lit(f"· {message}", "dim"))
         if message == "starting the supervisor":
+            state.asking(job_id)  # a death from here on may leave a real job: Tab offers its row
             wait.say("shipping the code and starting the supervisor")
         elif message.startswith(("probing ", "sync ")):
             wait.say(message if message.startswith("probing ") else "listing the files to ship")
@@ -451,4 +452,6 @@ def rollback(job: Optional[str] = typer.Argument(None, help="job id (default: th
         out.print_json(json.dumps(dict(res.to_dict(), mark_bad=mark_bad)))
         return
     out.print(render.rollback_line(job_id, res, mark_bad))
+    for line in render.dropped_stop_lines(job_id, res):
+        out.print(line)
     out.print(f"follow it: gpujob logs -f {job_id}")

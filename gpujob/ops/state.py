@@ -65,7 +65,7 @@ class State:
         self.db.row_factory = sqlite3.Row
         self.db.executescript(SCHEMA)
         cols = {r["name"] for r in self.db.execute("PRAGMA table_info(jobs)")}
-        for col in ("entry", "submitter"):  # an index from before: its jobs have none recorded
+        for col in ("entry", "submitter", "asked"):  # an index from before: its jobs have none recorded
             if col in cols:
                 continue
             try:
@@ -106,6 +106,13 @@ class State:
         """A multi-node job's containers in rank order; [] for a one-node job."""
         return [r["target"] for r in self.db.execute(
             "SELECT target FROM nodes WHERE job_id = ? ORDER BY rank", (job_id,))]
+
+    def asking(self, job_id: str) -> None:
+        """The submit asks the container to start the job now: from here a row whose submit
+        died may be a real job (Tab completion offers it); before, it is a phantom."""
+        with self.db:
+            self.db.execute("UPDATE jobs SET asked = ? WHERE job_id = ? AND state = 'submitting'",
+                            (str(time.time()), job_id))
 
     def unreserve(self, job_id: str) -> None:
         """The submit failed before the job started: forget it."""

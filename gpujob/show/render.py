@@ -402,6 +402,19 @@ def rollback_line(job_id: str, res: wire.RollbackAnswer, mark_bad: bool) -> Text
                f"{res.supervisor_pid}{judged}")
 
 
+def dropped_stop_lines(job_id: str, res: wire.RollbackAnswer) -> list:
+    """A stop queued for an earlier run, whose supervisor died before acting on it: this
+    rollback superseded it (one line each)."""
+    out = []
+    for d in res.dropped_stops or []:
+        t = d.get("asked_at") if isinstance(d, dict) else None
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(t)) if isinstance(t, (int, float)) else "earlier"
+        out.append(lit(f"{job_id}: a stop asked at {when} was never carried out (its supervisor died before "
+                       f"acting on it); this rollback supersedes it: the stop was dropped "
+                       f"(`gpujob stop {job_id}` stops the job)", "yellow"))
+    return out
+
+
 def ledger_set_line(res: wire.LedgerAnswer, label: str) -> Text:
     why = f" ({res.reason})" if res.reason else ""
     return lit(f"ledger of {res.name} on {label}: {res.profile} {res.before} -> {res.status}{why}")

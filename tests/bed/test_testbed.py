@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import HANG, wait_for
 from testbed import TestBed, bed_processes
 
 pytestmark = pytest.mark.testbed
@@ -158,24 +159,26 @@ def test_orphans_are_reaped(testbed):
     # a double-forked daemon that exits must not stay a zombie (init reaps it)
     r = testbed.container_exec("sh", "-c", "(sh -c 'sleep 0.2' & echo $! > /tmp/dpid) ; cat /tmp/dpid")
     pid = r.stdout.decode().strip()
-    time.sleep(1.0)
-    r = testbed.container_exec("sh", "-c", f"kill -0 {pid} 2>/dev/null && echo alive || echo gone")
-    assert r.stdout == b"gone\n"
+
+    def gone() -> bool:  # a zombie would answer kill -0 for ever
+        r = testbed.container_exec("sh", "-c", f"kill -0 {pid} 2>/dev/null && echo alive || echo gone")
+        return r.stdout == b"gone\n"
+    wait_for(gone, HANG, 0.2, "the orphan to be reaped")
 
 
 def test_kill_ssh_sessions(testbed):
-    p = subprocess.Popen(testbed.ssh_argv("pct", "exec", "200", "--", "sleep", "30"),
+    p = subprocess.Popen(testbed.ssh_argv("pct", "exec", "200", "--", "sleep", str(int(10 * HANG))),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 10
-        while not testbed.session_pids() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(testbed.session_pids, HANG, 0.05, "the ssh session")
         time.sleep(0.3)
         assert p.poll() is None
-        t0 = time.monotonic()
         assert testbed.kill_ssh_sessions() >= 1
-        rc = p.wait(timeout=5)
-        assert rc != 0 and time.monotonic() - t0 < 5
+        try:  # killed: its sleep would have run 10 x HANG and ended 0
+            rc = p.wait(timeout=HANG)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("hung: the session outlived kill_ssh_sessions") from None
+        assert rc != 0
     finally:
         if p.poll() is None:
             p.kill()
@@ -219,11 +222,10 @@ def test_second_bed_multi_sshd_and_clean_teardown():
         # leave a live session and a stray process behind on purpose
         p = subprocess.Popen(bed.ssh_argv("sleep", "60"), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-        time.sleep(0.5)
-        assert len(bed.processes()) >= 5
+        wait_for(lambda: len(bed.processes()) >= 5, HANG, what="the live session's processes")
     finally:
         bed.stop()
-    p.wait(timeout=10)
+    p.wait(timeout=HANG)
     assert not root.exists()
     assert bed_processes(root) == set()
     needle = str(root).encode()

@@ -14,7 +14,7 @@ import pytest
 from gpujob.errors import ConnectError, HostKeyError
 from gpujob.inventory.hosts import load_inventory
 from gpujob.ops.target import Targets
-from helpers import cli, gpujob_argv
+from helpers import HANG, cli, gpujob_argv, returns, wait_for
 
 pytestmark = pytest.mark.testbed
 
@@ -63,17 +63,26 @@ def test_exit_codes_propagate(targets, inv, tmp_path, code):
     assert cli(["exec", "ct200", "--", "sh", "-c", f"exit {code}"], env_for(inv, tmp_path)).returncode == code
 
 
-def test_output_streams_before_the_command_ends(targets):
-    seen = []
-    t0 = time.monotonic()
-    r = targets.open("ct200").run(["sh", "-c", "echo first; echo err >&2; sleep 2; echo second"],
-                                  on_stdout=lambda b: seen.append((time.monotonic() - t0, b)),
-                                  on_stderr=lambda b: seen.append((time.monotonic() - t0, b)))
+def test_output_streams_before_the_command_ends(targets, testbed):
+    """"second" is printed only once "first" (stdout) and "err" (stderr) have reached us:
+    collected at the command's end instead, it would wait for the mark in vain and print
+    "late"."""
+    seen: list = []
+    mark = f"/root/heard-{os.getpid()}"
+
+    def got(b: bytes) -> None:
+        seen.append(b)
+        joined = b"".join(seen)
+        if b"first" in joined and b"err" in joined:
+            testbed.container_path(mark).touch()
+    script = (f"rm -f {mark}; echo first; echo err >&2; n=0; "
+              f"while [ ! -e {mark} ] && [ $n -lt {int(HANG * 20)} ]; do sleep 0.05; n=$((n+1)); done; "
+              f"[ -e {mark} ] && echo second || echo late; rm -f {mark}")
+    r = targets.open("ct200").run(["sh", "-c", script], timeout=3 * HANG, on_stdout=got, on_stderr=got)
     assert r.exit_code == 0
-    first = next(t for t, b in seen if b"first" in b)
-    err = next(t for t, b in seen if b"err" in b)
-    last = next(t for t, b in seen if b"second" in b)
-    assert first < 1.5 and err < 1.5 and last >= 2.0
+    out = b"".join(seen)
+    assert b"second" in out and b"late" not in out, out
+    assert out.index(b"first") < out.index(b"second") and out.index(b"err") < out.index(b"second")
 
 
 def test_stdin_reaches_the_command(targets, inv, tmp_path):
@@ -87,13 +96,12 @@ def test_stdin_reaches_the_command(targets, inv, tmp_path):
 
 def test_timeout_ends_the_remote_command_and_its_children(targets, testbed):
     marker = f"sleep {int(time.time()) % 1000 + 3000}"
-    t0 = time.monotonic()
-    r = targets.open("ct200").run(["sh", "-c", f"{marker} & {marker}; echo never"], timeout=1.5)
-    assert r.timed_out and r.exit_code == 124
-    assert time.monotonic() - t0 < 10
-    time.sleep(0.5)
-    ps = testbed.container_exec("ps", "-eo", "args").stdout.decode()
-    assert marker not in ps
+    # ended at its timeout, the background sleep holding its output: else "hung"
+    r = returns(lambda: targets.open("ct200").run(["sh", "-c", f"{marker} & {marker}; echo never"],
+                                                  timeout=1.5), "a timed-out remote command")
+    assert r.timed_out and r.exit_code == 124 and b"never" not in r.stdout
+    wait_for(lambda: marker not in testbed.container_exec("ps", "-eo", "args").stdout.decode(), HANG, 0.2,
+             "the timed-out command's children to be gone")
 
 
 def test_one_connection_serves_many_commands(targets):

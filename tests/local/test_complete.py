@@ -47,7 +47,9 @@ def lab(tmp_path_factory):
                                     "/tmp/z}}}\n")
     code = ("from gpujob.ops.state import State\ns = State()\n"
             "s.reserve('train-aaaa', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\n"
-            "s.reserve('train-bbbb', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\ns.close()\n")
+            "s.reserve('train-bbbb', 'train', 'lab/gpu1', 'job.yaml', 'h', 'fast')\n"
+            "s.seen('train-aaaa', 'training')\ns.seen('train-bbbb', 'training')\n"  # submitted: not phantoms
+            "s.close()\n")
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=str(REPO))
     return env
 

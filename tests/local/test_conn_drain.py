@@ -3,7 +3,8 @@ commands still running through it finish first (up to paths.DEFAULT_DRAIN second
 one arriving meanwhile runs directly, and one still running when the time is up is cut
 with one line and exit 3. The first tests run the real daemon (Server.serve) on a
 socket in a thread, with a fake pool whose close cuts what runs, as closing the SSH
-connections does; the last ones run on the test bed."""
+connections does (test_conn_drain_bed.py: the same on the test bed). What runs here waits on
+events (a command released, the socket gone), never on a clock."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import signal
 import socket
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,26 +23,36 @@ from gpujob.conn import client, paths, proto
 from gpujob.daemon.server import Server
 from gpujob.errors import ConnectionLost
 from gpujob.transport.base import Result
-from helpers import wait_for
+from helpers import HANG, returns, wait_for
 from test_conn_relay import FakePool, Scripted
 
 
 class Sleeper:
-    """A command that runs ``seconds`` then says "done", or is cut when its pool closes."""
+    """A command that runs until ``release()`` (then says "done"), or is cut when its pool
+    closes; ``seconds`` at most (a guard: a test that never releases it fails, not hangs)."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float = 10 * HANG):
         self.seconds = seconds
         self.running = threading.Event()
         self.closed = threading.Event()
-        self.finished_at = None
+        self.wake = threading.Event()
+        self.finished = False
+
+    def release(self) -> None:
+        self.wake.set()
+
+    def cut(self) -> None:
+        self.closed.set()
+        self.wake.set()
 
     def __call__(self, argv, on_stdout, on_stderr, stdin):
         self.running.set()
-        if self.closed.wait(self.seconds):
+        self.wake.wait(self.seconds)
+        if self.closed.is_set():
             raise ConnectionLost(f"lost the connection to bed while running {argv[0]}")
         on_stdout(b"done\n")
-        self.finished_at = time.monotonic()
-        return Result(list(argv), 0, b"", b"", duration=self.seconds)
+        self.finished = True
+        return Result(list(argv), 0, b"", b"", duration=0.0)
 
 
 @pytest.fixture
@@ -56,18 +66,18 @@ def daemon(monkeypatch):
         monkeypatch.setenv("GPUJOB_CONN_DRAIN", str(drain))
         server = Server(where / "conn.sock", idle=60)
         pool = FakePool(Scripted(sleeper))
-        pool.close = sleeper.closed.set
+        pool.close = sleeper.cut
         server.pool = pool
         t = threading.Thread(target=server.serve, daemon=True)
         t.start()
-        wait_for(lambda: (where / "conn.sock").exists(), 10, what="the socket")
+        wait_for(lambda: (where / "conn.sock").exists(), HANG, what="the socket")
         made.append((server, t))
         return server, str(where / "conn.sock"), t
 
     yield start
     for server, t in made:
         server.stopping.set()
-        t.join(15)
+        t.join(HANG)
     for p in where.iterdir():
         p.unlink()
     where.rmdir()
@@ -95,49 +105,54 @@ def exec_through(path: str, argv, out: dict) -> None:
 
 
 def test_disconnect_waits_for_a_running_command_to_finish(daemon):
-    sleeper = Sleeper(1.0)
-    server, path, t = daemon(sleeper, drain=5)
+    sleeper = Sleeper()
+    server, path, t = daemon(sleeper, drain=10 * HANG)  # (never up here)
     got: dict = {}
     ex = threading.Thread(target=exec_through, args=(path, ["sleep", "1"], got))
     ex.start()
-    assert sleeper.running.wait(10)
-    assert client.stop(path)  # answered once drained
-    stopped_at = time.monotonic()
-    ex.join(10)
+    assert sleeper.running.wait(HANG)
+    answered: list = []
+    stop = threading.Thread(target=lambda: answered.append(client.stop(path)), daemon=True)
+    stop.start()
+    wait_for(lambda: not os.path.exists(path), HANG, what="the socket to go")  # draining
+    assert stop.is_alive() and "code" not in got  # the stop waits on the running command
+    sleeper.release()
+    stop.join(HANG)
+    assert answered == [True]  # answered once drained
+    ex.join(HANG)
     assert (got["code"], got["stdout"], got["stderr"]) == (0, b"done\n", b"")
-    assert sleeper.finished_at is not None and sleeper.finished_at <= stopped_at  # finished, not cut
-    t.join(10)
+    assert sleeper.finished  # finished, not cut (the pool closes after: the stop)
+    t.join(HANG)
     assert not t.is_alive() and not os.path.exists(path) and server.cut == 0
 
 
 def test_a_command_still_running_when_the_drain_is_up_is_cut_in_one_line_exit_3(daemon):
-    sleeper = Sleeper(60)
+    sleeper = Sleeper()
     server, path, t = daemon(sleeper, drain=0.5)
     got: dict = {}
     ex = threading.Thread(target=exec_through, args=(path, ["sleep", "60"], got))
     ex.start()
-    assert sleeper.running.wait(10)
-    took = time.monotonic()
-    assert client.stop(path)
-    took = time.monotonic() - took
-    ex.join(10)
+    assert sleeper.running.wait(HANG)
+    assert returns(lambda: client.stop(path), "the stop of a daemon with a command still running")
+    ex.join(HANG)
     lines = got["stderr"].decode().splitlines()
     assert got["code"] == 3 and len(lines) == 1, got
-    assert (lines[0].startswith("gpujob: the kept connection was closed")
-            and "sleep still ran after 0.5s" in lines[0])
-    assert 0.4 < took < 5 and server.cut == 1
-    t.join(10)
+    assert lines[0].startswith("gpujob: the kept connection was closed")
+    assert "sleep still ran after 0.5s" in lines[0]
+    assert server.cut == 1 and sleeper.closed.is_set() and not sleeper.finished  # cut at the drain's end
+    t.join(HANG)
     assert not t.is_alive()
 
 
 def test_a_command_arriving_during_the_drain_goes_the_direct_way(daemon):
-    sleeper = Sleeper(2.0)
-    server, path, t = daemon(sleeper, drain=5)
+    sleeper = Sleeper()
+    server, path, t = daemon(sleeper, drain=10 * HANG)
     first: dict = {}
-    threading.Thread(target=exec_through, args=(path, ["sleep", "2"], first), daemon=True).start()
-    assert sleeper.running.wait(10)
+    ft = threading.Thread(target=exec_through, args=(path, ["sleep", "2"], first), daemon=True)
+    ft.start()
+    assert sleeper.running.wait(HANG)
     threading.Thread(target=client.stop, args=(path,), daemon=True).start()
-    wait_for(lambda: not os.path.exists(path), 10, what="the socket to go")  # nobody new finds it
+    wait_for(lambda: not os.path.exists(path), HANG, what="the socket to go")  # nobody new finds it
     # one accepted just before (its handler sees the drain): the fall-back frame, nothing done
     late: dict = {}
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -163,10 +178,9 @@ def test_a_command_arriving_during_the_drain_goes_the_direct_way(daemon):
     exec_through(s_path, ["true"], late)
     srv.close()
     os.unlink(s_path)
-    assert late["frames"] == [b"F"] and "code" not in late and sleeper.running.is_set()
-    t.join(10)
-    assert first["code"] == 0 and first["stdout"] == b"done\n"
-
-
-# ---- on the test bed: the real daemon, exec over SSH into the container -----------------
+    assert late["frames"] == [b"F"] and "code" not in late and not sleeper.finished  # while it ran
+    sleeper.release()
+    t.join(HANG)
+    ft.join(HANG)
+    assert not t.is_alive() and first["code"] == 0 and first["stdout"] == b"done\n"
 

@@ -2,7 +2,7 @@
 the disk fills, the laptop's clock steps back, two requests race. After each, the
 checks are the same: at most one trainer, a clear final state, a journal that
 parses, no lost or doubled log line, and gpujob can finish the job.
-(The container and sshd faults run on the test bed: test_faults_testbed.py.)"""
+(The container and sshd faults run on the test bed: tests/bed/test_jobs_testbed.py.)"""
 
 from __future__ import annotations
 

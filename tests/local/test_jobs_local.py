@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import cli, cli_json, events, gpujob_argv, job_id_of, local_env, wait_for, write_spec
+from helpers import HANG, cli, cli_json, events, gpujob_argv, job_id_of, local_env, wait_for, write_spec
 
 
 @pytest.fixture
@@ -107,8 +108,10 @@ def test_plan_runs_nothing(tmp_path, env, index_urls):
     for word in ("probe", "submit", "uv venv", "uv pip install", "CUDA_VISIBLE_DEVICES=3",
                  "python trainer.py"):
         assert word in out
-    # the interpreter the supervisor builds the venv on (the agent's), not a bare python3
-    assert f"uv venv --python {sys.executable} " in out.replace("\n", " ")
+    # the interpreter the supervisor builds the venv on (the agent's: the one `gpujob` runs on, named
+    # by its entry script's #! line, python or python3 of this venv), not a bare python3
+    built_on = re.search(r"uv venv --python (\S+) ", out.replace("\n", " ")).group(1)
+    assert os.path.realpath(built_on) == os.path.realpath(sys.executable), built_on
     assert not (tmp_path / "root").exists()  # nothing was created on the target side
     assert not (tmp_path / "state").exists()  # and no job recorded
 
@@ -260,9 +263,12 @@ def test_stop_during_a_slow_install_ends_it_and_leaves_no_partial_venv(tmp_path,
     import http.server
     import threading
 
+    asked, answer = threading.Event(), threading.Event()
+
     class Hang(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            time.sleep(20)
+        def do_GET(self):  # the install waits on the index until the test ends (HANG x 10 at most)
+            asked.set()
+            answer.wait(10 * HANG)
 
         def log_message(self, *a):
             pass
@@ -275,13 +281,14 @@ def test_stop_during_a_slow_install_ends_it_and_leaves_no_partial_venv(tmp_path,
         job_id = submit(spec, env)
         wait_for(lambda: any(e["type"] == "env_build" for e in events(journal(tmp_path, job_id))),
                  30, what="the install to start")
-        t0 = time.monotonic()
-        cli(["stop", job_id], env, check=True)
-        assert time.monotonic() - t0 < 10
+        assert asked.wait(HANG)  # the install is waiting on the index
+        # it ends the install, the index still not answering: waiting for the install, it would be hung
+        cli(["stop", job_id], env, check=True, timeout=2 * HANG)
         st = status(job_id, env)
         assert st["state"] == "stopped"
         assert not list((tmp_path / "root" / "envs").iterdir())
     finally:
+        answer.set()
         server.shutdown()
 
 

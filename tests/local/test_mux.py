@@ -15,12 +15,13 @@ import pytest
 from gpujob.errors import ConnectionLost
 from gpujob.transport.local import LocalTransport
 from gpujob.transport.mux import SERVER_SOURCE, MuxClient
+from helpers import HANG, returns, wait_for
 
 
 @pytest.fixture
 def mux():
     client = MuxClient(LocalTransport().open_stream([sys.executable, "-c", SERVER_SOURCE]), "test")
-    assert client.wait_ready(10)
+    assert client.wait_ready(HANG)
     yield client
     client.close()
 
@@ -45,21 +46,34 @@ def test_big_stdin_to_a_child_that_writes_as_it_reads_does_not_deadlock(mux):
     assert r.ok and r.stdout == data[:5]
 
 
-def test_output_streams_while_the_command_runs(mux):
+def test_output_streams_while_the_command_runs(mux, tmp_path):
     seen = []
-    mux.run(["sh", "-c", "echo one; sleep 1; echo two"],
-            on_stdout=lambda b: seen.append((time.monotonic(), b)))
-    # "one" reached us before "two" was printed, a second later: streamed, not collected at exit
-    assert b"".join(b for _, b in seen) == b"one\ntwo\n" and len(seen) >= 2
-    assert seen[-1][0] - seen[0][0] >= 0.9
+    heard = tmp_path / "heard"
+
+    def got(b: bytes) -> None:
+        seen.append(b)
+        if b"one" in b:
+            heard.touch()
+    # "two" is printed only once "one" has reached us: collected at exit instead, the
+    # command would wait for the mark in vain (HANG) and print "late"
+    mux.run(["sh", "-c", f"echo one; n=0; while [ ! -e {heard} ] && [ $n -lt {int(HANG * 20)} ]; "
+                         f"do sleep 0.05; n=$((n+1)); done; [ -e {heard} ] && echo two || echo late"],
+            timeout=3 * HANG, on_stdout=got)
+    assert b"".join(seen) == b"one\ntwo\n" and len(seen) >= 2
 
 
-def test_timeout_kills_the_group_and_output_closed_early_still_waits_for_exit(mux):
-    t0 = time.monotonic()
-    r = mux.run(["sh", "-c", "sleep 60 & sleep 60"], timeout=0.5)
-    assert r.timed_out and r.exit_code == 124 and time.monotonic() - t0 < 5
-    r = mux.run(["sh", "-c", "exec >/dev/null 2>&1; sleep 0.5; exit 4"])
-    assert r.exit_code == 4 and r.duration >= 0.5
+def test_timeout_kills_the_group_and_output_closed_early_still_waits_for_exit(mux, tmp_path):
+    marker = f"sleep {int(10 * HANG) + os.getpid() % 1000}"  # the background one holds the output open
+
+    def running() -> bool:
+        return marker in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+    r = returns(lambda: mux.run(["sh", "-c", f"{marker} & {marker}"], timeout=0.5), "a timed-out command")
+    assert r.timed_out and r.exit_code == 124
+    assert wait_for(lambda: not running(), HANG, what="the timed-out group to be gone")
+    exited = tmp_path / "exited"
+    r = mux.run(["sh", "-c", f"exec >/dev/null 2>&1; sleep 0.5; touch {exited}; exit 4"])
+    assert r.exit_code == 4 and exited.exists()  # its exit, not its output's end
 
 
 def test_concurrent_commands_share_the_channel(mux):
@@ -97,21 +111,13 @@ def test_commands_sent_before_any_is_awaited_run_together_and_a_deadline_ends_on
 
     for how in ("deadline", "cancel"):
         p = mux.start(["sh", "-c", marker], timeout=60)
-        end = time.monotonic() + 10
-        while not running() and time.monotonic() < end:
-            time.sleep(0.02)
-        assert running()
-        t0 = time.monotonic()
+        wait_for(running, HANG, 0.02, "the command to run")
         if how == "deadline":
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError):  # its deadline, not the command's 60 s timeout
                 mux.result(p, until=time.monotonic() + 0.3)
-            assert 0.25 <= time.monotonic() - t0 < 2
         else:
             mux.cancel(p)
-        end = time.monotonic() + 10
-        while running() and time.monotonic() < end:
-            time.sleep(0.05)
-        assert not running(), how
+        wait_for(lambda: not running(), HANG, 0.05, f"the command ended by its {how} to be gone")
         assert p.cid not in mux._calls
     assert mux.run(["echo", "on"]).stdout == b"on\n"
 
@@ -131,18 +137,13 @@ def test_a_dead_channel_is_a_lost_connection_and_takes_its_children(mux):
     t = threading.Thread(target=long_call)
     t.start()
     started.wait()
-    end = time.monotonic() + 10
-    while not running() and time.monotonic() < end:  # the child really runs before the link goes
-        time.sleep(0.02)
-    assert running()
+    wait_for(running, HANG, 0.02, "the child to run")  # the child really runs before the link goes
     mux.stream.proc.stdin.close()  # the link goes, like a dropped connection
-    t.join(10)
+    t.join(HANG)
+    assert not t.is_alive(), "hung: the call on the lost channel"
     with pytest.raises(ConnectionLost):
         mux.run(["true"])
-    end = time.monotonic() + 10
-    while running() and time.monotonic() < end:
-        time.sleep(0.05)
-    assert not running()
+    wait_for(lambda: not running(), HANG, 0.05, "the lost channel's child to be gone")
 
 
 # ---- the versioned wire (docs/wire.md) ---------------------------------------------
@@ -158,7 +159,7 @@ def test_stray_bytes_before_the_preamble_are_skipped():
              "sys.stdout.flush(); exec(compile(sys.argv[1], 'mux_server', 'exec'))")
     client = MuxClient(LocalTransport().open_stream([sys.executable, "-c", noisy, SERVER_SOURCE]), "ct-test")
     try:
-        assert client.wait_ready(10)
+        assert client.wait_ready(HANG)
         r = client.run(["sh", "-c", "echo ok"])
         assert r.ok and r.stdout == b"ok\n"
         assert client.stray.startswith(b"Welcome to CT 200\n")
@@ -180,7 +181,7 @@ def test_a_bad_preamble_or_header_is_one_clear_error_never_a_misread_frame(after
               f"sys.stdin.buffer.read()")
     client = _client(script)
     try:
-        assert not client.wait_ready(10)
+        assert not client.wait_ready(HANG)
         assert client.error and expected in client.error, client.error
         with pytest.raises(ConnectionLost, match="exec channel|speaks version"):
             client.run(["true"])
@@ -191,10 +192,11 @@ def test_a_bad_preamble_or_header_is_one_clear_error_never_a_misread_frame(after
 def test_the_server_refuses_a_client_that_does_not_speak_its_wire():
     from gpujob.transport.mux import PREAMBLE
     p = subprocess.run([sys.executable, "-c", SERVER_SOURCE], input=b"O\x00\x00\x00\x01\x00\x00\x00\x02{}",
-                       capture_output=True, timeout=10)
+                       capture_output=True, timeout=HANG)
     assert p.stdout.startswith(PREAMBLE + b"H")  # the server's preamble, then its hello
     assert b"gpujob mux: expected the preamble b'GJMX\\x01' from the client, " \
         b"got b'O\\x00\\x00\\x00\\x01'" in p.stderr
     p = subprocess.run([sys.executable, "-c", SERVER_SOURCE],
-                       input=PREAMBLE + b"Q\x00\x00\x00\x01\x00\x00\x00\x00", capture_output=True, timeout=10)
+                       input=PREAMBLE + b"Q\x00\x00\x00\x01\x00\x00\x00\x00", capture_output=True,
+                       timeout=HANG)
     assert b"bad frame header from the client: expected a kind in O, I, E, K" in p.stderr

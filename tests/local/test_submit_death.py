@@ -37,9 +37,19 @@ def killed_submit(tmp_path: Path, point: str) -> tuple[dict, str]:
     died = tmp_path / "died"
     p = cli(["submit", str(spec(tmp_path / "r"))], dict(env, GPUJOB_TEST_DIE_AT=f"{point}@{died}"))
     assert p.returncode == -9 and died.exists(), (p.returncode, p.stderr.decode())
-    ids = tab_jobs(env)
+    ids = index_jobs(tmp_path)
     assert len(ids) == 1, ids
     return env, ids[0]
+
+
+def index_jobs(tmp_path: Path) -> list:
+    """The job ids in this laptop's index (state.db), phantoms included."""
+    import sqlite3
+    db = sqlite3.connect(tmp_path / "state" / "gpujob" / "state.db")
+    try:
+        return [r[0] for r in db.execute("SELECT job_id FROM jobs")]
+    finally:
+        db.close()
 
 
 def test_killed_before_the_container_had_the_job_the_next_ps_forgets_it_and_says_so(tmp_path):

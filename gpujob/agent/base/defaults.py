@@ -4,7 +4,7 @@ gpujob/spec/model.py is the one place defaults are defined. The controller write
 value into job.json (``JobSpec.to_agent_dict``), so the agent normally finds them
 all there; a job.json written by an older gpujob may lack a key added since, and
 then the agent takes it from spec_defaults.json: generated from spec.py
-(gpujob/spec/defaults.py; tests/test_spec.py checks it is up to date and says
+(gpujob/spec/defaults.py; tests/unit/test_spec.py checks it is up to date and says
 how to regenerate it) and shipped in the agent zip.
 """
 

@@ -70,6 +70,9 @@ class StateRecord:
     supervisor_ticks: Optional[int] = _key(_I, "that pid's start time (guards against a recycled pid)")
     supervisors: Optional[int] = _key(_I, "how many supervisors have owned the job (1 + takeovers)")
     revivals: Optional[list] = _key(_L, "when dead supervisors were revived (3 within 10 minutes: no more)")
+    run: Optional[int] = _key(_I, "which run of the job this is (none: 0): one more when `rollback` runs "
+                                  "it again after its supervisor died; a queued stop of an earlier run is "
+                                  "dropped")
     # ---- the profile and its environment
     profile: Optional[str] = _key(_S, "the wheel profile the job runs on now")
     env_key: Optional[str] = _key(_S, "that profile's venv key (H/envs/<env_key>)")

@@ -235,6 +235,9 @@ class RollbackAnswer(Record):
     restarted: Optional[bool] = None      # an ended job runs again
     supervisor_pid: Optional[int] = None
     was: Optional[str] = None             # the state it had ended in
+    # stops queued for an earlier run whose supervisor died before acting on them: dropped,
+    # this rollback supersedes them (each: kind, asked_at, run, why)
+    dropped_stops: Optional[List[dict]] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
 

@@ -35,7 +35,9 @@ directory) and happen only when something the register keeps changes (a checkpoi
 appears, is finished, or goes); a supervisor killed at any moment leaves the old
 register or the new one, and the next one takes the watch over from it
 (``CkWatch.resume``): a file whose SIG differs from the one written down is simply
-a checkpoint that changed again and settles anew.
+a checkpoint that changed again and settles anew, from the new supervisor's first look
+(not its mtime: a save the trainer died in looks still for as long as nobody looked), and
+for a trainer that had ended before the takeover only its exit finishes or tears it.
 """
 
 from __future__ import annotations
@@ -189,6 +191,7 @@ class CkWatch:
         self.settle, self.done_file = float(settle), done_file
         self.seen = seen  # path -> the SIG last looked at
         self.last_poll = 0.0
+        self.ended = False  # resumed after the trainer ended: only its exit decides what is whole
         self.min_gap = 0.0  # LOOK_BUDGET x what the last look cost
         self.just_finished: list = []  # entries finished by the last poll
         rec: dict = next((r for r in reg["runs"] if r["run"] == run), {})
@@ -219,8 +222,12 @@ class CkWatch:
 
     @classmethod
     def resume(cls, home_root: str, job_id: str, name: str, run: int, pattern: str, workdir: str,
-               shown_relative: bool, settle: float, done_file) -> CkWatch | None:
-        """Take the watch of run ``run`` over from a supervisor that is gone."""
+               shown_relative: bool, settle: float, done_file, t: float = 0.0,
+               ended: bool = False) -> CkWatch | None:
+        """Take the watch of run ``run`` over from a supervisor that is gone, at ``t``. What
+        changed while nobody watched settles from ``t`` on, not from its mtime (a save the
+        trainer died in looks still for as long as nobody looked); ``ended``: the trainer
+        had ended by then, so nothing it left unfinished settles: its exit decides (close)."""
         reg = load(home_root, job_id, name)
         rec = next((r for r in reg["runs"] if r["run"] == run), None)
         if rec is None:
@@ -229,7 +236,9 @@ class CkWatch:
         for path, e in reg["files"].items():
             if not e.get("gone"):
                 seen[path] = e["sig"]
-        return cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, seen)
+        w = cls(home_root, reg, run, pattern, workdir, shown_relative, settle, done_file, seen)
+        w.last_poll, w.ended = t, ended
+        return w
 
     def shown(self, path: str) -> str:
         return os.path.relpath(path, self.workdir) if self.shown_relative else path
@@ -295,7 +304,7 @@ class CkWatch:
             done = bool(self.done_file) and os.path.exists(os.path.join(path, self.done_file))
             # a file replaced by another inode (renamed into place) is whole once one look saw it unchanged
             settle = 0.0 if entry.get("replaced") else self.settle
-            if path not in moved and is_finished(entry, t, settle, self.done_file, done):
+            if path not in moved and not self.ended and is_finished(entry, t, settle, self.done_file, done):
                 self._finish(path, entry, t)
                 dirty = True
         if dirty:

@@ -15,14 +15,47 @@ import os
 import time
 from typing import Callable
 
-from gpujob.agent.base.fsio import (append_record, fsync_dir, now, pid_alive, read_json, read_records,
-                                    write_json)
+from gpujob.agent.base.fsio import (append_line, append_record, fsync_dir, now, pid_alive, read_json,
+                                    read_records, write_json)
 from gpujob.agent.base import staterec
 from gpujob.agent.base.staterec import StateRecord
 from gpujob.agent.base.protocol import (ENDED, FINAL_STATES, FORMAT, FORMAT_KEY,  # noqa: F401
                                        JobState, check_format)
 
 _SORTED = json.JSONEncoder(sort_keys=True)  # json.dumps(…, sort_keys=True) without a new encoder each sample
+_QUOTE = json.encoder.encode_basestring_ascii  # what json.dumps(a str) writes
+_FLOAT = float.__repr__  # what json.dumps(a finite float) writes
+
+
+def _number(v):
+    """``json.dumps(v)`` of None, an int or a finite float; None for anything else."""
+    if v is None:
+        return "null"
+    tv = type(v)
+    if tv is float:
+        return _FLOAT(v) if v - v == 0 else None  # (inf - inf and nan - nan are nan)
+    return int.__repr__(v) if tv is int else None
+
+
+def sample_line(rec: dict):
+    """``_SORTED.encode(rec)`` for the supervisor's sample record (its six keys, each of
+    its usual type), built as one string: the sorted encoder's dict walk and sort were
+    half a sample's record (bench.supervisor_cpu); None for any other record."""
+    if len(rec) != 6:
+        return None
+    try:
+        t, value, step, verdict, median, profile = (rec["t"], rec["value"], rec["step"], rec["verdict"],
+                                                    rec["median"], rec["profile"])
+    except KeyError:
+        return None
+    if type(t) is not float or t - t != 0 or not isinstance(verdict, str) or \
+            not (profile is None or isinstance(profile, str)):
+        return None  # (t: always a finite float here)
+    m, s, v = _number(median), _number(step), _number(value)
+    if m is None or s is None or v is None:
+        return None
+    return (f'{{"median": {m}, "profile": {"null" if profile is None else _QUOTE(profile)}, '
+            f'"step": {s}, "t": {_FLOAT(t)}, "type": "sample", "value": {v}, "verdict": {_QUOTE(verdict)}}}')
 
 
 class Home:
@@ -163,14 +196,21 @@ class Journal:
                                    | os.O_CLOEXEC, 0o644)
         append_record(self._events, (json.dumps(rec, sort_keys=True) + "\n").encode())
 
-    def sample(self, **rec) -> int:
+    def sample(self, offset: bool = True, **rec) -> int | None:
         """Append one full-rate throughput sample to samples.jsonl; returns the byte
-        offset where its record starts."""
+        offset where its record starts (None without ``offset``: one system call less)."""
         if self._samples is None:
             self._samples = os.open(self.path("samples.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
                                     | os.O_CLOEXEC, 0o644)
-        rec["type"] = "sample"  # (rec is this call's own dict)
-        return append_record(self._samples, (_SORTED.encode(rec) + "\n").encode())
+        text = sample_line(rec)
+        if text is None:
+            rec["type"] = "sample"  # (rec is this call's own dict)
+            text = _SORTED.encode(rec)
+        data = (text + "\n").encode()
+        if offset:
+            return append_record(self._samples, data)
+        append_line(self._samples, data)
+        return None
 
     def events(self) -> tuple:
         """(records, skipped lines) of events.jsonl."""
@@ -199,11 +239,31 @@ class Journal:
     # ---- requests: one ordered queue, kept until acted on ----------------
     def request(self, kind: str, **data) -> str:
         """Leave a request for the supervisor (stop, rollback); they are taken in
-        the order they came, except that a pending stop always wins."""
+        the order they came, except that a pending stop always wins. Each carries the
+        run it is aimed at (state.json's ``run``): a stop of an earlier run is dropped."""
         os.makedirs(self.path("control"), exist_ok=True)
         name = f"{time.time_ns():020d}-{os.getpid()}-{kind}.json"
-        write_json(os.path.join(self.path("control"), name), dict(data, kind=kind, at=now()))
+        run = self.state().get("run")
+        write_json(os.path.join(self.path("control"), name),
+                   dict(data, kind=kind, at=now(), run=run if isinstance(run, int) else 0))
         return name
+
+    def stale_stop(self, req: dict) -> bool:
+        """A stop request asked of an earlier run of the job (its supervisor died before
+        acting on it, and a newer command ran the job again): it must not end this run.
+        A request without a run (an older agent's) is taken as this run's."""
+        run, asked = self.state().get("run"), req.get("run")
+        return (req.get("kind") == "stop" and isinstance(asked, int) and isinstance(run, int)
+                and asked < run)
+
+    def drop_request(self, name: str, req: dict, why: str) -> dict:
+        """Remove a request that will not be acted on, with a ``request_dropped`` event
+        (what it was, when it was asked, why); returns what was dropped."""
+        gone = {"kind": req.get("kind"), "asked_at": req.get("at"), "run": req.get("run"), "why": why}
+        self.event("request_dropped", request=name, what=gone["kind"], asked_at=gone["asked_at"],
+                   run=gone["run"], why=why)
+        self.done(name)
+        return gone
 
     def pending(self) -> list:
         """[(name, request)] oldest first; unreadable ones are skipped."""

@@ -19,10 +19,10 @@ class Verdicts:
     def step(self, verdict, t: float, again: bool = False) -> Optional[dict]:
         """The decision at ``t``: the event's extra fields when the verdict changed (or
         ``again``: a verdict that must be journalled anew), else None."""
-        v = str(verdict)
-        if v == self.verdict and not again:
+        if verdict == self.verdict and not again:  # (a str Verdict equals its str: no str() a sample)
             self.count += 1
             return None
+        v = str(verdict)
         held = {"previous": self.verdict, "previous_count": self.count,
                 "previous_for": round(t - self.since, 3) if self.since is not None else None} \
             if self.verdict is not None else {}

@@ -6,7 +6,7 @@ are read when the verdict changes, when a breach or rollback is journalled, and 
 second for state.json. So ``decide`` hands a :class:`Decision` the builder and its
 arguments, and the text and the dict are made on the first read of either, then kept:
 the same strings and dicts, byte for byte, as when they were built at once
-(tests/test_policy_lazy.py holds the two ways to each other over the recorded traces).
+(tests/unit/test_policy_lazy.py holds the two ways to each other over the recorded traces).
 A builder's arguments are values that nothing changes after the call (numbers, the last
 sample, lists of the call's own), so reading late gives what reading at once gave.
 """
@@ -18,7 +18,7 @@ from typing import Dict, Optional
 
 from gpujob.agent.judge.throughput import fmt_rate
 
-EAGER = False  # True: build at once (tests/test_policy_lazy.py compares the two ways)
+EAGER = False  # True: build at once (tests/unit/test_policy_lazy.py compares the two ways)
 _set = object.__setattr__
 
 

@@ -109,6 +109,12 @@ class Tail:
         self.cfg, self.phase_start = cfg, phase_start
         self.paused = Paused()
         self.thr: Optional[float] = None
+        # the judge's work, for its cost to be seen (a ``pause`` event carries them): samples new
+        # to it, and the elements it touched for them (each taken, expired, taken back, taken
+        # again, read by known_good); flat per sample over a run of any age with pauses in it,
+        # where a judge reaching back by all paused time touched more and more (issue 38 row 9)
+        self.fresh = 0
+        self.touched = 0
         self.reset()
 
     def reset(self) -> None:
@@ -145,6 +151,7 @@ class Tail:
                 self.paused = Paused()
                 found = 0
             self.k = k = found
+        self.fresh += len(samples) - k
         changed = self.paused.update(spans)
         if changed is not None and k:
             if self.t0 is None or changed <= self.t0:
@@ -181,6 +188,7 @@ class Tail:
 
     def _take(self, t: float, v: float) -> None:
         cfg = self.cfg
+        self.touched += 1
         if self.first_t is None:
             self.first_t = t
         p, tau = self.paused.at(t)
@@ -234,6 +242,7 @@ class Tail:
             while self.at_tau[self.wlo] <= tau - ws:
                 del srt[bisect_left(srt, self.at_v[self.wlo])]
                 self.wlo += 1
+                self.touched += 1
             covered = tau - self.tau_start
             n = len(srt)
             full = covered >= ws and n >= cfg.min_samples
@@ -242,6 +251,7 @@ class Tail:
             while len(srt) > cfg.window_n:
                 del srt[bisect_left(srt, self.at_v[self.wlo])]
                 self.wlo += 1
+                self.touched += 1
             full = judged = len(srt) >= cfg.window_n
         m = _median_sorted(srt) if judged else None
         if m is not None and not full and self.thr is not None and m >= PARTIAL_DEEP * self.thr:
@@ -280,6 +290,7 @@ class Tail:
         self.wlo -= cut
 
     def _restreak(self) -> None:
+        self.touched += len(self.med)
         self.state = []
         for j in range(len(self.med)):
             self.state.append(self._step(j))
@@ -288,6 +299,7 @@ class Tail:
         """Take back the judged samples at or after ``t`` (a pause reached them)."""
         cut = bisect_left(self.at_t, t)
         ws, srt = self.cfg.window_s, self.srt
+        self.touched += len(self.at_t) - cut
         for j in range(len(self.at_t) - 1, cut - 1, -1):
             if j >= self.wlo:
                 del srt[bisect_left(srt, self.at_v[j])]
@@ -303,6 +315,7 @@ class Tail:
                                     else len(srt) < self.cfg.window_n):
                 self.wlo -= 1
                 insort(srt, self.at_v[self.wlo])
+                self.touched += 1
 
     # -- answers --------------------------------------------------------------------------
     def window_values(self) -> List[float]:
@@ -319,6 +332,7 @@ class Tail:
         if now_tau < goal or self.at_tau[-1] < goal:
             return False, None
         end = bisect_left(self.at_tau, goal)
+        self.touched += end + 1  # (once a span: the answer is kept)
         lo, gap = self.kg[end]
         nfull = any(self.full[:end + 1]) if cfg.window_s is not None else end + 1 >= cfg.window_n
         ok = nfull and not (cfg.no_data_timeout is not None and gap > cfg.no_data_timeout) and \

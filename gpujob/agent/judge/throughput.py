@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Sequence
 
 from gpujob.agent.judge.steprate import StepRate
 # strip_ansi: its home for callers
-from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, strip_ansi  # noqa: F401
+from gpujob.agent.judge.textpat import _STEP_TQDM, _TQDM_OTHER, _finite, ktok_from, strip_ansi  # noqa: F401
 
 __all__ = [
     "FORMATS",
@@ -204,9 +204,10 @@ def make_parser(
 
         def parse(line: str) -> Optional[float]:
             text = strip_ansi(line)
-            if "tok" not in text.lower():  # every match holds tok(ens)/s: skip the regex
+            at = text.lower().find("tok")
+            if at < 0:  # every match holds tok(ens)/s: skip the regex
                 return None
-            m = _KTOK.search(text)
+            m = _KTOK.search(text, ktok_from(text, at))
             if not m:
                 return None
             value, unit = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))

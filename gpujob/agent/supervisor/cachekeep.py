@@ -20,6 +20,7 @@ from gpujob.agent.base.stages import Stage
 from gpujob.agent.home import snapshots
 from gpujob.agent.base import defaults, envs
 from gpujob.agent.base.fsio import now
+from gpujob.agent.base.proc import die_here
 from gpujob.agent.base.protocol import FailureSignal, OutcomeKind
 
 
@@ -52,6 +53,7 @@ class Caches:
         self.ledger.mark(profile, "good", job=self.job.job_id, env_key=self.env_key(profile), proof=proof,
                          cache_start=start.get("kind") if start.get("profile") == profile else None,
                          **data)
+        die_here("known_good_marked")  # the ledger says good, the snapshot not yet taken
         if proof == "warm":
             self.journal.event("warning", message=f"profile {profile} is known-good on a warm cache only: "
                                                   "its cold start was never seen to work")

@@ -52,8 +52,9 @@ class Checkpoints:
                     done_file=ck.get("done_file"))
         name = self.job.spec.get("name", "")
         if adopt is not None and adopt.get("ck_run"):
+            ended = bool(adopt.get("exit_file")) and os.path.exists(adopt["exit_file"])  # its keeper wrote it
             w = ckregister.CkWatch.resume(self.job.home.root, self.job.job_id, name, adopt["ck_run"], pattern,
-                                          **args)
+                                          t=now(), ended=ended, **args)
             if w is not None:
                 return w
         w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(),

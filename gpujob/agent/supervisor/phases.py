@@ -59,8 +59,10 @@ class Phases:
                 return out
             done = list(done) + [gpu]
             self.journal.set_state(warmup_done=done)
+        die_here("warm_marking")  # the suite's death points: every warmup run done, no marker yet
         envs.mark_warm(self.job.home.root, self.cache_key(profile), digest, profile=profile,
                        job=self.job.job_id, at=now(), was=cache)
+        die_here("warm_marked")  # the marker written (atomically), its event not yet
         self.journal.event("warm_marked", profile=profile, hash=digest)
         if again:
             self.journal.set_state(warmup_again=None)

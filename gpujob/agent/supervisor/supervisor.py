@@ -11,6 +11,7 @@ import errno
 import os
 import signal
 import sys
+import time
 from typing import Any, Callable
 
 from gpujob.agent.fleet import nodes as fleet
@@ -398,6 +399,13 @@ class Supervisor:
         taken = {r.get("request") for r in self.history.rollbacks}
         rollback = None
         for name, req in self.journal.pending():
+            if req["kind"] == "stop" and self.journal.stale_stop(req):  # a newer command ran the job again
+                gone = self.journal.drop_request(name, req, "asked of an earlier run, whose supervisor died "
+                                                 "before acting on it; `rollback` ran the job again")
+                self.say(f"a stop asked at {clock(gone['asked_at'])} of an earlier run of this job was "
+                         f"dropped: its supervisor died before acting on it, and a rollback ran the job "
+                         f"again (`gpujob stop {self.job_id}` stops this run)")
+                continue
             if req["kind"] == "stop":
                 self.stop.asked = True
                 return Outcome(OutcomeKind.STOP)
@@ -412,6 +420,11 @@ class Supervisor:
 
 
 restart_refusal = decide.restart_refusal  # where it was
+
+
+def clock(t) -> str:
+    """A request's time as people read it (UTC), or '?'."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(t)) if isinstance(t, (int, float)) else "?"
 
 
 def run(home: str, job_id: str, lock_fd: int | None = None, generation: int | None = None) -> int:

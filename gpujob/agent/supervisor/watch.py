@@ -262,14 +262,18 @@ class Watch:
     def on_lines(self, run, lines: list, t: float):
         """The lines of one read, taken as ``on_line`` takes them one by one (same order,
         the same first outcome, no line after it), at a cost per read rather than per
-        line when no line can hit a signature or a pause: only the lines that may hold a
-        sample are parsed. The tail and the trace get the lines up to a sample's before
-        anything else is written into the trace (a decision's record follows its line);
+        line when no line can hit a signature or open a pause (``pause_pattern``: one search
+        a line): only the lines that may hold a sample are parsed (a pause_pattern used to
+        send every read of a nanoGPT run line by line). The tail and the trace get the lines
+        up to a sample's before anything else is written into the trace (a decision's record
+        follows its line);
         nothing an ``on_sample`` reads depends on them, so they get them in one piece
         otherwise."""
         if not lines:
             return None
-        if self.pause.pause_rx is not None or signals.may_hit("\n".join(lines), self.signatures):
+        rx = self.pause.pause_rx  # (a line it matches opens a pause: then line by line, as it must)
+        if (rx is not None and any(map(rx.search, lines))) or \
+                signals.may_hit("\n".join(lines), self.signatures):
             for line in lines:
                 outcome = self.on_line(run, line, t)
                 if outcome:
@@ -323,9 +327,10 @@ class Watch:
         d = self.pause.decide_now(run, t)
         # a rollback's confirmation; judging suspended (agent/supervisor/verdicts.py)
         d = self.verdicts.review(run, d, t)
-        at = self.journal.sample(t=round(t, 3), value=value, step=step, verdict=d.verdict,
+        mark = not self.sample_marks or t - self.sample_marks[-1][0] >= 60  # where to trim to, once a minute
+        at = self.journal.sample(mark, t=round(t, 3), value=value, step=step, verdict=d.verdict,
                                  median=d.median, profile=run.profile)
-        if not self.sample_marks or t - self.sample_marks[-1][0] >= 60:
+        if mark:
             self.sample_marks.append((t, at))
         run.minute.append(value)
         # one event per change of verdict, with how long the last one held (agent/judge/coalesce.py)
@@ -364,7 +369,9 @@ class Watch:
         if base is None or self.verdicts.refuse_promotion(run):
             return
         run.good_known = True
+        die_here("known_good_asked")  # the suite's death points: decided, nothing written yet
         self.journal.event("known_good", profile=run.profile, baseline=base)
+        die_here("known_good_said")  # the event written, the ledger not yet
         self.notifier.emit("known_good", f"{run.profile}.{len(self.history.rollbacks)}", profile=run.profile,
                            baseline=base)
         self.say(f"profile {run.profile} is now known-good "

@@ -83,8 +83,10 @@ class PauseWatch:
     def _paused(self, run, iv, t: float) -> None:
         if iv is None:
             return
+        tail = run.memo.get("tail")  # the judge's work so far (agent/judge/tail.py): its cost in view
+        work = {"samples": tail.fresh, "touched": tail.touched} if tail is not None else None
         self.journal.event("pause", start=round(iv[0], 3), tail=run.pauses.tail, why=iv[2],
-                           profile=run.profile)
+                           profile=run.profile, judge_work=work)
         self.journal.set_state(pauses=[[round(a, 3), round(b, 3)] for a, b in run.pauses.spans()[-20:]])
 
     def trace_end(self, code, t: float) -> None:

@@ -43,10 +43,25 @@ def end_leftovers(home: Home, job_id: str, final: dict) -> tuple:
         left = kill_group(int(pgid), 10, first=5.0) if pgid else []  # quietly: the command first
         j.set_state(child=None, finished_at=now(), **final)
         j.event("state", state=final.get("state"), reason=final.get("reason"))
+        for name, _req in j.pending():  # carried out here (a stop), or nobody is left to act on it
+            j.done(name)
         return j.effective_state(), left
     finally:
         if held:
             held.release()
+
+
+def supersede(j: Journal) -> list:
+    """A command by hand runs the job again (``rollback`` of a lost or ended job): a new
+    run, and the stops queued for the earlier one (their supervisor died before acting
+    on them) are dropped, each with its event; returns what was dropped. ``j`` holds the
+    lock: no supervisor reads the queue meanwhile."""
+    run = j.state().get("run")
+    new = (run if isinstance(run, int) else 0) + 1
+    j.set_state(run=new)
+    why = "asked of an earlier run, whose supervisor died before acting on it; `rollback` ran the job again"
+    return [j.drop_request(name, req, why) for name, req in j.pending()
+            if req.get("kind") == "stop" and not (isinstance(req.get("run"), int) and req["run"] >= new)]
 
 
 def cmd_stop(home: Home, args) -> None:
@@ -97,12 +112,15 @@ def cmd_rollback(home: Home, args) -> None:
         (job["spec"].get("rollback") or {}).get("fallback"))
     if target is None:
         raise Refused(f"no known-good profile other than {current}; name one with --to", Code.CONFLICT)
+    dropped: list = []
     if st.get("state") == JobState.LOST and st.get("lost_reason") is None:
-        revive(home, args.job)  # a supervisor again, which finishes what the last one began
+        # a supervisor again, which finishes what the last one began; a stop queued for the
+        # dead one is superseded by this rollback before the new one can read it
+        revive(home, args.job, before=lambda fenced: dropped.extend(supersede(fenced)))
         st = j.effective_state()
     if st.get("state") not in ENDED:
         j.request("rollback", to=target, reason=reason, mark_bad=bool(args.mark_bad))
-        emit(RollbackAnswer(args.job, current, target, requested=True))
+        emit(RollbackAnswer(args.job, current, target, requested=True, dropped_stops=dropped or None))
         return
     held, _stale = acquire(home, args.job)
     try:
@@ -112,6 +130,7 @@ def cmd_rollback(home: Home, args) -> None:
         pgid = (st.get("child") or {}).get("pgid") or st.get("child_pgid")
         if pgid:
             kill_group(int(pgid), 10)  # never two trainers on the same GPUs
+        dropped = supersede(jj)
         jj.set_state(state=JobState.ROLLING_BACK, phase="env", step=Stage.ROLLBACK, reason=reason,
                      finished_at=None, child=None, lost_reason=None, revivals=[],
                      pending_rollback={"from": current, "to": target, "reason": reason, "signal": "manual",
@@ -120,5 +139,6 @@ def cmd_rollback(home: Home, args) -> None:
     except BaseException:
         held.release()
         raise
+    # an ended job runs again: the CLI says so
     emit(RollbackAnswer(args.job, current, target, restarted=True, supervisor_pid=pid,
-                        was=st.get("state")))  # an ended job runs again: the CLI says so
+                        was=st.get("state"), dropped_stops=dropped or None))

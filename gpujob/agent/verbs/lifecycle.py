@@ -166,10 +166,11 @@ def would_revive(home: Home, job_id: str) -> bool:
     return _may_revive(j, j.state())
 
 
-def revive(home: Home, job_id: str) -> dict | None:
+def revive(home: Home, job_id: str, before=None) -> dict | None:
     """Restart the supervisor of a job whose supervisor died before the job ended,
     at most 3 times in 10 minutes; it re-adopts what still runs. Returns what was
-    done (None: nothing needed or allowed)."""
+    done (None: nothing needed or allowed). ``before(journal)``: called under the lock,
+    with its fenced journal, before the new supervisor starts."""
     j = Journal(home, job_id)
     st = j.state()
     if not _may_revive(j, st):
@@ -189,7 +190,10 @@ def revive(home: Home, job_id: str) -> dict | None:
         if (st.get("state") in ENDED and not notify.waiting(j.dir)) or j.supervisor_alive(st, starting=False):
             held.release()
             return None
-        Journal(home, job_id, held.generation).set_state(revivals=recent + [t])
+        fenced = Journal(home, job_id, held.generation)
+        fenced.set_state(revivals=recent + [t])
+        if before is not None:
+            before(fenced)
         j.event("supervisor_revived", previous_pid=st.get("supervisor_pid"), step=st.get("step"),
                 child_running=bool(live_processes(st)))
         pid = spawn_supervisor(home, job_id, held)

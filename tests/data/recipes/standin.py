@@ -181,6 +181,8 @@ elif style == "lightning":
         print(f"Restoring states from the checkpoint path at {path}", flush=True)
         print(f"resumed from checkpoint at step {start}", flush=True)
     saved = []
+    tear_at = int(os.environ.get("STANDIN_TEAR_AT") or 0)  # tests/local/test_settle_death.py's
+    pause_at = int(os.environ.get("STANDIN_PAUSE_AT") or 0)
 
     def tick(step, dt):
         if tqdm_bar:
@@ -193,6 +195,16 @@ elif style == "lightning":
         if enabled and step % every == 2 % every:  # written in place, the previous one removed
             name = os.path.join(ck, f"epoch=0-step={step}.ckpt")
             with open(name, "w") as f:
+                if tear_at and step >= tear_at:  # killed mid-save: half a checkpoint at its name
+                    f.write("torn")
+                    f.flush()
+                    os.kill(os.getpid(), 9)
+                if step == pause_at:  # a slow save: half of it, a pause, then the whole
+                    f.write("torn")
+                    f.flush()
+                    time.sleep(float(os.environ.get("STANDIN_SAVE_PAUSE") or 0))
+                    f.seek(0)
+                    f.truncate()
                 f.write(str(step))
             for old in saved:
                 os.unlink(old)
