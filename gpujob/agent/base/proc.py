@@ -148,12 +148,14 @@ def term_command_first(pgid: int, first: float, reap=None) -> bool:
             pass
     die_here("command_signalled")
     end = time.monotonic() + first
+    wait = 0.002  # a trainer that ends on SIGTERM is gone within milliseconds: look soon, then less often
     while time.monotonic() < end:
         if reap:
             reap()
         if not [p for p in pids if is_alive(p)] and not command_pids(pgid):
             return True
-        time.sleep(0.05)
+        time.sleep(min(wait, max(0.0, end - time.monotonic())))
+        wait = min(wait * 2, 0.05)
     return False
 
 
