@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 import shutil
 import os
+import re
 
 import pytest
 
@@ -89,16 +90,18 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
     out = p.stdout.decode()
     assert "root@10.1.2.6:22" in out and "pct exec 200 --" in out
     assert "--index-url https://download.pytorch.org/whl/cu128 torch==2.11.0+cu128" in out
-    # the real SpecForge CLI with its dotted overrides; its own warmup in a dir and run id of its own
-    assert "'python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs " \
-           "run_id=dflash training.log_interval=10'" in out
+    # the real SpecForge CLI with its dotted overrides, each job's own output dir (the last one
+    # wins); its own warmup in a dir and run id of its own
+    assert re.search(r"'python -m specforge\.cli train -c dflash/run\.yaml output_dir=/root/dflash/outputs "
+                     r"run_id=dflash training\.log_interval=10 output_dir=/root/dflash/outputs/dflash-[a-z0-9]{4}'",
+                     out)
     assert "training.max_steps=3 training.save_interval=0 training.eval_interval=0 " \
            "output_dir=/root/dflash/gpujob-warmup run_id=gpujob-warmup" in out
     assert ("--no-deps specforge==0.2.0" in out
             and "sglang" not in out.split("--no-deps")[0].split("uv pip")[-1])
     assert "from recipe specforge: train.resume_args = [\"training.resume_from={resume_from}\"]" in out
     assert "'\"'\"'training.resume_from=<newest finished checkpoint of this job>'\"'\"'" in out
-    assert 'from recipe specforge: train.checkpoint.path = "outputs/dflash-step*"' in out
+    assert 'from recipe specforge: train.checkpoint.path = "outputs/{job_id}/dflash-step*"' in out
     assert 'from recipe specforge: train.checkpoint.done_file = "training_state.pt"' in out
     assert 'from recipe specforge: throughput.ranks = "first"' in out
     assert "from recipe specforge: train.checkpoint.every" not in out  # the spec's own
@@ -110,7 +113,8 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
     text = one.stdout.decode()
     assert "python -m specforge.cli train -c dflash/run.yaml output_dir=/root/dflash/outputs run_id=dflash " \
            "deployment.trainer.nproc_per_node=1 data.hidden_states_path=/tmp/tiny/features " \
-           "model.target_model_path=/tmp/tiny/target training.log_interval=10'" in text
+           "model.target_model_path=/tmp/tiny/target training.log_interval=10 " \
+           "output_dir=/root/dflash/outputs/dflash-" in text
     assert "--set throughput.tokens_per_step = 64" in text
     p = cli(["submit", "jobs/dflash.yaml", "--plan", "--profile", "cu130"], env)
     assert "whl/cu130 torch==2.11.0+cu130" in p.stdout.decode()

@@ -41,9 +41,10 @@ README = (REPO / "README.md").read_text()
 
 def _norm(line: str) -> str:
     """A plan line without what changes from run to run or release to release: the job id's
-    suffix, the hashes of venv keys and the agent, the laptop's checkout path."""
+    suffix (in the header and in the job's own output dir), the hashes of venv keys and the
+    agent, the laptop's checkout path."""
     line = re.sub(r"\b[0-9a-f]{12}\b", "<h>", line)
-    line = re.sub(r"\bjob (dflash(?:-1gpu)?)-[a-z0-9]{4}\b", r"job \1-<id>", line)
+    line = re.sub(r"(\bjob |/outputs/)(dflash(?:-1gpu)?)-[a-z0-9]{4}\b", r"\1\2-<id>", line)
     return line.replace(str(REPO) + "/", "")
 
 

@@ -49,8 +49,10 @@ def test_specforge_recipe_with_python_m_gets_a_standby_and_its_paths(tmp_path):
     spec = load_spec(write(tmp_path, recipe="specforge", train={
         "command": "python -m specforge.cli train -c run.yaml output_dir={workdir}/o run_id=r "
                    "training.log_interval=5"}, throughput={"tokens_per_step": 512, "min_ratio": 0.8}))
-    assert spec.train.command.endswith("training.log_interval=5")  # given: not appended again
-    assert (spec.train.checkpoint.path == "o/r-step*"
+    assert "training.log_interval=5 " in spec.train.command  # given: not appended again
+    assert spec.train.command.count("training.log_interval") == 1
+    assert spec.train.command.endswith("training.log_interval=5 output_dir={workdir}/o/{job_id}")
+    assert (spec.train.checkpoint.path == "o/{job_id}/r-step*"
             and spec.train.checkpoint.done_file == "training_state.pt")
     assert spec.train.resume_args == ["training.resume_from={resume_from}"]
     assert spec.throughput.ranks == "first"

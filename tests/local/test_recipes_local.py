@@ -21,7 +21,7 @@ CASES = {
     "specforge": ("specforge",
                   "python standin.py specforge -c run.yaml output_dir={workdir}/outputs run_id=tiny "
                   "training.log_interval=1 training.save_interval=2", 1000,
-                  "outputs/tiny-step*/training_state.pt"),
+                  "outputs/r-specforge-*/tiny-step*/training_state.pt"),  # an output_dir per job
     # one evaluation, at step 150 (fast: 7.5 s in, 6.5 s before the end: longer than a pause lasts)
     "hf_trainer": ("hf", "python standin.py hf --output_dir out --per_device_train_batch_size 1 "
                    "--max_seq_length 1000 --eval_steps 150 --max_steps 280", None,
@@ -38,7 +38,8 @@ CASES = {
                 "--gradient_accumulation_steps=1 --eval_interval=200 --max_iters=400", None, "out/ckpt.pt"),
 }
 RESUMED = {  # how the resumed run was told where to start: the checkpoint gpujob chose
-    "specforge": r"training\.resume_from=\S*/outputs/tiny-step\d+$",
+    "specforge": r"output_dir=\S*/outputs/r-specforge-[\w-]+ "  # an output_dir per job
+                 r"training\.resume_from=\S*/outputs/r-specforge-[\w-]+/tiny-step\d+$",
     "hf_trainer": r"--output_dir out/r-hf-trainer-[\w-]+ "  # an --output_dir per job
                   r"--resume_from_checkpoint \S*/out/r-hf-trainer-[\w-]+/checkpoint-\d+$",
     # its own folder per job (no earlier job's step-N is loaded), --checkpoint.enable once

@@ -38,7 +38,7 @@ def agent_spec(tmp_path: Path, recipe: str, command: str, **extra) -> tuple:
 # recipe -> (command, tokens given, what it must set: dotted key -> value)
 SETS = {
     "specforge": ("python -m specforge.cli train -c run.yaml output_dir={workdir}/out run_id=r", 512, {
-        "throughput.ranks": "first", "train.checkpoint.path": "out/r-step*",
+        "throughput.ranks": "first", "train.checkpoint.path": "out/{job_id}/r-step*",
         "train.checkpoint.done_file": "training_state.pt",
         "train.resume_args": ["training.resume_from={resume_from}"]}),
     "hf_trainer": ("python run_clm.py --output_dir out --per_device_train_batch_size 2 --max_seq_length 64",
