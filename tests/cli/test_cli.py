@@ -93,7 +93,8 @@ def test_dflash_plan_validates_and_prints_the_steps(tmp_path):
     # the real SpecForge CLI with its dotted overrides, each job's own output dir (the last one
     # wins); its own warmup in a dir and run id of its own
     assert re.search(r"'python -m specforge\.cli train -c dflash/run\.yaml output_dir=/root/dflash/outputs "
-                     r"run_id=dflash training\.log_interval=10 output_dir=/root/dflash/outputs/dflash-[a-z0-9]{4}'",
+                     r"run_id=dflash training\.log_interval=10 "
+                     r"output_dir=/root/dflash/outputs/dflash-[a-z0-9]{4}'",
                      out)
     assert "training.max_steps=3 training.save_interval=0 training.eval_interval=0 " \
            "output_dir=/root/dflash/gpujob-warmup run_id=gpujob-warmup" in out
