@@ -60,6 +60,19 @@ def die_here(point: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def hold_here(point: str) -> None:
+    """Fault injection for the suite's races: with ``GPUJOB_TEST_HOLD_AT=POINT@FILE`` in
+    its environment the supervisor waits at ``point`` while FILE exists (the test removes
+    it to let the supervisor go on), at most 10 minutes."""
+    want = os.environ.get("GPUJOB_TEST_HOLD_AT")
+    if not want:
+        return
+    name, _, gate = want.partition("@")
+    end = time.monotonic() + 600
+    while name == point and gate and os.path.exists(gate) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def stat_fields(pid: int) -> list | None:
     """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:

@@ -256,6 +256,19 @@ class Journal:
         return (req.get("kind") == "stop" and isinstance(asked, int) and isinstance(run, int)
                 and asked < run)
 
+    @staticmethod
+    def superseded_stop(req: dict, pending: list, born: float) -> bool:
+        """A stop asked of an earlier supervisor of this run (it died before acting on it)
+        with a ``rollback`` asked after it, still queued: the rollback is the newer word.
+        The run's number cannot tell it when the rollback found a supervisor already
+        revived by another command (``logs -f``, ``status``) that had not yet read its
+        queue. A stop asked of this supervisor (at or after ``born``) still wins."""
+        asked = req.get("at")
+        if req.get("kind") != "stop" or not isinstance(asked, (int, float)) or asked >= born:
+            return False
+        return any(r.get("kind") == "rollback" and isinstance(r.get("at"), (int, float)) and r["at"] > asked
+                   for _n, r in pending)
+
     def drop_request(self, name: str, req: dict, why: str) -> dict:
         """Remove a request that will not be acted on, with a ``request_dropped`` event
         (what it was, when it was asked, why); returns what was dropped."""

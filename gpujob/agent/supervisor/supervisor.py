@@ -28,7 +28,7 @@ from gpujob.agent.base.protocol import JobState, OutcomeKind
 from gpujob.agent.home.lock import Fenced, Held, Lock
 from gpujob.agent.supervisor.metrics import MetricsFile
 from gpujob.agent.supervisor.notify import Notifier
-from gpujob.agent.base.proc import Phase, die_here, keepers_of, kill_group, start_ticks
+from gpujob.agent.base.proc import Phase, die_here, hold_here, keepers_of, kill_group, start_ticks
 from gpujob.agent.home.relay import JobLog, Relay
 from gpujob.agent.home.trim import Trimmer
 from gpujob.agent.supervisor.guard import Guard
@@ -71,6 +71,7 @@ class Supervisor:
 
     def __init__(self, home: str, job_id: str, held: Held | None = None):
         self.held = held
+        self.born = now()  # a stop asked before this is one asked of an earlier supervisor
         self.journal = Journal(Home(home), job_id, generation=held.generation if held else None)
         # the shared pieces (parts.py)
         self.jobv = jobv = Job.of(self.journal.home, job_id, self.journal.job())
@@ -141,6 +142,7 @@ class Supervisor:
                 return 0
             self.guard.make_reserve()
             self.announce()
+            hold_here("announced")  # the suite's races: a supervisor up that has not read its queue
             self.lifecycle()
         except Stop:
             self.finish(JobState.STOPPED, "stopped on request")
@@ -212,8 +214,15 @@ class Supervisor:
         self.guard.drop_boot_hook()
         self.say(f"job {state}: {reason}")
         self.set_state(state, phase="done", reason=reason, finished_at=now(), child=None, **kw)
-        for name, _req in self.journal.pending():  # nothing is left to act on them
-            self.journal.done(name)
+        taken = {r.get("request") for r in self.history.rollbacks}
+        for name, req in self.journal.pending():  # nothing is left to act on them
+            if req.get("kind") == "rollback" and name not in taken:  # answered "requested": its end on record
+                self.journal.drop_request(name, req, f"the job ended ({state}) before its supervisor acted "
+                                          "on it")
+                self.say(f"a rollback asked at {clock(req.get('at'))} was not carried out: the job ended "
+                         f"({state}) first; `gpujob rollback {self.job_id} --to PROFILE` runs it again")
+            else:
+                self.journal.done(name)
         self.guard.drop_reserve()
         if self.fleet is not None:  # every node hears how it ended
             self.fleet.ended(state, reason)
@@ -398,8 +407,10 @@ class Supervisor:
             return Outcome(OutcomeKind.STOP)
         taken = {r.get("request") for r in self.history.rollbacks}
         rollback = None
-        for name, req in self.journal.pending():
-            if req["kind"] == "stop" and self.journal.stale_stop(req):  # a newer command ran the job again
+        queue = self.journal.pending()
+        for name, req in queue:
+            if req["kind"] == "stop" and (self.journal.stale_stop(req)  # a newer command ran the job again
+                                          or self.journal.superseded_stop(req, queue, self.born)):
                 gone = self.journal.drop_request(name, req, "asked of an earlier run, whose supervisor died "
                                                  "before acting on it; `rollback` ran the job again")
                 self.say(f"a stop asked at {clock(gone['asked_at'])} of an earlier run of this job was "
