@@ -158,7 +158,9 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
             visible = planshare.warmup_env(gpu).get("CUDA_VISIBLE_DEVICES")
             steps.append(Step("warmup", "supervisor",
                               "warmup"
-                              + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""),
+                              + (f" with CUDA_VISIBLE_DEVICES={visible}" if visible is not None else "")
+                              + (f", its scratch folder {workdir.rstrip('/')}/{warmup.scratch} emptied first "
+                                 "(warmup.scratch)" if warmup.scratch else ""),
                               command_argv(req.spec["warmup"]["command"],
                                            planshare.template_values(req.spec, job_id=job_id, profile=profile,
                                                                      workdir=workdir, fleet=fleet, gpu=gpu)),

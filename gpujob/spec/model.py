@@ -21,8 +21,8 @@ from gpujob.spec.recipes.registry import RECIPES
 from gpujob.spec.checkpoint import Checkpoint, check_checkpoint_use
 from gpujob.spec.throughput import Throughput  # noqa: F401 (specdefaults imports it from here)
 from gpujob.agent.base.protocol import UNFIXABLE, FailureSignal as F
-from gpujob.spec.types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName,
-                               Interpreter, JobName, Name, PathText, Pinned, Requirement, SecretRef, Signal,
+from gpujob.spec.types import (Args, Command, Cuda, Duration, Env, EnvName, GpuList, GroupName, Interpreter,
+                               JobName, Name, PathText, Pinned, Requirement, ScratchPath, SecretRef, Signal,
                                Size, Url, _env_value, _local_path, remote_dest)
 
 
@@ -93,9 +93,9 @@ class Warmup(Strict):
     per_gpu: str | None = None  # a GPU group: one warmup per GPU of it
     timeout: Duration = 3600.0
     when: Literal["cold", "always", "never"] = "cold"
-    # flags of the command that change nothing compiled (a save interval, an output dir): a
-    # change of them alone keeps the cache warm (`--flag V`, `--flag=V`, `key=V`)
+    # flags that change nothing compiled (`--flag V`, `--flag=V`, `key=V`): the cache stays warm
     ignore_flags: list[Annotated[str, StringConstraints(pattern=r"^-{0,2}[A-Za-z_][A-Za-z0-9_.-]*$")]] = []
+    scratch: ScratchPath | None = None  # a folder in the workdir, emptied before each warmup run
 
 
 class Restarts(Strict):

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, ValidationInfo
 
 from gpujob.agent.base.placeholders import is_shell_c, quoted_placeholders
 from gpujob.agent.base.protocol import FailureSignal
@@ -220,6 +220,19 @@ def _path_text(value: Any) -> Any:
 
 
 PathText = Annotated[str, BeforeValidator(_path_text)]
+
+
+def _inside_workdir(v: str) -> str:
+    """warmup.scratch: a folder inside the workdir (``NAME/...`` or ``{workdir}/NAME/...``),
+    kept relative."""
+    rel = v[len("{workdir}/"):] if v.startswith("{workdir}/") else v
+    if rel.startswith("/") or "{" in rel or any(p in ("", ".", "..") for p in rel.split("/")):
+        raise ValueError(f"expected a folder inside the workdir (relative, or {{workdir}}/NAME; no '.', "
+                         f"'..' or other placeholders), got {v!r}")
+    return rel
+
+
+ScratchPath = Annotated[str, BeforeValidator(_path_text), AfterValidator(_inside_workdir)]
 
 
 def _local_path(info: ValidationInfo, path: str) -> Path:

@@ -14,7 +14,8 @@ from gpujob.agent.base.placeholders import command_argv
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import Phase, die_here
 from gpujob.agent.base.protocol import JobState, OutcomeKind
-from gpujob.agent.judge.outcome import Outcome
+from gpujob.agent.home import scratch
+from gpujob.agent.judge.outcome import EnvError, Outcome
 
 
 class Phases:
@@ -51,6 +52,8 @@ class Phases:
             extra = planshare.warmup_env(gpu)
             argv = command_argv(w["command"], self.values(profile, gpu))
             where = f" on GPU {gpu}" if gpu is not None else ""
+            if w.get("scratch"):
+                self.empty_scratch(w["scratch"], where)
             self.say(f"warmup{where} (profile {profile}): {shlex.join(argv)}")
             self.journal.event("phase", phase="warmup", gpu=gpu, profile=profile, argv=argv)
             out = self.watch(argv, self.child_env.child_env(profile, extra), "warmup.log", profile,
@@ -67,6 +70,15 @@ class Phases:
         if again:
             self.journal.set_state(warmup_again=None)
         return Outcome(OutcomeKind.DONE)
+
+    def empty_scratch(self, rel: str, where: str) -> None:
+        """warmup.scratch emptied before a warmup run (EnvError when it cannot be, safely)."""
+        try:
+            path = scratch.empty(self.job.workdir, rel)
+        except (scratch.ScratchError, OSError) as e:
+            raise EnvError(f"warmup{where}: {e}") from None
+        self.journal.event("scratch_emptied", path=path)
+        self.say(f"warmup{where}: emptied its scratch folder {path} (warmup.scratch)")
 
     def train(self, profile: str, resume: bool, **then) -> Outcome:
         """Start (or hand to its standby) and watch the trainer (``then``: state written with its start)."""

@@ -87,11 +87,12 @@ def derive(data: dict) -> dict:
     warm = append(command, ["--max_steps", "3", "--save_strategy", "no", "--report_to", "none",
                             "--output_dir", "{workdir}/gpujob-warmup"])
     frag.update(train=train,
-                warmup={"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED})
+                warmup={"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED,
+                        "scratch": "gpujob-warmup"})  # 4.x example scripts refuse a non-empty --output_dir
     return frag
 
 
-RECIPE = Recipe(name="hf_trainer", trainer="transformers", revision=4,
+RECIPE = Recipe(name="hf_trainer", trainer="transformers", revision=5,
                 read_from="transformers 5.8.1, 5.17 and 5.18 (Trainer); 4.57's example scripts (their own "
                           "resume from --output_dir)",
                 proven_on="transformers 5.17.0, a run_clm-style script, on one H200 through gpujob, "
