@@ -53,13 +53,16 @@ def derive(data: dict) -> dict:
     warm = append(train.get("command", command), ["--trainer.max_steps", "3", "--trainer.default_root_dir",
                                                   "{workdir}/gpujob-warmup"])
     frag = {"train": train,
-            "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED}}
+            # emptied before each warmup run: each leaves a version_N with a whole .ckpt (model and
+            # optimizer), which would pile up with every cold warmup
+            "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED,
+                       "scratch": "gpujob-warmup"}}
     # the bar's step counter over time, each step once, restored steps not counted
     # (Lightning's it/s is the run's average: smoothing=0; agent/judge/steprate.StepRate)
     return dict(frag, throughput={"format": "tqdm_steps"}) if rate else frag
 
 
-RECIPE = Recipe(name="lightning", trainer="lightning", revision=5,
+RECIPE = Recipe(name="lightning", trainer="lightning", revision=6,
                 read_from="lightning 2.5 and 2.6.6 (LightningCLI)",
                 proven_on="lightning 2.6.6, a LightningCLI script, on one H200 through gpujob, 2026-12-02 "
                           "(torch 2.11.0+cu130; BENCHMARKS.md)",
