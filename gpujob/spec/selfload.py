@@ -14,7 +14,11 @@ command says:
   resume_from_checkpoint=True)`` still takes the newest there). The recipe gives each job
   its own ``--output_dir OUT/{job_id}`` when the command names one; without one (HF's
   default ``trainer_output``), or with a spec's own checkpoint path, the dir is shared.
-- nanoGPT loads ``out/ckpt.pt`` when started with ``--init_from=resume``.
+- nanoGPT started with ``--init_from=resume`` loads ``OUT/ckpt.pt`` (``--out_dir``, default
+  ``out``), and every save rewrites that one file. The recipe gives each job its own
+  ``--out_dir=OUT/{job_id}`` (``submit --resume-from``'s checkpoint is copied there before
+  the trainer starts); a command whose ``--out_dir`` has no ``{job_id}``, with a spec's own
+  checkpoint path, shares the file with every earlier job.
 - Lightning loads what ``--ckpt_path`` names.
 - SpecForge loads what ``training.resume_from=`` names.
 
@@ -72,8 +76,10 @@ def self_loads(recipe: str | None, command) -> str | None:
                 "--output_dir in the command and leave train.checkpoint.path to the recipe (each job gets "
                 "OUT/{job_id}), or put {job_id} in it")
     if recipe == "nanogpt" and _value(argv, "--init_from") == "resume":
-        return ("nanoGPT started with --init_from=resume loads out_dir's ckpt.pt at a fresh start, whoever "
-                "wrote it")
+        where = _value(argv, "--out_dir") or "out"
+        if "{job_id}" not in where:
+            return (f"nanoGPT started with --init_from=resume loads {where}/ckpt.pt at a fresh start, "
+                    "whoever wrote it")
     if recipe == "lightning" and _value(argv, "--ckpt_path") is not None:
         return "Lightning loads the command's --ckpt_path at every start"
     if recipe == "specforge" and any(a.startswith("training.resume_from=") for a in argv):

@@ -35,7 +35,8 @@ CASES = {
                   "lightning_logs/version_*/checkpoints/*.ckpt"),
     # tokens per iteration read from its arguments; its eval (and save) every 200 iterations (10 s fast)
     "nanogpt": ("nanogpt", "python standin.py nanogpt --batch_size=1 --block_size=1000 "
-                "--gradient_accumulation_steps=1 --eval_interval=200 --max_iters=400", None, "out/ckpt.pt"),
+                "--gradient_accumulation_steps=1 --eval_interval=200 --max_iters=400", None,
+                "out/r-nanogpt-*/ckpt.pt"),  # an --out_dir per job
 }
 RESUMED = {  # how the resumed run was told where to start: the checkpoint gpujob chose
     "specforge": r"output_dir=\S*/outputs/r-specforge-[\w-]+ "  # an output_dir per job
@@ -48,7 +49,7 @@ RESUMED = {  # how the resumed run was told where to start: the checkpoint gpujo
                   r"\S*/outputs/checkpoint/r-torchtitan-[\w-]+/step-\d+ "
                   r"--checkpoint\.no_initial_load_model_only$",
     "lightning": r"--ckpt_path '?\S*/lightning_logs/version_0/checkpoints/epoch=0-step=\d+\.ckpt'?$",
-    "nanogpt": r"--init_from=resume$",
+    "nanogpt": r"--out_dir=out/r-nanogpt-[\w-]+ --init_from=resume$",
 }
 
 
@@ -118,7 +119,7 @@ def test_nanogpt_recipe_keeps_ckpt_pt_and_resumes_with_init_from(tmp_path):
     train_log = journal(tmp_path, job_id) / "train.log"
     wait_for(lambda: train_log.exists() and "iter 6:" in train_log.read_text(), 90, what="six iterations")
     workdir = next((tmp_path / "root" / "work").iterdir())
-    assert (workdir / "out" / "ckpt.pt").exists()
+    assert (workdir / "out" / job_id / "ckpt.pt").exists() and not (workdir / "out" / "ckpt.pt").exists()
     cli(["rollback", job_id, "--to", "fast"], env, check=True)
     wait_for(lambda: "resumed from checkpoint at step" in train_log.read_text(), 60, what="resume")
     ev = events(journal(tmp_path, job_id))

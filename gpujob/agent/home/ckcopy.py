@@ -6,6 +6,10 @@ had in the job's (a trainer that resumes from its own output dir finds it there)
 under ``.gpujob-start/``. A copy is made beside its place and renamed into it (an
 interrupted copy never looks whole); what was there before (an earlier trial's start) is
 removed first, a link as a link (never followed).
+
+``copy_into`` is the copy itself; the supervisor also uses it to put ``submit --resume-from``'s
+checkpoint at the job's own fixed checkpoint place, for a trainer that resumes from there
+(agent/supervisor/cksupervise.py ``start_copy``).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+
+from gpujob.agent.base.proc import die_here
 
 
 def source_workdir(home_root: str, job_id: str) -> str | None:
@@ -42,23 +48,36 @@ def _remove(path: str) -> None:
         shutil.rmtree(path)
 
 
+def copy_into(src: str, dest: str, workdir: str) -> None:
+    """``src`` (a file or a directory) copied to ``dest`` inside ``workdir``: beside it first,
+    then renamed into place, so nothing half-copied ever stands at ``dest`` (a copier killed
+    mid-copy leaves its temp file beside, removed by the next copy to the same place). No
+    folder between ``workdir`` and ``dest`` may be a link (ValueError); what was at ``dest``
+    is removed, a link as a link (never followed)."""
+    at = os.path.dirname(dest)
+    while at.startswith(workdir.rstrip(os.sep) + os.sep) or at == workdir:  # never through a linked folder
+        if os.path.islink(at):
+            raise ValueError(f"the copy's place {dest}: {at} is a link (into another place); refused")
+        at = os.path.dirname(at)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    head = f".{os.path.basename(dest)}.gpujob-copy"
+    for name in os.listdir(os.path.dirname(dest)):  # a copier killed mid-copy left it
+        if name.startswith(head):
+            _remove(os.path.join(os.path.dirname(dest), name))
+    tmp = os.path.join(os.path.dirname(dest), f"{head}{os.getpid()}")
+    if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, tmp, symlinks=True)
+    else:
+        shutil.copy2(src, tmp, follow_symlinks=False)
+    die_here("start_copied")  # the suite's death point: the copy whole beside its place, not renamed
+    _remove(dest)
+    os.replace(tmp, dest)
+
+
 def copy_start(entry: dict, home_root: str, workdir: str) -> dict:
     """``entry`` (submit --resume-from's resolved point: path, job, step) with its path
     replaced by a copy in ``workdir``; ``copied_from`` keeps the original."""
     src = entry["path"]
     dest = place(src, source_workdir(home_root, entry["job"]) if entry.get("job") else None, workdir)
-    at = os.path.dirname(dest)
-    while at.startswith(workdir.rstrip(os.sep) + os.sep) or at == workdir:  # never through a linked folder
-        if os.path.islink(at):
-            raise ValueError(f"the trial's start {dest}: {at} is a link (into another place); refused")
-        at = os.path.dirname(at)
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.gpujob-copy{os.getpid()}")
-    _remove(tmp)
-    if os.path.isdir(src) and not os.path.islink(src):
-        shutil.copytree(src, tmp, symlinks=True)
-    else:
-        shutil.copy2(src, tmp, follow_symlinks=False)
-    _remove(dest)
-    os.replace(tmp, dest)
+    copy_into(src, dest, workdir)
     return dict(entry, path=dest, copied_from=src)

@@ -1,21 +1,24 @@
 """The supervisor's checkpoint side (stdlib only; ``Checkpoints``): each trainer
 run's watch of ``train.checkpoint.path`` (agent/home/ckregister.py keeps the register),
 where a resumed trainer starts from (only a checkpoint this job wrote, or the one
-``submit --resume-from`` named), ``{resume_from}`` in ``resume_args``, and a stop or
-rollback that waits for a save in progress before it signals the trainer.
+``submit --resume-from`` named), ``{resume_from}`` in ``resume_args`` (or, for a trainer
+that resumes from a fixed place, the named checkpoint copied there: ``start_copy``), and a
+stop or rollback that waits for a save in progress before it signals the trainer.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 
-from gpujob.agent.home import ckregister
+from gpujob.agent.home import ckcopy, ckregister
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import defaults
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import die_here
 from gpujob.agent.base.protocol import OutcomeKind
+from gpujob.agent.judge.outcome import EnvError
 
 #: a file rewritten in place more often than its settle, unchanged this long while a stop
 #: waits for it: between two writes (each write of such a trainer is a burst well under this)
@@ -30,6 +33,7 @@ class Checkpoints:
     def __init__(self, job, journal, runner, child_env, report, after_events=None):
         self.job, self.journal, self.runner, self.child_env = job, journal, runner, child_env
         self.say, self.after_events = report.say, after_events
+        self.copied: str | None = None  # where start_copy put submit --resume-from's checkpoint
 
     def checkpoint_cfg(self):
         """train.checkpoint with its defaults (settle, done_file, save_wait), or None."""
@@ -59,7 +63,7 @@ class Checkpoints:
                 return w
         w = ckregister.CkWatch.begin(self.job.home.root, self.job.job_id, name, profile, pattern, t=now(),
                                      **args)
-        left = ckregister.foreign(w.reg, w.before)
+        left = [(p, s) for p, s in ckregister.foreign(w.reg, w.before) if p != self.copied]
         if left and w.run == 1:
             self.journal.event("checkpoints_left", count=len(left), files=[p for p, _ in left[:20]])
             why = self.job.job.get("self_loads")  # the trainer's own look (spec/selfload.py, at submit)
@@ -237,6 +241,38 @@ class Checkpoints:
                      "step": given.get("step"), "from_job": given.get("job")}
         return point
 
+    def fixed_place(self, profile: str) -> str | None:
+        """This job's one checkpoint place (absolute) when its trainer resumes from there by
+        itself: train.checkpoint.path names one file or directory (no glob) and resume_args
+        have no ``{resume_from}`` (nanoGPT's ``--init_from=resume`` loads OUT/ckpt.pt); else None."""
+        args = self.job.spec["train"].get("resume_args") or []
+        if not self.checkpoint_cfg() or any("{resume_from}" in str(a) for a in args):
+            return None
+        path = self.checkpoint_pattern(profile)[0]
+        return None if glob.has_magic(path) else path
+
+    def start_copy(self, profile: str, point: dict) -> dict:
+        """``submit --resume-from``'s checkpoint for a trainer that resumes from a fixed place:
+        copied into this job's place before the trainer starts (beside it, then renamed in:
+        a supervisor killed mid-copy leaves nothing half-copied there, and the revived one
+        copies again). Done before the run's checkpoint watch begins, so the copy is in what
+        the run found at its start: never counted as written by this job until the trainer
+        rewrites it. The point, with ``file`` the copy and ``copied_from`` its source."""
+        dest = self.fixed_place(profile)
+        src = point["file"]
+        if dest is None or os.path.realpath(src) == os.path.realpath(dest):
+            return point
+        self.journal.event("start_copy", src=src, dest=dest, job=point.get("from_job"))
+        try:
+            ckcopy.copy_into(src, dest, self.job.workdir)
+        except (OSError, ValueError) as e:
+            raise EnvError(f"submit --resume-from: copying {src} to this job's checkpoint place {dest} "
+                           f"failed: {e}") from None
+        self.copied = dest
+        shown = os.path.relpath(dest, self.job.workdir) if self.checkpoint_pattern(profile)[1] else dest
+        self.journal.event("start_copied", src=src, dest=dest, job=point.get("from_job"))
+        return dict(point, file=dest, copied_from=src, shown=shown)
+
     def resume_args(self, profile: str, resume: bool) -> tuple:
         """(the arguments added to the trainer's argv, the resume point or None)."""
         spec_args = list(self.job.spec["train"].get("resume_args") or [])
@@ -251,7 +287,11 @@ class Checkpoints:
             spec_args = []
         elif point.get("from_job") is not None or \
                 self.job.job.get("resume_from", {}).get("path") == point["file"]:
+            point = self.start_copy(profile, point)
+            note = checkpoint.describe(point)
             note += f" (submit --resume-from{' ' + point['from_job'] if point.get('from_job') else ''})"
+            if point.get("copied_from"):
+                note += f": copied from {point['copied_from']} to this job's {point['shown']}"
         self.journal.event("resume_point", note=note, **point)
         self.journal.set_state(resumed=note)
         self.say(note)

@@ -1,8 +1,10 @@
-"""The recipe for nanoGPT's train.py (its flags, its lines, one out/ckpt.pt)."""
+"""The recipe for nanoGPT's train.py (its flags, its lines, one ckpt.pt in an out_dir of each job's own)."""
 
 from __future__ import annotations
 
-from gpujob.spec.recipes.base import (COMPILE, Recipe, RecipeError, append, argv_of,
+import shlex
+
+from gpujob.spec.recipes.base import (COMPILE, SAFE, Recipe, RecipeError, append, argv_of,
                                       as_int, flag, own_rate, standby)
 
 #: what a fresh interpreter of the trainer imports before its first step (the standby)
@@ -36,13 +38,39 @@ UNCOMPILED = ["--eval_interval", "--log_interval", "--max_iters", "--out_dir", "
               "--wandb_log", "--wandb_project", "--wandb_run_name", "--init_from", "--eval_iters", "--seed"]
 
 
+def per_job_dir(data: dict, argv: list) -> tuple:
+    """(the out_dir the trainer writes ckpt.pt into, whether the command gets it appended).
+    nanoGPT's --init_from=resume loads OUT/ckpt.pt and every save rewrites that one file:
+    jobs of one out_dir share it, so a resume (a rollback's, or submit --resume-from JOB)
+    would take whichever job saved last. So the command gets --out_dir=OUT/{job_id}
+    appended (its configurator: the last one wins): each job saves into, and resumes from,
+    its own. Left alone: an out_dir with {job_id} in it already, and a spec whose own
+    train.checkpoint (a path, or null) says where checkpoints go."""
+    given = flag(argv, "--out_dir") or "out"
+    ck = (data.get("train") or {}).get("checkpoint", {})
+    if "{job_id}" in given or not (isinstance(ck, dict) and "path" not in ck):
+        return given, False
+    return given.rstrip("/") + "/{job_id}", True
+
+
+def append_dir(command, out: str):
+    """The command with ``--out_dir=OUT/{job_id}`` appended; an out_dir of other characters
+    than safe ones is quoted up to the placeholder, which stays bare for gpujob to fill in."""
+    head = "--out_dir=" + out[:-len("{job_id}")]
+    if isinstance(command, list) or SAFE.fullmatch(head):
+        return append(command, [head + "{job_id}"])
+    return f"{command} {shlex.quote(head)}{{job_id}}"
+
+
 def derive(data: dict) -> dict:
     """The spec's data -> the recipe's fragment (RecipeError for a spec it cannot complete)."""
     command = (data.get("train") or {}).get("command")
     argv = argv_of(command)
-    out_dir = (flag(argv, "--out_dir") or "out").replace("{workdir}/", "").rstrip("/")
-    # one out/ckpt.pt, rewritten in place by torch.save (no rename): finished once it has
-    # not changed for 5 s
+    out, rewrite = per_job_dir(data, argv)
+    out_dir = out.replace("{workdir}/", "").rstrip("/")
+    # one OUT/{job_id}/ckpt.pt, rewritten in place by torch.save (no rename): finished once it
+    # has not changed for 5 s. --init_from=resume loads it from there (no path to pass): submit
+    # --resume-from's checkpoint is copied there first (agent/supervisor/cksupervise.py start_copy)
     train: dict = {"checkpoint": {"path": f"{out_dir}/ckpt.pt", "every": "15m", "settle": "5s"},
                    "resume_args": ["--init_from=resume"]}
     train.update(standby(command, PRELOAD))
@@ -54,6 +82,8 @@ def derive(data: dict) -> dict:
     frag = {"train": train,
             "warmup": {"command": warm, "when": "cold", "timeout": "30m", "ignore_flags": UNCOMPILED},
             "throughput": {"pause_pattern": NANOGPT_EVAL_PATTERN}}
+    if rewrite:  # after the warmup's command was made: it keeps its own out_dir (and its warm key)
+        train["command"] = append_dir(train.get("command", command), out)
     if own_rate(data, "regex"):
         return frag
     tput: dict = {"format": "regex", "pattern": NANOGPT_PATTERN, "pause_pattern": NANOGPT_EVAL_PATTERN}
@@ -68,13 +98,15 @@ def derive(data: dict) -> dict:
     return dict(frag, throughput=tput)
 
 
-RECIPE = Recipe(name="nanogpt", trainer="nanoGPT", revision=3,
+RECIPE = Recipe(name="nanogpt", trainer="nanoGPT", revision=4,
                 read_from="nanoGPT train.py (karpathy/nanoGPT master, 2024)",
                 proven_on="a trainer of ours with nanoGPT's flags, lines and out/ckpt.pt, on one H200 "
                           "through gpujob, 2026-12-02 (torch 2.11.0+cu130; BENCHMARKS.md)",
                 summary="nanoGPT's train.py: tokens per iteration (from --gradient_accumulation_steps, "
                         "--batch_size, --block_size) / `iter N: ... time Y ms`, its eval line pauses "
-                        "judging, one out/ckpt.pt (settled 5 s), --init_from=resume",
+                        "judging, one ckpt.pt (settled 5 s) in an out_dir of each job's own "
+                        "(OUT/{job_id}: --init_from=resume loads OUT/ckpt.pt, so never an earlier "
+                        "job's; submit --resume-from's is copied there), --init_from=resume",
                 derive=derive,
                 preload=tuple(PRELOAD),
                 sample_command="python train.py --batch_size=12 --block_size=1024")
