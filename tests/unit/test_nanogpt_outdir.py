@@ -32,6 +32,12 @@ def test_each_job_gets_its_own_out_dir_and_ckpt_pt(tmp_path):
     argv = command_argv(spec.train.command, {"job_id": "j-1"})
     assert argv[-1].endswith("--out_dir=out/j-1")  # what runs: the last --out_dir wins in nanoGPT
     assert substitute(spec.train.checkpoint.path, {"job_id": "j-1"}) == "out/j-1/ckpt.pt"
+    # the warmup keeps its own folder (no {job_id}), and a resubmit its warm key
+    assert "{job_id}" not in spec.warmup.command
+    assert spec.warmup.command.endswith("--out_dir={workdir}/gpujob-warmup")
+    other = spec_of(tmp_path, "python train.py --batch_size=4 --out_dir=elsewhere")
+    ignore = list(spec.warmup.ignore_flags)
+    assert keyed_command(spec.warmup.command, ignore) == keyed_command(other.warmup.command, ignore)
 
 
 def test_the_commands_own_out_dir_gets_the_job_under_it(tmp_path):
@@ -44,22 +50,11 @@ def test_the_commands_own_out_dir_gets_the_job_under_it(tmp_path):
     assert spec.train.checkpoint.path == "my runs/{job_id}/ckpt.pt"
     spec = spec_of(tmp_path, ["python", "train.py"])
     assert spec.train.command[-1] == "--out_dir=out/{job_id}"
-
-
-def test_left_alone_with_job_id_in_the_out_dir_or_a_checkpoint_path_of_the_specs_own(tmp_path):
+    # left alone: an out_dir with {job_id} in it, a checkpoint path of the spec's own
     spec = spec_of(tmp_path, "python train.py --out_dir=o/{job_id}/x")
     assert spec.train.command.count("--out_dir") == 1 and spec.train.checkpoint.path == "o/{job_id}/x/ckpt.pt"
     spec = spec_of(tmp_path, "python train.py", checkpoint={"path": "shared/ckpt.pt"})
     assert "--out_dir" not in spec.train.command and spec.train.checkpoint.path == "shared/ckpt.pt"
-
-
-def test_the_warmup_keeps_its_folder_and_a_resubmit_keeps_its_warm_key(tmp_path):
-    spec = spec_of(tmp_path, "python train.py --batch_size=4")
-    assert "{job_id}" not in spec.warmup.command
-    assert spec.warmup.command.endswith("--out_dir={workdir}/gpujob-warmup")
-    other = spec_of(tmp_path, "python train.py --batch_size=4 --out_dir=elsewhere")
-    ignore = list(spec.warmup.ignore_flags)
-    assert keyed_command(spec.warmup.command, ignore) == keyed_command(other.warmup.command, ignore)
 
 
 def test_selfload_says_nothing_of_an_earlier_jobs_ckpt_for_a_per_job_out_dir():
