@@ -1,5 +1,5 @@
 """Issue 34 item 4 for the recipes whose trainer stands in on the CPU (hf_trainer, specforge,
-torchtitan, lightning), on the loopback Proxmox bed, one journey driver for all: from an
+torchtitan, lightning, nanogpt), on the loopback Proxmox bed, one journey driver for all: from an
 empty HOME, a hosts.yaml written by hand; the user's folder with their script (a launcher
 beside tests/data/recipes/standin.py, which prints that trainer's progress lines and keeps
 its checkpoints with its layout and cadence) and its own flags; `gpujob init --recipe R -t
@@ -40,12 +40,15 @@ CASES = {
                   "python main.py fit --config config.yaml --trainer.callbacks+=ModelCheckpoint "
                   "--trainer.callbacks.every_n_train_steps=10 --trainer.max_steps=100",
                   "--trainer.max_steps=100000"),
+    # its eval and ckpt.pt save every 30 iterations (6 s fast: longer than the recipe's 5 s settle)
+    "nanogpt": ("train_nano.py", {}, "python train_nano.py --batch_size=1 --block_size=2560 "
+                "--gradient_accumulation_steps=1 --eval_interval=30 --max_iters=100", "--max_iters=100000"),
 }
 
 
 #: the line of each trainer's progress at step 30 of the long run (in `gpujob logs`)
 PROGRESS = {"hf_trainer": r" 30/100000 ", "specforge": r"step 30: ", "torchtitan": r"step: 30 ",
-            "lightning": r" 30/100000 "}
+            "lightning": r" 30/100000 ", "nanogpt": r"iter 30: "}
 
 
 @pytest.mark.parametrize("recipe", sorted(CASES))

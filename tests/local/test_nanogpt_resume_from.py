@@ -26,8 +26,8 @@ def spec_file(tmp_path: Path, iters: int, eval_every: int = 10) -> Path:
     spec = {"recipe": "nanogpt", "name": "nano", "target": "box",
             "sync": [{"src": str(STANDIN), "dest": ".", "exclude": ["__pycache__"]}],
             "profiles": [{"name": "fast", "system_site_packages": True, "env": {"STANDIN_INTERVAL": "0.05"}}],
-            "train": {"command": f"python standin.py nanogpt --eval_interval={eval_every} --max_iters={iters}",
-                      "grace": "3s"},
+            "train": {"command": f"python standin.py nanogpt --eval_interval={eval_every} "
+                                 f"--max_iters={iters}", "grace": "3s"},
             "throughput": None}
     path = tmp_path / f"job-{iters}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -96,7 +96,8 @@ def test_resume_from_a_job_gets_that_jobs_ckpt_pt_not_the_newest_in_the_workdir(
     [(path, entry)] = own_files(tmp_path, d).items()
     assert path == str(work / "out" / d / "ckpt.pt") and entry["finished"]
     assert (work / "out" / d / "ckpt.pt").read_text() == "32"
-    assert (work / "out" / a / "ckpt.pt").read_text() == "22" and (work / "out" / b / "ckpt.pt").read_text() == "42"
+    assert (work / "out" / a / "ckpt.pt").read_text() == "22"
+    assert (work / "out" / b / "ckpt.pt").read_text() == "42"
 
 
 def test_a_supervisor_killed_mid_copy_leaves_no_half_ckpt_and_the_revived_one_resumes_from_a(tmp_path):
