@@ -1,4 +1,4 @@
-"""Issue 34 item 4's `stop` while a checkpoint is being rewritten: nanoGPT rewrites out/ckpt.pt
+"""Issue 34 item 4's `stop` while a checkpoint is being rewritten: nanoGPT rewrites ckpt.pt
 in place (torch.save, no rename) at each eval; a trainer that does so every ~2 s, more often
 than the recipe's settle (5 s), never leaves the file unchanged that long. A stop used to
 wait the whole save_wait (60 s) for it without a word on the laptop, then mark it torn: no
@@ -19,7 +19,7 @@ STANDIN = Path(__file__).parents[1] / "data" / "recipes" / "standin.py"
 
 
 def rewriting(tmp_path: Path, env: dict) -> tuple[str, Path]:
-    """A nanoGPT-shaped job saving out/ckpt.pt in place every ~2 s, five saves in: (job, train.log)."""
+    """A nanoGPT-shaped job saving out/<job>/ckpt.pt in place every ~2 s, five saves in: (job, train.log)."""
     (tmp_path / "job.yaml").write_text(yaml.safe_dump({
         "recipe": "nanogpt", "name": "rw", "target": "lab/box",
         "sync": [{"src": str(STANDIN), "dest": "standin.py"}],
@@ -32,7 +32,7 @@ def rewriting(tmp_path: Path, env: dict) -> tuple[str, Path]:
     job = job_id_of(cli(["submit", str(tmp_path / "job.yaml")], env, check=True).stdout)
     log = tmp_path / "root" / "jobs" / job / "train.log"
     wait_for(lambda: log.exists() and log.read_text().count("saving checkpoint to out") >= 5, 120,
-             what="five saves of out/ckpt.pt")
+             what="five saves of ckpt.pt")
     return job, log
 
 
@@ -44,10 +44,10 @@ def test_stop_of_a_trainer_rewriting_its_checkpoint_every_2s_answers_and_keeps_i
     assert stop.returncode == 0 and f"{job}: stopped" in said, said + stop.stderr.decode()
     assert "unfinished" not in said, said  # (it was: "waited 60.06s ... (unfinished: ['out/ckpt.pt'])")
     logs = cli(["logs", job], env, check=True).stdout.decode()
-    if "a checkpoint is being saved (out/ckpt.pt)" in logs:  # the stop came while it was not settled
+    if f"a checkpoint is being saved (out/{job}/ckpt.pt)" in logs:  # the stop came while it was not settled
         assert "is rewritten in place more often than settle (5s): unchanged for 1s now" in logs, logs[-2000:]
     assert "will not be resumed from" not in logs, logs[-2000:]
-    saved = int((tmp_path / "root" / "work" / "rw" / "out" / "ckpt.pt").read_text())
+    saved = int((tmp_path / "root" / "work" / "rw" / "out" / job / "ckpt.pt").read_text())
     again = cli(["rollback", job, "--to", "other"], env, check=True).stdout.decode()
     assert f"{job}: had ended (stopped): it runs again" in again, again
     wait_for(lambda: "resumed from checkpoint at step" in log.read_text(), 120, what="the resume")
