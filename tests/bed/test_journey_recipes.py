@@ -122,6 +122,6 @@ def _journey(me: User, recipe: str, testbed, index, home: str) -> None:
     sub = me.ok("submit", spec.name, "-p", "fast", *QUICK, "--resume-from", job3)
     follow = me.ok("logs", "-f", job_of(sub.out, name))
     assert "resumed from checkpoint at step" in follow.out, follow.out[-1500:]
-    if recipe == "nanogpt":  # --init_from=resume loads its own out_dir's ckpt.pt: the stopped job's copied there
+    if recipe == "nanogpt":  # --init_from=resume loads its own out_dir's ckpt.pt: the stopped job's, copied
         assert re.search(rf"copied from \S+/out/{job3}/ckpt\.pt to this job's out/{name}-\S+/ckpt\.pt",
                          follow.out), follow.out[-1500:]
