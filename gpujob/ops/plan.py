@@ -11,7 +11,7 @@ import shlex
 
 from gpujob.agent.judge import checkpoint
 from gpujob.agent.base import ckpaths, envs, planshare
-from gpujob.agent.base.placeholders import command_argv
+from gpujob.agent.base.placeholders import command_argv, substitute
 from gpujob.agent.base.wire import SubmitRequest
 from gpujob.spec import cmdfiles, secrets as secrets_env
 from gpujob.errors import SpecError
@@ -82,6 +82,16 @@ def checkpoint_where(spec: JobSpec, home: str) -> str | None:
         raise SpecError(spec.source_name, spec.line_of(("train", "checkpoint", "path")),
                         "train.checkpoint.path", f"{describe(ck.path)} refused: {why}")
     return ck.path if ck.path.startswith("/") or not workdir.startswith("/") else f"{workdir}/{ck.path}"
+
+
+def copy_note(spec: JobSpec, values: dict, resume_from: str | None) -> str:
+    """The train step's note on --resume-from's copy into this job's own checkpoint place, for
+    a trainer that resumes from a fixed one (agent/base/ckpaths.py fixed_place)."""
+    ck = spec.train.checkpoint
+    if resume_from is None or ck is None or not ckpaths.fixed_place(ck.path, spec.train.resume_args):
+        return ""
+    return (f": its checkpoint copied into this job's {substitute(ck.path, values)} first (the resume_args "
+            "load from there)")
 
 
 def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: dict | None = None,
@@ -177,7 +187,7 @@ def build_plan(spec: JobSpec, target: Target, job_id: str, profile: str, fleet: 
     steps.append(Step("train", "supervisor", "train (own process group; caches in "
                       f"{envs.cache_dir(home, prof['env_key'])}{hang_note})"
                       + (f", resuming on purpose from {resume_from} (submit --resume-from)" if resume_from
-                         else ""),
+                         else "") + copy_note(spec, values, resume_from),
                       command_argv(req.spec["train"]["command"], values,
                                    [a.replace("{resume_from}", f"<{resume_from}>") for a in resume_args]
                                    if resume_from else ())))

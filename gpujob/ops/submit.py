@@ -94,14 +94,27 @@ def submit(spec: JobSpec, target: Target, *, profile: str, job_id: str,
             progress(f"note: {path} changed while it was shipped; the container's copy may be torn: "
                      "submit again once it is written")
     note = selfload.earlier_note(spec.recipe, spec.train.command)
-    for line in earlier_checkpoint_lines(res.to_dict(), note):
+    for line in earlier_checkpoint_lines(res.to_dict(), note, copy_place(spec, job_id)):
         progress(line)
     return res
 
 
-def earlier_checkpoint_lines(res: dict, note: str = selfload.earlier_note(None, "")) -> list[str]:
+def copy_place(spec: JobSpec, job_id: str) -> str | None:
+    """This job's checkpoint place when its trainer resumes from a fixed one (the path as the
+    spec names it, its job id filled in), else None."""
+    from gpujob.agent.base.ckpaths import fixed_place
+    ck = spec.train.checkpoint
+    if ck is None or not fixed_place(ck.path, spec.train.resume_args):
+        return None
+    return ck.path.replace("{job_id}", job_id)
+
+
+def earlier_checkpoint_lines(res: dict, note: str = selfload.earlier_note(None, ""),
+                             copy_to: str | None = None) -> list[str]:
     """What submit says about the checkpoints it found (the agent's ``checkpoints`` answer);
-    ``note``: what this job's trainer does with them (spec/selfload.py)."""
+    ``note``: what this job's trainer does with them (spec/selfload.py); ``copy_to``: this
+    job's checkpoint place, where ``--resume-from``'s is copied (a trainer that resumes from a
+    fixed place), else None."""
     found = res.get("checkpoints") or {}
     lines = []
     left = found.get("left") or []
@@ -115,5 +128,7 @@ def earlier_checkpoint_lines(res: dict, note: str = selfload.earlier_note(None, 
     if found.get("resume_from"):
         r = found["resume_from"]
         lines.append(f"resuming on purpose from {r['path']}" + (f" (job {r['job']}" + (
-            f", step {r['step']})" if r.get("step") is not None else ")") if r.get("job") else ""))
+            f", step {r['step']})" if r.get("step") is not None else ")") if r.get("job") else "")
+            + (f": copied into this job's {copy_to} before the trainer starts (its resume_args load "
+               "from there)" if copy_to else ""))
     return lines

@@ -73,11 +73,17 @@ def test_resume_from_a_job_gets_that_jobs_ckpt_pt_not_the_newest_in_the_workdir(
     plan = cli(["submit", str(spec_file(tmp_path, 24)), "--plan"], env, check=True)
     assert "--out_dir=out/nano-" in plan.stdout.decode()  # the plan shows the per-job out_dir that runs
     a, b, work = two_jobs(tmp_path, env)
+    plan = cli(["submit", str(spec_file(tmp_path, 30)), "--plan", "--resume-from", a], env, check=True)
+    assert "resuming on purpose from " + a in plan.stdout.decode()
+    assert "its checkpoint copied into this job's out/nano-" in plan.stdout.decode(), plan.stdout.decode()
     # C starts from A's step 22 and runs to 30 without a save of its own (eval every 1000)
     p = cli(["submit", str(spec_file(tmp_path, 30, eval_every=1000)), "--follow", "--resume-from", a], env,
             timeout=180)
     assert p.returncode == 0, p.stdout.decode()[-3000:] + p.stderr.decode()[-2000:]
     c = job_id_of(p.stdout)
+    said = p.stdout.decode() + p.stderr.decode()  # submit says where it goes
+    assert f"resuming on purpose from {work / 'out' / a / 'ckpt.pt'} (job {a})" in said, said[-3000:]
+    assert f"copied into this job's out/{c}/ckpt.pt before the trainer starts" in said, said[-3000:]
     log = (tmp_path / "root" / "jobs" / c / "train.log").read_text()
     assert "resumed from checkpoint at step 22" in log, log[-2000:]
     ev = events(tmp_path / "root" / "jobs" / c)

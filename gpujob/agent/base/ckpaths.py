@@ -94,3 +94,12 @@ def step_of(path: str):
     name = os.path.basename(path.rstrip("/"))
     m = _STEP.search(name) or _LAST_NUMBER.search(os.path.splitext(name)[0])
     return int(m.group(1)) if m else None
+
+
+def fixed_place(path: str, resume_args) -> bool:
+    """Whether a trainer resumes from a fixed place by itself: ``train.checkpoint.path``
+    names one file or directory (no ``*``, ``?`` or ``[``) and ``resume_args`` have no
+    ``{resume_from}`` (nanoGPT's ``--init_from=resume`` loads OUT/ckpt.pt). Then
+    ``submit --resume-from``'s checkpoint is copied into that place before the trainer
+    starts (agent/supervisor/cksupervise.py ``start_copy``)."""
+    return not any(c in path for c in "*?[") and not any("{resume_from}" in str(a) for a in resume_args or [])

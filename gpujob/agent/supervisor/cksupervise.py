@@ -8,12 +8,11 @@ stop or rollback that waits for a save in progress before it signals the trainer
 
 from __future__ import annotations
 
-import glob
 import os
 
 from gpujob.agent.home import ckcopy, ckregister
 from gpujob.agent.judge import checkpoint
-from gpujob.agent.base import defaults
+from gpujob.agent.base import ckpaths, defaults
 from gpujob.agent.base.placeholders import substitute
 from gpujob.agent.base.fsio import now
 from gpujob.agent.base.proc import die_here
@@ -243,13 +242,11 @@ class Checkpoints:
 
     def fixed_place(self, profile: str) -> str | None:
         """This job's one checkpoint place (absolute) when its trainer resumes from there by
-        itself: train.checkpoint.path names one file or directory (no glob) and resume_args
-        have no ``{resume_from}`` (nanoGPT's ``--init_from=resume`` loads OUT/ckpt.pt); else None."""
-        args = self.job.spec["train"].get("resume_args") or []
-        if not self.checkpoint_cfg() or any("{resume_from}" in str(a) for a in args):
+        itself (agent/base/ckpaths.py ``fixed_place``), else None."""
+        ck = self.checkpoint_cfg()
+        if not ck or not ckpaths.fixed_place(ck["path"], self.job.spec["train"].get("resume_args")):
             return None
-        path = self.checkpoint_pattern(profile)[0]
-        return None if glob.has_magic(path) else path
+        return self.checkpoint_pattern(profile)[0]
 
     def start_copy(self, profile: str, point: dict) -> dict:
         """``submit --resume-from``'s checkpoint for a trainer that resumes from a fixed place:
