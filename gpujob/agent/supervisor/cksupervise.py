@@ -259,14 +259,20 @@ class Checkpoints:
         src = point["file"]
         if dest is None or os.path.realpath(src) == os.path.realpath(dest):
             return point
+        shown = os.path.relpath(dest, self.job.workdir) if self.checkpoint_pattern(profile)[1] else dest
         self.journal.event("start_copy", src=src, dest=dest, job=point.get("from_job"))
+        self.say(f"copying {src} into this job's {shown} before the trainer starts (submit --resume-from; "
+                 "its resume_args load from there)")
+        self.journal.set_state(waiting={"what": "the trainer's start", "since": now(),
+                                        "for": f"the copy of {src} into {shown}"})
         try:
             ckcopy.copy_into(src, dest, self.job.workdir)
         except (OSError, ValueError) as e:
             raise EnvError(f"submit --resume-from: copying {src} to this job's checkpoint place {dest} "
                            f"failed: {e}") from None
+        finally:
+            self.journal.set_state(waiting=None)
         self.copied = dest
-        shown = os.path.relpath(dest, self.job.workdir) if self.checkpoint_pattern(profile)[1] else dest
         self.journal.event("start_copied", src=src, dest=dest, job=point.get("from_job"))
         return dict(point, file=dest, copied_from=src, shown=shown)
 
