@@ -48,8 +48,39 @@ def check_checkpoint_use(spec) -> None:
         if "{resume_from}" in arg and spec.train.checkpoint is None:
             raise At(("train", "resume_args", i), "{resume_from} needs train.checkpoint (path and every): "
                      "gpujob fills it with the checkpoint this job wrote")
+    check_scratch(spec)
     if spec.train.checkpoint is not None and spec.workdir and spec.workdir.startswith("/"):
         why = refusal(spec.train.checkpoint.path, spec.workdir)
         if why:
             raise At(("train", "checkpoint", "path"), f"{describe(spec.train.checkpoint.path)} in workdir "
                      f"{describe(spec.workdir)} refused: {why}")
+
+
+def _overlap(a: str, b: str) -> bool:
+    """Whether relative folder ``a`` is, holds, or lies inside ``b``."""
+    a, b = a.strip("/"), b.strip("/")
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/")
+
+
+def check_scratch(spec) -> None:
+    """warmup.scratch is emptied before each warmup run: it must hold nothing the job
+    ships (a sync dest) or keeps (the checkpoint glob's folder). A folder synced into the
+    workdir itself (``dest: .``) is not checked: what it holds is known only at submit."""
+    scratch = spec.warmup.scratch if spec.warmup else None
+    if scratch is None:
+        return
+    for i, entry in enumerate(spec.sync):
+        dest = (entry.dest or "").replace("{workdir}/", "")
+        if dest not in ("", ".") and not dest.startswith("/") and _overlap(scratch, dest):
+            raise At(("warmup", "scratch"), f"{describe(scratch)} overlaps sync[{i}].dest {describe(dest)}: "
+                     "emptying it before each warmup would delete the code the job ships")
+    ck = spec.train.checkpoint
+    if ck is not None:
+        path = ck.path.replace("{workdir}/", "")
+        fixed = path.split("/")
+        glob_at = next((i for i, p in enumerate(fixed) if any(c in p for c in "*?[{")), len(fixed))
+        head = "/".join(fixed[:glob_at])  # the folders before the first pattern
+        if not path.startswith("/") and (head + "/").startswith(scratch.rstrip("/") + "/"):
+            raise At(("warmup", "scratch"), f"{describe(scratch)} holds train.checkpoint.path "
+                     f"{describe(ck.path)}: emptying it before each warmup would delete the job's "
+                     "checkpoints")

@@ -89,3 +89,31 @@ def test_a_rollback_overtaken_by_a_stop_of_the_live_supervisor_is_dropped_on_rec
     assert "was not carried out: the job ended (stopped) first" in said
     assert not list((jdir(tmp_path, job) / "control").glob("*.json"))
     journal_is_sound(jdir(tmp_path, job))
+
+
+def test_a_stop_and_a_rollback_asked_of_one_supervisor_that_then_died_keep_their_order(tmp_path,
+                                                                                      wheelhouse):
+    """Both asked of the same supervisor, which dies before acting on either: the revived
+    one does what that supervisor would have done (the stop wins; the rollback dropped on
+    record). Only a rollback asked after the stop's supervisor was gone supersedes it."""
+    env = local_env(tmp_path)
+    job = training_job(tmp_path, env, wheelhouse)
+    sup = state_of(tmp_path, job)["supervisor_pid"]
+    os.kill(sup, signal.SIGSTOP)
+    try:
+        p = agent(tmp_path, "stop", job, "--wait", "0.2", env=dict(os.environ))
+        assert json.loads(p.stdout)["state"] == "training", p.stderr.decode()
+        p = cli(["rollback", job, "--to", "fast"], env)
+        assert p.returncode == 0, p.stderr.decode()
+    finally:
+        os.kill(sup, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{sup}") or
+             open(f"/proc/{sup}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", 10,
+             what="the killed supervisor to be gone")
+    p = agent(tmp_path, "status", job)  # revives it, as `gpujob status` and `logs -f` do
+    assert p.returncode == 0, p.stderr.decode()
+    wait_for(lambda: state_of(tmp_path, job).get("state") == "stopped", 60, what="the stop")
+    ev = events(jdir(tmp_path, job))
+    assert [d["what"] for d in ev if d["type"] == "request_dropped"] == ["rollback"]
+    assert not list((jdir(tmp_path, job) / "control").glob("*.json"))
+    wait_for(lambda: not trainers_of(tmp_path), 20, what="nothing of the job left running")

@@ -83,3 +83,30 @@ def test_a_removal_cut_short_is_finished_next_time(tmp_path):
     (tmp_path / "w" / "s").mkdir()
     scratch.empty(str(tmp_path / "w"), "s")
     assert os.listdir(tmp_path / "w") == []
+
+
+@pytest.mark.parametrize("sync_dest,scratch_value", [("t.py", "t.py"), ("src", "src"), ("src", "src/gen"),
+                                                     ("src/lib", "src"), ("{workdir}/src", "src")])
+def test_a_scratch_over_the_shipped_code_is_refused(tmp_path, sync_dest, scratch_value):
+    (tmp_path / "t.py").write_text("")
+    data = dict(BASE, sync=[{"src": str(tmp_path / "t.py"), "dest": sync_dest}],
+                warmup={"command": "python t.py", "scratch": scratch_value})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(SpecError, match="overlaps sync.0..dest"):
+        load_spec(path)
+
+
+@pytest.mark.parametrize("ck,refused", [("out/{job_id}/checkpoint-*", True), ("out/ckpt.pt", True),
+                                        ("{workdir}/out/x/*.pt", True), ("ckpt/*.pt", False),
+                                        ("outputs/*.pt", False)])
+def test_a_scratch_holding_the_checkpoints_is_refused(tmp_path, ck, refused):
+    data = dict(BASE, train={"command": "python t.py", "checkpoint": {"path": ck, "every": "1m"}},
+                warmup={"command": "python t.py", "scratch": "out"})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    if refused:
+        with pytest.raises(SpecError, match="would delete the job's checkpoints"):
+            load_spec(path)
+    else:
+        assert load_spec(path).warmup.scratch == "out"

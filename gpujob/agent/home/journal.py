@@ -243,9 +243,11 @@ class Journal:
         run it is aimed at (state.json's ``run``): a stop of an earlier run is dropped."""
         os.makedirs(self.path("control"), exist_ok=True)
         name = f"{time.time_ns():020d}-{os.getpid()}-{kind}.json"
-        run = self.state().get("run")
+        st = self.state()
+        run, of = st.get("run"), st.get("supervisor_pid")
         write_json(os.path.join(self.path("control"), name),
-                   dict(data, kind=kind, at=now(), run=run if isinstance(run, int) else 0))
+                   dict(data, kind=kind, at=now(), run=run if isinstance(run, int) else 0,
+                        of=of if isinstance(of, int) else None))
         return name
 
     def stale_stop(self, req: dict) -> bool:
@@ -258,16 +260,19 @@ class Journal:
 
     @staticmethod
     def superseded_stop(req: dict, pending: list, born: float) -> bool:
-        """A stop asked of an earlier supervisor of this run (it died before acting on it)
-        with a ``rollback`` asked after it, still queued: the rollback is the newer word.
-        The run's number cannot tell it when the rollback found a supervisor already
-        revived by another command (``logs -f``, ``status``) that had not yet read its
-        queue. A stop asked of this supervisor (at or after ``born``) still wins."""
-        asked = req.get("at")
-        if req.get("kind") != "stop" or not isinstance(asked, (int, float)) or asked >= born:
+        """A stop asked of an earlier supervisor of this run (it died before acting on it),
+        with a ``rollback`` asked after it of another supervisor (the one a command such as
+        ``logs -f`` or ``status`` revived), still queued: the rollback is the newer word.
+        The run's number cannot tell it: only a rollback that revives the job itself starts
+        a new run. A stop and a rollback both asked of one supervisor keep their order (the
+        stop wins, whether or not that supervisor died since), and so does a stop asked of
+        this supervisor (at or after ``born``)."""
+        asked, of = req.get("at"), req.get("of")
+        if req.get("kind") != "stop" or not isinstance(asked, (int, float)) or asked >= born \
+                or not isinstance(of, int):
             return False
         return any(r.get("kind") == "rollback" and isinstance(r.get("at"), (int, float)) and r["at"] > asked
-                   for _n, r in pending)
+                   and isinstance(r.get("of"), int) and r["of"] != of for _n, r in pending)
 
     def drop_request(self, name: str, req: dict, why: str) -> dict:
         """Remove a request that will not be acted on, with a ``request_dropped`` event
