@@ -90,7 +90,7 @@ def _first_day(me: User, testbed, index, home: str) -> None:
     assert me.ok("status", job2).returncode == 0
     follow = me.ok("logs", "-f", job2)
     assert "ROLLBACK slow -> fast" in follow.out, follow.out[-3000:]
-    assert "resuming training from out at iter" in follow.out
+    assert f"resuming training from out/{job2} at iter" in follow.out  # its own out_dir (recipe rev 4)
     st = me.ok("status", job2)
     assert "succeeded" in st.out and "slow → fast" in st.out
 
