@@ -61,3 +61,11 @@ def test_selfload_says_nothing_of_an_earlier_jobs_ckpt_for_a_per_job_out_dir():
     assert selfload.self_loads("nanogpt", "python train.py --init_from=resume --out_dir=out/{job_id}") is None
     why = selfload.self_loads("nanogpt", "python train.py --init_from=resume --out_dir=shared")
     assert why is not None and "shared/ckpt.pt" in why
+
+
+def test_a_fixed_place_is_one_path_and_resume_args_without_resume_from():
+    from gpujob.agent.base.ckpaths import fixed_place
+    assert fixed_place("out/{job_id}/ckpt.pt", ["--init_from=resume"])
+    assert fixed_place("ckpt/{job_id}/latest", [])  # a directory, reloaded by the trainer itself
+    assert not fixed_place("out/{job_id}/checkpoint-*", ["--init_from=resume"])  # a glob: no one place
+    assert not fixed_place("out/ckpt.pt", ["--resume_from_checkpoint", "{resume_from}"])  # given the path
