@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 
 from gpujob.agent.base.proc import die_here
 
@@ -48,12 +49,43 @@ def _remove(path: str) -> None:
         shutil.rmtree(path)
 
 
-def copy_into(src: str, dest: str, workdir: str) -> None:
+def signature(src: str) -> tuple:
+    """What changes when ``src`` (a file, or a directory's files) is written: sizes and
+    modification times (a link as a link)."""
+    if os.path.isdir(src) and not os.path.islink(src):
+        out = []
+        for root, dirs, files in os.walk(src):
+            dirs.sort()
+            for name in sorted(files):
+                st = os.lstat(os.path.join(root, name))
+                out.append((os.path.relpath(os.path.join(root, name), src), st.st_size, st.st_mtime_ns))
+        return tuple(out)
+    st = os.lstat(src)
+    return ((st.st_size, st.st_mtime_ns),)
+
+
+def copy_steady(src: str, dest: str, workdir: str, wait: float, tries: int = 3) -> int:
+    """``copy_into`` of a checkpoint that its own job may still be rewriting in place (a
+    nanoGPT job still running): a copy during which ``src`` changed is thrown away before it
+    reaches ``dest``, and made again after ``wait`` seconds, at most ``tries`` times
+    (ValueError then). Returns the number of copies made."""
+    for attempt in range(1, tries + 1):
+        before = signature(src)
+        if copy_into(src, dest, workdir, steady=lambda: signature(src) == before):
+            return attempt
+        if attempt < tries:
+            time.sleep(wait)
+    raise ValueError(f"{src} changed while it was copied, {tries} times in a row (the job that writes it "
+                     "still runs?): nothing was put in place")
+
+
+def copy_into(src: str, dest: str, workdir: str, steady=None) -> bool:
     """``src`` (a file or a directory) copied to ``dest`` inside ``workdir``: beside it first,
     then renamed into place, so nothing half-copied ever stands at ``dest`` (a copier killed
     mid-copy leaves its temp file beside, removed by the next copy to the same place). No
     folder between ``workdir`` and ``dest`` may be a link (ValueError); what was at ``dest``
-    is removed, a link as a link (never followed)."""
+    is removed, a link as a link (never followed). ``steady()``, when given, is asked
+    after the copy: False throws the copy away (False returned, ``dest`` untouched)."""
     at = os.path.dirname(dest)
     while at.startswith(workdir.rstrip(os.sep) + os.sep) or at == workdir:  # never through a linked folder
         if os.path.islink(at):
@@ -69,9 +101,13 @@ def copy_into(src: str, dest: str, workdir: str) -> None:
         shutil.copytree(src, tmp, symlinks=True)
     else:
         shutil.copy2(src, tmp, follow_symlinks=False)
+    if steady is not None and not steady():
+        _remove(tmp)
+        return False
     die_here("start_copied")  # the suite's death point: the copy whole beside its place, not renamed
     _remove(dest)
     os.replace(tmp, dest)
+    return True
 
 
 def copy_start(entry: dict, home_root: str, workdir: str) -> dict:

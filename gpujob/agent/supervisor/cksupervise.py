@@ -265,15 +265,16 @@ class Checkpoints:
                  "its resume_args load from there)")
         self.journal.set_state(waiting={"what": "the trainer's start", "since": now(),
                                         "for": f"the copy of {src} into {shown}"})
-        try:
-            ckcopy.copy_into(src, dest, self.job.workdir)
+        try:  # its own job may still rewrite it in place: a copy it changed under is made again
+            settle = float(self.checkpoint_cfg()["settle"])
+            made = ckcopy.copy_steady(src, dest, self.job.workdir, wait=settle)
         except (OSError, ValueError) as e:
             raise EnvError(f"submit --resume-from: copying {src} to this job's checkpoint place {dest} "
                            f"failed: {e}") from None
         finally:
             self.journal.set_state(waiting=None)
         self.copied = dest
-        self.journal.event("start_copied", src=src, dest=dest, job=point.get("from_job"))
+        self.journal.event("start_copied", src=src, dest=dest, job=point.get("from_job"), copies=made)
         return dict(point, file=dest, copied_from=src, shown=shown)
 
     def resume_args(self, profile: str, resume: bool) -> tuple:
