@@ -31,7 +31,11 @@ def targets_of(labels: list) -> list:
 
 
 def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: bool, follow: bool,
-           clear: bool, job_id: Optional[str], as_json: bool, force: bool = False) -> None:
+           clear: bool, job_id: Optional[str], as_json: bool, force: bool = False,
+           resume_from: Optional[str] = None) -> None:
+    """One job over the spec's containers. ``resume_from`` (submit --resume-from JOB|PATH) is
+    resolved by each node in its own container: JOB's newest finished checkpoint there (a job of
+    several nodes left one per node), or PATH; a node that has none refuses, and nothing starts."""
     m = _m()
     from gpujob.ops.plan import new_job_id
     if target:
@@ -46,7 +50,7 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
             raise SpecError(str(spec_path), spec.line_of(("target", i)), f"target[{i}]", e.message) from None
     job_id = job_id or (new_job_id(spec.name) if plan else m._fresh_id(spec.name))
     if plan:
-        for rank, t, steps in fleet.build_plan(spec, targets, job_id, profile):
+        for rank, t, steps in fleet.build_plan(spec, targets, job_id, profile, resume_from=resume_from):
             for line in render.plan_lines(f" node {rank} of {len(targets)}: {spec_path} → {t.label} "
                                           f"({t.transport.describe()}), job {job_id}, profile {profile}; "
                                           "nothing runs", steps):
@@ -71,7 +75,8 @@ def submit(spec, spec_path: Path, *, target: Optional[str], profile: str, plan: 
     state.set_nodes(job_id, labels)
     try:
         res = fleet.submit(spec, targets, profile=profile, job_id=job_id, clear_caches=clear,
-                           progress=lambda msg: m.err.print(render.lit(f"· {msg}", "dim")))
+                           progress=lambda msg: m.err.print(render.lit(f"· {msg}", "dim")),
+                           resume_from=resume_from)
     except GpujobError as e:
         if e.exit_code in (2, 5):  # refused, or bad input: nothing started anywhere
             state.unreserve(job_id)

@@ -60,11 +60,12 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         from gpujob.cli import fleet_cmds
         if as_json and (plan or follow):
             raise InputError("--json: not with --plan or --follow for a multi-node job (yet)")
-        if resume_from is not None:
-            raise InputError("--resume-from: not for a multi-node job (yet)")
+        if resume_from is not None and spec.train.checkpoint is None:
+            raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
         fleet_cmds.submit(spec, spec_path, target=target, profile=_profile(spec, profile), plan=plan,
-                          follow=follow, clear=clear, job_id=job_id_opt, as_json=as_json, force=force)
+                          follow=follow, clear=clear, job_id=job_id_opt, as_json=as_json, force=force,
+                          resume_from=resume_from)
         return
     target_name = target or spec.target
     if not target_name:

@@ -42,7 +42,8 @@ def node_info(spec: JobSpec, labels: list, rank: int, master_addr: str, master_p
             "env": dict(nodes.env[rank]) if nodes.env else {}}
 
 
-def build_plan(spec: JobSpec, targets: list, job_id: str, profile: str) -> list:
+def build_plan(spec: JobSpec, targets: list, job_id: str, profile: str,
+               resume_from: str | None = None) -> list:
     """[(rank, target, steps)]: every node's steps, each with its own commands."""
     labels = [t.label for t in targets]
     addr = targets[0].address or ASK
@@ -58,7 +59,7 @@ def build_plan(spec: JobSpec, targets: list, job_id: str, profile: str) -> list:
             steps.append(Step("ports", "container", "choose two free ports (rendezvous, channel) and, "
                               "without hosts.yaml's address, the primary IP",
                               plan.agent_shown(t, "fleet", "ports")))
-        steps += plan.build_plan(spec, t, job_id, profile, fleet=info)
+        steps += plan.build_plan(spec, t, job_id, profile, fleet=info, resume_from=resume_from)
         steps.append(Step("go", "container", "once every node holds its lock: go (else release: "
                           "nothing starts anywhere)", plan.agent_shown(t, "fleet", "go", job_id)))
         out.append((rank, t, steps))
@@ -77,8 +78,9 @@ def _parallel(fn, items: list) -> list:
 
 
 def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_caches: bool,
-           progress: Callable[[str], None]) -> dict:
-    """Start the job on every node, or on none; returns {nodes, rendezvous}."""
+           progress: Callable[[str], None], resume_from: str | None = None) -> dict:
+    """Start the job on every node, or on none; returns {nodes, rendezvous}. ``resume_from``
+    (submit --resume-from) is resolved by each node in its own container."""
     labels = [t.label for t in targets]
     ship.sync_sources(spec)  # local problems first, before any node is touched
     lead: Target = targets[0]
@@ -97,7 +99,8 @@ def submit(spec: JobSpec, targets: list, *, profile: str, job_id: str, clear_cac
         t = targets[rank]
         info = node_info(spec, labels, rank, addr, master_port, channel_port)
         return submit_op.submit(spec, t, profile=profile, job_id=job_id, clear_caches=clear_caches,
-                                progress=lambda m: progress(f"[node {rank}] {m}"), fleet=info, fleet_key=key)
+                                progress=lambda m: progress(f"[node {rank}] {m}"), fleet=info, fleet_key=key,
+                                resume_from=resume_from)
 
     results = _parallel(start, list(range(len(targets))))
     failed = [(r, e) for r, e in results if isinstance(e, GpujobError)]
