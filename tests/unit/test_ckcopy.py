@@ -68,3 +68,40 @@ def test_a_linked_folder_on_the_way_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is a link"):
         copy_start({"path": str(wd / "ckpt" / "state.json"), "job": "bis-abcd"}, str(tmp_path), str(trial))
     assert (wd / "ckpt" / "state.json").read_text() == '{"step": 30}'
+
+
+def test_a_trial_of_a_fixed_place_trainer_gets_one_copy_straight_into_its_own_place(tmp_path):
+    # nanoGPT's recipe: out/{job_id}/ckpt.pt, loaded by --init_from=resume: the trial's start is
+    # copied once, into the trial's own out/<trial id>/ckpt.pt (before: into out/<job id>/ckpt.pt of
+    # the trial's workdir at submit, then again by the supervisor into its place)
+    from gpujob.agent.home.ckregister import at_submit
+    home = tmp_path / "home"
+    src_wd = home / "work" / "nano"
+    (src_wd / "out" / "nano-aaaa").mkdir(parents=True)
+    src = src_wd / "out" / "nano-aaaa" / "ckpt.pt"
+    src.write_bytes(b"w" * 64)
+    trial_wd = home / "work" / "nano-trial"
+    trial_wd.mkdir(parents=True)
+    place_of = str(trial_wd / "out" / "nano-tttt" / "ckpt.pt")
+    job = {"job_id": "nano-tttt", "resume_from_ask": str(src), "resume_from_copy": True,
+           "spec": {"train": {"resume_args": ["--init_from=resume"],
+                              "checkpoint": {"path": "out/{job_id}/ckpt.pt"}}}}
+    out = at_submit(str(home), job, str(trial_wd), [place_of, place_of])
+    assert out["resume_from"]["path"] == place_of and out["resume_from"]["copied_from"] == str(src)
+    assert open(place_of, "rb").read() == b"w" * 64
+    assert sorted(p.name for p in (trial_wd / "out").iterdir()) == ["nano-tttt"]  # one copy
+    assert src.read_bytes() == b"w" * 64
+
+
+def test_a_trial_whose_place_is_a_glob_or_outside_its_workdir_keeps_the_copy_at_the_jobs_place(tmp_path):
+    from gpujob.agent.home.ckregister import own_fixed_place
+    wd = str(tmp_path / "trial")
+    glob_job = {"spec": {"train": {"resume_args": ["--resume_from_checkpoint", "{resume_from}"],
+                                   "checkpoint": {"path": "out/checkpoint-*"}}}}
+    assert own_fixed_place(glob_job, wd, [wd + "/out/checkpoint-*"]) is None
+    fixed = {"spec": {"train": {"resume_args": ["--resume"], "checkpoint": {"path": "/data/ckpt.pt"}}}}
+    assert own_fixed_place(fixed, wd, ["/data/ckpt.pt"]) is None  # never a file outside the trial's workdir
+    per_profile = {"spec": {"train": {"resume_args": ["--resume"],
+                                      "checkpoint": {"path": "out/{profile}.pt"}}}}
+    assert own_fixed_place(per_profile, wd, [wd + "/out/a.pt", wd + "/out/b.pt"]) is None
+    assert own_fixed_place(fixed, wd, [wd + "/ckpt.pt"]) == wd + "/ckpt.pt"

@@ -3,7 +3,9 @@
 finished checkpoint of the job, and the trial's trainer must never write into the job's
 files: the checkpoint is copied, at the same place relative to the trial's workdir as it
 had in the job's (a trainer that resumes from its own output dir finds it there), else
-under ``.gpujob-start/``. A copy is made beside its place and renamed into it (an
+under ``.gpujob-start/``; a trainer that resumes from a fixed place of the trial's own
+(nanoGPT's ``out/{job_id}/ckpt.pt``) gets it there directly (agent/home/ckregister.py
+``own_fixed_place``): one copy, not two. A copy is made beside its place and renamed into it (an
 interrupted copy never looks whole); what was there before (an earlier trial's start) is
 removed first, a link as a link (never followed).
 
@@ -110,10 +112,13 @@ def copy_into(src: str, dest: str, workdir: str, steady=None) -> bool:
     return True
 
 
-def copy_start(entry: dict, home_root: str, workdir: str) -> dict:
+def copy_start(entry: dict, home_root: str, workdir: str, dest: str | None = None) -> dict:
     """``entry`` (submit --resume-from's resolved point: path, job, step) with its path
-    replaced by a copy in ``workdir``; ``copied_from`` keeps the original."""
+    replaced by a copy in ``workdir``: at ``dest`` when given (the trial's own fixed
+    checkpoint place, where its trainer resumes from: one copy, not a second one by the
+    supervisor), else at ``place``; ``copied_from`` keeps the original."""
     src = entry["path"]
-    dest = place(src, source_workdir(home_root, entry["job"]) if entry.get("job") else None, workdir)
+    if dest is None:
+        dest = place(src, source_workdir(home_root, entry["job"]) if entry.get("job") else None, workdir)
     copy_into(src, dest, workdir)
     return dict(entry, path=dest, copied_from=src)

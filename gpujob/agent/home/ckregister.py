@@ -46,7 +46,7 @@ import glob
 import os
 import time
 
-from gpujob.agent.base import fsio
+from gpujob.agent.base import ckpaths, fsio
 from gpujob.agent.base.ckpaths import step_of
 from gpujob.agent.home import ckscan
 
@@ -421,6 +421,20 @@ def owners(home_root: str) -> dict:
 LEFT_SHOWN = 20
 
 
+def own_fixed_place(job: dict, workdir: str, patterns: list) -> str | None:
+    """The job's one checkpoint place inside its own workdir, when its trainer resumes from a
+    fixed place by itself (agent/base/ckpaths.py fixed_place) and every profile shares it:
+    a trial's start is copied straight there (the supervisor's start_copy then has nothing
+    to do). None otherwise: a glob, a place per profile, or one outside the workdir (a
+    trial never writes outside its own)."""
+    train = job["spec"].get("train") or {}
+    ck = train.get("checkpoint") or {}
+    if not ck or len(set(patterns)) != 1 or not ckpaths.fixed_place(ck["path"], train.get("resume_args")):
+        return None
+    dest = os.path.normpath(patterns[0])
+    return dest if os.path.realpath(dest).startswith(os.path.realpath(workdir) + os.sep) else None
+
+
 def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
     """What a fresh job finds under its checkpoint globs (``patterns``: absolute, one per
     profile): the checkpoints earlier jobs left, listed with their owner when a register
@@ -452,7 +466,7 @@ def at_submit(home_root: str, job: dict, workdir: str, patterns: list) -> dict:
                          f"{os.path.join(home_root, DIR)}")
     if job.pop("resume_from_copy", False):  # a trial (gpujob bisect/tune --from): never the job's own files
         from gpujob.agent.home.ckcopy import copy_start
-        entry = copy_start(entry, home_root, workdir)
+        entry = copy_start(entry, home_root, workdir, dest=own_fixed_place(job, workdir, patterns))
     job["resume_from"] = entry
     out["resume_from"] = entry
     return out

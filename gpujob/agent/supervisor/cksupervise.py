@@ -238,6 +238,9 @@ class Checkpoints:
         if point["file"] is None and given and os.path.lexists(given["path"]):
             point = {"file": given["path"], "age": round(max(0.0, t - os.lstat(given["path"]).st_mtime), 1),
                      "step": given.get("step"), "from_job": given.get("job")}
+            if given.get("copied_from"):  # a trial's start, copied at submit (agent/home/ckcopy.py)
+                point.update(copied_from=given["copied_from"], shown=os.path.relpath(given["path"],
+                                                                                     self.job.workdir))
         return point
 
     def fixed_place(self, profile: str) -> str | None:
