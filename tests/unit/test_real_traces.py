@@ -137,6 +137,12 @@ GPU_ACT2 = {
     "gpujob_lightning_act2": 719421.44,      # LightningCLI, lightning 2.6.6
     "gpujob_specforge_act2": 8166.84,        # SpecForge 0.2.0 offline DFlash, the shipped jobs/dflash.yaml
     "gpujob_torchtitan_act2": 217443.0,      # torchtitan 0.2.2 through torchrun (its trace ended whole)
+    # 2026-12-05, each spec written by `gpujob init` (bench.recipes_gpu --via-init): init's keys,
+    # gpujob's judging defaults, good_after 20s; nanoGPT (recipe rev. 4: out/{job_id}) and HF side
+    # by side, Lightning alone (BENCHMARKS.md, "The specs `gpujob init` writes, on the H200")
+    "gpujob_h200_1205_init_nanogpt_act2": 1586060.02,
+    "gpujob_h200_1205_init_hf_act2": 354222.08,
+    "gpujob_h200_1205_init_lightning_act2": 911950.17,
 }
 
 
