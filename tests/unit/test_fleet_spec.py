@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import yaml
@@ -102,6 +103,12 @@ def leader() -> tuple:
     s.close()
     server = channel.Server(b"k" * 32, port, "job-1", bind="127.0.0.1")
     server.start()
+    # it listens from its own thread: a test's raw socket connects only once it does (a real
+    # follower's Client retries; without this wait a loaded machine refused the connection)
+    deadline = time.monotonic() + 30
+    while server.sock is None:
+        assert time.monotonic() < deadline, f"the channel server never listened: {server.error}"
+        time.sleep(0.01)
     return server, port
 
 
