@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 import yaml
@@ -14,6 +13,7 @@ from gpujob.agent.base.planshare import ledger_name
 from gpujob.errors import SpecError
 from gpujob.ops.fleet import node_info
 from gpujob.spec.model import load_spec
+from helpers import wait_for
 
 BASE = {
     "name": "fl",
@@ -105,10 +105,7 @@ def leader() -> tuple:
     server.start()
     # it listens from its own thread: a test's raw socket connects only once it does (a real
     # follower's Client retries; without this wait a loaded machine refused the connection)
-    deadline = time.monotonic() + 30
-    while server.sock is None:
-        assert time.monotonic() < deadline, f"the channel server never listened: {server.error}"
-        time.sleep(0.01)
+    wait_for(lambda: server.sock is not None, 30, every=0.01, what="the channel server listening")
     return server, port
 
 
