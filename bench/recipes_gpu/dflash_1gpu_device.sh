@@ -14,7 +14,8 @@
 # From the repo root:
 #   bash bench/recipes_gpu/dflash_1gpu_device.sh                     # the device (.whl carried)
 #   PY=/tmp/titan-venv/bin/python GJPY=.venv/bin/python DEVICE=cpu SKIP_WHEELS=1 bash bench/recipes_gpu/dflash_1gpu_device.sh
-# Exit 0: trained, checkpointed, rolled back by hand and resumed, stopped; 3-5 setup; 6 no finished
+# The job's workdir is the shipped spec's, /root/dflash, on this machine (the local kind): the script
+# writes there, as the user's job would. Exit 0: trained, checkpointed, rolled back by hand and resumed, stopped; 3-5 setup; 6 no finished
 # checkpoint in CKPT_S; 7 no resumed training in ROLL_S.
 set -u
 REPO=$PWD
