@@ -56,12 +56,12 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
         from gpujob.agent.base.wire import JOB_ID, JOB_ID_RULE
         if not JOB_ID.fullmatch(job_id_opt):
             raise InputError(f"--job-id: expected {JOB_ID_RULE}, got {job_id_opt[:70]!r}")
+    if resume_from is not None and spec.train.checkpoint is None:  # (before --plan too)
+        raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
     if isinstance(spec.target, list):  # multi_node: a list of containers, one job over several nodes
         from gpujob.cli import fleet_cmds
         if as_json and (plan or follow):
             raise InputError("--json: not with --plan or --follow for a multi-node job (yet)")
-        if resume_from is not None and spec.train.checkpoint is None:
-            raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
         fleet_cmds.submit(spec, spec_path, target=target, profile=_profile(spec, profile), plan=plan,
                           follow=follow, clear=clear, job_id=job_id_opt, as_json=as_json, force=force,
@@ -80,8 +80,6 @@ def submit(spec_path: Path = typer.Argument(..., metavar="SPEC"),
     job_id = job_id_opt or (new_job_id(spec.name) if plan else _fresh_id(spec.name))
     clear = spec.caches.clear_on_submit if clear_caches is None else clear_caches
     if plan:
-        if resume_from is not None and spec.train.checkpoint is None:
-            raise InputError("--resume-from needs train.checkpoint in the spec (path and every)")
         steps = build_plan(spec, t, job_id, profile, resume_from=resume_from)
         steps.insert(0, _inventory_note(t))
         steps += ledgerview.rollback_target_note(spec)

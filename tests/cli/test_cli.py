@@ -129,3 +129,17 @@ def test_usage_errors_exit_2_without_a_traceback(env, args):
 
 def test_version(env):
     assert cli(["--version"], env, check=True).stdout.decode().startswith("gpujob ")
+
+
+@pytest.mark.parametrize("target", ["lab/box", "[lab/box, lab/box2]"])
+def test_resume_from_without_a_checkpoint_section_is_one_line_for_one_node_and_many(tmp_path, env, target):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"name: x\ntarget: {target}\nprofiles: [{{name: p, system_site_packages: true}}]\n"
+                    "train: {command: python t.py}\nthroughput: null\n")
+    for args in (["submit", str(spec), "--resume-from", "x-abcd"],
+                 ["submit", str(spec), "--resume-from", "x-abcd", "--plan"]):
+        p = cli(args, env)
+        assert p.returncode == 2
+        assert one_line_error(p) == ("gpujob: --resume-from needs train.checkpoint in the spec "
+                                     "(path and every)")
+    assert not (tmp_path / "root").exists()
