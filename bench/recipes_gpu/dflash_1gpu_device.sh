@@ -18,7 +18,6 @@
 # writes there, as the user's job would. Exit 0: trained, checkpointed, rolled back by hand and resumed, stopped; 3-5 setup; 6 no finished
 # checkpoint in CKPT_S; 7 no resumed training in ROLL_S.
 set -u
-REPO=$PWD
 PY=$(command -v "${PY:-python3}") || { echo "no ${PY:-python3}"; exit 3; }
 case $PY in /*) ;; *) PY=$PWD/$PY ;; esac
 GJPY=${GJPY:-$PY}  # the controller's interpreter (gpujob's own needs); the jobs run $PY
@@ -30,16 +29,9 @@ ROLL_S=${ROLL_S:-180}
 mkdir -p "$OUT" "$W"
 say() { echo "[dflash_1gpu $(date -u +%H:%M:%S)] $*"; }
 
-SITE=${SITE:-}
-if [ -z "${SKIP_WHEELS:-}" ]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || { say "wheel install failed"; exit 3; }
-  SITE=/tmp/site
-fi
-export PYTHONPATH="${SITE:+$SITE:}$REPO" UV_OFFLINE=1 UV_PYTHON_DOWNLOADS=never PYTHONUNBUFFERED=1
-"$PY" bench/recipes_gpu/specforge_tiny.py --out "$W/tiny" --device "$DEVICE" --save-interval 100 \
-  | tee "$OUT/tiny.txt" || exit 3
-TPS=$(sed -n 's/^tokens_per_sample=//p' "$OUT/tiny.txt")
+. bench/recipes_gpu/sf_common.sh
+sf_wheels
+sf_tiny --save-interval 100
 
 # the user's copy of the shipped files, and the CHANGE ME edits of run.yaml
 rm -rf "$W/user"; mkdir -p "$W/user/dflash"
@@ -70,15 +62,7 @@ print(json.dumps({"run.yaml CHANGE ME": {f"{a}.{b}": v for (a, b), v in change_m
                   "deployment.trainer.nproc_per_node": cfg["deployment"]["trainer"]["nproc_per_node"]}))
 PYEOF
 
-cat > "$W/hosts.yaml" <<EOF
-hosts:
-  lab:
-    kind: local
-    env_passthrough: ["NCCL_*", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"]
-    containers:
-      box: {root: $W/root}
-EOF
-export GPUJOB_HOSTS="$W/hosts.yaml" XDG_STATE_HOME="$W/state" COLUMNS=200
+sf_hosts
 gj() { (cd "$W/user" && "$GJPY" -m gpujob.entry "$@"); }
 BE=""; [ "$DEVICE" = cpu ] && BE=", env: {OMP_NUM_THREADS: '2'}"
 sets() {
@@ -86,13 +70,6 @@ sets() {
     --set "profiles=[{name: cu128, system_site_packages: true, python: $PY$BE}, {name: cu130, system_site_packages: true, python: $PY$BE}]" \
     --set 'requirements=[]' --set "env.PYTHONPATH=$SITE"
   [ "$DEVICE" = cpu ] && printf '%s\0' --set "train.command=python -m specforge.cli train -c dflash/run.yaml output_dir={workdir}/outputs run_id=dflash deployment.trainer.nproc_per_node=1 training.fsdp_sharding=NO_SHARD"
-  return 0
-}
-wait_event() {  # job, event type, seconds
-  local t=0
-  until grep -q "\"type\": *\"$2\"" "$W/root/jobs/$1/events.jsonl" 2>/dev/null; do
-    sleep 1; t=$((t + 1)); [ "$t" -ge "$3" ] && return 1
-  done
   return 0
 }
 run_gj() { (cd "$W/user" && xargs -0 -a <(sets) "$GJPY" -m gpujob.entry "$@"); }

@@ -24,29 +24,15 @@ BROKEN_ENV=${BROKEN_ENV:-"{TORCHDYNAMO_DISABLE: '1'}"}  # on CPU (nothing compil
 mkdir -p "$OUT" "$W"
 say() { echo "[specforge_device $(date -u +%H:%M:%S)] $*"; }
 
-SITE=${SITE:-}  # with SKIP_WHEELS: where they were installed already (the jobs get it as PYTHONPATH)
-if [ -z "${SKIP_WHEELS:-}" ]; then  # pydantic & co, typing-extensions>=4.16, specforge --no-deps
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site .whl/*.whl || { say "wheel install failed"; exit 3; }
-  SITE=/tmp/site
-fi
-export PYTHONPATH="${SITE:+$SITE:}$PWD" UV_OFFLINE=1 UV_PYTHON_DOWNLOADS=never PYTHONUNBUFFERED=1
+. bench/recipes_gpu/sf_common.sh
+sf_wheels  # SITE: with SKIP_WHEELS, where they were installed already (the jobs get it as PYTHONPATH)
 "$PY" -c 'import torch, transformers, pydantic, specforge, importlib.metadata as m
 print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__,
       "pydantic", pydantic.VERSION, "specforge", m.version("specforge"))' | tee "$OUT/versions.txt" || exit 3
 
-"$PY" bench/recipes_gpu/specforge_tiny.py --out "$W/tiny" --device "$DEVICE" | tee "$OUT/tiny.txt" || exit 3
-TPS=$(sed -n 's/^tokens_per_sample=//p' "$OUT/tiny.txt")
+sf_tiny
 
-cat > "$W/hosts.yaml" <<EOF
-hosts:
-  lab:
-    kind: local
-    env_passthrough: ["NCCL_*", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"]
-    containers:
-      box: {root: $W/root}
-EOF
-export GPUJOB_HOSTS="$W/hosts.yaml" XDG_STATE_HOME="$W/state" COLUMNS=200
+sf_hosts
 gj() { "$PY" -m gpujob.entry "$@"; }
 EXTRA=""; [ "$DEVICE" = cpu ] && EXTRA=" training.fsdp_sharding=NO_SHARD"  # FSDP needs an accelerator
 PROFILES="[{name: compiled, system_site_packages: true, python: $PY},
@@ -63,13 +49,6 @@ sets() {  # $1: the job's workdir, $2: the profile it starts on
   [ -n "${NO_STANDBY:-}" ] && printf '%s\0' --set train.standby=null  # act 2's rollback onto a fresh interpreter
 }
 job_of() { sed -n 's/^submitted \([^ ]*\) .*/\1/p' "$1" | head -1; }
-wait_event() {  # job, event type, seconds
-  local t=0
-  until grep -q "\"type\": *\"$2\"" "$W/root/jobs/$1/events.jsonl" 2>/dev/null; do
-    sleep 1; t=$((t + 1)); [ "$t" -ge "$3" ] && return 1
-  done
-  return 0  # (the loop's own status is its body's last test's)
-}
 collect() {  # job, act
   gj status "$1" --json > "$OUT/$2-status.json" 2>&1
   cp "$W/root/jobs/$1/"{events.jsonl,samples.jsonl,job.log,train.log,warmup.log,trace.jsonl.gz,job.json} "$OUT/" 2>/dev/null
